@@ -1,0 +1,91 @@
+"""The MLX encoder matches an independent implementation (HF transformers on PyTorch, fp32)."""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from variants.encoder import ModelArgs, mean_pool, sanitize
+
+FIXTURE = Path(__file__).parent / "fixtures" / "minilm_reference.npz"
+
+
+@pytest.fixture(scope="module")
+def ref():
+    with np.load(FIXTURE) as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_tokenizer_matches_fixture_and_pads_to_batch_longest(checkpoint, ref):
+    encs, n_truncated = checkpoint.tokenizer.encode(list(ref["sentences"]))
+    ids, mask, types = checkpoint.tokenizer.batch(encs)
+    # one fixture sentence is longer than 128 tokens: it is truncated to exactly 128
+    assert n_truncated == 1
+    assert ids.shape == (40, 128)
+    L = ids.shape[1]
+    np.testing.assert_array_equal(ids, ref["input_ids"][:, :L])
+    np.testing.assert_array_equal(mask, ref["attention_mask"][:, :L])
+    np.testing.assert_array_equal(types, ref["token_type_ids"][:, :L])
+    # a batch of short texts is padded to its own longest, not to the tokenizer.json's fixed 128
+    encs, _ = checkpoint.tokenizer.encode(["", "Honestly the best pasta I have had in years."])
+    ids, mask, _ = checkpoint.tokenizer.batch(encs)
+    assert ids.shape == (2, 12)
+    np.testing.assert_array_equal(mask.sum(axis=1), [2, 12])  # "" is [CLS] [SEP]
+
+
+def test_every_layer_and_pooled_embeddings_match_reference(checkpoint, ref):
+    encs, _ = checkpoint.tokenizer.encode(list(ref["sentences"]))
+    ids, mask, types = checkpoint.tokenizer.batch(encs)
+    out = checkpoint.encoder(mx.array(ids), mx.array(mask), mx.array(types),
+                             output_hidden_states=True)
+    assert len(out.hidden_states) == 7
+    hs = ref["hidden_states_first"]  # (6 sentences, 7 states, 17 positions, 384)
+    real = ref["attention_mask"][:6, :17].astype(bool)
+    for layer in range(7):
+        ours = np.array(out.hidden_states[layer])[:6, :17]
+        err = np.abs(ours - hs[:, layer])[real].max()
+        assert err < 1e-4, f"layer {layer}: max abs error {err}"
+    emb = np.array(mean_pool(out.last_hidden, mx.array(mask)))
+    assert np.abs(emb - ref["embeddings"]).max() < 1e-4
+    cos = (emb * ref["embeddings"]).sum(axis=1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(
+        ref["embeddings"], axis=1)
+    assert cos.min() >= 0.99999
+    # the empty string and the > 128-token sentence are among the 40
+    lengths = mask.sum(axis=1)
+    assert lengths.min() == 2 and lengths.max() == 128
+
+
+def test_padding_does_not_change_real_positions(checkpoint):
+    """Padding a text inside a longer batch must leave its outputs unchanged (mask bias works)."""
+    texts = ["short one", "a much longer sentence that forces padding on the first one here"]
+    enc, _ = checkpoint.tokenizer.encode(texts)
+    ids, mask, types = checkpoint.tokenizer.batch(enc)
+    both = np.array(checkpoint.encoder(mx.array(ids), mx.array(mask), mx.array(types)).last_hidden)
+    ids1, mask1, types1 = checkpoint.tokenizer.batch(enc[:1])
+    alone = np.array(checkpoint.encoder(mx.array(ids1), mx.array(mask1), mx.array(types1)).last_hidden)
+    n = mask1.sum()
+    np.testing.assert_allclose(both[0, :n], alone[0], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_probabilities_path_matches_fused_path(checkpoint):
+    enc, _ = checkpoint.tokenizer.encode(["attention check", "the movie was not good at all"])
+    ids, mask, types = (mx.array(a) for a in checkpoint.tokenizer.batch(enc))
+    fused = checkpoint.encoder(ids, mask, types)
+    explicit = checkpoint.encoder(ids, mask, types, output_attentions=True)
+    np.testing.assert_allclose(np.array(fused.last_hidden), np.array(explicit.last_hidden),
+                               rtol=1e-4, atol=1e-5)
+    attn = np.array(explicit.attentions[0])  # (B, heads, L, L)
+    assert attn.shape == (2, 12, ids.shape[1], ids.shape[1])
+    np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
+    # padded keys of the short example receive no attention
+    assert attn[0, :, :, int(np.array(mask)[0].sum()):].max() < 1e-6
+
+
+def test_sanitize_and_config_errors():
+    w = {"bert.encoder.layer.0.attention.self.query.weight": 1, "pooler.dense.weight": 2,
+         "embeddings.position_ids": 3, "encoder.layer.1.output.LayerNorm.bias": 4}
+    assert sanitize(w) == {"layers.0.attention.query.weight": 1, "layers.1.output_norm.bias": 4}
+    with pytest.raises(ValueError, match="divisible by num_attention_heads"):
+        ModelArgs.from_dict(dict(vocab_size=10, hidden_size=10, num_hidden_layers=1,
+                                 num_attention_heads=3, intermediate_size=8))

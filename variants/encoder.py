@@ -1,0 +1,197 @@
+"""A BERT-family encoder in MLX (post-norm layers), with per-layer access for later variants."""
+
+import inspect
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# Large finite negative bias for padded keys: a fully padded row stays finite (no NaN).
+MASK_BIAS = -1e9
+
+
+@dataclass
+class ModelArgs:
+    """Encoder configuration, read from a Hugging Face ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    model_type: str = "bert"
+
+    @classmethod
+    def from_dict(cls, params):
+        """Build from a config dict, dropping keys this encoder does not use."""
+        names = inspect.signature(cls).parameters
+        return cls(**{k: v for k, v in params.items() if k in names})
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use gelu or relu")
+
+
+class Embeddings(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size)
+        self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
+        self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+
+    def __call__(self, input_ids, token_type_ids, position_ids):
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+             + self.token_type_embeddings(token_type_ids))
+        return self.norm(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads = args.num_attention_heads
+        self.head_dim = args.hidden_size // args.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        dim = args.hidden_size
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def __call__(self, x, bias, return_attention=False):
+        B, L, D = x.shape
+        h, d = self.n_heads, self.head_dim
+        q = self.query(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
+        k = self.key(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
+        v = self.value(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
+        if return_attention:
+            scores = (q * self.scale) @ k.transpose(0, 1, 3, 2) + bias
+            attn = mx.softmax(scores, axis=-1, precise=True)  # (B, h, L, L)
+            ctx = attn @ v
+        else:
+            attn = None
+            ctx = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, L, D)
+        return self.out(ctx), attn
+
+
+class TransformerLayer(nn.Module):
+    """Post-norm BERT layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.attention = Attention(args)
+        self.attention_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.intermediate = nn.Linear(args.hidden_size, args.intermediate_size)
+        self.output = nn.Linear(args.intermediate_size, args.hidden_size)
+        self.output_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.act = nn.relu if args.hidden_act == "relu" else (
+            nn.gelu if args.hidden_act == "gelu" else nn.gelu_approx)
+
+    def __call__(self, x, bias, return_attention=False):
+        a, attn = self.attention(x, bias, return_attention)
+        x = self.attention_norm(x + a)
+        x = self.output_norm(x + self.output(self.act(self.intermediate(x))))
+        return x, attn
+
+
+@dataclass
+class EncoderOutput:
+    """``last_hidden`` (B, L, D) float32; ``hidden_states``: embeddings + each layer (or None);
+    ``attentions``: each layer's (B, heads, L, L) probabilities (or None)."""
+
+    last_hidden: mx.array
+    hidden_states: list = None
+    attentions: list = None
+
+
+def attention_bias(attention_mask, dtype=mx.float32):
+    """(B, L) 0/1 mask -> (B, 1, 1, L) additive bias: 0 for real keys, MASK_BIAS for padding."""
+    m = attention_mask.astype(dtype)
+    return ((1.0 - m) * MASK_BIAS)[:, None, None, :]
+
+
+class BertEncoder(nn.Module):
+    """BERT encoder (Devlin et al. 2019), layout as mlx-examples' bert/model.py.
+
+    Call with ``input_ids`` (B, L) int32, ``attention_mask`` (B, L) 0/1, optional
+    ``token_type_ids`` (B, L) int32; returns :class:`EncoderOutput`.
+    ``layers`` is a plain list so variants can run, skip or replace layers one by one.
+    """
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embeddings = Embeddings(args)
+        self.layers = [TransformerLayer(args) for _ in range(args.num_hidden_layers)]
+
+    def embed(self, input_ids, token_type_ids=None):
+        B, L = input_ids.shape
+        if token_type_ids is None:
+            token_type_ids = mx.zeros_like(input_ids)
+        position_ids = mx.broadcast_to(mx.arange(L), (B, L))
+        return self.embeddings(input_ids, token_type_ids, position_ids)
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
+                 output_hidden_states=False, output_attentions=False):
+        x = self.embed(input_ids, token_type_ids)
+        bias = attention_bias(attention_mask, x.dtype)
+        hidden = [x] if output_hidden_states else None
+        attns = [] if output_attentions else None
+        for layer in self.layers:
+            x, attn = layer(x, bias, output_attentions)
+            if output_hidden_states:
+                hidden.append(x)
+            if output_attentions:
+                attns.append(attn)
+        return EncoderOutput(x, hidden, attns)
+
+
+def mean_pool(hidden, attention_mask, normalize=True):
+    """Mean of ``hidden`` (B, L, D) over real tokens of ``attention_mask`` (B, L), then L2-normalise
+    (sentence-transformers' Pooling(mean) + Normalize). Returns (B, D) float32."""
+    m = attention_mask.astype(hidden.dtype)[..., None]
+    pooled = (hidden * m).sum(axis=1) / mx.maximum(m.sum(axis=1), 1e-9)
+    if normalize:
+        pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+    return pooled
+
+
+_RENAMES = (
+    ("encoder.layer.", "layers."),
+    ("attention.self.query", "attention.query"),
+    ("attention.self.key", "attention.key"),
+    ("attention.self.value", "attention.value"),
+    ("attention.output.dense", "attention.out"),
+    ("attention.output.LayerNorm", "attention_norm"),
+    ("intermediate.dense", "intermediate"),
+    ("output.dense", "output"),
+    ("output.LayerNorm", "output_norm"),
+    ("embeddings.LayerNorm", "embeddings.norm"),
+)
+
+
+def sanitize(weights):
+    """Rename Hugging Face BERT weight names to this module's names (pure, no I/O).
+
+    Drops ``embeddings.position_ids`` (a buffer) and the unused ``pooler.*``; strips a leading
+    ``bert.`` prefix.
+    """
+    out = {}
+    for name, w in weights.items():
+        name = name.removeprefix("bert.")
+        if name.startswith("pooler.") or name.endswith("position_ids"):
+            continue
+        for old, new in _RENAMES:
+            name = name.replace(old, new)
+        out[name] = w
+    return out
