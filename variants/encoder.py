@@ -6,6 +6,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
+               "relu": nn.relu}
+
 # Large finite negative bias for padded keys: a fully padded row stays finite (no NaN).
 MASK_BIAS = -1e9
 
@@ -37,8 +40,9 @@ class ModelArgs:
                 f"hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
-        if self.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use gelu or relu")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; "
+                             f"use one of {sorted(ACTIVATIONS)}")
 
 
 class Embeddings(nn.Module):
@@ -94,13 +98,12 @@ class TransformerLayer(nn.Module):
         self.intermediate = nn.Linear(args.hidden_size, args.intermediate_size)
         self.output = nn.Linear(args.intermediate_size, args.hidden_size)
         self.output_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
-        self.act = nn.relu if args.hidden_act == "relu" else (
-            nn.gelu if args.hidden_act == "gelu" else nn.gelu_approx)
+        self.hidden_act = args.hidden_act  # a name, so the module deep-copies
 
     def __call__(self, x, bias, return_attention=False):
         a, attn = self.attention(x, bias, return_attention)
         x = self.attention_norm(x + a)
-        x = self.output_norm(x + self.output(self.act(self.intermediate(x))))
+        x = self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
         return x, attn
 
 

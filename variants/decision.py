@@ -1,0 +1,136 @@
+"""DecisionModel: the small interface every model (ours or a user's) implements.
+
+A subclass sets ``module`` (the ``nn.Module`` that builders transform) and implements
+:meth:`DecisionModel.forward`: one prepared batch in, raw option logits out. The base class
+tokenises, batches, applies one temperature per option count and derives every output in
+:class:`variants.outputs.DecisionOutputs`.
+"""
+
+import copy
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from variants.outputs import finish_outputs
+from variants.temperature import fit_bucket_temperatures
+
+
+@dataclass
+class PreparedBatch:
+    """One tokenised batch. ``index`` (B,) are positions in the TaskSet; arrays are (B, L) int32;
+    ``option_index`` (B, K) int32 points into the model's list of option texts (-1 = no option)."""
+
+    index: np.ndarray
+    input_ids: mx.array
+    attention_mask: mx.array
+    token_type_ids: mx.array
+    option_index: mx.array
+    n_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class DecisionModel:
+    """Base class: subclasses implement ``forward(batch) -> (B, K) logits``.
+
+    Parameters
+    ----------
+    module : mlx.nn.Module
+        Everything with weights; builders (quantize, low rank, ...) return a transformed copy.
+    tokenizer : variants.checkpoint.TextTokenizer
+    temperatures : dict {int: float}, optional
+        Temperature per option count K; fitted by :meth:`calibrate` when missing.
+    """
+
+    name = "decision-model"
+
+    def __init__(self, module, tokenizer, temperatures=None):
+        self.module = module
+        self.tokenizer = tokenizer
+        self.temperatures = dict(temperatures or {})
+        self.option_texts = []  # unique option wordings seen by prepare()
+
+    # -- what a subclass implements -------------------------------------------------------
+    def forward(self, batch):
+        """Raw option logits for one :class:`PreparedBatch`: mx.array (B, K) float32."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(batch)")
+
+    def config(self):
+        """JSON-able description that identifies this model's outputs (a cache-key part)."""
+        return {"name": self.name, "temperatures": self.temperatures}
+
+    # -- shared machinery -----------------------------------------------------------------
+    def replace_module(self, module):
+        """A shallow copy of this model with ``module`` swapped in (head state is shared)."""
+        other = copy.copy(self)
+        other.module = module
+        other._reset_caches()
+        return other
+
+    def _reset_caches(self):
+        pass
+
+    def prepare(self, taskset, batch_size=32):
+        """Tokenise ``taskset`` and cut it into length-sorted batches (less padding).
+
+        Returns
+        -------
+        batches : list of PreparedBatch
+        n_truncated : int
+            Texts cut at the tokenizer's ``max_length``.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        encs, n_truncated = self.tokenizer.encode(list(taskset.texts))
+        lookup = {t: i for i, t in enumerate(self.option_texts)}
+        opt = np.full(taskset.option_texts.shape, -1, np.int32)
+        for (i, k), text in np.ndenumerate(taskset.option_texts):
+            if taskset.option_mask[i, k]:
+                if text not in lookup:
+                    lookup[text] = len(self.option_texts)
+                    self.option_texts.append(text)
+                opt[i, k] = lookup[text]
+        order = np.argsort([len(e.ids) for e in encs], kind="stable")
+        batches = []
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            ids, mask, types = self.tokenizer.batch([encs[i] for i in idx])
+            batches.append(PreparedBatch(idx, mx.array(ids), mx.array(mask), mx.array(types),
+                                         mx.array(opt[idx]), int(mask.sum())))
+        return batches, n_truncated
+
+    def raw_logits(self, taskset, batches=None, progress=None):
+        """(N, K) float32 NumPy logits for the whole TaskSet, in TaskSet order."""
+        if batches is None:
+            batches, _ = self.prepare(taskset)
+        out = np.zeros(taskset.option_mask.shape, np.float32)
+        for b in batches:
+            logits = self.forward(b)
+            mx.eval(logits)
+            out[b.index] = np.array(logits)
+            if progress is not None:
+                progress(len(b.index))
+        return out
+
+    def calibrate(self, taskset, batches=None):
+        """Fit one temperature per option count on ``taskset`` (the calibration split)."""
+        logits = self.raw_logits(taskset, batches)
+        self.temperatures = fit_bucket_temperatures(logits, taskset.option_mask, taskset.labels)
+        return self.temperatures
+
+    def temperature_of(self, taskset):
+        """(N,) temperature of each question's option-count bucket."""
+        k = taskset.n_options
+        missing = sorted(set(k.tolist()) - set(self.temperatures))
+        if missing:
+            raise ValueError(f"no temperature for option counts {missing}: call calibrate() on "
+                             "a calibration split that covers them")
+        return np.array([self.temperatures[int(x)] for x in k], np.float32)
+
+    def outputs(self, taskset, batches=None, progress=None):
+        """All :class:`~variants.outputs.DecisionOutputs` for ``taskset``."""
+        logits = self.raw_logits(taskset, batches, progress)
+        return finish_outputs(
+            logits, taskset.option_mask, self.temperature_of(taskset), taskset.option_scores,
+            taskset.action_map, ids=taskset.ids, task=taskset.task, labels=taskset.labels,
+            human_dist=taskset.human_dist)

@@ -1,0 +1,82 @@
+"""minilm-sentiment: negative / neutral / positive from a linear head on MiniLM embeddings."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+
+from variants import data
+from variants.decision import DecisionModel
+from variants.encoder import mean_pool
+from variants.tasks import build_taskset
+
+OPTIONS = data.SENTIMENT_OPTIONS[3]
+SCORES = (-1.0, 0.0, 1.0)
+ACTIONS = ("escalate", "review", "none")
+OPTION_ACTION = ("escalate", "review", "none")  # negative -> escalate, neutral -> review, ...
+HEAD_C = 10.0  # inverse L2 strength of the logistic-regression head
+
+
+def make_taskset(frame):
+    """One 3-option sentiment question per VADER item (labels and raters binned alike)."""
+    labels = data.sentiment_label(frame["mean_rating"].to_numpy(), 3)
+    human = data.rater_distribution(frame["rater_scores"].tolist(), 3)
+    rows = [dict(id=i, task="sentiment-3", text=t, options=list(OPTIONS), scores=list(SCORES),
+                 actions=list(OPTION_ACTION), label=int(y), human=h.tolist())
+            for i, t, y, h in zip(frame["id"], frame["text"], labels, human)]
+    return build_taskset(rows, k_max=3, action_names=ACTIONS)
+
+
+class SentimentNet(nn.Module):
+    """Encoder -> mean pooling + L2 norm -> Linear(D, 3) head."""
+
+    def __init__(self, encoder, n_classes=3):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.args.hidden_size, n_classes)
+
+    def embed(self, input_ids, attention_mask, token_type_ids):
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids).last_hidden
+        return mean_pool(hidden, attention_mask)
+
+    def __call__(self, input_ids, attention_mask, token_type_ids):
+        return self.head(self.embed(input_ids, attention_mask, token_type_ids))
+
+
+class SentimentModel(DecisionModel):
+    """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression."""
+
+    name = "minilm-sentiment"
+
+    def forward(self, batch):
+        return self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+    def fit_head(self, taskset):
+        """Fit the linear head (multinomial logistic regression, C=HEAD_C) on ``taskset``."""
+        batches, _ = self.prepare(taskset)
+        emb = np.zeros((len(taskset), self.module.head.weight.shape[1]), np.float32)
+        for b in batches:
+            e = self.module.embed(b.input_ids, b.attention_mask, b.token_type_ids)
+            emb[b.index] = np.array(e)
+        clf = LogisticRegression(C=HEAD_C, max_iter=2000)
+        clf.fit(emb, taskset.labels)
+        if list(clf.classes_) != [0, 1, 2]:
+            raise ValueError(f"the fit split must contain all 3 classes, got {clf.classes_}")
+        self.module.head.weight = mx.array(clf.coef_.astype(np.float32))
+        self.module.head.bias = mx.array(clf.intercept_.astype(np.float32))
+        return clf
+
+    def head_state(self):
+        return {"weight": np.array(self.module.head.weight), "bias": np.array(self.module.head.bias)}
+
+    def load_head_state(self, state):
+        self.module.head.weight = mx.array(state["weight"])
+        self.module.head.bias = mx.array(state["bias"])
+
+    def config(self):
+        return {"name": self.name, "head_C": HEAD_C, "temperatures": self.temperatures}
+
+
+def build(checkpoint):
+    """An unfitted SentimentModel around ``checkpoint`` (head fitted by the registry)."""
+    return SentimentModel(SentimentNet(checkpoint.encoder), checkpoint.tokenizer)
