@@ -6,7 +6,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
+from variants import fast_ops
+
+ACTIVATIONS = {"gelu": fast_ops.gelu, "gelu_exact": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
                "relu": nn.relu}
 
 # Large finite negative bias for padded keys: a fully padded row stays finite (no NaN).

@@ -56,6 +56,7 @@ def make_predicate(cfg, skipped):
     def predicate(path, module):
         if isinstance(module, nn.Embedding):
             if not cfg.quantize_embeddings:
+                skipped.append((path, "embeddings kept full precision"))
                 return False
             in_dims = module.weight.shape[1]
         elif isinstance(module, nn.Linear):

@@ -1,0 +1,321 @@
+"""Load a contract (TOML) and check an evaluation against it, clause by clause.
+
+A contract is a name, a description and a list of ``[[clause]]`` tables; each clause names one
+number of :meth:`metrics.evaluate.Evaluation.value` (``metric``, ``stratum``, ``statistic``) and a
+bound, ``min`` (pass when value >= min) or ``max`` (pass when value <= max). A clause whose value
+is NaN (its stratum has no example on which the metric is defined) is reported with
+``passed=None`` ("no examples") and does not fail the verdict: an absent stratum is not evidence
+against the variant, but the report shows it so a reader can see the clause went untested.
+"""
+
+import math
+import sys
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from metrics.evaluate import (
+    METRIC_STATISTICS,
+    METRICS,
+    STRATA,
+    TASK_STRATUM_PREFIX,
+    check_metric_statistic,
+    check_stratum,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+#: Keys allowed at the top of a contract file and in each ``[[clause]]`` table.
+CONTRACT_KEYS = ("name", "description", "clause")
+CLAUSE_KEYS = ("id", "metric", "stratum", "statistic", "min", "max", "why")
+#: Comparison of each bound key: ``min`` -> value >= threshold, ``max`` -> value <= threshold.
+OPS = {"min": ">=", "max": "<="}
+DEFAULT_CONTRACT = "default.toml"
+
+
+class ContractError(ValueError):
+    """A contract file is missing, not valid TOML, or breaks the contract schema."""
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One bound on one number of an evaluation.
+
+    Attributes
+    ----------
+    id : str
+        Unique within the contract.
+    metric, stratum, statistic : str
+        Arguments of :meth:`metrics.evaluate.Evaluation.value`.
+    op : {'>=', '<='}
+        From the clause's ``min`` or ``max`` key.
+    threshold : float
+    why : str
+        The reason, for the report.
+    """
+
+    id: str
+    metric: str
+    stratum: str
+    statistic: str
+    op: str
+    threshold: float
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A named list of clauses; ``source`` says where it was read from."""
+
+    name: str
+    description: str
+    clauses: tuple
+    source: str = "<dict>"
+
+
+@dataclass(frozen=True)
+class ClauseResult:
+    """Outcome of one clause.
+
+    Attributes
+    ----------
+    value : float
+        NaN when the stratum has no example on which the metric is defined.
+    passed : bool or None
+        None when ``value`` is NaN ("no examples").
+    n : int
+        Examples the value was computed over (stratum size less rows where the metric is
+        undefined, e.g. unknown labels).
+    """
+
+    id: str
+    metric: str
+    stratum: str
+    statistic: str
+    value: float
+    op: str
+    threshold: float
+    passed: bool | None
+    n: int
+    why: str = ""
+
+    @property
+    def status(self):
+        """'pass', 'FAIL' or 'no examples'."""
+        return "no examples" if self.passed is None else ("pass" if self.passed else "FAIL")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """All clause results of one contract on one evaluation.
+
+    ``passed`` is True when no clause failed; clauses with no examples (``passed is None``) are
+    reported but do not fail the verdict.
+    """
+
+    contract: str
+    results: tuple
+
+    @property
+    def passed(self):
+        return all(r.passed is not False for r in self.results)
+
+    @property
+    def failed(self):
+        """Ids of the clauses that failed."""
+        return [r.id for r in self.results if r.passed is False]
+
+    @property
+    def untested(self):
+        """Ids of the clauses with no examples."""
+        return [r.id for r in self.results if r.passed is None]
+
+    def to_dict(self):
+        """JSON-ready dict (NaN values become None)."""
+        clauses = []
+        for r in self.results:
+            d = asdict(r)
+            d["value"] = None if math.isnan(r.value) else r.value
+            d["status"] = r.status
+            clauses.append(d)
+        return {"contract": self.contract, "passed": self.passed, "failed": self.failed,
+                "untested": self.untested, "clauses": clauses}
+
+    def to_frame(self):
+        """One row per clause: the ClauseResult fields plus ``status``."""
+        rows = [{**asdict(r), "status": r.status} for r in self.results]
+        columns = [*ClauseResult.__dataclass_fields__, "status"]
+        return pd.DataFrame(rows, columns=columns)
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _parse_clause(raw, index, where):
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where}: clause #{index + 1} must be a [[clause]] table, got {raw!r}.")
+    cid = raw.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise ContractError(f"{where}: clause #{index + 1} needs a non-empty string id = \"...\".")
+    label = f"{where}: clause {cid!r}"
+    unknown = sorted(set(raw) - set(CLAUSE_KEYS))
+    if unknown:
+        raise ContractError(
+            f"{label} has unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(CLAUSE_KEYS)}."
+        )
+    metric = raw.get("metric")
+    if metric not in METRIC_STATISTICS:
+        raise ContractError(f"{label} has unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
+    allowed = METRIC_STATISTICS[metric]
+    statistic = raw.get("statistic", allowed[0] if len(allowed) == 1 else None)
+    try:
+        check_metric_statistic(metric, statistic)
+    except ValueError:
+        raise ContractError(
+            f"{label} has statistic {statistic!r}, not allowed for metric {metric!r}; use one of "
+            f"{', '.join(allowed)}."
+        ) from None
+    stratum = raw.get("stratum", "all")
+    try:
+        check_stratum(stratum)
+    except ValueError:
+        raise ContractError(
+            f"{label} has unknown stratum {stratum!r}; use one of {', '.join(STRATA)} or "
+            f"'{TASK_STRATUM_PREFIX}<task name>'."
+        ) from None
+    bounds = [k for k in OPS if k in raw]
+    if len(bounds) != 1:
+        got = "both min and max" if bounds else "neither min nor max"
+        raise ContractError(f"{label} has {got}; give exactly one bound (min = ... or max = ...).")
+    threshold = raw[bounds[0]]
+    if not _is_number(threshold) or not math.isfinite(threshold):
+        raise ContractError(
+            f"{label} has {bounds[0]} = {threshold!r}; the bound must be a finite number, e.g. "
+            f"{bounds[0]} = 0.05."
+        )
+    why = raw.get("why", "")
+    if not isinstance(why, str):
+        raise ContractError(f"{label} has a non-string why; write the reason as why = \"...\".")
+    return Clause(id=cid, metric=metric, stratum=stratum, statistic=statistic,
+                  op=OPS[bounds[0]], threshold=float(threshold), why=why)
+
+
+def contract_from_dict(data, *, source="<dict>"):
+    """Validate a parsed contract (the dict ``tomllib`` returns) and build a :class:`Contract`.
+
+    Parameters
+    ----------
+    data : dict
+        Top-level keys ``name`` (str, default: the file stem), ``description`` (str) and
+        ``clause`` (list of tables with ``id``, ``metric``, ``stratum`` (default 'all'),
+        ``statistic`` (may be omitted for set-level metrics, whose only statistic is 'value'),
+        exactly one of ``min``/``max``, and ``why``).
+    source : str, default='<dict>'
+        Where the data came from, for messages.
+
+    Returns
+    -------
+    Contract
+
+    Raises
+    ------
+    ContractError
+        On an unknown key, metric, statistic or stratum, a missing/duplicated id, neither or both
+        of min/max, a non-numeric bound, or no clause at all.
+    """
+    unknown = sorted(set(data) - set(CONTRACT_KEYS))
+    if unknown:
+        raise ContractError(
+            f"{source}: unknown top-level key(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join(CONTRACT_KEYS)} (clauses go in [[clause]] tables)."
+        )
+    raw_clauses = data.get("clause")
+    if not isinstance(raw_clauses, list) or not raw_clauses:
+        raise ContractError(f"{source}: no clauses; add at least one [[clause]] table.")
+    clauses = [_parse_clause(raw, i, source) for i, raw in enumerate(raw_clauses)]
+    seen = set()
+    for c in clauses:
+        if c.id in seen:
+            raise ContractError(f"{source}: duplicate clause id {c.id!r}; give each clause its own id.")
+        seen.add(c.id)
+    name = data.get("name", Path(source).stem)
+    description = data.get("description", "")
+    if not isinstance(name, str) or not isinstance(description, str):
+        raise ContractError(f"{source}: name and description must be strings.")
+    return Contract(name=name, description=description, clauses=tuple(clauses), source=source)
+
+
+def load_contract(path=None):
+    """Read and validate a contract file.
+
+    Parameters
+    ----------
+    path : str or path-like, optional
+        A ``.toml`` contract; None reads the packaged ``contracts/default.toml``.
+
+    Returns
+    -------
+    Contract
+
+    Raises
+    ------
+    ContractError
+        If the file is missing or unreadable, is not valid TOML, or breaks the schema (see
+        :func:`contract_from_dict`).
+    """
+    if path is None:
+        resource = resources.files("contracts").joinpath(DEFAULT_CONTRACT)
+        source, text = f"contracts/{DEFAULT_CONTRACT}", resource.read_text(encoding="utf-8")
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ContractError(
+                f"contract file {source} not found; pass an existing .toml path, or none for the "
+                "packaged default."
+            ) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ContractError(f"cannot read contract file {source} ({e}); pass a UTF-8 .toml file.") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ContractError(f"{source} is not valid TOML ({e}); fix the syntax there.") from None
+    return contract_from_dict(data, source=source)
+
+
+def check(contract, evaluation):
+    """Evaluate every clause of ``contract`` on ``evaluation``.
+
+    Parameters
+    ----------
+    contract : Contract
+    evaluation : metrics.evaluate.Evaluation
+
+    Returns
+    -------
+    Verdict
+        One :class:`ClauseResult` per clause, in contract order. A clause passes when
+        ``value >= threshold`` (min) or ``value <= threshold`` (max); ``passed`` is None when the
+        value is NaN (no examples), which does not fail the verdict.
+    """
+    results = []
+    for c in contract.clauses:
+        value = float(evaluation.value(c.metric, c.stratum, c.statistic))
+        n = int(evaluation.support(c.metric, c.stratum))
+        if math.isnan(value):
+            passed = None
+        elif c.op == ">=":
+            passed = bool(value >= c.threshold)
+        else:
+            passed = bool(value <= c.threshold)
+        results.append(ClauseResult(id=c.id, metric=c.metric, stratum=c.stratum,
+                                    statistic=c.statistic, value=value, op=c.op,
+                                    threshold=c.threshold, passed=passed, n=n, why=c.why))
+    return Verdict(contract=contract.name, results=tuple(results))

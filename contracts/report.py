@@ -1,0 +1,127 @@
+"""Render a sweep's summary table and Markdown report from metrics, verdicts and timings."""
+
+import math
+
+import pandas as pd
+
+# Columns of the report's main table: (summary column, header, format)
+TABLE = (
+    ("variant", "variant", "{}"),
+    ("bits_per_weight", "bits/w", "{:.2f}"),
+    ("agreement", "agree", "{:.4f}"),
+    ("certified_share", "certified", "{:.3f}"),
+    ("certified_flips", "cert. flips", "{:.0f}"),
+    ("ece_variant", "ECE (ref {ece_ref:.3f})", "{:.4f}"),
+    ("score_abs_err_max", "max Δscore", "{:.4f}"),
+    ("action_max_abs_diff_max", "max Δaction", "{:.4f}"),
+    ("b1_var_p50_ms", "p50/p95 ms B=1", None),
+    ("b32_var_p50_ms", "p50/p95 ms B=32", None),
+    ("b32_speedup", "speed-up B=32", None),
+    ("verdict", "verdict", "{}"),
+)
+
+
+def _fmt(x, f):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f.format(x)
+
+
+def summary_row(name, build, summary, verdict, timing):
+    """One flat row (dict) of summary.csv for variant ``name``."""
+    row = {"variant": name, "family": build.get("family"),
+           "bits": build["config"].get("bits"), "group_size": build["config"].get("group_size"),
+           "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
+           "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode")}
+    for k, v in summary.items():
+        if not isinstance(v, (list, tuple, dict)):
+            row[k] = v
+    for b, t in timing["batches"].items():
+        p = f"b{b}_"
+        row.update({p + "seq_len": t["seq_len"], p + "rounds": t["rounds"],
+                    p + "ref_p50_ms": t["ref"]["p50_ms"], p + "ref_p95_ms": t["ref"]["p95_ms"],
+                    p + "var_p50_ms": t["var"]["p50_ms"], p + "var_p95_ms": t["var"]["p95_ms"],
+                    p + "speedup": t["speedup"]["speedup_median"],
+                    p + "speedup_ci_low": t["speedup"]["speedup_ci_low"],
+                    p + "speedup_ci_high": t["speedup"]["speedup_ci_high"],
+                    p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
+                    p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"]})
+    row["verdict"] = "PASS" if verdict.passed else "FAIL"
+    row["failed_clauses"] = ";".join(verdict.failed)
+    return row
+
+
+def format_table(summary):
+    """The main table as a DataFrame of strings (for Markdown and the terminal)."""
+    out = []
+    for _, r in summary.iterrows():
+        cells = {}
+        for col, head, f in TABLE:
+            head = head.format(**r) if "{" in head else head
+            if col.endswith("_p50_ms"):
+                b = col.split("_")[0]
+                cells[head] = (f"{_fmt(r[col], '{:.1f}')} / {_fmt(r[b + '_var_p95_ms'], '{:.1f}')}"
+                               f" (ref {_fmt(r[b + '_ref_p50_ms'], '{:.1f}')})")
+            elif col.endswith("_speedup"):
+                b = col.split("_")[0]
+                cells[head] = (f"{_fmt(r[col], '{:.2f}')}× "
+                               f"[{_fmt(r[b + '_speedup_ci_low'], '{:.2f}')}, "
+                               f"{_fmt(r[b + '_speedup_ci_high'], '{:.2f}')}]")
+            else:
+                cells[head] = _fmt(r[col], f)
+        out.append(cells)
+    return pd.DataFrame(out)
+
+
+def render_report(meta, summary, details, contract):
+    """report.md text: run facts, the main table, then each variant's clauses."""
+    cfg = meta["config"]
+    data = meta["data"]
+    lines = [
+        f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} (group size {cfg['group_size']})",
+        "",
+        "====== Run ======",
+        "",
+        f"- contract: `{meta['contract']}` ({len(contract.clauses)} clauses); "
+        f"verdict per variant below",
+        f"- data: {data['source']}; eval n={data['splits']['eval']['n']}, calibration "
+        f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
+        f"texts truncated at {data['max_tokens']} tokens: "
+        + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items()),
+        f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
+        f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
+        + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else ""),
+        "- timing: forward only (prepared token ids → option logits), warm, `mx.eval` inside the "
+        "timed region, reference and variant in strict alternation; speed-up = median of "
+        "per-round ratios [95% bootstrap CI]",
+        f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
+        f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
+        f"- temperatures per option count: "
+        + ", ".join(f"K={k}: {v:.3f}" for k, v in meta["temperatures"].items()),
+        f"- wall time: {meta['wall_s']:.0f} s",
+        "",
+        "====== Variants ======",
+        "",
+        format_table(summary).to_markdown(index=False),
+        "",
+    ]
+    for name, (ev, verdict) in details.items():
+        s = ev.summary
+        lines += [
+            f"====== {name}: {'PASS' if verdict.passed else 'FAIL'} ======",
+            "",
+            f"ε = {s['epsilon']:.4g}, certified {s['certified_share']:.1%}, agreement "
+            f"{s['agreement']:.4f}, accuracy {s['accuracy_ref']:.4f} → {s['accuracy_variant']:.4f}, "
+            f"KL mean {s['kl_mean']:.2e} / p95 {s['kl_p95']:.2e} / max {s['kl_max']:.2e}, "
+            f"flips −{s['negative_flips']:.0f} +{s['positive_flips']:.0f}, "
+            f"near-tie flip rate {_fmt(s['near_tie_flip_rate'], '{:.3f}')} "
+            f"(n={s['n_near_tie']:.0f})",
+            "",
+        ]
+        frame = verdict.to_frame()[["id", "metric", "stratum", "statistic", "value", "op",
+                                    "threshold", "n", "status"]]
+        lines += [frame.to_markdown(index=False, floatfmt=".4g"), ""]
+        if s.get("certified_flip_ids"):
+            lines += ["Certified examples that flipped (ε was exceeded on them): "
+                      + ", ".join(s["certified_flip_ids"][:20]), ""]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,43 @@
+"""Contract metrics: pure NumPy/SciPy/pandas functions over decision-model outputs.
+
+Naming rule: ``*_score`` is higher-is-better; ``*_loss`` and ``*_error`` are lower-is-better.
+Everything else (``agreement``, ``flip``, ``kl_divergence``, ``top2_margin``...) is named after the
+quantity it returns, and its docstring says which direction is good.
+
+Per-example functions take arrays with the field names of ``variants.outputs.DecisionOutputs``
+(``logits`` (N, K), ``option_mask`` (N, K), ``probs`` (N, K), ``expected_score`` (N,),
+``action_probs`` (N, A), ``labels`` (N,) with -1 = unknown) and return (N,) arrays. This package
+never imports ``mlx`` or ``variants``.
+"""
+
+from metrics.accuracy import accuracy, correct
+from metrics.calibration import expected_calibration_error
+from metrics.divergence import kl_divergence
+from metrics.drift import abs_score_error, action_agreement, action_max_abs_diff
+from metrics.evaluate import Evaluation, evaluate
+from metrics.flips import agreement, flip, negative_flip, positive_flip, top1
+from metrics.latency import latency_summary, paired_speedup
+from metrics.margin import certified, epsilon_max, max_abs_logit_diff, top2_margin
+
+__all__ = [
+    "Evaluation",
+    "abs_score_error",
+    "accuracy",
+    "action_agreement",
+    "action_max_abs_diff",
+    "agreement",
+    "certified",
+    "correct",
+    "epsilon_max",
+    "evaluate",
+    "expected_calibration_error",
+    "flip",
+    "kl_divergence",
+    "latency_summary",
+    "max_abs_logit_diff",
+    "negative_flip",
+    "paired_speedup",
+    "positive_flip",
+    "top1",
+    "top2_margin",
+]

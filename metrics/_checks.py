@@ -1,0 +1,48 @@
+"""Input validation shared by the metrics modules (private)."""
+
+import numpy as np
+
+
+def check_2d_pair(a, b, *, names):
+    """Return ``a``, ``b`` as float64 (N, K) arrays; raise ValueError unless shapes are equal."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"{names[0]} must be 2-D of shape (N, K), got shape {a.shape}.")
+    if a.shape != b.shape:
+        raise ValueError(f"{names[0]} {a.shape} and {names[1]} {b.shape} must have the same shape.")
+    return a, b
+
+
+def check_mask(mask, shape, *, name="option_mask"):
+    """Return ``mask`` as a bool array of ``shape`` in which every row has a valid option."""
+    mask = np.asarray(mask)
+    if mask.dtype != bool:
+        raise ValueError(f"{name} must be a bool array, got dtype {mask.dtype}.")
+    if mask.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {mask.shape}.")
+    empty = ~mask.any(axis=1)
+    if empty.any():
+        raise ValueError(
+            f"{name} has {int(empty.sum())} row(s) with no valid option (first: row "
+            f"{int(np.flatnonzero(empty)[0])}); every example needs at least one option."
+        )
+    return mask
+
+
+def check_1d(a, *, name, dtype=None, n=None):
+    """Return ``a`` as a 1-D array (optionally cast to ``dtype``) of length ``n`` if given."""
+    a = np.asarray(a) if dtype is None else np.asarray(a, dtype=dtype)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D of shape (N,), got shape {a.shape}.")
+    if n is not None and a.shape[0] != n:
+        raise ValueError(f"{name} must have length {n}, got {a.shape[0]}.")
+    return a
+
+
+def check_labels(labels, n, *, name="labels"):
+    """Return ``labels`` as int64 (N,); -1 (any negative value) means unknown."""
+    labels = check_1d(labels, name=name, n=n)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{name} must be integers (-1 = unknown), got dtype {labels.dtype}.")
+    return labels.astype(np.int64)

@@ -1,0 +1,5 @@
+import sys
+
+from variants.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""Command line: ``variants sweep`` (and ``variants list``). Each subcommand has --help."""
+
+import argparse
+import sys
+
+import variants  # noqa: F401  (OpenBLAS before mlx)
+
+EXIT_USER_ERROR = 2
+
+
+def configure_sweep(sub):
+    from variants.builders import FAMILIES
+    from variants.builders.quantize import BITS, GROUP_SIZES, MODES
+    from variants.models import MODELS
+    from variants.sweep import SweepConfig
+
+    d = SweepConfig()
+    p = sub.add_parser(
+        "sweep", help="build variants of a real decision model, judge each against a contract",
+        description=(
+            "Compute the reference model's outputs once (cached), then for each variant build it, "
+            "run it on the calibration and eval splits of the bundled VADER data, compute the "
+            "contract metrics, check the contract and time it against the reference (strict "
+            "alternation, batch sizes 1 and 32). Writes results/<run>/ (run.json, per-variant "
+            "outputs/metrics/verdict/timing, summary.csv, report.md). Rerunning resumes."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
+    p.add_argument("--family", choices=list(FAMILIES), default=d.family, help="variant family")
+    p.add_argument("--bits", type=int, nargs="+", default=list(d.bits), metavar="B",
+                   help=f"bit widths to sweep, from {BITS}")
+    p.add_argument("--group-size", type=int, default=d.group_size,
+                   help=f"weights per quantization group, one of {GROUP_SIZES}")
+    p.add_argument("--quantize-embeddings", action="store_true",
+                   help="also quantize the embedding tables (kept fp32 by default)")
+    p.add_argument("--quantize-head", action="store_true",
+                   help="also quantize the decision head (kept fp32 by default)")
+    p.add_argument("--contract", default=None,
+                   help="contract TOML file (default: the packaged contracts/default.toml)")
+    p.add_argument("--run", default=None,
+                   help="run name: results go to RESULTS_DIR/RUN (default: <model>-<family>-g<group>)")
+    p.add_argument("--results-dir", default=d.results_dir, help="where run folders are written")
+    p.add_argument("--n-fit", type=int, default=d.n_fit, help="fit-split examples (head fitting)")
+    p.add_argument("--n-calibration", type=int, default=d.n_calibration,
+                   help="calibration-split examples (temperatures and ε)")
+    p.add_argument("--n-eval", type=int, default=d.n_eval, help="eval-split examples (metrics)")
+    p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
+                   help="how quality is evaluated: simulated = dequantized dense weights")
+    p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
+                   help="what is timed: native = MLX quantized kernels")
+    p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
+                   help="alternated timing rounds per batch size")
+    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
+                   help="untimed warm-up calls of each model per batch size")
+    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
+                   help="seconds per batch size after which timing stops (at least 3 rounds run)")
+    p.add_argument("--near-tie-margin", type=float, default=d.near_tie_margin,
+                   help="reference top-2 logit margin below which an example is a near tie")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="batch size for the quality runs")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars")
+    p.set_defaults(func=_sweep)
+    return p
+
+
+def _sweep(args):
+    from variants.sweep import run_sweep
+    from contracts.report import format_table
+
+    kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    kwargs["bits"] = tuple(kwargs["bits"])
+    summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
+    run = kwargs["run"] or f"{args.model}-{args.family}-g{args.group_size}"
+    print(format_table(summary).to_string(index=False))
+    print(f"\nreport: {args.results_dir}/{run}/report.md")
+    return 0 if (summary["verdict"] == "PASS").all() else 1
+
+
+def _list(args):
+    from variants.builders import FAMILIES
+    from variants.builders.quantize import BITS, GROUP_SIZES
+    from variants.models import MODELS
+
+    print("models:   " + ", ".join(MODELS))
+    print("families: " + ", ".join(FAMILIES))
+    print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="variants",
+        description="mlx-variants: build approximate variants of an MLX decision model and judge "
+                    "each against a written contract, next to measured speed.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    configure_sweep(sub)
+    sub.add_parser("list", help="list models and variant families").set_defaults(func=_list)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``variants`` console script. Returns the exit code."""
+    from contracts.checker import ContractError
+    from variants.checkpoint import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, CheckpointError, ContractError) as e:
+        print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("variants: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

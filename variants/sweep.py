@@ -1,0 +1,314 @@
+"""The sweep: reference outputs once, then build, evaluate, check and time each variant.
+
+Writes ``results/<run>/`` (see ../shared/DESIGN.md): run.json, reference/, one folder per variant
+(outputs.npz, calibration_outputs.npz, build.json, timing.json, metrics.json, verdict.json),
+summary.csv and report.md. Every file is written atomically; a rerun resumes: a variant whose
+outputs and timing exist is not rebuilt, only its metrics and verdict are recomputed.
+"""
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+import mlx.core as mx
+
+from contracts.checker import check, load_contract
+from contracts.report import render_report, summary_row
+from metrics.evaluate import evaluate
+from metrics.margin import epsilon_max, max_abs_logit_diff
+from variants import BLAS_INFO, __version__, data
+from variants.builders import get_family
+from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig
+from variants.checkpoint import load_checkpoint
+from variants.io import digest, write_json, write_text
+from variants.models import MODELS, fitted_reference, get_module
+from variants.outputs import DecisionOutputs
+from variants.timing import TIMED_REGION, time_alternating
+
+RESULTS_DIR = Path("results")
+TIMING_BATCH_SIZES = (1, 32)
+
+
+class SweepError(ValueError):
+    """Bad sweep input; the message names the problem and the fix."""
+
+
+@dataclass
+class SweepConfig:
+    """Everything that defines a sweep (CLI flags map one to one onto these fields)."""
+
+    model: str = "minilm-sentiment"
+    family: str = "quant"
+    bits: tuple = BITS
+    group_size: int = 64
+    quantize_embeddings: bool = False
+    quantize_head: bool = False
+    contract: str | None = None
+    run: str | None = None
+    results_dir: str = str(RESULTS_DIR)
+    n_fit: int = 2000
+    n_calibration: int = 800
+    n_eval: int = 800
+    quality_mode: str = "simulated"
+    speed_mode: str = "native"
+    timing_rounds: int = 20
+    timing_warmup: int = 2
+    timing_budget_s: float = 20.0
+    near_tie_margin: float = 1.0
+    batch_size: int = 32
+    seed: int = 0
+    progress: bool = True
+    variants: list = field(default_factory=list)  # filled by validate()
+
+    # fields whose change makes earlier outputs in the same run folder invalid
+    IDENTITY = ("model", "family", "group_size", "quantize_embeddings", "quantize_head", "n_fit",
+                "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed", "batch_size")
+
+    def validate(self):
+        """Check every field; build the variant configs. Raises SweepError."""
+        if self.model not in MODELS:
+            raise SweepError(f"unknown model {self.model!r}; choose one of: {', '.join(MODELS)}")
+        try:
+            get_family(self.family)
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        for name, mode in (("quality_mode", self.quality_mode), ("speed_mode", self.speed_mode)):
+            if mode not in MODES:
+                raise SweepError(f"{name}={mode!r} is not supported; choose one of {MODES}")
+        for name in ("n_fit", "n_calibration", "n_eval"):
+            if getattr(self, name) < 10:
+                raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
+        if self.timing_rounds < 1 or self.timing_warmup < 0 or self.timing_budget_s <= 0:
+            raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
+        if not self.bits:
+            raise SweepError("no bit widths given; pass e.g. --bits 4 8")
+        try:
+            self.variants = [QuantConfig(b, self.group_size, self.quantize_embeddings,
+                                         self.quantize_head) for b in dict.fromkeys(self.bits)]
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        if self.run is None:
+            self.run = f"{self.model}-{self.family}-g{self.group_size}"
+        return self
+
+    def identity(self):
+        return {k: getattr(self, k) for k in self.IDENTITY}
+
+
+def _versions():
+    import numpy
+    import sklearn
+    import tokenizers
+
+    return {"mlx": mx.__version__, "numpy": numpy.__version__, "sklearn": sklearn.__version__,
+            "tokenizers": tokenizers.__version__, "python": platform.python_version(),
+            "mlx_variants": __version__, "platform": platform.platform()}
+
+
+class Sweep:
+    """Runs a validated :class:`SweepConfig`. ``log`` receives one-line progress messages."""
+
+    def __init__(self, cfg, log=print):
+        self.cfg = cfg
+        self.log = log
+        self.root = Path(cfg.results_dir)
+        self.out = self.root / cfg.run
+        self.cache = self.root / ".cache"
+
+    # -- preparation ------------------------------------------------------------------------
+    def prepare(self):
+        """Load everything that can fail on bad input, before anything is written."""
+        cfg = self.cfg
+        self.contract = load_contract(cfg.contract)
+        self.checkpoint = load_checkpoint()
+        frame = data.load_vader()
+        module = get_module(cfg.model)
+        sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}
+        self.tasksets = {s: module.make_taskset(data.sample(data.split_frame(frame, s), n,
+                                                            seed=cfg.seed))
+                         for s, n in sizes.items()}
+        self._check_run_folder()
+
+    def _check_run_folder(self):
+        run_json = self.out / "run.json"
+        if run_json.exists():
+            old = json.loads(run_json.read_text()).get("identity", {})
+            new = json.loads(json.dumps(self.cfg.identity()))
+            diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+            if diff:
+                raise SweepError(
+                    f"{self.out} holds a sweep with other settings {diff} (old, new); "
+                    f"choose another --run name or delete {self.out}")
+
+    # -- reference --------------------------------------------------------------------------
+    def reference(self):
+        cfg = self.cfg
+        self.ref_model, head_key = fitted_reference(cfg.model, self.checkpoint, self.tasksets,
+                                                    self.cache, log=self.log)
+        self.batches, self.truncated = {}, {}
+        for split in ("calibration", "eval"):
+            self.batches[split], self.truncated[split] = self.ref_model.prepare(
+                self.tasksets[split], cfg.batch_size)
+        self.ref_outputs = {}
+        for split in ("calibration", "eval"):
+            key = digest(self.checkpoint.sha256, "float32", self.tasksets[split].fingerprint(),
+                         self.ref_model.config())
+            path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
+            if path.exists():
+                outputs = DecisionOutputs.load(path)
+            else:
+                outputs = self._outputs(self.ref_model, split, "reference")
+                outputs.save(path)
+            outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
+            self.ref_outputs[split] = outputs
+        return self.ref_model
+
+    def _outputs(self, model, split, what):
+        ts = self.tasksets[split]
+        with tqdm(total=len(ts), desc=f"{what} · {split}", unit="ex", leave=False,
+                  disable=not self.cfg.progress) as bar:
+            return model.outputs(ts, self.batches[split], progress=bar.update)
+
+    # -- variants ---------------------------------------------------------------------------
+    def _timing_batches(self):
+        """B=1: the eval text of median token length; B=32: 32 eval texts drawn with the seed."""
+        ts = self.tasksets["eval"]
+        encs, _ = self.ref_model.tokenizer.encode(list(ts.texts))
+        lengths = np.array([len(e.ids) for e in encs])
+        median_idx = int(np.argsort(lengths, kind="stable")[len(lengths) // 2])
+        out = {}
+        for b in TIMING_BATCH_SIZES:
+            rng = np.random.default_rng(self.cfg.seed)
+            idx = (np.array([median_idx]) if b == 1
+                   else np.sort(rng.choice(len(ts), min(b, len(ts)), replace=False)))
+            batches, _ = self.ref_model.prepare(ts.subset(idx), batch_size=b)
+            out[b] = batches[0]
+        return out
+
+    def _time_variant(self, family, vcfg, timing_batches):
+        cfg = self.cfg
+        var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode)
+        result = {"timed_region": TIMED_REGION, "mode": cfg.speed_mode, "dtype": "float32",
+                  "device": str(mx.default_device()), "blas": dict(BLAS_INFO), "batches": {}}
+        for b, batch in timing_batches.items():
+            r = time_alternating(lambda: self.ref_model.forward(batch),
+                                 lambda: var_model.forward(batch), warmup=cfg.timing_warmup,
+                                 rounds=cfg.timing_rounds, budget_s=cfg.timing_budget_s)
+            r["batch_size"] = int(batch.input_ids.shape[0])
+            r["seq_len"] = int(batch.input_ids.shape[1])
+            result["batches"][str(b)] = r
+        return result
+
+    def variant(self, family, vcfg, timing_batches):
+        """Build, run and time one variant unless its folder already holds the results."""
+        cfg = self.cfg
+        vdir = self.out / vcfg.name
+        files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
+                                       "timing.json")}
+        if all(f.exists() for f in files.values()):
+            self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
+        else:
+            t0 = time.perf_counter()
+            var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
+                                           calibration=self.tasksets["calibration"])
+            info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
+                        speed_mode=cfg.speed_mode)
+            outs = {split: self._outputs(var_model, split, vcfg.name)
+                    for split in ("calibration", "eval")}
+            info["quality_wall_s"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            timing = self._time_variant(family, vcfg, timing_batches)
+            timing["wall_s"] = time.perf_counter() - t1
+            outs["eval"].save(files["outputs.npz"])
+            outs["calibration"].save(files["calibration_outputs.npz"])
+            write_json(files["build.json"], info)
+            write_json(files["timing.json"], timing)
+        return self.judge(vcfg.name)
+
+    def judge(self, name):
+        """Recompute metrics and verdict of variant ``name`` from its saved outputs."""
+        vdir = self.out / name
+        var_eval = DecisionOutputs.load(vdir / "outputs.npz")
+        var_cal = DecisionOutputs.load(vdir / "calibration_outputs.npz")
+        ref_cal, ref_eval = self.ref_outputs["calibration"], self.ref_outputs["eval"]
+        eps = epsilon_max(max_abs_logit_diff(ref_cal.logits, var_cal.logits, ref_cal.option_mask))
+        ev = evaluate(vars(ref_eval), vars(var_eval), epsilon=eps,
+                      near_tie_margin=self.cfg.near_tie_margin)
+        verdict = check(self.contract, ev)
+        write_json(vdir / "metrics.json", ev.summary)
+        write_json(vdir / "verdict.json", verdict.to_dict())
+        build = json.loads((vdir / "build.json").read_text())
+        timing = json.loads((vdir / "timing.json").read_text())
+        return summary_row(name, build, ev.summary, verdict, timing), ev, verdict
+
+    # -- the whole run ----------------------------------------------------------------------
+    def run(self):
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.prepare()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.reference()
+        family = get_family(cfg.family)
+        timing_batches = self._timing_batches()
+        rows, details = [], {}
+        for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
+                         disable=not cfg.progress):
+            row, ev, verdict = self.variant(family, vcfg, timing_batches)
+            rows.append(row)
+            details[vcfg.name] = (ev, verdict)
+            self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
+                     + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+        summary = pd.DataFrame(rows)
+        summary.to_csv(self.out / "summary.csv.tmp", index=False)
+        (self.out / "summary.csv.tmp").replace(self.out / "summary.csv")
+        meta = self.metadata(time.perf_counter() - t0)
+        write_json(self.out / "run.json", meta)
+        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract))
+        return summary
+
+    def metadata(self, wall_s):
+        cfg = self.cfg
+        d = asdict(cfg)
+        d["variants"] = [v.name for v in cfg.variants]
+        return {
+            "identity": cfg.identity(),
+            "config": d,
+            "contract": self.contract.name,
+            "versions": _versions(),
+            "blas": dict(BLAS_INFO),
+            "device": str(mx.default_device()),
+            "dtype": "float32",
+            "checkpoint": {"path": str(self.checkpoint.path), "sha256": self.checkpoint.sha256},
+            "data": {
+                "source": "VADER ICWSM 2014 ground truth (data/vader, MIT)",
+                "splits": {s: {"n": len(ts), "fingerprint": ts.fingerprint()}
+                           for s, ts in self.tasksets.items()},
+                "truncated_texts": self.truncated,
+                "max_tokens": self.checkpoint.tokenizer.max_length,
+            },
+            "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},
+            "wall_s": wall_s,
+        }
+
+
+def run_sweep(log=print, **kwargs):
+    """Validate ``kwargs`` (the fields of :class:`SweepConfig`) and run the sweep.
+
+    Returns
+    -------
+    pandas.DataFrame
+        summary.csv's table, one row per variant.
+
+    Raises
+    ------
+    SweepError, contracts.checker.ContractError, variants.checkpoint.CheckpointError
+        On bad input, before anything is written.
+    """
+    cfg = SweepConfig(**kwargs).validate()
+    return Sweep(cfg, log=log).run()
