@@ -53,6 +53,8 @@ def configure_sweep(sub):
                    help="untimed warm-up calls of each model per batch size")
     p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
                    help="seconds per batch size after which timing stops (at least 3 rounds run)")
+    p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes),
+                   metavar="B", help="batch sizes timed (one real eval batch each)")
     p.add_argument("--near-tie-margin", type=float, default=d.near_tie_margin,
                    help="reference top-2 logit margin below which an example is a near tie")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
@@ -70,6 +72,7 @@ def _sweep(args):
 
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     kwargs["bits"] = tuple(kwargs["bits"])
+    kwargs["timing_batch_sizes"] = tuple(kwargs["timing_batch_sizes"])
     summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
     run = kwargs["run"] or f"{args.model}-{args.family}-g{args.group_size}"
     print(format_table(summary).to_string(index=False))

@@ -60,6 +60,7 @@ class SweepConfig:
     timing_rounds: int = 20
     timing_warmup: int = 2
     timing_budget_s: float = 20.0
+    timing_batch_sizes: tuple = TIMING_BATCH_SIZES
     near_tie_margin: float = 1.0
     batch_size: int = 32
     seed: int = 0
@@ -86,6 +87,8 @@ class SweepConfig:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
         if self.timing_rounds < 1 or self.timing_warmup < 0 or self.timing_budget_s <= 0:
             raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
+        if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
+            raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
         if not self.bits:
             raise SweepError("no bit widths given; pass e.g. --bits 4 8")
         try:
@@ -183,7 +186,7 @@ class Sweep:
         lengths = np.array([len(e.ids) for e in encs])
         median_idx = int(np.argsort(lengths, kind="stable")[len(lengths) // 2])
         out = {}
-        for b in TIMING_BATCH_SIZES:
+        for b in dict.fromkeys(self.cfg.timing_batch_sizes):
             rng = np.random.default_rng(self.cfg.seed)
             idx = (np.array([median_idx]) if b == 1
                    else np.sort(rng.choice(len(ts), min(b, len(ts)), replace=False)))

