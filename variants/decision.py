@@ -64,6 +64,8 @@ class DecisionModel:
         """A shallow copy of this model with ``module`` swapped in (head state is shared)."""
         other = copy.copy(self)
         other.module = module
+        other.temperatures = dict(self.temperatures)
+        # option_texts stays shared on purpose: batches prepared by any of the models index it
         other._reset_caches()
         return other
 

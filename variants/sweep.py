@@ -58,7 +58,7 @@ class SweepConfig:
     quality_mode: str = "simulated"
     speed_mode: str = "native"
     timing_rounds: int = 20
-    timing_warmup: int = 2
+    timing_warmup: int = 1
     timing_budget_s: float = 20.0
     timing_batch_sizes: tuple = TIMING_BATCH_SIZES
     near_tie_margin: float = 1.0
