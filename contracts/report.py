@@ -32,8 +32,7 @@ def _fmt(x, f):
 
 def summary_row(name, build, summary, verdict, timing):
     """One flat row (dict) of summary.csv for variant ``name``."""
-    row = {"variant": name, "family": build.get("family"),
-           "bits": build["config"].get("bits"), "group_size": build["config"].get("group_size"),
+    row = {"variant": name, "family": build.get("family"), **build.get("config", {}),
            "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
            "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode")}
     for k, v in summary.items():
@@ -62,7 +61,9 @@ def format_table(summary):
         cells = {}
         for col, head, f in TABLE:
             head = head.format(**r) if "{" in head else head
-            value = r[col] / 1e6 if col == "model_bytes" else r[col]
+            value = r.get(col)
+            if col == "model_bytes" and value is not None:
+                value = value / 1e6
             cells[head] = _fmt(value, f)
         for b in sizes:
             p = f"b{b}_"
@@ -82,7 +83,8 @@ def render_report(meta, summary, details, contract):
     cfg = meta["config"]
     data = meta["data"]
     lines = [
-        f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} (group size {cfg['group_size']})",
+        f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} ("
+        + ", ".join(f"{k} {v}" for k, v in cfg.get("params", {}).items()) + ")",
         "",
         "====== Run ======",
         "",
@@ -100,9 +102,13 @@ def render_report(meta, summary, details, contract):
         "per-round ratios [95% bootstrap CI]",
         f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
         f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
+        f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
+        f"(fp32), checkpoint sha256 {meta['checkpoint']['sha256'][:12]}…",
         f"- temperatures per option count: "
         + ", ".join(f"K={k}: {v:.3f}" for k, v in meta["temperatures"].items()),
-        f"- wall time: {meta['wall_s']:.0f} s",
+        f"- wall time of this invocation: {meta['wall_s']:.0f} s"
+        + (f" ({len(meta['reused_variants'])} variants reused from an earlier invocation)"
+           if meta.get("reused_variants") else ""),
         "",
         "====== Variants ======",
         "",

@@ -9,8 +9,8 @@ EXIT_USER_ERROR = 2
 
 
 def configure_sweep(sub):
-    from variants.builders import FAMILIES
-    from variants.builders.quantize import BITS, GROUP_SIZES, MODES
+    from variants.builders import FAMILIES, get_family
+    from variants.builders.quantize import MODES
     from variants.models import MODELS
     from variants.sweep import SweepConfig
 
@@ -25,19 +25,13 @@ def configure_sweep(sub):
             "outputs/metrics/verdict/timing, summary.csv, report.md). Rerunning resumes."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
-    p.add_argument("--family", choices=list(FAMILIES), default=d.family, help="variant family")
-    p.add_argument("--bits", type=int, nargs="+", default=list(d.bits), metavar="B",
-                   help=f"bit widths to sweep, from {BITS}")
-    p.add_argument("--group-size", type=int, default=d.group_size,
-                   help=f"weights per quantization group, one of {GROUP_SIZES}")
-    p.add_argument("--quantize-embeddings", action="store_true",
-                   help="also quantize the embedding tables (kept fp32 by default)")
-    p.add_argument("--quantize-head", action="store_true",
-                   help="also quantize the decision head (kept fp32 by default)")
+    p.add_argument("--family", choices=list(FAMILIES), default=d.family,
+                   help="variant family; its own flags are listed in its group below")
     p.add_argument("--contract", default=None,
                    help="contract TOML file (default: the packaged contracts/default.toml)")
     p.add_argument("--run", default=None,
-                   help="run name: results go to RESULTS_DIR/RUN (default: <model>-<family>-g<group>)")
+                   help="run name: results go to RESULTS_DIR/RUN (default: <model>-<family>-<params>,"
+                        " e.g. minilm-sentiment-quant-g64)")
     p.add_argument("--results-dir", default=d.results_dir, help="where run folders are written")
     p.add_argument("--n-fit", type=int, default=d.n_fit, help="fit-split examples (head fitting)")
     p.add_argument("--n-calibration", type=int, default=d.n_calibration,
@@ -62,6 +56,8 @@ def configure_sweep(sub):
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
+    for name in FAMILIES:
+        get_family(name).add_arguments(p)
     p.set_defaults(func=_sweep)
     return p
 
@@ -70,11 +66,19 @@ def _sweep(args):
     from variants.sweep import run_sweep
     from contracts.report import format_table
 
+    from variants.builders import FAMILIES, get_family
+    from variants.sweep import SweepConfig
+
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    kwargs["bits"] = tuple(kwargs["bits"])
+    family_params = {p for f in FAMILIES for p in get_family(f).PARAMS}
+    own = get_family(args.family).PARAMS
+    kwargs["params"] = {k: kwargs[k] for k in own}
+    for k in family_params:
+        kwargs.pop(k, None)
     kwargs["timing_batch_sizes"] = tuple(kwargs["timing_batch_sizes"])
+    cfg = SweepConfig(**kwargs)
     summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
-    run = kwargs["run"] or f"{args.model}-{args.family}-g{args.group_size}"
+    run = kwargs["run"] or cfg.validate().run
     print(format_table(summary).to_string(index=False))
     print(f"\nreport: {args.results_dir}/{run}/report.md")
     return 0 if (summary["verdict"] == "PASS").all() else 1

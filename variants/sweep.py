@@ -17,6 +17,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from contracts.checker import check, load_contract
 from contracts.report import render_report, summary_row
@@ -24,7 +25,7 @@ from metrics.evaluate import evaluate
 from metrics.margin import epsilon_max, max_abs_logit_diff
 from variants import BLAS_INFO, __version__, data
 from variants.builders import get_family
-from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig
+from variants.builders.quantize import MODES
 from variants.checkpoint import load_checkpoint
 from variants.io import digest, write_json, write_text
 from variants.models import MODELS, fitted_reference, get_module
@@ -45,10 +46,7 @@ class SweepConfig:
 
     model: str = "minilm-sentiment"
     family: str = "quant"
-    bits: tuple = BITS
-    group_size: int = 64
-    quantize_embeddings: bool = False
-    quantize_head: bool = False
+    params: dict = field(default_factory=dict)  # the family's own parameters (its PARAMS)
     contract: str | None = None
     run: str | None = None
     results_dir: str = str(RESULTS_DIR)
@@ -68,17 +66,22 @@ class SweepConfig:
     variants: list = field(default_factory=list)  # filled by validate()
 
     # fields whose change makes earlier outputs in the same run folder invalid
-    IDENTITY = ("model", "family", "group_size", "quantize_embeddings", "quantize_head", "n_fit",
-                "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed", "batch_size")
+    # (a variant's folder name encodes its own parameters, so family parameters are not here)
+    IDENTITY = ("model", "n_fit", "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed",
+                "batch_size")
 
     def validate(self):
         """Check every field; build the variant configs. Raises SweepError."""
         if self.model not in MODELS:
             raise SweepError(f"unknown model {self.model!r}; choose one of: {', '.join(MODELS)}")
         try:
-            get_family(self.family)
+            family = get_family(self.family)
         except ValueError as e:
             raise SweepError(str(e)) from None
+        unknown = sorted(set(self.params) - set(family.PARAMS))
+        if unknown:
+            raise SweepError(f"parameters {unknown} do not belong to family {self.family!r} "
+                             f"(its parameters: {', '.join(family.PARAMS)})")
         for name, mode in (("quality_mode", self.quality_mode), ("speed_mode", self.speed_mode)):
             if mode not in MODES:
                 raise SweepError(f"{name}={mode!r} is not supported; choose one of {MODES}")
@@ -89,15 +92,12 @@ class SweepConfig:
             raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
         if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
             raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
-        if not self.bits:
-            raise SweepError("no bit widths given; pass e.g. --bits 4 8")
         try:
-            self.variants = [QuantConfig(b, self.group_size, self.quantize_embeddings,
-                                         self.quantize_head) for b in dict.fromkeys(self.bits)]
+            self.variants = family.ladder(**self.params)
         except ValueError as e:
             raise SweepError(str(e)) from None
         if self.run is None:
-            self.run = f"{self.model}-{self.family}-g{self.group_size}"
+            self.run = f"{self.model}-{self.family}-{family.run_name(**self.params)}"
         return self
 
     def identity(self):
@@ -123,6 +123,7 @@ class Sweep:
         self.root = Path(cfg.results_dir)
         self.out = self.root / cfg.run
         self.cache = self.root / ".cache"
+        self.reused = []
 
     # -- preparation ------------------------------------------------------------------------
     def prepare(self):
@@ -216,6 +217,7 @@ class Sweep:
                                        "timing.json")}
         if all(f.exists() for f in files.values()):
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
+            self.reused.append(vcfg.name)
         else:
             t0 = time.perf_counter()
             var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
@@ -295,8 +297,11 @@ class Sweep:
                 "truncated_texts": self.truncated,
                 "max_tokens": self.checkpoint.tokenizer.max_length,
             },
+            "reference_model_bytes": int(sum(v.nbytes for _, v in
+                                             tree_flatten(self.ref_model.module.parameters()))),
             "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},
             "wall_s": wall_s,
+            "reused_variants": self.reused,
         }
 
 

@@ -138,6 +138,35 @@ def quantize_module(module, cfg, mode="simulated"):
     return sim, info
 
 
+PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head")
+
+
+def add_arguments(parser):
+    """This family's ``variants sweep`` flags (dests are PARAMS)."""
+    g = parser.add_argument_group("quant family (--family quant)")
+    g.add_argument("--bits", type=int, nargs="+", default=list(BITS), metavar="B",
+                   help=f"bit widths to sweep, from {BITS}")
+    g.add_argument("--group-size", type=int, default=64,
+                   help=f"weights per quantization group, one of {GROUP_SIZES}")
+    g.add_argument("--quantize-embeddings", action="store_true",
+                   help="also quantize the embedding tables (kept fp32 by default)")
+    g.add_argument("--quantize-head", action="store_true",
+                   help="also quantize the decision head (kept fp32 by default)")
+
+
+def ladder(*, bits=BITS, group_size=64, quantize_embeddings=False, quantize_head=False):
+    """The variant configs of one sweep: one QuantConfig per bit width (ValueError if bad)."""
+    if not bits:
+        raise ValueError("no bit widths given; pass e.g. --bits 4 8")
+    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head)
+            for b in dict.fromkeys(bits)]
+
+
+def run_name(*, group_size=64, **_):
+    """Default run-folder suffix for these parameters."""
+    return f"g{group_size}"
+
+
 def build(reference, cfg, mode="simulated", calibration=None):
     """Registry entry: the reference DecisionModel with its module quantized.
 
