@@ -1,8 +1,10 @@
 """Load a contract (TOML) and check an evaluation against it, clause by clause.
 
-A contract is a name, a description and a list of ``[[clause]]`` tables; each clause names one
-number of :meth:`metrics.evaluate.Evaluation.value` (``metric``, ``stratum``, ``statistic``) and a
-bound, ``min`` (pass when value >= min) or ``max`` (pass when value <= max). A clause whose value
+A contract is a name, a description, optional ``[settings]`` and a list of ``[[clause]]`` tables;
+each clause names one number of :meth:`metrics.evaluate.Evaluation.value` (``metric``,
+``stratum``, ``statistic``) and a bound, ``min`` (pass when value >= min) or ``max`` (pass when
+value <= max). With ``compare = "ci"`` the bound applies to the far end of the seeded bootstrap
+interval instead (upper end for ``max``, lower for ``min``): "the upper CI bound must be below". A clause whose value
 is NaN (its stratum has no example on which the metric is defined) is reported with
 ``passed=None`` ("no examples") and does not fail the verdict: an absent stratum is not evidence
 against the variant, but the report shows it so a reader can see the clause went untested.
@@ -10,7 +12,7 @@ against the variant, but the report shows it so a reader can see the clause went
 
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -31,8 +33,31 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 #: Keys allowed at the top of a contract file and in each ``[[clause]]`` table.
-CONTRACT_KEYS = ("name", "description", "clause")
-CLAUSE_KEYS = ("id", "metric", "stratum", "statistic", "min", "max", "why")
+CONTRACT_KEYS = ("name", "description", "settings", "clause")
+CLAUSE_KEYS = ("id", "metric", "stratum", "statistic", "min", "max", "compare", "why")
+#: What a clause's bound is compared with: the point value, or the far end of its CI.
+COMPARE = ("value", "ci")
+#: ``[settings]`` keys, their types and defaults. ``near_tie_margin = None`` means "the run's"
+#: (run.json ``config.near_tie_margin``).
+SETTINGS = {
+    "near_tie_margin": ((int, float), None),
+    "human_tie_gap": ((int, float), 0.2),
+    "alpha": ((int, float), 0.05),
+    "n_bootstrap": ((int,), 1000),
+    "confidence": ((int, float), 0.95),
+    "seed": ((int,), 0),
+    "n_bins": ((int,), 15),
+}
+_SETTING_RANGES = {
+    "near_tie_margin": (lambda x: x >= 0, ">= 0"),
+    "human_tie_gap": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "alpha": (lambda x: 0 < x < 1, "in (0, 1)"),
+    "n_bootstrap": (lambda x: x >= 0, ">= 0 (0 = no intervals)"),
+    "confidence": (lambda x: 0 < x < 1, "in (0, 1)"),
+    "seed": (lambda x: x >= 0, ">= 0"),
+    "n_bins": (lambda x: x >= 1, ">= 1"),
+}
+SCHEMA_VERSION = 2
 #: Comparison of each bound key: ``min`` -> value >= threshold, ``max`` -> value <= threshold.
 OPS = {"min": ">=", "max": "<="}
 DEFAULT_CONTRACT = "default.toml"
@@ -66,16 +91,24 @@ class Clause:
     op: str
     threshold: float
     why: str = ""
+    compare: str = "value"
+
+
+def default_settings():
+    """The ``[settings]`` defaults as a dict."""
+    return {k: default for k, (_, default) in SETTINGS.items()}
 
 
 @dataclass(frozen=True)
 class Contract:
-    """A named list of clauses; ``source`` says where it was read from."""
+    """A named list of clauses; ``source`` says where it was read from; ``settings`` the
+    validated ``[settings]`` table merged over :func:`default_settings`."""
 
     name: str
     description: str
     clauses: tuple
     source: str = "<dict>"
+    settings: dict = field(default_factory=default_settings, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -103,6 +136,16 @@ class ClauseResult:
     passed: bool | None
     n: int
     why: str = ""
+    ci_low: float = float("nan")
+    ci_high: float = float("nan")
+    compare: str = "value"
+
+    @property
+    def compared_value(self):
+        """The number the bound was applied to: the value, or the CI's far end."""
+        if self.compare == "value":
+            return self.value
+        return self.ci_high if self.op == "<=" else self.ci_low
 
     @property
     def status(self):
@@ -120,6 +163,7 @@ class Verdict:
 
     contract: str
     results: tuple
+    settings: dict = field(default_factory=dict)
 
     @property
     def passed(self):
@@ -137,14 +181,19 @@ class Verdict:
 
     def to_dict(self):
         """JSON-ready dict (NaN values become None)."""
+        def num(x):
+            return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
         clauses = []
         for r in self.results:
             d = asdict(r)
-            d["value"] = None if math.isnan(r.value) else r.value
+            for k in ("value", "ci_low", "ci_high"):
+                d[k] = num(d[k])
             d["status"] = r.status
             clauses.append(d)
-        return {"contract": self.contract, "passed": self.passed, "failed": self.failed,
-                "untested": self.untested, "clauses": clauses}
+        return {"schema_version": SCHEMA_VERSION, "contract": self.contract,
+                "passed": self.passed, "failed": self.failed, "untested": self.untested,
+                "settings": dict(self.settings), "clauses": clauses}
 
     def to_frame(self):
         """One row per clause: the ClauseResult fields plus ``status``."""
@@ -187,7 +236,7 @@ def _parse_clause(raw, index, where):
     except ValueError:
         raise ContractError(
             f"{label} has unknown stratum {stratum!r}; use one of {', '.join(STRATA)} or "
-            f"'{TASK_STRATUM_PREFIX}<task name>'."
+            f"'{TASK_STRATUM_PREFIX}<task name>', 'options:<K>', 'margin:<lo>-<hi>'."
         ) from None
     bounds = [k for k in OPS if k in raw]
     if len(bounds) != 1:
@@ -202,8 +251,39 @@ def _parse_clause(raw, index, where):
     why = raw.get("why", "")
     if not isinstance(why, str):
         raise ContractError(f"{label} has a non-string why; write the reason as why = \"...\".")
+    compare = raw.get("compare", "value")
+    if compare not in COMPARE:
+        raise ContractError(
+            f"{label} has compare = {compare!r}; use \"value\" (the point value) or \"ci\" (the "
+            f"upper CI bound for max, the lower for min)."
+        )
     return Clause(id=cid, metric=metric, stratum=stratum, statistic=statistic,
-                  op=OPS[bounds[0]], threshold=float(threshold), why=why)
+                  op=OPS[bounds[0]], threshold=float(threshold), why=why, compare=compare)
+
+
+def _parse_settings(raw, where):
+    settings = default_settings()
+    if raw is None:
+        return settings
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where}: settings must be a [settings] table, got {raw!r}.")
+    unknown = sorted(set(raw) - set(SETTINGS))
+    if unknown:
+        raise ContractError(
+            f"{where}: [settings] has unknown key(s) {', '.join(unknown)}; allowed: "
+            f"{', '.join(SETTINGS)}."
+        )
+    for key, value in raw.items():
+        types, _ = SETTINGS[key]
+        if isinstance(value, bool) or not isinstance(value, types) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            kind = "an integer" if types == (int,) else "a finite number"
+            raise ContractError(f"{where}: [settings] {key} = {value!r} must be {kind}.")
+        ok, rule = _SETTING_RANGES[key]
+        if not ok(value):
+            raise ContractError(f"{where}: [settings] {key} = {value!r} must be {rule}.")
+        settings[key] = value
+    return settings
 
 
 def contract_from_dict(data, *, source="<dict>"):
@@ -248,7 +328,13 @@ def contract_from_dict(data, *, source="<dict>"):
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
         raise ContractError(f"{source}: name and description must be strings.")
-    return Contract(name=name, description=description, clauses=tuple(clauses), source=source)
+    settings = _parse_settings(data.get("settings"), source)
+    return Contract(name=name, description=description, clauses=tuple(clauses), source=source,
+                    settings=settings)
+
+
+#: Contracts shipped with the package, by name (``load_contract("strict")`` works).
+PACKAGED = ("default", "strict", "lenient")
 
 
 def load_contract(path=None):
@@ -257,7 +343,8 @@ def load_contract(path=None):
     Parameters
     ----------
     path : str or path-like, optional
-        A ``.toml`` contract; None reads the packaged ``contracts/default.toml``.
+        A ``.toml`` contract; None reads the packaged ``contracts/default.toml``; one of
+        ``PACKAGED`` ("default", "strict", "lenient") reads that packaged contract.
 
     Returns
     -------
@@ -269,9 +356,10 @@ def load_contract(path=None):
         If the file is missing or unreadable, is not valid TOML, or breaks the schema (see
         :func:`contract_from_dict`).
     """
-    if path is None:
-        resource = resources.files("contracts").joinpath(DEFAULT_CONTRACT)
-        source, text = f"contracts/{DEFAULT_CONTRACT}", resource.read_text(encoding="utf-8")
+    if path is None or (isinstance(path, str) and path in PACKAGED):
+        fname = DEFAULT_CONTRACT if path is None else f"{path}.toml"
+        resource = resources.files("contracts").joinpath(fname)
+        source, text = f"contracts/{fname}", resource.read_text(encoding="utf-8")
     else:
         source = str(path)
         try:
@@ -290,32 +378,48 @@ def load_contract(path=None):
     return contract_from_dict(data, source=source)
 
 
-def check(contract, evaluation):
+def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None):
     """Evaluate every clause of ``contract`` on ``evaluation``.
 
     Parameters
     ----------
     contract : Contract
     evaluation : metrics.evaluate.Evaluation
+    n_bootstrap, confidence, seed : optional
+        Bootstrap resamples, interval level and seed of each clause's CI; default the
+        contract's ``[settings]`` (1000, 0.95, 0). ``n_bootstrap=0`` skips intervals (a clause
+        with ``compare = "ci"`` then has no interval and is reported as "no examples").
 
     Returns
     -------
     Verdict
         One :class:`ClauseResult` per clause, in contract order. A clause passes when
-        ``value >= threshold`` (min) or ``value <= threshold`` (max); ``passed`` is None when the
-        value is NaN (no examples), which does not fail the verdict.
+        ``value >= threshold`` (min) or ``value <= threshold`` (max), with ``value`` the CI's far
+        end when ``compare = "ci"``; ``passed`` is None when that number is NaN (no examples),
+        which does not fail the verdict.
     """
+    settings = dict(contract.settings)
+    n_boot = settings["n_bootstrap"] if n_bootstrap is None else int(n_bootstrap)
+    level = settings["confidence"] if confidence is None else float(confidence)
+    seed = settings["seed"] if seed is None else int(seed)
+    settings.update(n_bootstrap=n_boot, confidence=level, seed=seed)
     results = []
     for c in contract.clauses:
         value = float(evaluation.value(c.metric, c.stratum, c.statistic))
         n = int(evaluation.support(c.metric, c.stratum))
-        if math.isnan(value):
+        low, high = (float("nan"), float("nan"))
+        if n_boot and not math.isnan(value):
+            low, high = evaluation.ci(c.metric, c.stratum, c.statistic, n_boot=n_boot,
+                                      confidence=level, seed=seed)
+        compared = value if c.compare == "value" else (high if c.op == "<=" else low)
+        if math.isnan(compared):
             passed = None
         elif c.op == ">=":
-            passed = bool(value >= c.threshold)
+            passed = bool(compared >= c.threshold)
         else:
-            passed = bool(value <= c.threshold)
+            passed = bool(compared <= c.threshold)
         results.append(ClauseResult(id=c.id, metric=c.metric, stratum=c.stratum,
                                     statistic=c.statistic, value=value, op=c.op,
-                                    threshold=c.threshold, passed=passed, n=n, why=c.why))
-    return Verdict(contract=contract.name, results=tuple(results))
+                                    threshold=c.threshold, passed=passed, n=n, why=c.why,
+                                    ci_low=low, ci_high=high, compare=c.compare))
+    return Verdict(contract=contract.name, results=tuple(results), settings=settings)

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
@@ -104,7 +105,7 @@ def render_report(meta, summary, details, contract):
         f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
         f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
         f"(fp32), checkpoint sha256 {meta['checkpoint']['sha256'][:12]}…",
-        f"- temperatures per option count: "
+        "- temperatures per option count: "
         + ", ".join(f"K={k}: {v:.3f}" for k, v in meta["temperatures"].items()),
         f"- wall time of this invocation: {meta['wall_s']:.0f} s"
         + (f" ({len(meta['reused_variants'])} variants reused from an earlier invocation)"
@@ -142,10 +143,357 @@ def render_report(meta, summary, details, contract):
             f"{r['model_bytes'] / 1e6:.1f} MB; timing ({r['speed_mode']} mode): {memory}",
             "",
         ]
-        frame = verdict.to_frame()[["id", "metric", "stratum", "statistic", "value", "op",
-                                    "threshold", "n", "status"]]
+        frame = verdict.to_frame()
+        frame["CI"] = [_ci_text(lo, hi) for lo, hi in zip(frame["ci_low"], frame["ci_high"])]
+        frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "op", "threshold",
+                       "n", "status"]]
         lines += [frame.to_markdown(index=False, floatfmt=".4g"), ""]
         if s.get("certified_flip_ids"):
             lines += ["Certified examples that flipped (ε was exceeded on them): "
                       + ", ".join(s["certified_flip_ids"][:20]), ""]
     return "\n".join(lines) + "\n"
+
+
+# -- per-variant in-depth report (``variants check``) -------------------------------------------
+#: Version of the JSON written by :func:`variant_report_json` (``<variant>/report.json``) and of
+#: ``check.json``; bump on any change of keys or meaning. Documented in results/README.md.
+REPORT_SCHEMA_VERSION = 1
+#: Per-example quantities of the drift section: (column, label).
+DRIFT_ROWS = (
+    ("kl", "KL(ref ‖ variant), nats"),
+    ("kl_reverse", "KL(variant ‖ ref), nats"),
+    ("delta_top_prob", "Δp of the reference's top option"),
+    ("abs_delta_top_prob", "|Δp| of the reference's top option"),
+    ("confidence_drift", "|Δ entropy confidence|"),
+    ("abs_score_error", "|Δ expected score|"),
+    ("action_max_abs_diff", "max |Δ action probability|"),
+    ("action_tv", "action total variation"),
+    ("max_abs_logit_diff", "max |Δlogit| (raw)"),
+)
+CALIBRATION_ROWS = (("ece_width", "ECE, 15 equal-width bins"), ("ece_mass", "ECE, equal-mass bins"),
+                    ("classwise_ece", "classwise ECE"), ("brier", "Brier score"),
+                    ("nll", "NLL, nats"))
+EXCERPT_CHARS = 90
+
+
+def _num(x):
+    """JSON-safe float: NaN → None, numpy scalars → Python."""
+    if x is None:
+        return None
+    if isinstance(x, (bool, int, str)):
+        return x
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def _ci_text(low, high, f="{:.4g}"):
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "—"
+    return f"[{f.format(low)}, {f.format(high)}]"
+
+
+def flip_strata(ev):
+    """Names of the strata the flip table reports on, for this evaluation."""
+    m = ev.near_tie_margin
+    strata = ["all", "near_tie", "not_near_tie"]
+    edges = [0.0, m, 2 * m, 4 * m] if m > 0 else [0.0]
+    strata += [f"margin:{a:g}-{b:g}" for a, b in zip(edges[:-1], edges[1:])]
+    strata += [f"margin:{edges[-1]:g}-inf"]
+    strata += ["certified", "uncertified", "human_near_tie"]
+    strata += [f"options:{k}" for k in sorted(ev.per_example["n_options"].unique())]
+    strata += [f"task:{t}" for t in sorted(ev.per_example["task"].unique())]
+    return strata
+
+
+def flip_table(ev):
+    """Flips per stratum: n, flips, flip rate, negative / positive flips and rates (Yan et al.).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per :func:`flip_strata` entry; rates are NaN on an empty stratum.
+    """
+    rows = []
+    for s in flip_strata(ev):
+        n = int(ev.rows(s).sum())
+        rows.append({"stratum": s, "n": n,
+                     "flips": ev.value("flip", s, "count") if n else 0.0,
+                     "flip_rate": ev.value("flip", s, "rate"),
+                     "negative_flips": ev.value("negative_flip", s, "count") if n else 0.0,
+                     "negative_flip_rate": ev.value("negative_flip", s, "rate"),
+                     "positive_flips": ev.value("positive_flip", s, "count") if n else 0.0,
+                     "n_labeled": ev.support("negative_flip", s)})
+    return pd.DataFrame(rows)
+
+
+def drift_table(ev):
+    """llama.cpp-style summary (mean ± SE, RMS, max … min) of each :data:`DRIFT_ROWS` column."""
+    from metrics.distribution import describe
+
+    rows = []
+    for col, label in DRIFT_ROWS:
+        frame = ev.detail if col in ev.detail else ev.per_example
+        rows.append({"quantity": label, "column": col,
+                     **describe(frame[col].to_numpy(dtype=np.float64))})
+    return pd.DataFrame(rows)
+
+
+def calibration_table(ev, *, n_boot=1000, confidence=0.95, seed=0):
+    """Each calibration figure for reference, variant and their difference, with bootstrap CIs
+    (cached on ``ev``, so the Markdown and JSON reports share one computation)."""
+    key = ("calibration_table", n_boot, confidence, seed)
+    if key in ev._cache:
+        return ev._cache[key]
+    rows = []
+    for fig, label in CALIBRATION_ROWS:
+        row = {"figure": label, "metric": fig}
+        for which in ("ref", "variant", "delta"):
+            m = f"{fig}_{which}"
+            row[which] = ev.value(m)
+            row[f"{which}_ci"] = ev.ci(m, n_boot=n_boot, confidence=confidence, seed=seed)
+        rows.append(row)
+    ev._cache[key] = pd.DataFrame(rows)
+    return ev._cache[key]
+
+
+def _top2(probs, mask):
+    z = np.where(mask, probs, -np.inf)
+    order = np.argsort(-z, kind="stable")[:2]
+    return ", ".join(f"#{k} {probs[k]:.3f}" for k in order if mask[k])
+
+
+def worst_examples(ev, result, *, texts=None, n=5):
+    """The examples that drive a clause's value, worst first.
+
+    Parameters
+    ----------
+    ev : metrics.evaluate.Evaluation
+    result : contracts.checker.ClauseResult
+    texts : mapping of id -> str, optional
+        For the excerpt.
+    n : int, default=5
+
+    Returns
+    -------
+    list of dict
+        ``id``, ``excerpt``, ``ref_top2`` and ``var_top2`` ("#k p" pairs), ``metric`` (the
+        clause's per-example value; for a set-level metric the example's KL), ``label``.
+    """
+    from metrics.evaluate import BOOL_METRICS, SET_METRICS
+
+    rows = np.flatnonzero(ev.rows(result.stratum))
+    metric = result.metric
+    if metric in SET_METRICS:
+        metric = "kl"
+    values = ev._array(metric)[rows]
+    lower_is_worse = metric in BOOL_METRICS and result.op == ">="
+    if metric not in BOOL_METRICS and result.op == ">=":
+        lower_is_worse = True
+    key = np.where(np.isnan(values), -np.inf, -values if lower_is_worse else values)
+    # tie-break by KL so that among equal bools the most drifted rows come first
+    kl = ev._array("kl")[rows]
+    order = np.lexsort((-kl, -key))[:n]
+    out = []
+    df = ev.per_example
+    for i in rows[order]:
+        eid = str(df["id"].iat[i])
+        text = (texts or {}).get(eid, "")
+        text = " ".join(text.split())
+        out.append({"id": eid,
+                    "excerpt": text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 1] + "…",
+                    "label": int(df["label"].iat[i]),
+                    "ref_top2": _top2(ev.ref_probs[i], ev.option_mask[i]),
+                    "var_top2": _top2(ev.var_probs[i], ev.option_mask[i]),
+                    "metric": _num(ev._array(metric)[i]), "metric_name": metric})
+    return out
+
+
+def _md(frame, floatfmt=".4g"):
+    return frame.to_markdown(index=False, floatfmt=floatfmt)
+
+
+def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, worst_n=5,
+                          n_boot=None, confidence=None, seed=None):
+    """Markdown report of one variant: clauses with CIs, certificate, bounds, calibration,
+    drift, flips by stratum, and the worst examples of each failing clause.
+
+    Parameters
+    ----------
+    name : str
+    ev : metrics.evaluate.Evaluation
+    verdict : contracts.checker.Verdict
+    contract : contracts.checker.Contract
+    epsilons : dict
+        :func:`metrics.conformal.epsilon_by_bucket` of the calibration split, plus ``alpha``.
+    texts : mapping of id -> str, optional
+    worst_n : int, default=5
+
+    Returns
+    -------
+    str
+    """
+    from metrics.conformal import coverage
+
+    st = verdict.settings or contract.settings
+    n_boot = st.get("n_bootstrap", 1000) if n_boot is None else n_boot
+    confidence = st.get("confidence", 0.95) if confidence is None else confidence
+    seed = st.get("seed", 0) if seed is None else seed
+    alpha = epsilons["alpha"]
+    s = ev.summary
+    lines = [f"# {name}: {'PASS' if verdict.passed else 'FAIL'} — contract `{contract.name}`", "",
+             f"{contract.description}", "",
+             f"Settings: near-tie margin {ev.near_tie_margin:g}, human tie gap {ev.human_tie_gap:g}, "
+             f"α = {alpha:g}, {n_boot} bootstrap resamples, {confidence:.0%} intervals, seed {seed}.",
+             "", "====== Clauses ======", ""]
+    frame = pd.DataFrame([{
+        "clause": r.id, "metric": r.metric, "stratum": r.stratum, "statistic": r.statistic,
+        "value": r.value, "CI": _ci_text(r.ci_low, r.ci_high),
+        "bound": f"{'CI ' if r.compare == 'ci' else ''}{r.op} {r.threshold:g}", "n": r.n,
+        "status": r.status} for r in verdict.results])
+    lines += [_md(frame), ""]
+
+    # certificate
+    lines += ["====== Margin certificate ======", "",
+              "ε two ways on the calibration split: the maximum of max_k|Δlogit_k|, and the "
+              f"split-conformal quantile (the ⌈(n+1)(1−α)⌉-th smallest, α = {alpha:g}), which "
+              "bounds a new example's max|Δlogit| with probability ≥ 1 − α if calibration and eval "
+              "examples are exchangeable. Coverage is measured on the eval split.", ""]
+    diff = ev.per_example["max_abs_logit_diff"].to_numpy()
+    k = ev.per_example["n_options"].to_numpy()
+    margin = ev.per_example["ref_margin"].to_numpy()
+    flips = ev.per_example["flip"].to_numpy()
+    cert_rows = []
+    for bucket, e in epsilons.items():
+        if bucket == "alpha":
+            continue
+        sel = np.ones(len(k), bool) if bucket == "all" else k == int(bucket)
+        row = {"bucket": "all" if bucket == "all" else f"K={bucket}", "n cal": e["n"],
+               "n eval": int(sel.sum()), "ε max": e["epsilon_max"],
+               "ε conformal": e["epsilon_conformal"],
+               "coverage (ε conf.)": coverage(diff[sel], e["epsilon_conformal"]) if sel.any() else np.nan,
+               "promised": 1 - alpha,
+               "coverage (ε max)": coverage(diff[sel], e["epsilon_max"]) if sel.any() else np.nan}
+        cert = margin[sel] > 2 * e["epsilon_max"]
+        row["certified (bucket ε max)"] = cert.mean() if sel.any() else np.nan
+        row["certified flips"] = int((cert & flips[sel]).sum())
+        cert_rows.append(row)
+    lines += [_md(pd.DataFrame(cert_rows)), ""]
+    lines += [f"Certified (margin > 2ε, ε = ε max of all buckets = {ev.epsilon:.4g}): "
+              f"{s['certified_share']:.1%}; flips among them: {s['certified_flips']}. With the "
+              f"conformal ε ({ev.epsilon_conformal:.4g}): {s['certified_share_conformal']:.1%}, "
+              f"{s['certified_conformal_flips']} flips.", ""]
+    exceeded = s["epsilon_exceeded_ids"]
+    lines += [f"Eval examples where max|Δlogit| exceeded ε ({len(exceeded)}): "
+              + (", ".join(exceeded) if exceeded else "none") + ".", ""]
+
+    # bounds
+    bt = ev.bounds_table()
+    lines += ["====== Bounds implied by ε ======", "",
+              "With ε the certificate's bound and T the bucket's temperature: every ratio p′/p of "
+              "an option or action probability lies in [e^(−2ε/T), e^(2ε/T)]; TV ≤ 1 − e^(−2ε/T); "
+              "|Δ expected score| ≤ TV bound × (max − min score); KL ≤ 2ε/T. Observed = worst case "
+              "over eval examples where ε held. An observed value above its bound is a checker or "
+              "model bug.", ""]
+    if bt.empty:
+        lines += ["(no temperature in the outputs: bounds not checked)", ""]
+    else:
+        show = pd.DataFrame({
+            "K": bt["n_options"], "T": bt["T"], "n": bt["n_held"], "2ε/T": bt["2eps_over_T"],
+            "ratio bound": [f"[{math.exp(-b):.4g}, {math.exp(b):.4g}]" for b in bt["2eps_over_T"]],
+            "max |log p′/p|": bt["log_ratio_observed"],
+            "max |log a′/a|": bt["action_log_ratio_observed"],
+            "TV bound": bt["tv_bound"], "TV obs.": bt["tv_observed"],
+            "KL bound": bt["kl_bound"], "KL obs.": bt["kl_observed"],
+            "Δscore bound": bt["score_bound"], "Δscore obs.": bt["score_observed"],
+            "violated": bt["violated"].replace("", "none")})
+        lines += [_md(show), ""]
+        t_min = float(bt["T"].min())
+        lines += [f"A temperature of {t_min:.3g} multiplies ε by {1 / t_min:.3g} before the "
+                  f"softmax (T ≈ 0.1 multiplies it by 10). Per-example check against each "
+                  f"example's own max|Δlogit|: {s['bound_violations']} violation(s).", ""]
+
+    # calibration
+    lines += ["====== Calibration ======", ""]
+    n_unlabeled = int((ev.per_example["label"] < 0).sum())
+    lines += [f"Targets: the label for {len(ev.per_example) - n_unlabeled} examples, the "
+              f"reference's top-1 option for {n_unlabeled} unlabeled ones. {confidence:.0%} "
+              f"percentile-bootstrap intervals ({n_boot} resamples, seed {seed}). Binned ECEs are "
+              "biased upward under resampling (repeated rows fill bins unevenly), so their "
+              "interval can sit above the point value; the Δ intervals pair both models on the "
+              "same resamples and are the ones to read.", ""]
+    ct = calibration_table(ev, n_boot=n_boot, confidence=confidence, seed=seed)
+    lines += [_md(pd.DataFrame({
+        "figure": ct["figure"],
+        "reference": [f"{v:.4f} {_ci_text(*c, f='{:.4f}')}" for v, c in zip(ct["ref"], ct["ref_ci"])],
+        "variant": [f"{v:.4f} {_ci_text(*c, f='{:.4f}')}" for v, c in zip(ct["variant"], ct["variant_ci"])],
+        "Δ": [f"{v:+.4f} {_ci_text(*c, f='{:+.4f}')}" for v, c in zip(ct["delta"], ct["delta_ci"])],
+    })), ""]
+    tt = ev.temperature_table()
+    if not tt.empty:
+        lines += ["Temperature refit (NLL over log T, scipy) per option-count bucket, on eval:", "",
+                  _md(tt), ""]
+    from metrics.calibration import reliability_diagram
+    rd = reliability_diagram(ev.var_probs, ev.targets, ev.option_mask, n_bins=ev.n_bins)
+    rdf = pd.DataFrame(rd)
+    rdf = rdf[rdf["count"] > 0]
+    lines += ["Reliability diagram data (variant, equal-width bins):", "", _md(rdf), ""]
+
+    # drift
+    dt = drift_table(ev)
+    lines += ["====== Drift of what the API exposes ======", "",
+              _md(dt.drop(columns=["column"]).rename(columns={"sem": "± SE"}), floatfmt=".3g"), "",
+              f"Action agreement {s['action_agreement']:.4f}.", ""]
+
+    # flips
+    ft = flip_table(ev)
+    lines += ["====== Flips by stratum ======", "",
+              f"Near tie: reference margin < {ev.near_tie_margin:g}; human near tie: raters' top-two "
+              f"share gap ≤ {ev.human_tie_gap:g}. Negative flip = reference right, variant wrong; "
+              "positive = the reverse (Yan et al. 2020); rates over labeled examples.", "",
+              _md(ft, floatfmt=".4g"), ""]
+
+    # worst examples
+    failing = [r for r in verdict.results if r.passed is False]
+    if failing:
+        lines += ["====== Worst examples of failing clauses ======", ""]
+        for r in failing:
+            worst = worst_examples(ev, r, texts=texts, n=worst_n)
+            lines += [f"**{r.id}** ({r.metric}, {r.stratum}; value {r.value:.4g} {r.op} "
+                      f"{r.threshold:g} fails):", ""]
+            if worst:
+                lines += [_md(pd.DataFrame(worst)), ""]
+    return "\n".join(lines) + "\n"
+
+
+def variant_report_json(name, ev, verdict, contract, epsilons, *, texts=None, worst_n=5):
+    """The machine-readable twin of :func:`render_variant_report` (schema
+    ``REPORT_SCHEMA_VERSION``, see results/README.md). NaN becomes null."""
+    st = verdict.settings or contract.settings
+    n_boot, conf, seed = st.get("n_bootstrap", 1000), st.get("confidence", 0.95), st.get("seed", 0)
+
+    def records(frame):
+        return [{k: (_num(v) if not isinstance(v, (str, list, tuple)) else v) for k, v in r.items()}
+                for r in frame.to_dict("records")]
+
+    ct = calibration_table(ev, n_boot=n_boot, confidence=conf, seed=seed)
+    calib = {r["metric"]: {w: {"value": _num(r[w]), "ci": [_num(x) for x in r[f"{w}_ci"]]}
+                           for w in ("ref", "variant", "delta")} for _, r in ct.iterrows()}
+    from metrics.calibration import reliability_diagram
+    rd = reliability_diagram(ev.var_probs, ev.targets, ev.option_mask, n_bins=ev.n_bins)
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "variant": name,
+        "contract": {"name": contract.name, "source": contract.source},
+        "verdict": verdict.to_dict(),
+        "epsilon": {str(k): ({kk: _num(vv) for kk, vv in v.items()} if isinstance(v, dict) else _num(v))
+                    for k, v in epsilons.items()},
+        "summary": {k: (v if isinstance(v, list) else _num(v)) for k, v in ev.summary.items()},
+        "bounds": records(ev.bounds_table()),
+        "calibration": calib,
+        "temperatures": records(ev.temperature_table()),
+        "reliability_variant": {k: [_num(x) for x in v] for k, v in rd.items()},
+        "drift": records(drift_table(ev)),
+        "flips": records(flip_table(ev)),
+        "worst": {r.id: worst_examples(ev, r, texts=texts, n=worst_n)
+                  for r in verdict.results if r.passed is False},
+    }

@@ -11,15 +11,58 @@ never imports ``mlx`` or ``variants``.
 """
 
 from metrics.accuracy import accuracy, correct
-from metrics.calibration import expected_calibration_error
+from metrics.bootstrap import bootstrap_ci
+from metrics.bounds import kl_bound, log_ratio_bound, max_abs_log_ratio, ratio_bounds, tv_bound
+from metrics.calibration import (
+    brier_loss,
+    calibration_error,
+    classwise_calibration_error,
+    expected_calibration_error,
+    fit_temperature,
+    nll_loss,
+    reliability_diagram,
+)
+from metrics.conformal import conformal_quantile, coverage, epsilon_by_bucket
+from metrics.distribution import describe
 from metrics.divergence import kl_divergence
-from metrics.drift import abs_score_error, action_agreement, action_max_abs_diff
+from metrics.drift import (
+    abs_score_error,
+    action_agreement,
+    action_max_abs_diff,
+    confidence_drift,
+    delta_top_prob,
+    entropy_confidence,
+    total_variation,
+)
 from metrics.evaluate import Evaluation, evaluate
 from metrics.flips import agreement, flip, negative_flip, positive_flip, top1
 from metrics.latency import latency_summary, paired_speedup
 from metrics.margin import certified, epsilon_max, max_abs_logit_diff, top2_margin
+from metrics.ties import human_near_tie, human_top2_gap
 
 __all__ = [
+    "bootstrap_ci",
+    "brier_loss",
+    "calibration_error",
+    "classwise_calibration_error",
+    "confidence_drift",
+    "conformal_quantile",
+    "coverage",
+    "delta_top_prob",
+    "describe",
+    "entropy_confidence",
+    "epsilon_by_bucket",
+    "fit_temperature",
+    "human_near_tie",
+    "human_top2_gap",
+    "kl_bound",
+    "log_ratio_bound",
+    "max_abs_log_ratio",
+    "nll_loss",
+    "ratio_bounds",
+    "reliability_diagram",
+    "total_variation",
+    "tv_bound",
     "Evaluation",
     "abs_score_error",
     "accuracy",

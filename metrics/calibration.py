@@ -71,3 +71,242 @@ def expected_calibration_error(probs, labels, option_mask, *, n_bins=15):
     count = np.bincount(b, minlength=n_bins)
     gap = np.bincount(b, weights=hit - confidence, minlength=n_bins)
     return float(np.abs(gap).sum() / count.sum())
+
+
+# -- beyond top-label equal-width ECE ----------------------------------------------------------
+STRATEGIES = ("uniform", "quantile")
+
+
+def _check_probs_targets(probs, targets, option_mask):
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be 2-D of shape (N, K), got shape {probs.shape}.")
+    mask = check_mask(option_mask, probs.shape)
+    targets = check_labels(targets, probs.shape[0], name="labels")
+    valid = probs[mask]
+    if np.isnan(valid).any() or (valid < 0).any() or (valid > 1 + 1e-6).any():
+        raise ValueError("probs has NaN or values outside [0, 1] on valid options.")
+    known = targets >= 0
+    if (known & ~mask[np.arange(len(targets)), np.clip(targets, 0, probs.shape[1] - 1)]).any():
+        raise ValueError("labels point at an option outside option_mask; fix the labels or the mask.")
+    return np.where(mask, probs, 0.0), mask, targets, known
+
+
+def _bins(confidence, n_bins, strategy):
+    """Bin index per example: equal-width ((m-1)/M, m/M], or equal-mass (sorted, split in M)."""
+    if strategy == "uniform":
+        return _bin_index(confidence, n_bins)
+    if strategy == "quantile":
+        order = np.argsort(confidence, kind="stable")
+        b = np.empty(confidence.size, dtype=np.int64)
+        for m, chunk in enumerate(np.array_split(order, n_bins)):
+            b[chunk] = m
+        return b
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
+
+
+def reliability_diagram(probs, labels, option_mask, *, n_bins=15, strategy="uniform"):
+    """Data of a top-label reliability diagram: per bin its confidence, accuracy and count.
+
+    Parameters
+    ----------
+    probs : array-like of shape (N, K), float
+    labels : array-like of shape (N,), int
+        Target option; negative = unknown (excluded).
+    option_mask : array-like of shape (N, K), bool
+    n_bins : int, default=15
+    strategy : {'uniform', 'quantile'}, default='uniform'
+        Equal-width bins on [0, 1], or equal-mass bins (each holds N/M examples, ±1).
+
+    Returns
+    -------
+    bins : dict of ndarray of shape (M,)
+        ``confidence`` (mean top probability, NaN for an empty bin), ``accuracy`` (share whose
+        top option is the target), ``count`` (int), ``lower``/``upper`` (bin edges: fixed for
+        'uniform', the smallest and largest confidence in the bin for 'quantile').
+
+    See Also
+    --------
+    sklearn.calibration.calibration_curve : the binary analogue (``strategy`` has the same names).
+
+    References
+    ----------
+    C. Guo et al., ICML 2017, Sec. 2 (reliability diagrams); A. Niculescu-Mizil and R. Caruana,
+    ICML 2005.
+    """
+    probs, mask, targets, known = _check_probs_targets(probs, labels, option_mask)
+    if int(n_bins) != n_bins or n_bins < 1:
+        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins}.")
+    n_bins = int(n_bins)
+    z = np.where(mask, probs, -np.inf)[known]
+    pred = np.argmax(z, axis=1)
+    conf = np.minimum(z[np.arange(z.shape[0]), pred], 1.0)
+    hit = (pred == targets[known]).astype(np.float64)
+    b = _bins(conf, n_bins, strategy)
+    count = np.bincount(b, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(b, weights=conf, minlength=n_bins) / count
+        acc = np.bincount(b, weights=hit, minlength=n_bins) / count
+    if strategy == "uniform":
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        lower, upper = edges[:-1], edges[1:]
+    else:
+        lower = np.array([conf[b == m].min() if count[m] else np.nan for m in range(n_bins)])
+        upper = np.array([conf[b == m].max() if count[m] else np.nan for m in range(n_bins)])
+    return {"lower": lower, "upper": upper, "confidence": mean_conf, "accuracy": acc,
+            "count": count.astype(np.int64)}
+
+
+def calibration_error(probs, labels, option_mask, *, n_bins=15, strategy="uniform"):
+    """Top-label ECE with equal-width (``'uniform'``) or equal-mass (``'quantile'``) bins.
+
+    ``strategy='uniform'`` equals :func:`expected_calibration_error`. Equal-mass bins follow
+    Nixon et al., "Measuring Calibration in Deep Learning", CVPR Workshops 2019 (adaptive ECE).
+
+    Returns
+    -------
+    ece : float
+        In [0, 1], lower is better; NaN when no example has a target.
+    """
+    d = reliability_diagram(probs, labels, option_mask, n_bins=n_bins, strategy=strategy)
+    n = d["count"].sum()
+    if n == 0:
+        return float("nan")
+    gap = np.nan_to_num(d["accuracy"] - d["confidence"])
+    return float(np.sum(d["count"] / n * np.abs(gap)))
+
+
+def classwise_calibration_error(probs, labels, option_mask, *, n_bins=15):
+    """Classwise ECE: the equal-width ECE of each option's probability, averaged over options.
+
+    For option k, over examples with a target where k is valid: confidence ``p_k``, outcome
+    ``[target == k]``; ``cwECE = (1/K') Σ_k Σ_m |B_mk|/n_k |acc(B_mk) - conf(B_mk)|`` with K' the
+    options that occur.
+
+    Returns
+    -------
+    ece : float
+        In [0, 1], lower is better; NaN when no example has a target.
+
+    References
+    ----------
+    M. Kull et al., "Beyond temperature scaling: Obtaining well-calibrated multiclass
+    probabilities with Dirichlet calibration", NeurIPS 2019, Sec. 2 (classwise-ECE).
+    """
+    probs, mask, targets, known = _check_probs_targets(probs, labels, option_mask)
+    per_class = []
+    for k in range(probs.shape[1]):
+        rows = known & mask[:, k]
+        if not rows.any():
+            continue
+        conf = np.minimum(probs[rows, k], 1.0)
+        hit = (targets[rows] == k).astype(np.float64)
+        b = _bin_index(conf, int(n_bins))
+        count = np.bincount(b, minlength=n_bins)
+        gap = np.bincount(b, weights=hit - conf, minlength=n_bins)
+        per_class.append(np.abs(gap).sum() / count.sum())
+    return float(np.mean(per_class)) if per_class else float("nan")
+
+
+def brier_loss(probs, labels, option_mask):
+    """Multiclass Brier score: mean over examples of ``Σ_k (p_k - [target = k])²``.
+
+    Returns
+    -------
+    brier : float
+        In [0, 2], lower is better; NaN when no example has a target.
+
+    See Also
+    --------
+    sklearn.metrics.brier_score_loss : the same for all-valid options (multiclass since 1.7).
+
+    References
+    ----------
+    G. W. Brier, "Verification of forecasts expressed in terms of probability", Monthly Weather
+    Review 78 (1950).
+    """
+    probs, mask, targets, known = _check_probs_targets(probs, labels, option_mask)
+    if not known.any():
+        return float("nan")
+    onehot = np.zeros_like(probs)
+    onehot[np.flatnonzero(known), targets[known]] = 1.0
+    sq = np.where(mask, (probs - onehot) ** 2, 0.0)[known]
+    return float(sq.sum(axis=1).mean())
+
+
+#: Probability floor of the NLL (sklearn's log_loss clips at the dtype's eps in the same way).
+NLL_FLOOR = 1e-15
+
+
+def nll_loss(probs, labels, option_mask, *, floor=NLL_FLOOR):
+    """Negative log-likelihood of the target option, mean over examples, nats.
+
+    Returns
+    -------
+    nll : float
+        >= 0, lower is better; NaN when no example has a target.
+
+    See Also
+    --------
+    sklearn.metrics.log_loss : equal when every option is valid (up to its clipping).
+    """
+    probs, mask, targets, known = _check_probs_targets(probs, labels, option_mask)
+    if not known.any():
+        return float("nan")
+    p = probs[np.flatnonzero(known), targets[known]]
+    return float(-np.mean(np.log(np.maximum(p, floor))))
+
+
+def _nll_of_temperature(logits, mask, targets, t):
+    z = np.where(mask, logits / t, -np.inf)
+    zmax = z.max(axis=1, keepdims=True)
+    lse = np.log(np.sum(np.where(mask, np.exp(z - zmax), 0.0), axis=1)) + zmax[:, 0]
+    return float(np.mean(lse - z[np.arange(len(targets)), targets]))
+
+
+def fit_temperature(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
+    """Temperature minimising the NLL of ``softmax(logits / T)`` (optimised over log T).
+
+    Parameters
+    ----------
+    logits : array-like of shape (N, K), float
+        Raw logits.
+    labels : array-like of shape (N,), int
+        Target option; negative = unknown (excluded).
+    option_mask : array-like of shape (N, K), bool
+    bounds : tuple of float, default=(1e-3, 1e3)
+        Search interval for T.
+
+    Returns
+    -------
+    temperature : float
+        NaN when fewer than 2 examples have a target.
+
+    References
+    ----------
+    C. Guo et al., ICML 2017, Sec. 4.2 (temperature scaling);
+    ``scipy.optimize.minimize_scalar(method='bounded')``.
+    """
+    from scipy.optimize import minimize_scalar
+
+    logits = np.asarray(logits, dtype=np.float64)
+    mask = check_mask(option_mask, logits.shape)
+    targets = check_labels(labels, logits.shape[0])
+    known = targets >= 0
+    if known.sum() < 2:
+        return float("nan")
+    lg, mk, tg = logits[known], mask[known], targets[known]
+    res = minimize_scalar(lambda log_t: _nll_of_temperature(lg, mk, tg, np.exp(log_t)),
+                          bounds=(np.log(bounds[0]), np.log(bounds[1])), method="bounded",
+                          options={"xatol": 1e-6})
+    return float(np.exp(res.x))
+
+
+def fit_temperatures_by_bucket(logits, labels, option_mask):
+    """:func:`fit_temperature` per option-count bucket: ``{K: T}`` (single-option buckets skipped)."""
+    mask = check_mask(option_mask, np.shape(logits))
+    k = mask.sum(axis=1)
+    labels = np.asarray(labels)
+    logits = np.asarray(logits, dtype=np.float64)
+    return {int(kk): fit_temperature(logits[k == kk], labels[k == kk], mask[k == kk])
+            for kk in np.unique(k) if kk > 1}

@@ -83,3 +83,82 @@ def action_agreement(ref_action_probs, var_action_probs):
     if ref.shape[1] == 0:
         return np.ones(ref.shape[0], dtype=bool)
     return np.argmax(ref, axis=1) == np.argmax(var, axis=1)
+
+
+def total_variation(p_ref, p_var):
+    """Total variation ``0.5 Σ |p' - p|`` between two distributions per example (NaN-safe).
+
+    Parameters
+    ----------
+    p_ref, p_var : array-like of shape (N, K), float
+        Option or action probabilities; entries that are NaN in either are ignored.
+
+    Returns
+    -------
+    tv : ndarray of shape (N,), float64
+        In [0, 1], lower is better; NaN for every row when K = 0.
+
+    References
+    ----------
+    D. A. Levin, Y. Peres and E. L. Wilmer, "Markov Chains and Mixing Times", 2009, Sec. 4.1.
+    """
+    ref, var = check_2d_pair(p_ref, p_var, names=("p_ref", "p_var"))
+    if ref.shape[1] == 0:
+        return np.full(ref.shape[0], np.nan)
+    d = np.abs(var - ref)
+    return 0.5 * np.sum(np.where(np.isnan(d), 0.0, d), axis=1)
+
+
+def delta_top_prob(p_ref, p_var, option_mask):
+    """Signed change of the probability of the reference's top option, ``p'_r - p_r``.
+
+    Parameters
+    ----------
+    p_ref, p_var : array-like of shape (N, K), float
+    option_mask : array-like of shape (N, K), bool
+
+    Returns
+    -------
+    delta : ndarray of shape (N,), float64
+        In [-1, 1]; negative = the variant is less sure of the reference's answer.
+    """
+    from metrics._checks import check_mask
+
+    ref, var = check_2d_pair(p_ref, p_var, names=("p_ref", "p_var"))
+    mask = check_mask(option_mask, ref.shape)
+    r = np.argmax(np.where(mask, ref, -np.inf), axis=1)
+    rows = np.arange(ref.shape[0])
+    return var[rows, r] - ref[rows, r]
+
+
+def confidence_drift(ref_confidence, var_confidence):
+    """Absolute change of the entropy confidence ``1 - H(p)/log K``, per example.
+
+    Returns
+    -------
+    drift : ndarray of shape (N,), float64
+        In [0, 1], lower is better.
+    """
+    ref = check_1d(ref_confidence, name="ref_confidence", dtype=np.float64)
+    var = check_1d(var_confidence, name="var_confidence", dtype=np.float64, n=ref.shape[0])
+    return np.abs(var - ref)
+
+
+def entropy_confidence(probs, option_mask):
+    """Entropy confidence ``1 - H(p)/log K_i`` (1 for single-option rows), per example.
+
+    The definition of ``DecisionOutputs.confidence``; used when saved outputs lack the field.
+
+    Returns
+    -------
+    confidence : ndarray of shape (N,), float64
+        In [0, 1]; 1 = all mass on one option, 0 = uniform.
+    """
+    from metrics._checks import check_mask
+
+    p = np.asarray(probs, dtype=np.float64)
+    mask = check_mask(option_mask, p.shape)
+    p = np.where(mask, p, 0.0)
+    h = -np.sum(np.where(p > 0, p * np.log(np.maximum(p, 1e-300)), 0.0), axis=1)
+    k = mask.sum(axis=1)
+    return np.clip(np.where(k > 1, 1.0 - h / np.log(np.maximum(k, 2)), 1.0), 0.0, 1.0)

@@ -8,6 +8,7 @@ The allowed metric, statistic and stratum names live in module constants, which 
 checker uses to validate contracts.
 """
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,11 +16,30 @@ import numpy as np
 import pandas as pd
 
 from metrics.accuracy import accuracy, correct
-from metrics.calibration import expected_calibration_error
+from metrics.bootstrap import bootstrap_ci
+from metrics.bounds import kl_bound, log_ratio_bound, max_abs_log_ratio, score_range, tv_bound
+from metrics.calibration import (
+    NLL_FLOOR,
+    brier_loss,
+    calibration_error,
+    classwise_calibration_error,
+    expected_calibration_error,
+    fit_temperatures_by_bucket,
+    nll_loss,
+)
 from metrics.divergence import kl_divergence
-from metrics.drift import abs_score_error, action_agreement, action_max_abs_diff
+from metrics.drift import (
+    abs_score_error,
+    action_agreement,
+    action_max_abs_diff,
+    confidence_drift,
+    delta_top_prob,
+    entropy_confidence,
+    total_variation,
+)
 from metrics.flips import agreement, negative_flip, positive_flip, top1
 from metrics.margin import certified, max_abs_logit_diff, top2_margin
+from metrics.ties import human_near_tie, human_top2_gap
 
 #: Per-example bool columns; statistics ``rate`` (mean) and ``count`` (sum). The label-dependent
 #: ones (``LABELED_METRICS``) are missing (pandas NA) where the label is unknown, so their rate is
@@ -27,19 +47,41 @@ from metrics.margin import certified, max_abs_logit_diff, top2_margin
 BOOL_METRICS = (
     "agreement", "flip", "negative_flip", "positive_flip", "action_agreement",
     "ref_correct", "var_correct", "near_tie", "certified",
+    # in-depth checks (columns of ``Evaluation.detail``)
+    "epsilon_exceeded", "within_conformal", "certified_conformal", "bound_violation",
+    "mask_mismatch", "human_near_tie",
 )
 LABELED_METRICS = ("negative_flip", "positive_flip", "ref_correct", "var_correct")
 #: Per-example float columns; NaN values (no score) are skipped by every statistic.
-FLOAT_METRICS = ("ref_margin", "max_abs_logit_diff", "kl", "abs_score_error", "action_max_abs_diff")
-#: Set-level metrics, recomputed on the stratum's rows; statistic ``value`` only.
+FLOAT_METRICS = (
+    "ref_margin", "max_abs_logit_diff", "kl", "abs_score_error", "action_max_abs_diff",
+    # in-depth checks (columns of ``Evaluation.detail``)
+    "kl_reverse", "prob_tv", "delta_top_prob", "abs_delta_top_prob", "confidence_drift",
+    "action_tv", "log_ratio_max", "action_log_ratio_max",
+)
+#: Set-level metrics, recomputed on the stratum's rows; statistic ``value`` only. The ``ece_*``
+#: and ``accuracy_*`` ones use labeled rows only; the other calibration figures (``ece_mass_*``,
+#: ``classwise_ece_*``, ``brier_*``, ``nll_*``, ``ece_width_*``) use the label where known and the
+#: reference's top-1 option where not (``Evaluation.targets``).
+CALIBRATION_FIGURES = ("ece_width", "ece_mass", "classwise_ece", "brier", "nll")
 SET_METRICS = (
     "accuracy_ref", "accuracy_variant", "accuracy_drop",
     "ece_ref", "ece_variant", "ece_delta", "certified_share",
+    *(f"{f}_{w}" for f in CALIBRATION_FIGURES for w in ("ref", "variant", "delta")),
+    "temperature_refit_log_ratio", "certified_share_conformal", "epsilon_max", "epsilon_conformal",
+)
+#: Set metrics without a bootstrap interval (constants of the run, or too costly to resample).
+NO_CI_METRICS = ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal")
+#: Per-example columns kept in ``Evaluation.detail`` (``per_example`` keeps the original 20).
+DETAIL_METRICS = (
+    "epsilon_exceeded", "within_conformal", "certified_conformal", "bound_violation",
+    "mask_mismatch", "human_near_tie", "kl_reverse", "prob_tv", "delta_top_prob",
+    "abs_delta_top_prob", "confidence_drift", "action_tv", "log_ratio_max", "action_log_ratio_max",
 )
 METRICS = BOOL_METRICS + FLOAT_METRICS + SET_METRICS
 
 BOOL_STATISTICS = ("rate", "count")
-FLOAT_STATISTICS = ("mean", "max", "min", "p50", "p95", "p99")
+FLOAT_STATISTICS = ("mean", "max", "min", "p50", "p95", "p99", "p90", "p999", "rms")
 SET_STATISTICS = ("value",)
 STATISTICS = BOOL_STATISTICS + FLOAT_STATISTICS + SET_STATISTICS
 #: Allowed statistics of each metric; the first is the default of :meth:`Evaluation.value`.
@@ -49,15 +91,25 @@ METRIC_STATISTICS = {
     **{m: SET_STATISTICS for m in SET_METRICS},
 }
 
-#: Fixed strata; a task stratum is ``TASK_STRATUM_PREFIX + <task name>``, e.g. ``task:sentiment-3``.
-STRATA = ("all", "near_tie", "certified", "uncertified")
+#: Fixed strata; a task stratum is ``TASK_STRATUM_PREFIX + <task name>``, e.g. ``task:sentiment-3``;
+#: an option-count stratum ``options:<K>``; a reference-margin bin ``margin:<lo>-<hi>`` (raw logits,
+#: lo <= margin < hi, hi may be ``inf``).
+STRATA = ("all", "near_tie", "certified", "uncertified", "human_near_tie", "not_near_tie",
+          "certified_conformal", "epsilon_held", "labeled")
 TASK_STRATUM_PREFIX = "task:"
+OPTIONS_STRATUM_PREFIX = "options:"
+MARGIN_STRATUM_PREFIX = "margin:"
+_MARGIN_RE = re.compile(r"^margin:(\d+(?:\.\d*)?)-(\d+(?:\.\d*)?|inf)$")
+_OPTIONS_RE = re.compile(r"^options:(\d+)$")
 
 #: Fields each outputs mapping must provide (names of ``variants.outputs.DecisionOutputs``).
 REQUIRED_FIELDS = ("ids", "task", "logits", "option_mask", "probs", "expected_score",
                    "action_probs", "labels")
 
-_PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
+#: Fields used when present (older outputs or hand-made dicts may lack them).
+OPTIONAL_FIELDS = ("temperature", "option_scores", "confidence", "human_dist")
+
+_PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p90": 90.0, "p999": 99.9}
 
 
 def _percentile(values, q):
@@ -93,9 +145,15 @@ def check_stratum(stratum):
         return
     if stratum.startswith(TASK_STRATUM_PREFIX) and len(stratum) > len(TASK_STRATUM_PREFIX):
         return
+    if _OPTIONS_RE.match(stratum):
+        return
+    m = _MARGIN_RE.match(stratum)
+    if m and float(m.group(1)) < float(m.group(2)):
+        return
     raise ValueError(
         f"unknown stratum {stratum!r}; use one of {', '.join(STRATA)} or "
-        f"'{TASK_STRATUM_PREFIX}<task name>'."
+        f"'{TASK_STRATUM_PREFIX}<task name>', '{OPTIONS_STRATUM_PREFIX}<K>', "
+        f"'{MARGIN_STRATUM_PREFIX}<lo>-<hi>' (e.g. margin:0-0.5, margin:2-inf)."
     )
 
 
@@ -109,6 +167,75 @@ def check_metric_statistic(metric, statistic):
             f"statistic {statistic!r} is not allowed for metric {metric!r}; use one of "
             f"{', '.join(allowed)}."
         )
+
+
+#: Tolerances of the bound check: an observed value counts as above its bound only beyond
+#: ``bound + BOUND_ATOL + BOUND_RTOL * bound`` (float32 outputs carry ~1e-7 relative round-off,
+#: float32 logits ~1e-7 * |logit| / T).
+BOUND_ATOL = 1e-4
+BOUND_RTOL = 1e-3
+
+
+def _rate_stat(values, statistic):
+    """``statistic`` of a 1-D float array with no NaN (bool columns as 0/1)."""
+    if statistic in ("rate", "mean"):
+        return float(values.mean())
+    if statistic == "count":
+        return float(values.sum())
+    if statistic == "max":
+        return float(values.max())
+    if statistic == "min":
+        return float(values.min())
+    if statistic == "rms":
+        return float(np.sqrt(np.mean(values ** 2)))
+    return _percentile(values, _PERCENTILES[statistic])
+
+
+def _rate_stat_rows(values, statistic):
+    """``statistic`` along axis 1 of a (B, n) array (vectorised bootstrap)."""
+    if statistic in ("rate", "mean"):
+        return values.mean(axis=1)
+    if statistic == "count":
+        return values.sum(axis=1)
+    if statistic == "max":
+        return values.max(axis=1)
+    if statistic == "min":
+        return values.min(axis=1)
+    if statistic == "rms":
+        return np.sqrt(np.mean(values ** 2, axis=1))
+    with np.errstate(invalid="ignore"):
+        return np.percentile(values, _PERCENTILES[statistic], axis=1)
+
+
+def _ece_uniform_batch(conf, hit, weight, idx, n_bins):
+    """Equal-width top-label (or one-class) ECE for each resample row of ``idx`` (B, n).
+
+    ``weight`` (N,) of 0/1 selects the rows that count (None = all); NaN where none counts.
+    """
+    from metrics.calibration import _bin_index
+
+    b = _bin_index(conf, n_bins)
+    w = np.ones_like(conf) if weight is None else weight
+    n_boot = idx.shape[0]
+    flat = (np.arange(n_boot)[:, None] * n_bins + b[idx]).ravel()
+    gap = np.bincount(flat, weights=((hit - conf) * w)[idx].ravel(),
+                      minlength=n_boot * n_bins).reshape(n_boot, n_bins)
+    count = w[idx].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, np.abs(gap).sum(axis=1) / count, np.nan)
+
+
+def _ece_mass_batch(conf, hit, idx, n_bins):
+    """Equal-mass top-label ECE for each resample row of ``idx`` (B, n); bins as
+    ``numpy.array_split`` of the sorted confidences (as :func:`metrics.calibration._bins`)."""
+    n = idx.shape[1]
+    if n == 0:
+        return np.full(idx.shape[0], np.nan)
+    order = np.argsort(conf[idx], axis=1, kind="stable")
+    g = np.take_along_axis((hit - conf)[idx], order, axis=1)
+    sizes = np.array([len(a) for a in np.array_split(np.arange(n), n_bins)])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
+    return np.abs(np.add.reduceat(g, starts, axis=1)).sum(axis=1) / n
 
 
 @dataclass
@@ -130,6 +257,19 @@ class Evaluation:
     ref_probs, var_probs : ndarray of shape (N, K), float64
         Option probabilities, kept to recompute ECE on a stratum.
     option_mask : ndarray of shape (N, K), bool
+    detail : pandas.DataFrame
+        The in-depth per-example columns (``DETAIL_METRICS``), same rows as ``per_example``.
+    epsilon_conformal : float
+        Split-conformal ε (raw-logit units); equals ``epsilon`` unless given.
+    alpha : float or None
+        Miscoverage level of ``epsilon_conformal``.
+    human_tie_gap : float
+        Rater top-two share gap at or below which an item is a human near tie.
+    ref_logits, var_logits : ndarray of shape (N, K), float64
+    temperature : ndarray of shape (N,), float64 or None
+        Reference temperature per example (None when the outputs have none).
+    targets : ndarray of shape (N,), int64
+        Calibration target: the label where known, else the reference's top-1 option.
     """
 
     per_example: pd.DataFrame
@@ -140,9 +280,20 @@ class Evaluation:
     ref_probs: np.ndarray = field(repr=False)
     var_probs: np.ndarray = field(repr=False)
     option_mask: np.ndarray = field(repr=False)
+    detail: pd.DataFrame = field(default=None, repr=False)
+    epsilon_conformal: float = float("nan")
+    alpha: float | None = None
+    human_tie_gap: float = 0.2
+    ref_logits: np.ndarray = field(default=None, repr=False)
+    var_logits: np.ndarray = field(default=None, repr=False)
+    temperature: np.ndarray = field(default=None, repr=False)
+    targets: np.ndarray = field(default=None, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
 
+    # -- rows and columns -------------------------------------------------------------------
     def rows(self, stratum="all"):
-        """Bool mask of shape (N,) selecting ``stratum`` (see ``STRATA``; ``task:<name>``).
+        """Bool mask of shape (N,) selecting ``stratum`` (see ``STRATA``; ``task:<name>``,
+        ``options:<K>``, ``margin:<lo>-<hi>``).
 
         Raises
         ------
@@ -151,30 +302,55 @@ class Evaluation:
         """
         check_stratum(stratum)
         df = self.per_example
+        n = len(df)
         if stratum == "all":
-            return np.ones(len(df), dtype=bool)
+            return np.ones(n, dtype=bool)
         if stratum == "near_tie":
             return df["near_tie"].to_numpy(dtype=bool)
+        if stratum == "not_near_tie":
+            return ~df["near_tie"].to_numpy(dtype=bool)
         if stratum == "certified":
             return df["certified"].to_numpy(dtype=bool)
         if stratum == "uncertified":
             return ~df["certified"].to_numpy(dtype=bool)
+        if stratum == "labeled":
+            return df["label"].to_numpy() >= 0
+        if stratum in ("human_near_tie", "certified_conformal"):
+            return self._array(stratum) == 1.0
+        if stratum == "epsilon_held":
+            return self._array("epsilon_exceeded") == 0.0
+        if stratum.startswith(OPTIONS_STRATUM_PREFIX):
+            return df["n_options"].to_numpy() == int(stratum[len(OPTIONS_STRATUM_PREFIX):])
+        m = _MARGIN_RE.match(stratum)
+        if m:
+            margin = df["ref_margin"].to_numpy()
+            return (margin >= float(m.group(1))) & (margin < float(m.group(2)))
         return (df["task"] == stratum[len(TASK_STRATUM_PREFIX):]).to_numpy()
+
+    def _array(self, metric):
+        """Per-example column as float64 (bool as 0/1, missing as NaN), cached."""
+        if metric not in self._cache:
+            frame = self.detail if metric in DETAIL_METRICS else self.per_example
+            col = frame[metric]
+            if metric in BOOL_METRICS:
+                values = col.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+            else:
+                values = col.to_numpy(dtype=np.float64)
+            self._cache[metric] = values
+        return self._cache[metric]
 
     def _column(self, metric, rows):
         """Defined (non-missing) values of a per-example column on ``rows``."""
-        col = self.per_example.loc[rows, metric]
-        if metric in BOOL_METRICS:
-            return col.dropna().to_numpy(dtype=bool)
-        values = col.to_numpy(dtype=np.float64)
-        return values[~np.isnan(values)]
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
+        return values.astype(bool) if metric in BOOL_METRICS else values
 
     def support(self, metric, stratum="all"):
         """Number of examples ``value(metric, stratum, ...)`` is computed over.
 
         The stratum's size, less rows where the metric is undefined (unknown label for
         ``negative_flip``/``positive_flip``/``*_correct``/``accuracy_*``/``ece_*``; no score for
-        ``abs_score_error``).
+        ``abs_score_error``; no raters for ``human_top2_gap``).
 
         Raises
         ------
@@ -184,11 +360,12 @@ class Evaluation:
         if metric not in METRIC_STATISTICS:
             raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
         rows = self.rows(stratum)
-        if metric == "certified_share":
-            return int(rows.sum())
-        if metric in SET_METRICS:
+        if metric in ("accuracy_ref", "accuracy_variant", "accuracy_drop", "ece_ref",
+                      "ece_variant", "ece_delta"):
             return int((rows & (self.per_example["label"].to_numpy() >= 0)).sum())
-        return int(self._column(metric, rows).size)
+        if metric in SET_METRICS:
+            return int(rows.sum())
+        return int(np.sum(~np.isnan(self._array(metric)[rows])))
 
     def value(self, metric, stratum="all", statistic=None):
         """One number: ``statistic`` of ``metric`` over the examples of ``stratum``.
@@ -198,7 +375,7 @@ class Evaluation:
         metric : str
             One of ``METRICS``.
         stratum : str, default='all'
-            One of ``STRATA`` or ``'task:<name>'``.
+            One of ``STRATA``, ``'task:<name>'``, ``'options:<K>'`` or ``'margin:<lo>-<hi>'``.
         statistic : str, optional
             One of ``METRIC_STATISTICS[metric]``; default its first entry (``rate`` for bool
             columns, ``mean`` for float columns, ``value`` for set-level metrics). Percentiles
@@ -221,37 +398,265 @@ class Evaluation:
         if not rows.any():
             return float("nan")
         if metric in SET_METRICS:
-            return self._set_value(metric, rows)
-        values = self._column(metric, rows)
+            return self._set_value(metric, np.flatnonzero(rows))
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
         if values.size == 0:
             return float("nan")
-        if statistic in ("rate", "mean"):
-            return float(values.mean())
-        if statistic == "count":
-            return float(values.sum())
-        if statistic == "max":
-            return float(values.max())
-        if statistic == "min":
-            return float(values.min())
-        return _percentile(values, _PERCENTILES[statistic])
+        return _rate_stat(values, statistic)
 
-    def _set_value(self, metric, rows):
+    def ci(self, metric, stratum="all", statistic=None, *, n_boot=1000, confidence=0.95, seed=0):
+        """Percentile-bootstrap interval of :meth:`value` (examples of the stratum resampled).
+
+        Returns
+        -------
+        (low, high) : tuple of float
+            ``(nan, nan)`` when the value is NaN, ``n_boot`` is 0, or the metric is in
+            ``NO_CI_METRICS`` (constants of the run such as ε, or the temperature refit).
+
+        References
+        ----------
+        B. Efron and R. J. Tibshirani, "An Introduction to the Bootstrap", 1993, Ch. 13.
+        """
+        if statistic is None and metric in METRIC_STATISTICS:
+            statistic = METRIC_STATISTICS[metric][0]
+        check_metric_statistic(metric, statistic)
+        nan = (float("nan"), float("nan"))
+        if not n_boot or metric in NO_CI_METRICS:
+            return nan
+        rows = np.flatnonzero(self.rows(stratum))
+        if metric in SET_METRICS:
+            return bootstrap_ci(lambda idx: self._set_values_batch(metric, rows[idx]), rows.size,
+                                n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return nan
+        if statistic in ("max", "min") or np.isinf(values).any():
+            return bootstrap_ci(lambda i: _rate_stat(values[i], statistic), values.size,
+                                n_boot=n_boot, confidence=confidence, seed=seed)
+        return bootstrap_ci(lambda idx: _rate_stat_rows(values[idx], statistic), values.size,
+                            n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+
+    def _parts(self, which):
+        """Per-example pieces of the set-level metrics of ``which`` ('ref' or 'variant'), cached:
+        top-label confidence and hit (against ``targets`` and against labels), Brier and NLL
+        terms, probabilities on valid options."""
+        key = ("parts", which)
+        if key not in self._cache:
+            p = self.ref_probs if which == "ref" else self.var_probs
+            mask = self.option_mask
+            p = np.where(mask, p, 0.0)
+            z = np.where(mask, p, -np.inf)
+            pred = np.argmax(z, axis=1)
+            rows = np.arange(p.shape[0])
+            conf = np.minimum(p[rows, pred], 1.0)
+            labels = self.per_example["label"].to_numpy()
+            onehot = np.zeros_like(p)
+            onehot[rows, self.targets] = 1.0
+            self._cache[key] = {
+                "probs": p, "conf": conf, "hit": (pred == self.targets).astype(np.float64),
+                "known": (labels >= 0).astype(np.float64),
+                "label_hit": ((pred == labels) & (labels >= 0)).astype(np.float64),
+                "brier": np.where(mask, (p - onehot) ** 2, 0.0).sum(axis=1),
+                "nll": -np.log(np.maximum(p[rows, self.targets], NLL_FLOOR)),
+            }
+        return self._cache[key]
+
+    def _set_values_batch(self, metric, idx):
+        """Set-level ``metric`` on each row of ``idx`` (B, n) at once (bootstrap resamples).
+
+        Agrees with :meth:`_set_value` row by row (tested); metrics without a vectorised form
+        fall back to a loop.
+        """
+        idx = np.atleast_2d(idx)
+        if metric in NO_CI_METRICS:
+            return np.array([self._set_value(metric, i) for i in idx])
         df = self.per_example
-        labels = df["label"].to_numpy()[rows]
-        if metric == "certified_share":
-            return float(df["certified"].to_numpy(dtype=bool)[rows].mean())
+        if metric in ("certified_share", "certified_share_conformal"):
+            col = "certified" if metric == "certified_share" else "certified_conformal"
+            return self._array(col)[idx].mean(axis=1)
         if metric.startswith("accuracy_"):
-            acc_ref = accuracy(df["ref_pred"].to_numpy()[rows], labels)
-            acc_var = accuracy(df["var_pred"].to_numpy()[rows], labels)
+            labels = df["label"].to_numpy()
+            known = (labels >= 0).astype(np.float64)[idx]
+            n = known.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                acc = {w: (self._array(c)[idx] == 1.0).sum(axis=1) / np.where(n > 0, n, np.nan)
+                       for w, c in (("ref", "ref_correct"), ("variant", "var_correct"))}
+            return {"accuracy_ref": acc["ref"], "accuracy_variant": acc["variant"],
+                    "accuracy_drop": acc["ref"] - acc["variant"]}[metric]
+        if metric in ("ece_ref", "ece_variant", "ece_delta"):
+            figure, which = "ece_labels", metric.split("_", 1)[1]
+        else:
+            figure, which = metric.rsplit("_", 1)
+
+        def one(w):
+            part = self._parts(w)
+            if figure in ("brier", "nll"):
+                return part[figure][idx].mean(axis=1)
+            if figure == "ece_labels":
+                return _ece_uniform_batch(part["conf"], part["label_hit"], part["known"], idx,
+                                          self.n_bins)
+            if figure == "ece_width":
+                return _ece_uniform_batch(part["conf"], part["hit"], None, idx, self.n_bins)
+            if figure == "ece_mass":
+                return _ece_mass_batch(part["conf"], part["hit"], idx, self.n_bins)
+            per_class = []
+            for k in range(self.option_mask.shape[1]):
+                valid = self.option_mask[:, k].astype(np.float64)
+                conf = np.minimum(part["probs"][:, k], 1.0)
+                hit = (self.targets == k).astype(np.float64)
+                per_class.append(_ece_uniform_batch(conf, hit, valid, idx, self.n_bins))
+            with np.errstate(invalid="ignore"):
+                stacked = np.stack(per_class, axis=1)
+                ok = ~np.isnan(stacked)
+                return np.where(ok.any(axis=1), np.nansum(stacked, axis=1) / np.maximum(ok.sum(axis=1), 1), np.nan)
+
+        if which == "ref":
+            return one("ref")
+        if which == "variant":
+            return one("variant")
+        return one("variant") - one("ref")
+
+    def _set_value(self, metric, idx):
+        """Set-level ``metric`` on the rows ``idx`` (int array, repeats allowed)."""
+        df = self.per_example
+        if metric == "epsilon_max":
+            return self.epsilon
+        if metric == "epsilon_conformal":
+            return self.epsilon_conformal
+        if idx.size == 0:
+            return float("nan")
+        if metric == "certified_share":
+            return float(df["certified"].to_numpy(dtype=bool)[idx].mean())
+        if metric == "certified_share_conformal":
+            return float(self._array("certified_conformal")[idx].mean())
+        labels = df["label"].to_numpy()[idx]
+        if metric.startswith("accuracy_"):
+            acc_ref = accuracy(df["ref_pred"].to_numpy()[idx], labels)
+            acc_var = accuracy(df["var_pred"].to_numpy()[idx], labels)
             return {"accuracy_ref": acc_ref, "accuracy_variant": acc_var,
                     "accuracy_drop": acc_ref - acc_var}[metric]
-        mask = self.option_mask[rows]
-        ece_ref = expected_calibration_error(self.ref_probs[rows], labels, mask, n_bins=self.n_bins)
-        ece_var = expected_calibration_error(self.var_probs[rows], labels, mask, n_bins=self.n_bins)
-        return {"ece_ref": ece_ref, "ece_variant": ece_var, "ece_delta": ece_var - ece_ref}[metric]
+        mask = self.option_mask[idx]
+        if metric in ("ece_ref", "ece_variant", "ece_delta"):
+            ece_ref = expected_calibration_error(self.ref_probs[idx], labels, mask, n_bins=self.n_bins)
+            ece_var = expected_calibration_error(self.var_probs[idx], labels, mask, n_bins=self.n_bins)
+            return {"ece_ref": ece_ref, "ece_variant": ece_var, "ece_delta": ece_var - ece_ref}[metric]
+        targets = self.targets[idx]
+        if metric == "temperature_refit_log_ratio":
+            t_ref = fit_temperatures_by_bucket(self.ref_logits[idx], targets, mask)
+            t_var = fit_temperatures_by_bucket(self.var_logits[idx], targets, mask)
+            ratios = [abs(np.log(t_var[k] / t_ref[k])) for k in t_ref
+                      if np.isfinite(t_ref[k]) and np.isfinite(t_var.get(k, np.nan))]
+            return float(max(ratios)) if ratios else float("nan")
+        figure, which = metric.rsplit("_", 1)
+        fn = {
+            "ece_width": lambda p: calibration_error(p, targets, mask, n_bins=self.n_bins),
+            "ece_mass": lambda p: calibration_error(p, targets, mask, n_bins=self.n_bins,
+                                                    strategy="quantile"),
+            "classwise_ece": lambda p: classwise_calibration_error(p, targets, mask, n_bins=self.n_bins),
+            "brier": lambda p: brier_loss(p, targets, mask),
+            "nll": lambda p: nll_loss(p, targets, mask),
+        }[figure]
+        if which == "ref":
+            return fn(self.ref_probs[idx])
+        if which == "variant":
+            return fn(self.var_probs[idx])
+        return fn(self.var_probs[idx]) - fn(self.ref_probs[idx])
+
+    # -- tables for reports -----------------------------------------------------------------
+    def temperature_table(self):
+        """Per option-count bucket: deployed T, T refitted (NLL) for reference and variant, and
+        the variant's ECE at the deployed and at its refitted temperature.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``n_options``, ``n``, ``T_deployed``, ``T_refit_ref``, ``T_refit_variant``,
+            ``ece_variant``, ``ece_variant_refit`` (equal-width, targets as ``self.targets``).
+        """
+        rows = []
+        k = self.option_mask.sum(axis=1)
+        t_ref = fit_temperatures_by_bucket(self.ref_logits, self.targets, self.option_mask)
+        t_var = fit_temperatures_by_bucket(self.var_logits, self.targets, self.option_mask)
+        for kk in sorted(t_ref):
+            sel = k == kk
+            mask = self.option_mask[sel]
+            t_dep = float(np.median(self.temperature[sel])) if self.temperature is not None else np.nan
+            ece_refit = np.nan
+            if np.isfinite(t_var[kk]):
+                z = np.where(mask, self.var_logits[sel] / t_var[kk], -np.inf)
+                e = np.where(mask, np.exp(z - z.max(axis=1, keepdims=True)), 0.0)
+                ece_refit = calibration_error(e / e.sum(axis=1, keepdims=True), self.targets[sel],
+                                              mask, n_bins=self.n_bins)
+            rows.append({"n_options": int(kk), "n": int(sel.sum()), "T_deployed": t_dep,
+                         "T_refit_ref": t_ref[kk], "T_refit_variant": t_var[kk],
+                         "ece_variant": calibration_error(self.var_probs[sel], self.targets[sel],
+                                                          mask, n_bins=self.n_bins),
+                         "ece_variant_refit": ece_refit})
+        return pd.DataFrame(rows)
+
+    def bounds_table(self, epsilon=None):
+        """Certified bounds implied by ``epsilon`` per temperature bucket, beside the observed
+        worst case on the examples where ``epsilon`` held (``max|Δlogit| <= epsilon``).
+
+        Parameters
+        ----------
+        epsilon : float, optional
+            Default ``self.epsilon`` (the certificate's ε).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per (option count, temperature): ``n_options``, ``T``, ``n_held`` (rows where
+            ε held), ``2eps_over_T``, and for each quantity a ``*_bound`` and ``*_observed`` pair:
+            ``log_ratio`` (options; ratio bound = exp of it), ``action_log_ratio``, ``tv``,
+            ``kl``, ``score`` (|Δ expected score|, bound uses the bucket's widest score range),
+            plus ``violated`` (names of quantities whose observed value exceeds the bound). Empty
+            when the outputs carry no temperature.
+        """
+        if self.temperature is None:
+            return pd.DataFrame()
+        eps = self.epsilon if epsilon is None else float(epsilon)
+        d, df = self.detail, self.per_example
+        held = df["max_abs_logit_diff"].to_numpy() <= eps
+        rows = []
+        keys = np.stack([df["n_options"].to_numpy(), np.round(self.temperature, 6)], axis=1)
+        for k, t in sorted({tuple(x) for x in keys.tolist()}):
+            sel = (keys[:, 0] == k) & (keys[:, 1] == t) & held
+            b = float(log_ratio_bound(eps, t))
+            srange = np.nanmax(d["score_range"].to_numpy()[sel]) if sel.any() and \
+                np.isfinite(d["score_range"].to_numpy()[sel]).any() else np.nan
+
+            def worst(col):
+                v = (d[col] if col in d else df[col]).to_numpy(dtype=np.float64)[sel]
+                v = v[~np.isnan(v)]
+                return float(v.max()) if v.size else np.nan
+
+            row = {"n_options": int(k), "T": float(t), "n_held": int(sel.sum()), "2eps_over_T": b,
+                   "log_ratio_bound": b, "log_ratio_observed": worst("log_ratio_max"),
+                   "action_log_ratio_bound": b, "action_log_ratio_observed": worst("action_log_ratio_max"),
+                   "tv_bound": float(tv_bound(eps, t)), "tv_observed": worst("prob_tv"),
+                   "kl_bound": float(kl_bound(eps, t)), "kl_observed": worst("kl"),
+                   "score_bound": float(tv_bound(eps, t)) * srange,
+                   "score_observed": worst("abs_score_error")}
+            row["violated"] = ",".join(
+                q for q in ("log_ratio", "action_log_ratio", "tv", "kl", "score")
+                if row[f"{q}_observed"] > row[f"{q}_bound"] + BOUND_ATOL + BOUND_RTOL * row[f"{q}_bound"])
+            rows.append(row)
+        return pd.DataFrame(rows)
 
 
-def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
+def _optional(outputs, name):
+    try:
+        value = outputs[name] if isinstance(outputs, Mapping) else getattr(outputs, name)
+    except (KeyError, AttributeError):
+        return None
+    return None if value is None else np.asarray(value)
+
+
+def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_conformal=None,
+             alpha=None, human_tie_gap=0.2):
     """Compare a variant's outputs with the reference's on the same examples.
 
     Parameters
@@ -259,15 +664,25 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
     ref, var : mapping or object with DecisionOutputs fields
         ``ids`` (N,) str, ``task`` (N,) str, ``logits`` (N, K) float, ``option_mask`` (N, K) bool,
         ``probs`` (N, K) float, ``expected_score`` (N,) float (NaN = no score), ``action_probs``
-        (N, A) float, ``labels`` (N,) int (-1 = unknown). A dict, ``np.load('outputs.npz')`` or a
-        ``DecisionOutputs`` all work. Same examples in the same order; ``ref``'s mask is used.
+        (N, A) float, ``labels`` (N,) int (-1 = unknown); used when present: ``temperature``
+        (N,), ``option_scores`` (N, K), ``confidence`` (N,), ``human_dist`` (N, K). A dict,
+        ``np.load('outputs.npz')`` or a ``DecisionOutputs`` all work. Same examples in the same
+        order; ``ref``'s mask is used, and rows where ``var``'s mask differs are flagged
+        (``mask_mismatch``) rather than rejected, so a contract can fail them.
     epsilon : float
         Certificate bound on the per-logit drift (raw-logit units, >= 0), normally
         :func:`metrics.margin.epsilon_max` on a calibration split.
     near_tie_margin : float, default=1.0
         An example is a near tie when the reference's raw top-two margin is below this.
     n_bins : int, default=15
-        Bins of the expected calibration error.
+        Bins of the expected calibration errors.
+    epsilon_conformal : float, optional
+        Split-conformal ε (:func:`metrics.conformal.conformal_quantile` on the calibration
+        split); default ``epsilon``.
+    alpha : float, optional
+        Its miscoverage level (recorded in the summary).
+    human_tie_gap : float, default=0.2
+        An item is a human near tie when its raters' top-two share gap is at most this.
 
     Returns
     -------
@@ -279,6 +694,17 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         ``near_tie``, ``certified``. The four label-dependent bool columns use pandas' nullable
         ``boolean`` dtype, NA where the label is unknown.
 
+        ``detail`` columns (``DETAIL_METRICS`` plus ``score_range`` and ``log_ratio_bound``):
+        ``epsilon_exceeded`` (max|Δlogit| > ε), ``within_conformal`` (max|Δlogit| <=
+        ``epsilon_conformal``), ``certified_conformal`` (margin > 2 ``epsilon_conformal``),
+        ``bound_violation`` (some observed drift exceeds what the example's own max|Δlogit|
+        allows at its temperature: probabilities inconsistent with logits, a checker or model
+        bug; False where there is no temperature), ``mask_mismatch``, ``human_near_tie``,
+        ``kl_reverse`` (KL(variant ‖ ref)), ``prob_tv``, ``delta_top_prob`` (signed Δp of the
+        reference's top option), ``abs_delta_top_prob``, ``confidence_drift``, ``action_tv``,
+        ``log_ratio_max`` / ``action_log_ratio_max`` (observed max |log p'/p|),
+        ``human_top2_gap``.
+
         ``summary`` keys: ``n_examples``, ``agreement``, ``flip_rate``, ``negative_flips``,
         ``positive_flips`` (counts), ``accuracy_ref``, ``accuracy_variant``, ``kl_mean``,
         ``kl_p50``, ``kl_p95``, ``kl_p99``, ``kl_max``, ``max_abs_logit_diff_max``, ``epsilon``,
@@ -286,13 +712,16 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         non-empty means ε was exceeded on these examples), ``ece_ref``, ``ece_variant``,
         ``ece_delta`` (variant - ref), ``score_abs_err_mean``, ``score_abs_err_max`` (NaN when no
         example has a score), ``action_max_abs_diff_max``, ``action_agreement``, ``n_near_tie``,
-        ``near_tie_flip_rate`` (NaN when there is no near tie).
+        ``near_tie_flip_rate`` (NaN when there is no near tie); then ``epsilon_conformal``,
+        ``alpha``, ``conformal_coverage``, ``certified_share_conformal``,
+        ``epsilon_exceeded_ids`` (every example where max|Δlogit| > ε), ``bound_violations``,
+        ``mask_mismatches``, ``n_human_near_tie``, ``human_near_tie_flip_rate``.
 
     Raises
     ------
     ValueError
-        If a field is missing, shapes or ids or labels or option masks of ``ref`` and ``var``
-        disagree, probabilities are invalid, or ``epsilon``/``near_tie_margin`` is invalid.
+        If a field is missing, shapes or ids or labels of ``ref`` and ``var`` disagree,
+        probabilities are invalid, or ``epsilon``/``near_tie_margin`` is invalid.
     """
     r = {name: _get(ref, name, "ref") for name in REQUIRED_FIELDS}
     v = {name: _get(var, name, "var") for name in REQUIRED_FIELDS}
@@ -312,11 +741,12 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         )
     if not np.array_equal(r["labels"], v["labels"]):
         raise ValueError("ref and var labels differ; both must come from the same examples.")
-    if not np.array_equal(r["option_mask"], v["option_mask"]):
-        raise ValueError("ref and var option_mask differ; both must come from the same examples.")
     near_tie_margin = float(near_tie_margin)
     if not near_tie_margin >= 0:
         raise ValueError(f"near_tie_margin must be >= 0, got {near_tie_margin}.")
+    epsilon_conformal = float(epsilon if epsilon_conformal is None else epsilon_conformal)
+    if not epsilon_conformal >= 0:
+        raise ValueError(f"epsilon_conformal must be >= 0, got {epsilon_conformal}.")
 
     mask = r["option_mask"]
     labels = r["labels"]
@@ -331,6 +761,9 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         out[~known] = pd.NA
         return out
 
+    max_diff = max_abs_logit_diff(r["logits"], v["logits"], mask)
+    kl = kl_divergence(r["probs"], v["probs"], mask)
+    score_err = abs_score_error(r["expected_score"], v["expected_score"])
     df = pd.DataFrame({
         "id": ids,
         "task": r["task"].astype(str),
@@ -343,9 +776,9 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         "negative_flip": labeled(negative_flip(ref_pred, var_pred, labels)),
         "positive_flip": labeled(positive_flip(ref_pred, var_pred, labels)),
         "ref_margin": margin,
-        "max_abs_logit_diff": max_abs_logit_diff(r["logits"], v["logits"], mask),
-        "kl": kl_divergence(r["probs"], v["probs"], mask),
-        "abs_score_error": abs_score_error(r["expected_score"], v["expected_score"]),
+        "max_abs_logit_diff": max_diff,
+        "kl": kl,
+        "abs_score_error": score_err,
         "action_max_abs_diff": action_max_abs_diff(r["action_probs"], v["action_probs"]),
         "action_agreement": action_agreement(r["action_probs"], v["action_probs"]),
         "ref_correct": labeled(correct(ref_pred, labels)),
@@ -353,10 +786,61 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15):
         "near_tie": margin < near_tie_margin,
         "certified": cert,
     })
+
+    # -- in-depth columns -------------------------------------------------------------------
+    temperature = _optional(ref, "temperature")
+    if temperature is not None:
+        temperature = temperature.astype(np.float64)
+    ref_probs = r["probs"].astype(np.float64)
+    var_probs = np.where(mask, v["probs"].astype(np.float64), 0.0)
+    log_ratio = max_abs_log_ratio(ref_probs, var_probs, mask)
+    action_log_ratio = max_abs_log_ratio(r["action_probs"], v["action_probs"])
+    prob_tv = total_variation(np.where(mask, ref_probs, 0.0), var_probs)
+    scores = _optional(ref, "option_scores")
+    srange = score_range(scores, mask) if scores is not None else np.full(n, np.nan)
+    if temperature is not None:
+        own = log_ratio_bound(max_diff, temperature)  # what each example's own drift allows
+        tol = BOUND_ATOL + BOUND_RTOL * own
+        tvb = tv_bound(max_diff, temperature)
+        over_score = np.nan_to_num(score_err - tvb * srange, nan=-np.inf) > BOUND_ATOL * (1 + np.nan_to_num(srange))
+        violation = ((log_ratio > own + tol) | (action_log_ratio > own + tol)
+                     | (prob_tv > tvb + tol) | (kl > own + tol) | over_score)
+    else:
+        own = np.full(n, np.nan)
+        violation = np.zeros(n, dtype=bool)
+    human = _optional(ref, "human_dist")
+    gap = human_top2_gap(human, mask) if human is not None else np.full(n, np.nan)
+    ref_conf, var_conf = _optional(ref, "confidence"), _optional(var, "confidence")
+    if ref_conf is None or var_conf is None:  # not saved: derive from the probabilities
+        ref_conf, var_conf = entropy_confidence(ref_probs, mask), entropy_confidence(var_probs, mask)
+    conf_drift = confidence_drift(ref_conf, var_conf)
+    dtop = delta_top_prob(ref_probs, var_probs, mask)
+    detail = pd.DataFrame({
+        "epsilon_exceeded": max_diff > float(epsilon),
+        "within_conformal": max_diff <= epsilon_conformal,
+        "certified_conformal": certified(margin, epsilon_conformal),
+        "bound_violation": violation,
+        "mask_mismatch": (v["option_mask"] != mask).any(axis=1),
+        "human_near_tie": human_near_tie(gap, tie_gap=human_tie_gap),
+        "kl_reverse": kl_divergence(var_probs, ref_probs, mask),
+        "prob_tv": prob_tv,
+        "delta_top_prob": dtop,
+        "abs_delta_top_prob": np.abs(dtop),
+        "confidence_drift": conf_drift,
+        "action_tv": total_variation(r["action_probs"], v["action_probs"]),
+        "log_ratio_max": log_ratio,
+        "action_log_ratio_max": action_log_ratio,
+        "human_top2_gap": gap,
+        "score_range": srange,
+        "log_ratio_bound": own,
+    })
     evaluation = Evaluation(
         per_example=df, summary={}, epsilon=float(epsilon), near_tie_margin=near_tie_margin,
-        n_bins=int(n_bins), ref_probs=r["probs"].astype(np.float64),
-        var_probs=v["probs"].astype(np.float64), option_mask=mask,
+        n_bins=int(n_bins), ref_probs=ref_probs, var_probs=var_probs, option_mask=mask,
+        detail=detail, epsilon_conformal=epsilon_conformal,
+        alpha=None if alpha is None else float(alpha), human_tie_gap=float(human_tie_gap),
+        ref_logits=r["logits"].astype(np.float64), var_logits=v["logits"].astype(np.float64),
+        temperature=temperature, targets=np.where(known, labels, ref_pred).astype(np.int64),
     )
     evaluation.summary = _summarise(evaluation)
     return evaluation
@@ -368,7 +852,7 @@ def _nan_stat(values, fn):
 
 
 def _summarise(ev):
-    df = ev.per_example
+    df, d = ev.per_example, ev.detail
     value = ev.value
     flips = df["flip"].to_numpy()
     cert = df["certified"].to_numpy()
@@ -399,4 +883,29 @@ def _summarise(ev):
         "action_agreement": value("action_agreement", statistic="rate"),
         "n_near_tie": int(df["near_tie"].sum()),
         "near_tie_flip_rate": value("flip", "near_tie", "rate"),
+        # in-depth checks
+        "epsilon_conformal": ev.epsilon_conformal,
+        "alpha": ev.alpha,
+        "conformal_coverage": value("within_conformal", statistic="rate"),
+        "certified_share_conformal": value("certified_share_conformal"),
+        "certified_conformal_flips": int((flips & d["certified_conformal"].to_numpy()).sum()),
+        "epsilon_exceeded_ids": df["id"][d["epsilon_exceeded"].to_numpy()].astype(str).tolist(),
+        "bound_violations": int(d["bound_violation"].sum()),
+        "mask_mismatches": int(d["mask_mismatch"].sum()),
+        "kl_reverse_mean": value("kl_reverse", statistic="mean"),
+        "prob_tv_max": value("prob_tv", statistic="max"),
+        "action_tv_max": value("action_tv", statistic="max"),
+        "abs_delta_top_prob_p95": value("abs_delta_top_prob", statistic="p95"),
+        "confidence_drift_max": _nan_stat(d["confidence_drift"].to_numpy(), np.max),
+        "n_human_near_tie": int(d["human_near_tie"].sum()),
+        "human_near_tie_flip_rate": value("flip", "human_near_tie", "rate"),
+        "brier_ref": value("brier_ref"),
+        "brier_variant": value("brier_variant"),
+        "nll_ref": value("nll_ref"),
+        "nll_variant": value("nll_variant"),
+        "ece_mass_ref": value("ece_mass_ref"),
+        "ece_mass_variant": value("ece_mass_variant"),
+        "classwise_ece_ref": value("classwise_ece_ref"),
+        "classwise_ece_variant": value("classwise_ece_variant"),
+        "temperature_refit_log_ratio": value("temperature_refit_log_ratio"),
     }

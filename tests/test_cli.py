@@ -99,6 +99,9 @@ def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
     assert q2["verdict"] == "FAIL"
     report = (run / "report.md").read_text()
     assert "q8-g64" in report and "verdict" in report and "BLAS" in report
+    assert (run / "plots" / "pareto_b1.png").stat().st_size > 0
+    assert "](plots/pareto_b1.png)" in report
+    assert (run / "q8-g64" / "report.md").is_file() and (run / "q8-g64" / "report.json").is_file()
     meta = json.loads((run / "run.json").read_text())
     assert meta["data"]["splits"]["eval"]["n"] == 40
     assert meta["blas"]["status"]

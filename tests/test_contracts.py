@@ -54,9 +54,12 @@ def dataset():
 def test_default_contract_loads():
     contract = load_contract(None)
     assert contract.name == "default"
-    assert [c.id for c in contract.clauses] == [
+    # the foundation's clauses come first, in order; issue #3 appended the in-depth ones
+    assert [c.id for c in contract.clauses][:9] == [
         "agreement", "certified-flips", "negative-flips", "near-tie-flips", "kl-p95", "ece-delta",
         "score-error-max", "action-drift-p95", "accuracy-drop"]
+    assert {"bound-violations", "option-mask", "conformal-coverage", "temperature-refit"} <= {
+        c.id for c in contract.clauses}
     by_id = {c.id: c for c in contract.clauses}
     assert (by_id["agreement"].op, by_id["agreement"].threshold) == (">=", 0.97)
     assert (by_id["certified-flips"].stratum, by_id["certified-flips"].statistic) == ("certified", "count")

@@ -102,6 +102,12 @@ def build_parser():
                     "each against a written contract, next to measured speed.")
     sub = parser.add_subparsers(dest="command", required=True)
     configure_sweep(sub)
+    from variants.check import configure_check, configure_selftest  # imports no mlx
+    from variants.plots import configure_parser as configure_plot
+
+    configure_check(sub)
+    configure_selftest(sub)
+    configure_plot(sub)
     sub.add_parser("list", help="list models and variant families").set_defaults(func=_list)
     return parser
 

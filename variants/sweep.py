@@ -19,12 +19,11 @@ from tqdm.auto import tqdm
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from contracts.checker import check, load_contract
-from contracts.report import render_report, summary_row
-from metrics.evaluate import evaluate
-from metrics.margin import epsilon_max, max_abs_logit_diff
+from contracts.checker import load_contract
+from contracts.report import render_report
 from variants import BLAS_INFO, __version__, data
 from variants.builders import get_family
+from variants.check import judge_variant
 from variants.builders.quantize import MODES
 from variants.checkpoint import load_checkpoint
 from variants.io import digest, write_json, write_text
@@ -237,20 +236,8 @@ class Sweep:
         return self.judge(vcfg.name)
 
     def judge(self, name):
-        """Recompute metrics and verdict of variant ``name`` from its saved outputs."""
-        vdir = self.out / name
-        var_eval = DecisionOutputs.load(vdir / "outputs.npz")
-        var_cal = DecisionOutputs.load(vdir / "calibration_outputs.npz")
-        ref_cal, ref_eval = self.ref_outputs["calibration"], self.ref_outputs["eval"]
-        eps = epsilon_max(max_abs_logit_diff(ref_cal.logits, var_cal.logits, ref_cal.option_mask))
-        ev = evaluate(vars(ref_eval), vars(var_eval), epsilon=eps,
-                      near_tie_margin=self.cfg.near_tie_margin)
-        verdict = check(self.contract, ev)
-        write_json(vdir / "metrics.json", ev.summary)
-        write_json(vdir / "verdict.json", verdict.to_dict())
-        build = json.loads((vdir / "build.json").read_text())
-        timing = json.loads((vdir / "timing.json").read_text())
-        return summary_row(name, build, ev.summary, verdict, timing), ev, verdict
+        """Recompute metrics, verdict and the variant's own report from its saved outputs."""
+        return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin)
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self):
@@ -274,7 +261,15 @@ class Sweep:
         (self.out / "summary.csv.tmp").replace(self.out / "summary.csv")
         meta = self.metadata(time.perf_counter() - t0)
         write_json(self.out / "run.json", meta)
-        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract))
+        from variants.plots import plot_run, plots_markdown
+
+        try:
+            plot_paths = plot_run(self.out)
+        except Exception as e:  # a plotting bug must not lose a finished sweep
+            self.log(f"plots: not written ({type(e).__name__}: {e})")
+            plot_paths = []
+        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract)
+                   + plots_markdown(plot_paths, self.out))
         return summary
 
     def metadata(self, wall_s):

@@ -1,0 +1,136 @@
+"""Plots of a sweep folder (issue #7), on the saved small sweeps in tests/fixtures/."""
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from variants.plots import (FAMILY_PLOTS, PlotError, SkipPlot, configure_parser, load_run,
+                            plot_run, plots_markdown)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNS = ("sweep_small", "sweep_small_choice")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def run_copy(tmp_path):
+    def copy(name="sweep_small"):
+        dst = tmp_path / name
+        shutil.copytree(FIXTURES / name, dst)
+        return dst
+    return copy
+
+
+def _keep_only(run_dir, keep):
+    s = pd.read_csv(run_dir / "summary.csv")
+    for name in s["variant"]:
+        if name not in keep:
+            shutil.rmtree(run_dir / name)
+    s[s["variant"].isin(keep)].to_csv(run_dir / "summary.csv", index=False)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_plot_run_writes_every_plot(run_copy, name):
+    run_dir = run_copy(name)
+    paths = plot_run(run_dir)
+    stems = [p.stem for p in paths]
+    assert stems == ["pareto_b1", "reliability", "margin_drift", "flip_strata", "family_quant"]
+    for p in paths:
+        assert p.parent == run_dir / "plots"
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, p
+    assert not list((run_dir / "plots").glob("*.tmp")), "temp files left behind"
+
+
+def test_plot_run_does_not_import_mlx():
+    code = ("import sys; from variants.plots import plot_run; "
+            "assert not any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules), 'mlx imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_single_variant_folder_says_so(run_copy, caplog):
+    run_dir = run_copy()
+    _keep_only(run_dir, ["q4-g64"])
+    with caplog.at_level(logging.INFO, logger="variants.plots"):
+        paths = plot_run(run_dir, dpi=40)
+    assert len(paths) == 5 and all(p.stat().st_size > 0 for p in paths)
+    assert "single variant (q4-g64)" in caplog.text
+
+
+@pytest.mark.parametrize("setup, match", [
+    ("missing", "does not exist"),
+    ("empty", "has no summary.csv, so it is not a finished sweep; run `variants sweep` first"),
+    ("parent", "holds the runs sweep_small: pass one of them"),
+    ("no_variant", "lists no variant"),
+    ("header_only", "lists no variant"),
+])
+def test_unplottable_folder_raises_clear_error(tmp_path, run_copy, setup, match):
+    if setup == "missing":
+        target = tmp_path / "nope"
+    elif setup == "empty":
+        target = tmp_path / "empty"
+        target.mkdir()
+    elif setup == "parent":
+        run_copy()
+        target = tmp_path
+    else:
+        target = run_copy()
+        if setup == "no_variant":
+            (target / "summary.csv").write_text("")
+        else:
+            _keep_only(target, [])
+    with pytest.raises(PlotError, match=match):
+        plot_run(target)
+
+
+def test_cli_plot_verb(run_copy, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="variants")
+    configure_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plot", str(tmp_path / "missing")])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("variants: error: results folder")
+    run_dir = run_copy()
+    args = parser.parse_args(["plot", str(run_dir), "--dpi", "40"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out.split()
+    assert len(out) == 5 and all(Path(p).is_file() for p in out)
+
+
+def test_family_plot_skips_when_columns_absent(run_copy, caplog):
+    """A family whose build/summary lacks the plot's columns is skipped with a logged note."""
+    run_dir = run_copy()
+    s = pd.read_csv(run_dir / "summary.csv")
+    s["family"] = "prune"  # no keep_ratio column
+    s.to_csv(run_dir / "summary.csv", index=False)
+    with pytest.raises(SkipPlot, match="no keep_ratio"):
+        FAMILY_PLOTS["prune"](load_run(run_dir), "prune")
+    with caplog.at_level(logging.INFO, logger="variants.plots"):
+        stems = [p.stem for p in plot_run(run_dir, dpi=40)]
+    assert "family_prune" not in stems and "pareto_b1" in stems
+    assert "skipped family_prune.png" in caplog.text
+
+
+def test_plots_markdown_links_relative(run_copy):
+    run_dir = run_copy()
+    paths = plot_run(run_dir, dpi=40)
+    md = plots_markdown(paths, run_dir)
+    assert md.startswith("====== Plots ======")
+    for p in paths:
+        assert f"(plots/{p.name})" in md
+    assert plots_markdown([], run_dir) == ""
+
+
+def test_fixture_is_a_complete_small_sweep():
+    for name in RUNS:
+        meta = json.loads((FIXTURES / name / "run.json").read_text())
+        s = pd.read_csv(FIXTURES / name / "summary.csv")
+        assert meta["config"]["variants"] == s["variant"].tolist()
+        assert sum(f.stat().st_size for f in (FIXTURES / name).rglob("*") if f.is_file()) < 1e6
