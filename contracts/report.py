@@ -35,6 +35,8 @@ def summary_row(name, build, summary, verdict, timing):
     """One flat row (dict) of summary.csv for variant ``name``."""
     row = {"variant": name, "family": build.get("family"), **build.get("config", {}),
            "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
+           "bits_per_weight_note": build.get("bits_per_weight_note", "bits per quantized weight"),
+           "ideal_speedup": build.get("ideal_speedup"), "param_ratio": build.get("param_ratio"),
            "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode")}
     for k, v in summary.items():
         if not isinstance(v, (list, tuple, dict)):
@@ -79,7 +81,7 @@ def format_table(summary):
     return pd.DataFrame(out)
 
 
-def render_report(meta, summary, details, contract):
+def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
     data = meta["data"]
@@ -139,10 +141,12 @@ def render_report(meta, summary, details, contract):
             f"near-tie flip rate {_fmt(s['near_tie_flip_rate'], '{:.3f}')} "
             f"(n={s['n_near_tie']:.0f})",
             "",
-            f"Build: {r['bits_per_weight']:.2f} bits per quantized weight, model "
+            f"Build: {r['bits_per_weight']:.2f} {r.get('bits_per_weight_note')}, model "
             f"{r['model_bytes'] / 1e6:.1f} MB; timing ({r['speed_mode']} mode): {memory}",
             "",
         ]
+        if extras and extras.get(name):
+            lines += [extras[name], ""]
         frame = verdict.to_frame()
         frame["CI"] = [_ci_text(lo, hi) for lo, hi in zip(frame["ci_low"], frame["ci_high"])]
         frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "op", "threshold",

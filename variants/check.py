@@ -288,7 +288,11 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
         summary.to_csv(out_dir / "summary.csv.tmp", index=False)
         (out_dir / "summary.csv.tmp").replace(out_dir / "summary.csv")
         meta = dict(meta, contract=contract.name)
-        write_text(out_dir / "report.md", render_report(meta, summary, details, contract))
+        from variants.plots import plots_markdown  # no mlx either
+
+        plots = sorted((run_dir / "plots").glob("*.png")) if out_dir == run_dir else []
+        write_text(out_dir / "report.md", render_report(meta, summary, details, contract)
+                   + plots_markdown(plots, out_dir))
     return verdicts
 
 

@@ -6,6 +6,7 @@ summary.csv and report.md. Every file is written atomically; a rerun resumes: a 
 outputs and timing exist is not rebuilt, only its metrics and verdict are recomputed.
 """
 
+import inspect
 import json
 import platform
 import time
@@ -194,9 +195,16 @@ class Sweep:
             out[b] = batches[0]
         return out
 
+    def _build_kwargs(self, family):
+        """Optional keywords a family's build accepts (today: cache_dir for activation stats)."""
+        params = inspect.signature(family.build).parameters
+        return {"cache_dir": self.cache} if "cache_dir" in params else {}
+
     def _time_variant(self, family, vcfg, timing_batches):
         cfg = self.cfg
-        var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode)
+        var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode,
+                                    calibration=self.tasksets["calibration"],
+                                    **self._build_kwargs(family))
         result = {"timed_region": TIMED_REGION, "mode": cfg.speed_mode, "dtype": "float32",
                   "device": str(mx.default_device()), "blas": dict(BLAS_INFO), "batches": {}}
         for b, batch in timing_batches.items():
@@ -220,7 +228,8 @@ class Sweep:
         else:
             t0 = time.perf_counter()
             var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
-                                           calibration=self.tasksets["calibration"])
+                                           calibration=self.tasksets["calibration"],
+                                           **self._build_kwargs(family))
             info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
                         speed_mode=cfg.speed_mode)
             outs = {split: self._outputs(var_model, split, vcfg.name)
@@ -248,12 +257,17 @@ class Sweep:
         self.reference()
         family = get_family(cfg.family)
         timing_batches = self._timing_batches()
-        rows, details = [], {}
+        rows, details, extras = [], {}, {}
         for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
                          disable=not cfg.progress):
             row, ev, verdict = self.variant(family, vcfg, timing_batches)
             rows.append(row)
             details[vcfg.name] = (ev, verdict)
+            if hasattr(family, "describe"):
+                vdir = self.out / vcfg.name
+                extras[vcfg.name] = family.describe(
+                    json.loads((vdir / "build.json").read_text()),
+                    json.loads((vdir / "timing.json").read_text()))
             self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
                      + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
         summary = pd.DataFrame(rows)
@@ -268,7 +282,7 @@ class Sweep:
         except Exception as e:  # a plotting bug must not lose a finished sweep
             self.log(f"plots: not written ({type(e).__name__}: {e})")
             plot_paths = []
-        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract)
+        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract, extras)
                    + plots_markdown(plot_paths, self.out))
         return summary
 

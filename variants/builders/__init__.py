@@ -8,6 +8,7 @@ import importlib
 
 FAMILIES = {
     "quant": "quantize",
+    "lowrank": "lowrank",
 }
 
 
