@@ -441,3 +441,41 @@ def test_check_and_selftest_load_no_model(tmp_path, synthetic):
             "assert main(['selftest']) == 0; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def _copy_fixture_run(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent / "fixtures" / "sweep_small"
+    dst = tmp_path / "run"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("extra, toml, message", [
+    (["--n-bootstrap", "0"], 'compare = "ci"', "n_bootstrap must be > 0"),
+    ([], 'stratum = "task:nope"', "matches no example"),
+    ([], 'stratum = "options:7"', "matches no example"),
+])
+def test_check_refuses_vacuous_clauses(tmp_path, capsys, extra, toml, message):
+    """Regression (break-it report): --n-bootstrap 0 turned CI clauses into 'no examples' and a
+    stratum matching nothing passed vacuously; both must be usage errors (exit 2)."""
+    run = _copy_fixture_run(tmp_path)
+    contract = tmp_path / "c.toml"
+    contract.write_text('name = "c"\n[[clause]]\nid = "a"\nmetric = "agreement"\n'
+                        f'statistic = "rate"\nmin = 0.5\n{toml}\n')
+    code = main(["check", str(run), "--contract", str(contract), *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
+    """Regression (break-it report): a variant whose outputs.npz was deleted vanished silently
+    from summary.csv."""
+    run = _copy_fixture_run(tmp_path)
+    (run / "q8-g64" / "outputs.npz").unlink()
+    before = (run / "summary.csv").read_text()
+    assert main(["check", str(run)]) == 2
+    assert "is incomplete" in capsys.readouterr().err
+    assert (run / "summary.csv").read_text() == before

@@ -118,3 +118,56 @@ def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
     assert "other settings" in capsys.readouterr().err
     np.testing.assert_array_equal(pd.read_csv(run / "summary.csv")["agreement"],
                                   summary["agreement"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run", "../escape"], "must be a plain folder name"),
+    (["--run", ""], "must be a plain folder name"),
+    (["--seed", "-1"], "seed=-1 must be >= 0"),
+    (["--near-tie-margin", "nan"], "near_tie_margin=nan"),
+    (["--batch-size", "0"], "batch_size=0 must be >= 1"),
+    (["--contract", "strict"], "alpha=0.01 needs at least 99 calibration examples"),
+])
+def test_more_bad_input_is_refused_before_writing(tmp_path, capsys, args, message):
+    code = main(["sweep", "--results-dir", str(tmp_path / "r"), *TINY, *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_results_dir_that_is_a_file_exits_2(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["sweep", "--results-dir", str(f), *TINY]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_interrupted_run_refuses_other_settings_and_rebuilds_corrupt_outputs(
+        tmp_path, capsys, monkeypatch):
+    """Regression (break-it report): run.json was written only at the end, so a rerun after an
+    interruption reused outputs computed with other settings; corrupt outputs crashed resume."""
+    from variants.sweep import Sweep
+
+    root = tmp_path / "results"
+    args = ["sweep", "--bits", "8", "--results-dir", str(root), "--run", "t",
+            "--speed-mode", "simulated", *TINY]
+    run = root / "t"
+    real_variant = Sweep.variant
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Sweep, "variant", interrupted)
+    assert main(args) == 130
+    assert json.loads((run / "run.json").read_text())["status"] == "running"
+    assert main([*args, "--n-fit", "80"]) == 2  # other settings: refused before computing
+    assert "other settings" in capsys.readouterr().err
+    monkeypatch.setattr(Sweep, "variant", real_variant)
+    assert main(args) in (0, 1)
+    capsys.readouterr()
+    # a corrupt outputs file is rebuilt, not a traceback
+    (run / "q8-g64" / "outputs.npz").write_bytes(b"not a zip")
+    assert main(args) in (0, 1)
+    assert "rebuilding this variant" in capsys.readouterr().err
+    assert (run / "q8-g64" / "outputs.npz").stat().st_mode & 0o044  # readable by others (umask)

@@ -10,6 +10,7 @@ the clause meant to catch each one fails while the unperturbed copy passes every
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from functools import lru_cache
@@ -53,9 +54,18 @@ def load_outputs(path):
 def list_variants(run_dir):
     """Names of the variant folders of a run (those holding both outputs files), sorted."""
     run_dir = Path(run_dir)
-    return sorted(p.name for p in run_dir.iterdir() if p.is_dir() and p.name != "reference"
-                  and not p.name.startswith(".") and (p / "outputs.npz").exists()
-                  and (p / "calibration_outputs.npz").exists())
+    names = []
+    for p in sorted(run_dir.iterdir()):
+        if not p.is_dir() or p.name in ("reference", "plots") or p.name.startswith("."):
+            continue
+        have = [(p / f).exists() for f in ("outputs.npz", "calibration_outputs.npz")]
+        if all(have):
+            names.append(p.name)
+        elif any(have) or (p / "build.json").exists() or (p / "verdict.json").exists():
+            raise CheckError(f"variant folder {p} is incomplete (outputs.npz or "
+                             "calibration_outputs.npz missing); rerun the sweep to rebuild it, or "
+                             "delete the folder")
+    return names
 
 
 def read_run(run_dir):
@@ -120,7 +130,34 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     for key, value in (("alpha", alpha), ("n_bootstrap", n_bootstrap), ("seed", seed)):
         if value is not None:
             st[key] = value
+    ci_clauses = [c.id for c in contract.clauses if c.compare == "ci"]
+    if ci_clauses and not st["n_bootstrap"]:
+        raise CheckError(f"clauses {', '.join(ci_clauses)} compare a bootstrap CI with their bound, "
+                         "so n_bootstrap must be > 0; drop --n-bootstrap 0 or those clauses' "
+                         "compare = \"ci\"")
     return st
+
+
+def check_calibration_size(n_calibration, alpha):
+    """Raise CheckError when ``n_calibration`` examples cannot give a finite split-conformal ε."""
+    need = math.ceil(1.0 / alpha) - 1
+    if n_calibration < need:
+        raise CheckError(
+            f"alpha={alpha} needs at least {need} calibration examples for the split-conformal ε, "
+            f"got {n_calibration}: raise --n-calibration or alpha (contract [settings] or --alpha)")
+
+
+def check_strata(contract, ref_eval):
+    """A task:/options: stratum naming something absent from the outputs is a contract error."""
+    tasks = set(np.asarray(ref_eval["task"]).astype(str).tolist())
+    counts = set(np.asarray(ref_eval["option_mask"]).sum(axis=1).astype(int).tolist())
+    for c in contract.clauses:
+        if c.stratum.startswith("task:") and c.stratum[5:] not in tasks:
+            raise CheckError(f"clause {c.id!r}: stratum {c.stratum!r} matches no example; the "
+                             f"outputs have tasks: {', '.join(sorted(tasks))}")
+        if c.stratum.startswith("options:") and int(c.stratum[8:]) not in counts:
+            raise CheckError(f"clause {c.id!r}: stratum {c.stratum!r} matches no example; the "
+                             f"outputs have option counts: {', '.join(map(str, sorted(counts)))}")
 
 
 def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=None):
@@ -148,6 +185,8 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
 
     st = resolve_settings(contract) if settings is None else settings
     cal_diff = max_abs_logit_diff(ref_cal["logits"], var_cal["logits"], ref_cal["option_mask"])
+    check_calibration_size(len(cal_diff), st["alpha"])
+    check_strata(contract, ref_eval)
     eps = epsilon_max(cal_diff)
     epsilons = epsilon_by_bucket(cal_diff, ref_cal["option_mask"].sum(axis=1), alpha=st["alpha"])
     epsilons["alpha"] = st["alpha"]

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+import zipfile
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 
@@ -28,9 +29,10 @@ def configure_sweep(sub):
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
                    help="variant family; its own flags are listed in its group below")
     p.add_argument("--contract", default=None,
-                   help="contract TOML file (default: the packaged contracts/default.toml)")
+                   help="contract TOML file, or a packaged one by name: default | strict | "
+                        "lenient (None = default)")
     p.add_argument("--run", default=None,
-                   help="run name: results go to RESULTS_DIR/RUN (default: <model>-<family>-<params>,"
+                   help="run name: results go to RESULTS_DIR/RUN (None = <model>-<family>-<params>,"
                         " e.g. minilm-sentiment-quant-g64)")
     p.add_argument("--results-dir", default=d.results_dir, help="where run folders are written")
     p.add_argument("--n-fit", type=int, default=d.n_fit, help="fit-split examples (head fitting)")
@@ -122,6 +124,11 @@ def main(argv=None):
         return args.func(args)
     except (ValueError, FileNotFoundError, CheckpointError, ContractError) as e:
         print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"variants: error: {type(e).__name__}{where}: {e}; check the path and its "
+              "permissions, or delete the corrupt file and rerun", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("variants: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -8,6 +8,8 @@ outputs and timing exist is not rebuilt, only its metrics and verdict are recomp
 
 import inspect
 import json
+import math
+import zipfile
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,7 +26,7 @@ from contracts.checker import load_contract
 from contracts.report import render_report
 from variants import BLAS_INFO, __version__, data
 from variants.builders import get_family
-from variants.check import judge_variant
+from variants.check import check_calibration_size, check_strata, judge_variant, resolve_settings
 from variants.builders.quantize import MODES
 from variants.checkpoint import load_checkpoint
 from variants.io import digest, write_json, write_text
@@ -90,6 +92,19 @@ class SweepConfig:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
         if self.timing_rounds < 1 or self.timing_warmup < 0 or self.timing_budget_s <= 0:
             raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
+        if not math.isfinite(self.timing_budget_s):
+            raise SweepError("timing_budget_s must be a finite number of seconds, e.g. 20")
+        if self.seed < 0:
+            raise SweepError(f"seed={self.seed} must be >= 0")
+        if self.batch_size < 1:
+            raise SweepError(f"batch_size={self.batch_size} must be >= 1, e.g. --batch-size 32")
+        if not (math.isfinite(self.near_tie_margin) and self.near_tie_margin > 0):
+            raise SweepError(f"near_tie_margin={self.near_tie_margin} must be a finite number "
+                             "> 0 (raw logits), e.g. --near-tie-margin 1.0")
+        if self.run is not None and (not self.run or self.run.startswith(".")
+                                     or "/" in self.run or "\\" in self.run):
+            raise SweepError(f"run name {self.run!r} must be a plain folder name (no '/', not "
+                             "empty, not starting with '.'), e.g. --run my-sweep")
         if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
             raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
         try:
@@ -137,7 +152,19 @@ class Sweep:
         self.tasksets = {s: module.make_taskset(data.sample(data.split_frame(frame, s), n,
                                                             seed=cfg.seed))
                          for s, n in sizes.items()}
+        settings = resolve_settings(self.contract, near_tie_margin=cfg.near_tie_margin)
+        check_calibration_size(cfg.n_calibration, settings["alpha"])
+        ev = self.tasksets["eval"]
+        check_strata(self.contract, {"task": ev.task, "option_mask": ev.option_mask})
+        if self.root.exists() and not self.root.is_dir():
+            raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
         self._check_run_folder()
+
+    def _write_identity(self):
+        """run.json holds the settings from the start, so an interrupted run resumes safely."""
+        if not (self.out / "run.json").exists():
+            write_json(self.out / "run.json", {"identity": self.cfg.identity(),
+                                               "status": "running"})
 
     def _check_run_folder(self):
         run_json = self.out / "run.json"
@@ -222,9 +249,21 @@ class Sweep:
         vdir = self.out / vcfg.name
         files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
                                        "timing.json")}
-        if all(f.exists() for f in files.values()):
+        reusable = all(f.exists() for f in files.values()) and self._loadable(files)
+        if reusable:
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
             self.reused.append(vcfg.name)
+            timing = json.loads(files["timing.json"].read_text())
+            missing = [b for b in dict.fromkeys(cfg.timing_batch_sizes)
+                       if str(b) not in timing["batches"]]
+            if missing:
+                self.log(f"{vcfg.name}: timing batch sizes {missing} not measured yet; timing them")
+                t1 = time.perf_counter()
+                new = self._time_variant(family, vcfg,
+                                         {b: timing_batches[b] for b in missing})
+                timing["batches"].update(new["batches"])
+                timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
+                write_json(files["timing.json"], timing)
         else:
             t0 = time.perf_counter()
             var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
@@ -244,6 +283,19 @@ class Sweep:
             write_json(files["timing.json"], timing)
         return self.judge(vcfg.name)
 
+    def _loadable(self, files):
+        """False (and a log line) when a saved file of a finished variant is corrupt."""
+        try:
+            for f in ("outputs.npz", "calibration_outputs.npz"):
+                DecisionOutputs.load(files[f])
+            for f in ("build.json", "timing.json"):
+                json.loads(files[f].read_text())
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            self.log(f"{files['outputs.npz'].parent.name}: saved files unreadable "
+                     f"({type(e).__name__}); rebuilding this variant")
+            return False
+        return True
+
     def judge(self, name):
         """Recompute metrics, verdict and the variant's own report from its saved outputs."""
         return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin)
@@ -254,6 +306,7 @@ class Sweep:
         t0 = time.perf_counter()
         self.prepare()
         self.out.mkdir(parents=True, exist_ok=True)
+        self._write_identity()
         self.reference()
         family = get_family(cfg.family)
         timing_batches = self._timing_batches()
