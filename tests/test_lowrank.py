@@ -268,3 +268,15 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, messag
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.startswith("variants: error: ")
     assert not (tmp_path / "r").exists()
+
+
+def test_rank_above_min_dimension_is_refused_before_writing(tmp_path, capsys):
+    """Regression: --ranks above min(m, n) used to fail only after the reference was computed."""
+    from variants.cli import main
+
+    code = main(["sweep", "--family", "lowrank", "--rank-rule", "rank", "--ranks", "500",
+                 "--results-dir", str(tmp_path / "r"), "--n-fit", "60", "--n-calibration", "40",
+                 "--n-eval", "40", "--no-progress"])
+    assert code == 2
+    assert "rank=500 is larger than min(m, n) = 384" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

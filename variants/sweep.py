@@ -146,6 +146,12 @@ class Sweep:
         cfg = self.cfg
         self.contract = load_contract(cfg.contract)
         self.checkpoint = load_checkpoint()
+        family = get_family(cfg.family)
+        if hasattr(family, "check_model"):  # family checks that need the model's shapes
+            try:
+                family.check_model(self.checkpoint.encoder, cfg.variants)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
         frame = data.load_vader()
         module = get_module(cfg.model)
         sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}

@@ -442,6 +442,24 @@ def ladder(*, methods=DEFAULT_METHODS, ratios=DEFAULT_RATIOS, rank_rule="params"
     return list({c.name: c for c in out}.values())
 
 
+def check_model(module, cfgs):
+    """Reject, before a sweep writes anything, a fixed rank no encoder Linear can hold.
+
+    Raises
+    ------
+    ValueError
+        If a config's ``rank`` exceeds min(m, n) of the smallest factorised weight.
+    """
+    shapes = [m.weight.shape for _, m in module.named_modules() if isinstance(m, nn.Linear)]
+    if not shapes:
+        return
+    limit = min(min(s) for s in shapes)
+    for cfg in cfgs:
+        if cfg.rule == "rank" and cfg.rank > limit:
+            raise ValueError(f"rank={cfg.rank} is larger than min(m, n) = {limit} of the model's "
+                             f"smallest Linear; pass --ranks at most {limit}")
+
+
 def run_name(*, rank_rule="params", lowrank_bits=None, **_):
     """Default run-folder suffix for these parameters."""
     return f"{rank_rule}" + ("" if not lowrank_bits else "-q" + "-".join(map(str, lowrank_bits)))
