@@ -149,7 +149,9 @@ class Sweep:
         family = get_family(cfg.family)
         if hasattr(family, "check_model"):  # family checks that need the model's shapes
             try:
-                family.check_model(self.checkpoint.encoder, cfg.variants)
+                extra = ({"model": cfg.model} if "model" in
+                         inspect.signature(family.check_model).parameters else {})
+                family.check_model(self.checkpoint.encoder, cfg.variants, **extra)
             except ValueError as e:
                 raise SweepError(str(e)) from None
         frame = data.load_vader()
@@ -231,7 +233,10 @@ class Sweep:
     def _build_kwargs(self, family):
         """Optional keywords a family's build accepts (today: cache_dir for activation stats)."""
         params = inspect.signature(family.build).parameters
-        return {"cache_dir": self.cache} if "cache_dir" in params else {}
+        kw = {"cache_dir": self.cache} if "cache_dir" in params else {}
+        if "fit" in params:  # families that train something (early-exit heads)
+            kw["fit"] = self.tasksets["fit"]
+        return kw
 
     def _time_variant(self, family, vcfg, timing_batches):
         cfg = self.cfg

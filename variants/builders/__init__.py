@@ -9,6 +9,8 @@ import importlib
 FAMILIES = {
     "quant": "quantize",
     "lowrank": "lowrank",
+    "prune": "prune",
+    "exit": "early_exit",
 }
 
 

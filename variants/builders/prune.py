@@ -1,0 +1,444 @@
+"""Token pruning (PoWER-BERT style): after encoder layer ``a`` keep a share ρ of each text's tokens.
+
+After layer ``a`` (1 ≤ a < N) every example keeps ``max(n_protected, ⌈ρ · n_real⌉)`` of its real
+tokens, ranked by an attention importance score computed in layer ``a``:
+
+- ``received`` (PoWER-BERT, Goyal et al. 2020, §3.2 "significance score"): the attention each
+  token receives, averaged over heads and over the example's real query positions;
+- ``cls``: the attention the [CLS] query pays to each token, averaged over heads.
+
+Protected tokens ([CLS], [SEP], and any extra ids a config names) are always kept. The kept
+tokens are *gathered* into a shorter sequence in their original order (position embeddings were
+added at the embedding layer, so each token keeps its own), the attention mask and the mean
+pooling follow the kept tokens, and the remaining layers run on the shorter sequence: real work
+is skipped, not masked. A ``schedule`` of (layer, keep ratio) pairs prunes at several layers with
+the same code (ratios relative to the example's original real-token count, non-increasing).
+
+Cost model (../shared/seeds/DIGEST.md): with one pruning point the dense work ratio is
+a/N + (1 − a/N)·ρ (per-token Linear work; attention's L² term and the ⌈·⌉ / protected-token
+floor are ignored), the ideal speed-up its inverse. ``build`` also reports the ratio realised on
+the calibration texts' real token counts.
+
+Composes with quantization (``bits``): the module is quantized by
+:func:`variants.builders.quantize.quantize_module` before it is wrapped.
+"""
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
+from variants.encoder import attention_bias, mean_pool
+
+SCORES = ("received", "cls")
+DEFAULT_LAYERS = (1, 2, 3)
+DEFAULT_KEEP_RATIOS = (0.7, 0.5, 0.3)
+PROTECTED_TOKENS = ("[CLS]", "[SEP]")
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------
+
+def _check_ratio(r, what="keep_ratio"):
+    if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 < r <= 1):
+        raise ValueError(f"{what}={r} is outside (0, 1]; pass e.g. --keep-ratios 0.7 0.5")
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Parameters of one pruned variant (validated on creation; the layer bound N is checked by
+    :func:`check_model` / :func:`build`, which know the encoder).
+
+    ``after_layer`` a and ``keep_ratio`` ρ give one pruning point; ``schedule`` (a tuple of
+    ``(layer, ratio)`` pairs, layers increasing, ratios non-increasing) replaces them when given.
+    """
+
+    after_layer: int = 2
+    keep_ratio: float = 0.5
+    score: str = "received"
+    schedule: tuple | None = None
+    bits: int | None = None
+    group_size: int = 64
+
+    def __post_init__(self):
+        if self.score not in SCORES:
+            raise ValueError(f"importance score {self.score!r} is not known; choose one of "
+                             f"{SCORES} (--prune-scores)")
+        for a, r in self.points:
+            if int(a) != a or a < 1:
+                raise ValueError(f"after_layer={a} must be an integer >= 1 (prune after encoder "
+                                 "layer a, 1 <= a < number of layers); pass e.g. --prune-layers 2")
+            _check_ratio(r)
+        layers = [a for a, _ in self.points]
+        ratios = [r for _, r in self.points]
+        if layers != sorted(set(layers)):
+            raise ValueError(f"schedule layers {layers} must be strictly increasing")
+        if ratios != sorted(ratios, reverse=True):
+            raise ValueError(f"schedule keep ratios {ratios} must be non-increasing (each is a "
+                             "share of the original tokens)")
+        if self.bits is not None and self.bits not in BITS:
+            raise ValueError(f"prune_bits={self.bits} is not supported; choose one of {BITS}")
+        if self.group_size not in GROUP_SIZES:
+            raise ValueError(f"prune_group_size={self.group_size} is not supported; choose one "
+                             f"of {GROUP_SIZES}")
+
+    @property
+    def points(self):
+        """((layer, keep ratio), ...): where and how much to prune."""
+        if self.schedule:
+            return tuple((int(a), float(r)) for a, r in self.schedule)
+        return ((self.after_layer, float(self.keep_ratio)),)
+
+    @property
+    def name(self):
+        if self.schedule:
+            core = "prune-s" + "-".join(f"{a}x{r:.2f}" for a, r in self.points)
+        else:
+            core = f"prune-a{self.after_layer}-r{self.keep_ratio:.2f}"
+        extra = "" if self.score == "received" else f"-{self.score}"
+        if self.bits is not None:
+            extra += f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
+        return core + extra
+
+
+def parse_schedule(text):
+    """``"2:0.7,4:0.4"`` -> ((2, 0.7), (4, 0.4)) (ValueError naming --prune-schedule if bad)."""
+    try:
+        pairs = tuple((int(a), float(r)) for a, r in
+                      (p.split(":") for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise ValueError(f"--prune-schedule {text!r} is not 'layer:ratio,layer:ratio', "
+                         "e.g. 2:0.7,4:0.4") from None
+    if not pairs:
+        raise ValueError(f"--prune-schedule {text!r} is empty; e.g. 2:0.7,4:0.4")
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# the pruned forward pass
+# ---------------------------------------------------------------------------------------------
+
+def importance(attn, mask, score="received"):
+    """Importance of each key token from one layer's attention probabilities.
+
+    Parameters
+    ----------
+    attn : mx.array of shape (B, H, L, L), float32
+        Attention probabilities (query axis 2, key axis 3).
+    mask : mx.array of shape (B, L), 0/1
+    score : {'received', 'cls'}, default='received'
+        ``received``: mean over heads and real queries of the attention a key receives
+        (PoWER-BERT, Goyal et al. 2020, §3.2); ``cls``: the [CLS] (position 0) query's attention.
+
+    Returns
+    -------
+    mx.array of shape (B, L), float32 (padding keys score 0 since they receive no attention).
+    """
+    if score == "received":
+        m = mask.astype(attn.dtype)
+        per_query = attn.mean(axis=1)  # (B, L_q, L_k)
+        return (per_query * m[:, :, None]).sum(axis=1) / mx.maximum(m.sum(axis=1, keepdims=True), 1)
+    if score == "cls":
+        return attn[:, :, 0, :].mean(axis=1)
+    raise ValueError(f"importance score {score!r} is not known; choose one of {SCORES}")
+
+
+def select_tokens(scores, mask, protected, n_target):
+    """Indices of the tokens to keep, per example, in original order.
+
+    Parameters
+    ----------
+    scores : mx.array of shape (B, L), float32
+        Importance (:func:`importance`); only the order within an example matters.
+    mask : mx.array of shape (B, L), 0/1
+        Current real tokens.
+    protected : mx.array of shape (B, L), bool
+        Always kept (only real tokens count).
+    n_target : mx.array of shape (B,)
+        Tokens to keep per example; raised to the protected count, capped at the real count.
+
+    Returns
+    -------
+    index : mx.array of shape (B, L') int32, L' = the largest kept count in the batch
+    new_mask : mx.array of shape (B, L') int32 (1 for a kept token, 0 for padding)
+    """
+    B, L = scores.shape
+    real = mask.astype(mx.bool_)
+    prot = mx.logical_and(protected, real)
+    n_keep = mx.minimum(mx.maximum(prot.sum(axis=1), n_target.astype(mx.int32)),
+                        real.sum(axis=1)).astype(mx.int32)
+    # protected first, then real tokens by score (attention probabilities lie in [0, 1]), padding last
+    key = mx.where(prot, 3.0, mx.where(real, 1.0, -1.0)) + mx.clip(scores, 0.0, 1.0)
+    order = mx.argsort(-key, axis=1)
+    L_new = max(int(n_keep.max().item()), 1)
+    top = order[:, :L_new]
+    chosen = mx.arange(L_new)[None, :] < n_keep[:, None]
+    # restore the original order of the chosen tokens; unchosen slots go to the end as padding
+    back = mx.argsort(mx.where(chosen, top, top + L), axis=1)
+    index = mx.take_along_axis(top, back, axis=1)
+    new_mask = mx.take_along_axis(chosen, back, axis=1).astype(mx.int32)
+    return index.astype(mx.int32), new_mask
+
+
+def keep_counts(n_real, keep_ratio):
+    """Tokens kept of ``n_real`` (int array) at ``keep_ratio``: ⌈ρ · n_real⌉ (before the
+    protected-token floor)."""
+    return np.ceil(keep_ratio * np.asarray(n_real, np.float64) - 1e-6).astype(np.int64)
+
+
+class PrunedNet(nn.Module):
+    """Wraps a decision module (``encoder`` + optional ``head``) and prunes tokens between layers.
+
+    Call like the wrapped module: ``(input_ids, attention_mask, token_type_ids)`` (B, L) int32 ->
+    head logits (B, K), or the pooled embedding (B, D) when the wrapped module has no head
+    (minilm-choice's EmbeddingNet: option texts are pruned the same way).
+    """
+
+    def __init__(self, base, points, *, score="received", protected_ids=()):
+        super().__init__()
+        self.base = base
+        self._points = tuple(points)  # ((layer, ratio), ...)
+        self._score = score
+        self._protected_ids = tuple(int(i) for i in protected_ids)
+        self._has_head = "head" in base
+
+    def __call__(self, input_ids, attention_mask, token_type_ids):
+        return self.forward_trace(input_ids, attention_mask, token_type_ids)[0]
+
+    def forward_trace(self, input_ids, attention_mask, token_type_ids, trace=None):
+        """As ``__call__`` but returns ``(out, kept token ids (B, L'), kept mask (B, L'))``; appends
+        ``(layer index, x.shape)`` for every layer's input to ``trace`` when a list is given."""
+        enc = self.base.encoder
+        x = enc.embed(input_ids, token_type_ids)
+        mask = attention_mask
+        bias = attention_bias(mask, x.dtype)
+        n_orig = attention_mask.astype(mx.float32).sum(axis=1)
+        prune_at = dict(self._points)
+        protected = mx.zeros(input_ids.shape, mx.bool_)
+        for t in self._protected_ids:
+            protected = mx.logical_or(protected, input_ids == t)
+        n_layers = len(enc.layers)
+        ids = input_ids
+        for i, layer in enumerate(enc.layers):
+            if trace is not None:
+                trace.append((i, tuple(x.shape)))
+            ratio = prune_at.get(i + 1) if i + 1 < n_layers else None
+            x, attn = layer(x, bias, ratio is not None)
+            if ratio is not None:
+                scores = importance(attn, mask, self._score)
+                index, mask = select_tokens(scores, mask, protected,
+                                            mx.ceil(ratio * n_orig - 1e-6))
+                x = mx.take_along_axis(x, index[..., None], axis=1)
+                protected = mx.take_along_axis(protected, index, axis=1)
+                ids = mx.take_along_axis(ids, index, axis=1)
+                bias = attention_bias(mask, x.dtype)
+        pooled = mean_pool(x, mask)
+        out = self.base.head(pooled) if self._has_head else pooled
+        return out, ids, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# cost model
+# ---------------------------------------------------------------------------------------------
+
+def work_ratio(points, n_layers):
+    """Dense-work ratio of a pruning schedule: Σ_layers (tokens kept at that layer) / N.
+
+    One point (a, ρ) gives a/N + (1 − a/N)·ρ (../shared/seeds/DIGEST.md: per-token Linear work;
+    attention's L² term, the ⌈·⌉ rounding and protected tokens are ignored).
+    """
+    kept, total, prev = 1.0, 0.0, 0
+    for a, r in points:
+        total += (a - prev) * kept
+        prev, kept = a, r
+    total += (n_layers - prev) * kept
+    return total / n_layers
+
+
+def realised_work_ratio(points, n_layers, n_real, n_protected):
+    """The same ratio on real token counts: per example, protected floor and ⌈·⌉ included,
+    token-weighted over the examples (``n_real``, ``n_protected``: int arrays (n,))."""
+    n_real = np.asarray(n_real, np.int64)
+    tokens, prev, cur = 0, 0, n_real.copy()
+    for a, r in points:
+        tokens += (a - prev) * cur.sum()
+        cur = np.minimum(np.maximum(keep_counts(n_real, r), n_protected), n_real)
+        prev = a
+    tokens += (n_layers - prev) * cur.sum()
+    return float(tokens / (n_layers * n_real.sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the family's registry interface
+# ---------------------------------------------------------------------------------------------
+
+PARAMS = ("prune_layers", "keep_ratios", "prune_scores", "prune_schedules", "prune_bits",
+          "prune_group_size")
+
+
+def add_arguments(parser):
+    """This family's ``variants sweep`` flags (dests are PARAMS)."""
+    g = parser.add_argument_group("prune family (--family prune)")
+    g.add_argument("--prune-layers", type=int, nargs="+", default=list(DEFAULT_LAYERS),
+                   metavar="A", help="prune after encoder layer A (1 <= A < number of layers)")
+    g.add_argument("--keep-ratios", type=float, nargs="+", default=list(DEFAULT_KEEP_RATIOS),
+                   metavar="R", help="share (0, 1] of each text's real tokens kept")
+    g.add_argument("--prune-scores", nargs="+", choices=SCORES, default=["received"],
+                   help="token importance: received = attention received, mean over heads and "
+                        "queries (PoWER-BERT); cls = attention from [CLS]")
+    g.add_argument("--prune-schedules", nargs="+", default=None, metavar="S",
+                   help="instead of the layer x ratio grid: schedules 'layer:ratio,...', "
+                        "e.g. 2:0.7,4:0.4 (ratios share of the original tokens)")
+    g.add_argument("--prune-bits", type=int, nargs="+", default=None, metavar="B",
+                   help=f"also quantize the model with these bit widths {BITS}")
+    g.add_argument("--prune-group-size", type=int, default=64, choices=GROUP_SIZES,
+                   help="group size when --prune-bits is given")
+
+
+def ladder(*, prune_layers=DEFAULT_LAYERS, keep_ratios=DEFAULT_KEEP_RATIOS,
+           prune_scores=("received",), prune_schedules=None, prune_bits=None,
+           prune_group_size=64):
+    """The variant configs of one sweep: layer × ratio × score × bits, or the given schedules
+    × score × bits (ValueError naming the parameter if bad)."""
+    if not prune_scores:
+        raise ValueError("no importance score given; pass e.g. --prune-scores received")
+    if prune_schedules:
+        grid = [dict(schedule=parse_schedule(s)) for s in prune_schedules]
+    else:
+        if not prune_layers or not keep_ratios:
+            raise ValueError("no layers or keep ratios given; pass e.g. --prune-layers 2 "
+                             "--keep-ratios 0.5")
+        grid = [dict(after_layer=int(a), keep_ratio=float(r))
+                for a in dict.fromkeys(prune_layers) for r in dict.fromkeys(keep_ratios)]
+    out = [PruneConfig(score=s, bits=b, group_size=prune_group_size, **g)
+           for g in grid for s in dict.fromkeys(prune_scores) for b in (prune_bits or [None])]
+    return list({c.name: c for c in out}.values())
+
+
+def run_name(*, prune_scores=("received",), prune_schedules=None, prune_bits=None, **_):
+    """Default run-folder suffix for these parameters."""
+    return ("schedule" if prune_schedules else "grid") + "-" + "-".join(prune_scores) + (
+        "" if not prune_bits else "-q" + "-".join(map(str, prune_bits)))
+
+
+def check_model(module, cfgs):
+    """Reject, before a sweep writes anything, a pruning layer outside [1, N).
+
+    ``module`` is the encoder (or anything with an ``encoder``/``layers`` list).
+
+    Raises
+    ------
+    ValueError
+        If a config prunes after a layer a with a >= N (nothing left to skip).
+    """
+    layers = getattr(module, "layers", None)
+    if layers is None:
+        layers = module.encoder.layers
+    n = len(layers)
+    for cfg in cfgs:
+        for a, _ in cfg.points:
+            if not 1 <= a < n:
+                raise ValueError(f"after_layer={a} is outside [1, {n}) for this {n}-layer "
+                                 f"encoder; pass --prune-layers between 1 and {n - 1}")
+
+
+def protected_ids(tokenizer):
+    """Token ids that pruning never drops ([CLS], [SEP]) from a ``TextTokenizer``."""
+    ids = [tokenizer.tokenizer.token_to_id(t) for t in PROTECTED_TOKENS]
+    missing = [t for t, i in zip(PROTECTED_TOKENS, ids) if i is None]
+    if missing:
+        raise ValueError(f"the tokenizer has no {missing} token; pruning cannot protect it")
+    return tuple(ids)
+
+
+def build(reference, cfg, mode="simulated", calibration=None):
+    """Registry entry: the reference DecisionModel with token pruning between encoder layers.
+
+    Parameters
+    ----------
+    reference : DecisionModel
+        Its ``module`` has an ``encoder`` (BertEncoder) and, optionally, a ``head``.
+    cfg : PruneConfig
+    mode : {'native', 'simulated'}, default='simulated'
+        Meaningful only with ``cfg.bits`` (passed to ``quantize_module``).
+    calibration : TaskSet, optional
+        Used only to report the work ratio realised on its real token counts.
+
+    Returns
+    -------
+    variant : DecisionModel
+    info : dict
+        ``after_layer``, ``keep_ratio``, ``schedule`` (the points), ``score``, ``protected_ids``,
+        ``n_layers``, ``work_ratio`` (cost model), ``ideal_speedup`` = 1 / work_ratio,
+        ``calibration_work_ratio`` / ``calibration_ideal_speedup`` (real token counts),
+        ``model_bytes``, and with bits the quantizer's info.
+
+    Raises
+    ------
+    ValueError
+        Unknown mode, a layer outside [1, N), a module without an encoder.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not supported; choose one of {MODES}")
+    module = reference.module
+    if "encoder" not in module or not hasattr(module["encoder"], "layers"):
+        raise ValueError(f"{type(module).__name__} has no per-layer encoder (module.encoder."
+                         "layers); token pruning needs one")
+    n_layers = len(module.encoder.layers)
+    check_model(module.encoder, [cfg])
+    prot = protected_ids(reference.tokenizer)
+    info = {"after_layer": cfg.points[0][0], "keep_ratio": cfg.points[-1][1],
+            "schedule": [list(p) for p in cfg.points], "score": cfg.score,
+            "protected_ids": list(prot), "protected_tokens": list(PROTECTED_TOKENS),
+            "n_layers": n_layers}
+    base = module
+    if cfg.bits is not None:
+        base, qinfo = quantize_module(module, QuantConfig(cfg.bits, cfg.group_size), mode)
+        info["quant"] = qinfo
+        info["bits_per_weight"] = qinfo["bits_per_weight"]
+        info["bits_per_weight_note"] = "bits per quantized weight"
+        info["model_bytes"] = qinfo["model_bytes"]
+    else:
+        info["model_bytes"] = int(sum(v.nbytes for _, v in tree_flatten(module.parameters())))
+        info["mode"] = "dense (mode not applicable)"
+        info["bits_per_weight"] = 32.0
+        info["bits_per_weight_note"] = "fp32 weights (not quantized)"
+    w = work_ratio(cfg.points, n_layers)
+    info.update(work_ratio=w, ideal_speedup=1.0 / w,
+                ideal_speedup_note=("cost model a/N + (1 - a/N)·ρ: per-token encoder work; "
+                                    "attention's L² term, ⌈·⌉ and protected tokens ignored"))
+    if calibration is not None:
+        encs, _ = reference.tokenizer.encode(list(calibration.texts))
+        n_real = np.array([len(e.ids) for e in encs])
+        n_prot = np.array([sum(i in prot for i in e.ids) for e in encs])
+        rw = realised_work_ratio(cfg.points, n_layers, n_real, n_prot)
+        info.update(calibration_work_ratio=rw, calibration_ideal_speedup=1.0 / rw,
+                    calibration_mean_tokens=float(n_real.mean()),
+                    calibration_mean_tokens_kept=float(np.minimum(np.maximum(
+                        keep_counts(n_real, cfg.points[-1][1]), n_prot), n_real).mean()))
+    wrapper = PrunedNet(base, cfg.points, score=cfg.score, protected_ids=prot)
+    return reference.replace_module(wrapper), info
+
+
+def describe(info, timing=None):
+    """Markdown lines for the report: pruning point(s), ideal vs measured speed-up."""
+    pts = ", ".join(f"after layer {a} keep {r:.2f}" for a, r in info["schedule"])
+    lines = [f"- pruning: {pts} of each text's real tokens (score `{info['score']}`; "
+             f"{'/'.join(info['protected_tokens'])} always kept), {info['n_layers']} layers",
+             f"- cost model: work ratio {info['work_ratio']:.3f} → ideal speed-up "
+             f"{info['ideal_speedup']:.2f}×"]
+    if "calibration_work_ratio" in info:
+        lines.append(f"- on the calibration texts ({info['calibration_mean_tokens']:.1f} tokens "
+                     f"on average, {info['calibration_mean_tokens_kept']:.1f} kept): work ratio "
+                     f"{info['calibration_work_ratio']:.3f} → ideal "
+                     f"{info['calibration_ideal_speedup']:.2f}×")
+    for b, t in (timing or {}).get("batches", {}).items():
+        s = t["speedup"]["speedup_median"]
+        lines.append(f"- B={b} (L={t['seq_len']}): measured {s:.2f}× vs ideal "
+                     f"{info['ideal_speedup']:.2f}× → realised/ideal {s / info['ideal_speedup']:.2f}")
+    return "\n".join(lines) + "\n"
