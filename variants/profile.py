@@ -1,0 +1,239 @@
+"""Where the reference forward's time goes: segment shares, Amdahl ceilings and work-count slopes.
+
+Method (../shared/seeds/DIGEST.md, second document): time each segment of the forward, take its
+share p of the *whole* (un-segmented, warm) forward, report what the segments do not explain as
+**unattributed**, and bound a family's end-to-end speed-up by the Amdahl ceiling 1 / (1 - p) of
+the segments it accelerates. Work counts (MLX graph evaluations, compiled-function calls) are
+taken at several sequence lengths and batch sizes and fitted with a slope: a count that grows per
+token or per example is per-launch overhead to remove, not a number to report.
+"""
+
+import time
+from contextlib import contextmanager
+
+import mlx.core as mx
+import numpy as np
+
+from variants import fast_ops
+from variants.encoder import ACTIVATIONS, attention_bias, mean_pool
+from variants.models.choice import COSINE_SCALE
+
+SEGMENTS = ("tokenisation", "embeddings", "qkv_proj", "attention_core", "out_proj", "mlp_gemm",
+            "mlp_act", "norms", "pooling", "head", "postprocess")
+
+# Segments each family makes cheaper (its best case: the segment costs nothing).
+FAMILY_SEGMENTS = {
+    "quant": ("qkv_proj", "out_proj", "mlp_gemm"),
+    "lowrank": ("qkv_proj", "out_proj", "mlp_gemm"),
+    "prune": ("qkv_proj", "attention_core", "out_proj", "mlp_gemm", "mlp_act", "norms"),
+}
+
+
+def amdahl(p, s=float("inf")):
+    """End-to-end speed-up when a share ``p`` of the time gets ``s`` times faster.
+
+    Returns 1 / (1 - p + p / s); with ``s`` = inf that is the ceiling 1 / (1 - p).
+
+    Examples
+    --------
+    >>> round(amdahl(0.0532), 3)
+    1.056
+    >>> amdahl(0.5, 2.0)
+    1.3333333333333333
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be a share in [0, 1], got {p}.")
+    if s <= 0:
+        raise ValueError(f"s must be > 0, got {s}.")
+    rest = 1.0 - p + (0.0 if s == float("inf") else p / s)
+    return float("inf") if rest == 0 else 1.0 / rest
+
+
+def _clock(acc, name, fn):
+    t0 = time.perf_counter()
+    out = fn()
+    mx.eval(out)
+    acc[name] = acc.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+    return out
+
+
+def _segmented_forward(encoder, ids, mask, types, acc):
+    """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``."""
+    x = _clock(acc, "embeddings", lambda: encoder.embed(ids, types))
+    bias = attention_bias(mask, x.dtype)
+    B, L, D = x.shape
+    for layer in encoder.layers:
+        a = layer.attention
+        h, d = a.n_heads, a.head_dim
+        q, k, v = _clock(acc, "qkv_proj", lambda: [
+            m(x).reshape(B, L, h, d).transpose(0, 2, 1, 3) for m in (a.query, a.key, a.value)])
+        ctx = _clock(acc, "attention_core", lambda: (fast_ops.masked_softmax(
+            (q * a.scale) @ k.transpose(0, 1, 3, 2), bias) @ v).transpose(0, 2, 1, 3).reshape(B, L, D))
+        o = _clock(acc, "out_proj", lambda: a.out(ctx))
+        x = _clock(acc, "norms", lambda: layer.attention_norm(x + o))
+        u = _clock(acc, "mlp_gemm", lambda: layer.intermediate(x))
+        g = _clock(acc, "mlp_act", lambda: ACTIVATIONS[layer.hidden_act](u))
+        y = _clock(acc, "mlp_gemm", lambda: layer.output(g))
+        x = _clock(acc, "norms", lambda: layer.output_norm(x + y))
+    return _clock(acc, "pooling", lambda: mean_pool(x, mask))
+
+
+def segment_profile(model, texts, *, rounds=3, warmup=1):
+    """Segment profile of a decision model's forward on one batch of ``texts``, end to end.
+
+    ``model`` is a :class:`variants.decision.DecisionModel` whose ``module`` is an encoder +
+    mean-pool net (``module.encoder``); the head is ``module.head`` when present (sentiment) or
+    the option-cosine step of the choice model (``model.forward`` minus the embedding).
+
+    Parameters
+    ----------
+    model : DecisionModel
+    texts : list of str
+        One batch (tokenised to the batch's longest text).
+    rounds : int, default=3
+        Rounds; each times the segmented forward and the whole forward back to back.
+    warmup : int, default=1
+
+    Returns
+    -------
+    profile : dict
+        ``segments_ms`` {segment: median ms}, ``total_ms`` (median un-segmented forward incl.
+        tokenisation and post-processing), ``share`` {segment: p}, ``unattributed_ms`` and
+        ``unattributed_share`` (total minus the segments; negative when per-segment
+        synchronisation costs more than it hides), ``batch_size``, ``seq_len``.
+    """
+    enc_module = model.module
+    encoder = enc_module.encoder
+
+    def tokenise():
+        encs, _ = model.tokenizer.encode(list(texts))
+        return [mx.array(a) for a in model.tokenizer.batch(encs)]
+
+    def head(pooled):
+        if hasattr(enc_module, "head"):
+            return enc_module.head(pooled)
+        opts = model._options()[: min(3, len(model.option_texts))]
+        return COSINE_SCALE * (pooled @ opts.T)
+
+    def post(logits):
+        return np.array(mx.softmax(logits, axis=-1))
+
+    def segmented():
+        acc = {}
+        t0 = time.perf_counter()
+        ids, mask, types = tokenise()
+        acc["tokenisation"] = (time.perf_counter() - t0) * 1e3
+        pooled = _segmented_forward(encoder, ids, mask, types, acc)
+        logits = _clock(acc, "head", lambda: head(pooled))
+        t0 = time.perf_counter()
+        post(logits)
+        acc["postprocess"] = (time.perf_counter() - t0) * 1e3
+        return acc, ids.shape
+
+    def whole():
+        t0 = time.perf_counter()
+        ids, mask, types = tokenise()
+        post(head(enc_module.embed(ids, mask, types)) if hasattr(enc_module, "embed")
+             else head(mean_pool(encoder(ids, mask, types).last_hidden, mask)))
+        return (time.perf_counter() - t0) * 1e3
+
+    for _ in range(warmup):
+        segmented()
+        whole()
+    runs, totals = [], []
+    for _ in range(rounds):
+        acc, shape = segmented()
+        runs.append(acc)
+        totals.append(whole())
+    seg = {s: float(np.median([r.get(s, 0.0) for r in runs])) for s in SEGMENTS}
+    total = float(np.median(totals))
+    un = total - sum(seg.values())
+    return {"segments_ms": seg, "total_ms": total,
+            "share": {s: v / total for s, v in seg.items()},
+            "unattributed_ms": un, "unattributed_share": un / total,
+            "batch_size": int(shape[0]), "seq_len": int(shape[1]), "rounds": rounds}
+
+
+def amdahl_ceilings(profile, family_segments=None):
+    """{family: (p, ceiling 1/(1-p))} of the segments each family accelerates."""
+    out = {}
+    for fam, segs in (family_segments or FAMILY_SEGMENTS).items():
+        p = min(1.0, max(0.0, sum(profile["share"][s] for s in segs)))
+        out[fam] = (p, amdahl(p))
+    return out
+
+
+@contextmanager
+def count_work():
+    """Count ``mx.eval`` calls and calls of :mod:`variants.fast_ops`' compiled functions.
+
+    Yields a dict ``{"evals": n, "compiled_calls": n}`` that fills while the block runs.
+    Patches module attributes for the duration only (nothing persists across uses).
+    """
+    counts = {"evals": 0, "compiled_calls": 0}
+    real_eval = mx.eval
+    compiled = {n: getattr(fast_ops, n) for n in ("gelu", "masked_softmax")}
+
+    def eval_(*a, **k):
+        counts["evals"] += 1
+        return real_eval(*a, **k)
+
+    def wrap(fn):
+        def inner(*a, **k):
+            counts["compiled_calls"] += 1
+            return fn(*a, **k)
+        return inner
+
+    import variants.encoder as encoder_mod
+    real_act = dict(encoder_mod.ACTIVATIONS)
+    mx.eval = eval_
+    for n, fn in compiled.items():
+        setattr(fast_ops, n, wrap(fn))
+    encoder_mod.ACTIVATIONS["gelu"] = fast_ops.gelu
+    try:
+        yield counts
+    finally:
+        mx.eval = real_eval
+        for n, fn in compiled.items():
+            setattr(fast_ops, n, fn)
+        encoder_mod.ACTIVATIONS.clear()
+        encoder_mod.ACTIVATIONS.update(real_act)
+
+
+def work_slopes(forward, make_batch, *, seq_lens=(16, 64, 128), batch_sizes=(1, 8, 32)):
+    """Work counts per forward at each (batch size, sequence length), with fitted slopes.
+
+    Parameters
+    ----------
+    forward : callable (batch) -> mx.array
+        One forward; evaluated once inside the count (as a harness would).
+    make_batch : callable (batch_size, seq_len) -> batch
+    seq_lens, batch_sizes : tuple of int, each at least 3 values
+
+    Returns
+    -------
+    table : list of dict
+        One row per (batch_size, seq_len): ``evals``, ``compiled_calls``.
+    slopes : dict
+        ``{count: {"per_token": slope, "per_example": slope}}``, least-squares slopes of each
+        count against seq_len (all batch sizes pooled) and against batch_size. ~0 means the work
+        does not grow with the input.
+    """
+    if len(set(seq_lens)) < 3 or len(set(batch_sizes)) < 3:
+        raise ValueError("seq_lens and batch_sizes need >= 3 distinct values each to fit a slope.")
+    rows = []
+    for b in batch_sizes:
+        for L in seq_lens:
+            batch = make_batch(b, L)
+            with count_work() as c:
+                mx.eval(forward(batch))
+            rows.append({"batch_size": b, "seq_len": L, **c})
+    slopes = {}
+    for key in ("evals", "compiled_calls"):
+        y = np.array([r[key] for r in rows], float)
+        slopes[key] = {
+            "per_token": float(np.polyfit([r["seq_len"] for r in rows], y, 1)[0]),
+            "per_example": float(np.polyfit([r["batch_size"] for r in rows], y, 1)[0]),
+        }
+    return rows, slopes
+
