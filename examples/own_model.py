@@ -36,7 +36,13 @@ if __name__ == "__main__":
     ck = load_checkpoint()
     frame = data.load_vader()
     cal, ev = (make_taskset(data.sample(data.split_frame(frame, s), 64)) for s in ("calibration", "eval"))
-    model = MyModel(Prototypes(ck.encoder), ck.tokenizer)
+    net = Prototypes(ck.encoder)
+    # zero-shot prototypes: the embeddings of the three option wordings, scaled like minilm-choice
+    enc, _ = ck.tokenizer.encode(["This is negative.", "This is neutral.", "This is positive."])
+    ids, mask, types = (mx.array(a) for a in ck.tokenizer.batch(enc))
+    net.proto.weight = 20.0 * mean_pool(ck.encoder(ids, mask, types).last_hidden, mask)
+    net.proto.bias = mx.zeros((3,))
+    model = MyModel(net, ck.tokenizer)
     model.calibrate(cal)                               # one temperature per option count
     ref = model.outputs(ev)                            # DecisionOutputs
     var, info = quantize(model, QuantConfig(bits=4))   # any builder works on any DecisionModel

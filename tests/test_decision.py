@@ -443,3 +443,16 @@ def test_decision_model_without_forward_raises(checkpoint, splits):
         model.outputs(cal)
     with pytest.raises(ValueError, match=r"no temperature for option counts \[3\]"):
         RandomProjectionModel(model.module, checkpoint.tokenizer).outputs(cal)
+
+
+def test_readme_plug_in_example_runs():
+    """examples/own_model.py (shown in the README) runs end to end without warnings."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "own_model.py"
+    r = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "4-bit:" in r.stdout and "agreement" in r.stdout
