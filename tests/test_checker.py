@@ -479,3 +479,14 @@ def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
     assert main(["check", str(run)]) == 2
     assert "is incomplete" in capsys.readouterr().err
     assert (run / "summary.csv").read_text() == before
+
+
+def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
+    """Regression (break-it report): --worst -1 listed all but one example; a corrupt run.json
+    gave a JSON parser message without the path."""
+    run = _copy_fixture_run(tmp_path)
+    assert main(["check", str(run), "--worst", "-1"]) == 2
+    assert "--worst must be >= 0" in capsys.readouterr().err
+    (run / "run.json").write_text("{bad")
+    assert main(["check", str(run)]) == 2
+    assert "run.json is not valid JSON" in capsys.readouterr().err

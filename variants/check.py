@@ -68,10 +68,21 @@ def list_variants(run_dir):
     return names
 
 
+def _non_negative(value, flag):
+    if value < 0:
+        raise CheckError(f"{flag} must be >= 0, got {value}")
+    return value
+
+
 def read_run(run_dir):
     """run.json as a dict ({} when absent, e.g. a hand-made folder)."""
     path = Path(run_dir) / "run.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckError(f"{path} is not valid JSON ({e}); rerun the sweep to rewrite it") from None
 
 
 @lru_cache(maxsize=2)
@@ -340,7 +351,8 @@ def _check_command(args):
     verdicts = check_run(args.run_dir, contract=args.contract, variants=args.variant,
                          output_dir=args.output_dir, near_tie_margin=args.near_tie_margin,
                          alpha=args.alpha, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                         worst_n=args.worst, log=lambda m: print(m, file=sys.stderr))
+                         worst_n=_non_negative(args.worst, "--worst"),
+                         log=lambda m: print(m, file=sys.stderr))
     out = Path(args.output_dir or args.run_dir)
     width = max(map(len, verdicts))
     for name, v in verdicts.items():

@@ -177,7 +177,11 @@ class Sweep:
     def _check_run_folder(self):
         run_json = self.out / "run.json"
         if run_json.exists():
-            old = json.loads(run_json.read_text()).get("identity", {})
+            try:
+                old = json.loads(run_json.read_text()).get("identity", {})
+            except json.JSONDecodeError as e:
+                raise SweepError(f"{run_json} is not valid JSON ({e}); delete {self.out} or "
+                                 "choose another --run name") from None
             new = json.loads(json.dumps(self.cfg.identity()))
             diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
             if diff:
