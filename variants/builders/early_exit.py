@@ -34,6 +34,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from scipy.optimize import minimize
 
+from variants.builders import realised_speed_lines
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 from variants.encoder import attention_bias, mean_pool
 from variants.io import digest, write_npz
@@ -606,8 +607,5 @@ def describe(info, timing=None):
                      f"n={info['n_near_tie']}): mean exit layer "
                      f"{info['near_tie_mean_exit_layer']:.2f} vs {info['other_mean_exit_layer']:.2f}"
                      f" for the rest; {info['near_tie_ran_all_share']:.0%} ran every layer")
-    for b, t in (timing or {}).get("batches", {}).items():
-        s = t["speedup"]["speedup_median"]
-        lines.append(f"- B={b} (L={t['seq_len']}): measured {s:.2f}× vs ideal "
-                     f"{info['ideal_speedup']:.2f}× → realised/ideal {s / info['ideal_speedup']:.2f}")
+    lines += realised_speed_lines(timing, info["ideal_speedup"])
     return "\n".join(lines) + "\n"

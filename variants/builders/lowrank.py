@@ -32,6 +32,7 @@ from scipy.linalg import solve_triangular
 from threadpoolctl import threadpool_limits
 
 from variants import activations
+from variants.builders import realised_speed_lines
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 
 METHODS = ("plain", "whitened", "scaled")
@@ -614,11 +615,7 @@ def describe(info, timing=None):
     ]
     if info.get("max_lambda_rel"):
         lines.append(f"- Cholesky needed λ up to {info['max_lambda_rel']:.1e}·mean diag(XᵀX/N)")
-    if timing:
-        for b, t in timing.get("batches", {}).items():
-            s = t["speedup"]["speedup_median"]
-            lines.append(f"- B={b} (L={t['seq_len']}): measured {s:.2f}× vs ideal "
-                         f"{info['ideal_speedup']:.2f}× → realised/ideal {s / info['ideal_speedup']:.2f}")
+    lines += realised_speed_lines(timing, info["ideal_speedup"])
     dense = [r for r in info["layers"] if r["dense"]]
     if dense:
         lines.append(f"- kept dense (break-even): {len(dense)} layers, e.g. {dense[0]['reason']}")

@@ -31,6 +31,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from variants.builders import realised_speed_lines
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 from variants.encoder import attention_bias, mean_pool
 
@@ -437,8 +438,5 @@ def describe(info, timing=None):
                      f"on average, {info['calibration_mean_tokens_kept']:.1f} kept): work ratio "
                      f"{info['calibration_work_ratio']:.3f} → ideal "
                      f"{info['calibration_ideal_speedup']:.2f}×")
-    for b, t in (timing or {}).get("batches", {}).items():
-        s = t["speedup"]["speedup_median"]
-        lines.append(f"- B={b} (L={t['seq_len']}): measured {s:.2f}× vs ideal "
-                     f"{info['ideal_speedup']:.2f}× → realised/ideal {s / info['ideal_speedup']:.2f}")
+    lines += realised_speed_lines(timing, info["ideal_speedup"])
     return "\n".join(lines) + "\n"
