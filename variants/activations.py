@@ -15,6 +15,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
+from variants import parallel
 from variants.io import digest, write_npz
 
 STATS_VERSION = 1  # bump when the accumulation changes: part of the cache key
@@ -183,8 +184,9 @@ def collect(model, taskset, *, paths=None, batch_size=32):
         set_module(inner, p, _Recorder(mods[p], input_site(p), sink))
     recording = model.replace_module(_MaskGrabber(inner, sink))
     batches, _ = recording.prepare(taskset, batch_size)
-    for b in batches:
-        mx.eval(recording.forward(b))
+    with parallel.single_stream():  # the recorder needs whole (B, L) batches, not halves
+        for b in batches:
+            mx.eval(recording.forward(b))
     for site, s in sink.stats.items():
         if not (np.isfinite(s.gram).all() and np.isfinite(s.abs_sum).all()):
             raise ValueError(f"activation statistics at {site} are not finite")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import fast_ops
+from variants import fast_ops, parallel
 
 ACTIVATIONS = {"gelu": fast_ops.gelu, "gelu_exact": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
                "relu": nn.relu}
@@ -73,23 +73,31 @@ class Attention(nn.Module):
         self.value = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
 
-    def __call__(self, x, bias, return_attention=False):
-        B, L, D = x.shape
+    def __call__(self, x, bias, return_attention=False, kv=None):
+        """Queries from ``x`` (B, Lq, D); keys and values from ``kv`` (B, L, D), default ``x``."""
+        kv = x if kv is None else kv
+        B, Lq, D = x.shape
+        L = kv.shape[1]
         h, d = self.n_heads, self.head_dim
-        q = self.query(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
-        k = self.key(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
-        v = self.value(x).reshape(B, L, h, d).transpose(0, 2, 1, 3)
+        q = self.query(x).reshape(B, Lq, h, d).transpose(0, 2, 1, 3)
+        k = self.key(kv).reshape(B, L, h, d).transpose(0, 2, 1, 3)
+        v = self.value(kv).reshape(B, L, h, d).transpose(0, 2, 1, 3)
         # Explicit attention with a compiled softmax: on CPU, mx.fast.scaled_dot_product_attention
         # spends most of its time in element-wise exp; fast_ops.exp fuses (bench/torch_peer.py).
         probs = fast_ops.masked_softmax((q * self.scale) @ k.transpose(0, 1, 3, 2), bias)
-        ctx = probs @ v  # (B, h, L, d)
+        ctx = probs @ v  # (B, h, Lq, d)
         attn = probs if return_attention else None
-        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, L, D)
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, Lq, D)
         return self.out(ctx), attn
 
 
 class TransformerLayer(nn.Module):
-    """Post-norm BERT layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """Post-norm BERT layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+
+    On a multi-core CPU the layer's rows are split over :func:`variants.parallel.streams` (the
+    batch when B >= 2, else the query positions, each half attending to all keys) and the halves
+    run at once on separate MLX streams; every row's arithmetic is unchanged.
+    """
 
     def __init__(self, args):
         super().__init__()
@@ -101,7 +109,29 @@ class TransformerLayer(nn.Module):
         self.hidden_act = args.hidden_act  # a name, so the module deep-copies
 
     def __call__(self, x, bias, return_attention=False):
-        a, attn = self.attention(x, bias, return_attention)
+        """``x`` (B, L, D) float32, ``bias`` (B or 1, 1, 1, L) additive key bias -> (x', probs)."""
+        ss = parallel.streams()
+        B, L, _ = x.shape
+        if len(ss) == 1 or B * L < parallel.MIN_ROWS or (B == 1 and L < len(ss)):
+            return self._forward(x, bias, return_attention)
+        outs = []
+        if B >= len(ss):  # split the batch: each half is a complete, independent sub-batch
+            for s, (a, b) in zip(ss, parallel.bounds(B, len(ss))):
+                with mx.stream(s):
+                    outs.append(self._forward(x[a:b], bias if bias.shape[0] == 1 else bias[a:b],
+                                              return_attention))
+            axis, attn_axis = 0, 0
+        else:  # split the queries: each part attends to every key
+            for s, (a, b) in zip(ss, parallel.bounds(L, len(ss))):
+                with mx.stream(s):
+                    outs.append(self._forward(x[:, a:b], bias, return_attention, kv=x))
+            axis, attn_axis = 1, 2
+        y = mx.concatenate([o[0] for o in outs], axis=axis)
+        attn = mx.concatenate([o[1] for o in outs], axis=attn_axis) if return_attention else None
+        return y, attn
+
+    def _forward(self, x, bias, return_attention=False, kv=None):
+        a, attn = self.attention(x, bias, return_attention, kv)
         x = self.attention_norm(x + a)
         x = self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
         return x, attn

@@ -1,0 +1,94 @@
+"""What each speed step of the MLX reference forward gave: a table step -> ms, in one run.
+
+Steps, each added to the previous one (all in one process, alternated round by round, so a
+change in machine load hits every step alike; the figure per step is the median over rounds):
+
+0. port as first written: ``mx.softmax`` attention and ``nn.gelu`` (erf), one MLX stream;
+1. GELU with the compiled float32 rational erf (``variants.fast_ops.gelu``);
+2. softmax with the compiled range-reduced exp (``variants.fast_ops.masked_softmax``);
+3. every layer split over two MLX CPU streams, one OpenBLAS thread each
+   (``variants.parallel``) — the shipped forward.
+
+Also checks that every step's pooled embeddings equal step 0's to float32 round-off.
+Run: ``python bench/encoder_steps.py [--batch-size 32] [--seq-len 128] [--rounds 5]``.
+"""
+
+import argparse
+import time
+
+import variants  # noqa: F401  (preloads OpenBLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from variants import encoder, fast_ops, parallel
+from variants.checkpoint import load_checkpoint
+from variants.encoder import mean_pool
+
+STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + compiled rational-erf GELU",
+         "2 + compiled exp softmax", "3 + two CPU streams (shipped)")
+
+
+def _plain_softmax(scores, bias):
+    return mx.softmax(scores + bias, axis=-1)
+
+
+def _configure(step):
+    """Patch the encoder's element-wise functions and stream split to ``step``'s state."""
+    encoder.ACTIVATIONS["gelu"] = fast_ops.gelu if step >= 1 else nn.gelu
+    encoder.fast_ops = fast_ops if step >= 2 else _SoftmaxOnly
+    two = step >= 3 and len(parallel.streams()) > 1
+    parallel._set_blas_threads(1 if two else 2)
+    return two
+
+
+class _SoftmaxOnly:
+    """Stands in for the fast_ops module inside encoder.py with the plain softmax."""
+    masked_softmax = staticmethod(_plain_softmax)
+
+
+def main(batch_size=32, seq_len=128, rounds=5, seed=0):
+    enc = load_checkpoint().encoder
+    rng = np.random.default_rng(seed)
+    ids = mx.array(rng.integers(1000, 30000, (batch_size, seq_len)).astype(np.int32))
+    mask = mx.ones((batch_size, seq_len), mx.int32)
+    parallel.streams()  # create the streams once
+
+    def run(step):
+        two = _configure(step)
+        if two:
+            out = mean_pool(enc(ids, mask).last_hidden, mask)
+        else:
+            with parallel.single_stream():
+                out = mean_pool(enc(ids, mask).last_hidden, mask)
+        mx.eval(out)
+        return out
+
+    outs = {s: np.array(run(s)) for s in range(len(STEPS))}  # warm-up, and outputs to compare
+    ms = {s: [] for s in range(len(STEPS))}
+    for _ in range(rounds):
+        for s in range(len(STEPS)):
+            t0 = time.perf_counter()
+            run(s)
+            ms[s].append((time.perf_counter() - t0) * 1e3)
+    _configure(len(STEPS) - 1)
+    tokens = batch_size * seq_len
+    print(f"MLX reference forward, B={batch_size} L={seq_len} (random ids, full mask), "
+          f"median of {rounds} alternated rounds")
+    print(f"  {'step':<36}{'ms':>9}{'tok/s':>9}{'vs step 0':>11}{'max |dx| vs 0':>15}")
+    base = np.array(ms[0])
+    for s, name in enumerate(STEPS):
+        t = np.array(ms[s])
+        err = float(np.abs(outs[s] - outs[0]).max())
+        print(f"  {name:<36}{np.median(t):9.1f}{tokens / np.median(t) * 1e3:9.0f}"
+              f"{np.median(base / t):10.2f}x{err:15.1e}")
+    return {s: float(np.median(v)) for s, v in ms.items()}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    main(a.batch_size, a.seq_len, a.rounds)

@@ -1,0 +1,96 @@
+"""Run an encoder layer's two halves on two MLX CPU streams, so element-wise work uses both cores.
+
+MLX's CPU backend runs each element-wise kernel (softmax, GELU, layer norm, adds) on one thread:
+the stream's worker. Only the GEMMs (OpenBLAS) use several cores. On a 2-core machine half the
+forward therefore ran on one core. Each MLX stream has its own worker thread, so splitting a
+layer's rows in two (the batch when B >= 2, the query positions when B = 1) and evaluating each
+half on its own stream runs both halves at once; OpenBLAS is then set to one thread per call so
+the two halves' GEMMs do not oversubscribe the cores (measured in bench/torch_peer.py: B=32,
+L=128 forward 1.79 s -> 1.07 s here).
+
+``VARIANTS_STREAMS=1`` switches the split off (one stream, OpenBLAS threads left as they are);
+``VARIANTS_STREAMS=N`` asks for N streams (default: 2 when the machine has >= 2 cores and MLX's
+default device is the CPU). :func:`single_stream` turns it off inside a ``with`` block (activation
+capture, per-segment profiling).
+"""
+
+import contextlib
+import ctypes
+import os
+import threading
+
+import mlx.core as mx
+
+from variants import _blas
+
+# Splitting costs two graph branches and a concatenation; below this many rows (B*L) a half is
+# too small to pay for it.
+MIN_ROWS = 32
+
+_state = {"streams": None, "blas_threads": None}
+_local = threading.local()
+
+
+def _requested():
+    raw = os.environ.get("VARIANTS_STREAMS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"VARIANTS_STREAMS must be a whole number >= 1, got {raw!r}; "
+                             "unset it for the default") from None
+        if n < 1:
+            raise ValueError(f"VARIANTS_STREAMS must be >= 1, got {n}; use 1 to switch the "
+                             "two-stream split off")
+        return n
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _set_blas_threads(n):
+    path = _blas.BLAS_INFO.get("library")
+    if not path:
+        return None
+    try:
+        fn = ctypes.CDLL(path).openblas_set_num_threads
+    except (OSError, AttributeError):
+        return None
+    fn(ctypes.c_int(n))
+    return n
+
+
+def streams():
+    """The CPU streams layers split over (a list; length 1 means no split).
+
+    Created once per process. When more than one, OpenBLAS is set to one thread per GEMM call.
+    """
+    if _state["streams"] is None:
+        n = _requested() if mx.default_device() == mx.cpu else 1
+        s = [mx.default_stream(mx.cpu)]
+        if n > 1:
+            s += [mx.new_stream(mx.cpu) for _ in range(n - 1)]
+            _state["blas_threads"] = _set_blas_threads(1)
+        _state["streams"] = s
+    if getattr(_local, "off", 0):
+        return _state["streams"][:1]
+    return _state["streams"]
+
+
+def info():
+    """What the split does in this process, for run metadata: ``{"streams", "blas_threads"}``."""
+    return {"streams": len(streams()), "blas_threads_per_call": _state["blas_threads"]}
+
+
+@contextlib.contextmanager
+def single_stream():
+    """Within the block, :func:`streams` returns one stream (no split) on this thread."""
+    _local.off = getattr(_local, "off", 0) + 1
+    try:
+        yield
+    finally:
+        _local.off -= 1
+
+
+def bounds(n, k):
+    """Split ``range(n)`` into ``k`` contiguous near-equal parts: a list of (start, stop)."""
+    cuts = [round(i * n / k) for i in range(k + 1)]
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
