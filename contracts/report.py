@@ -20,9 +20,31 @@ TABLE = (
 )
 
 
-def _batch_sizes(summary):
-    return sorted(int(c[1:].split("_")[0]) for c in summary.columns
-                  if c.startswith("b") and c.endswith("_var_p50_ms"))
+def _batch_sizes(summary, prefix="b"):
+    """Timed batch sizes of ``summary``: forward columns ``b<B>_var_p50_ms`` (prefix "b") or
+    end-to-end columns ``e2e_b<B>_var_p50_ms`` (prefix "e2e_b")."""
+    out = set()
+    for c in summary.columns:
+        if c.startswith(prefix) and c.endswith("_var_p50_ms"):
+            head = c[len(prefix):].split("_")[0]
+            if head.isdigit():
+                out.add(int(head))
+    return sorted(out)
+
+
+def _present(r, col):
+    """True when row ``r`` has a non-missing value in ``col``."""
+    v = r.get(col) if hasattr(r, "get") else None
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+#: Cold-start stages shown in the report: (key in the cold_start dict, header, format).
+COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "import s", "{:.2f}"),
+                      ("weight_load_s", "weights s", "{:.2f}"), ("build_s", "build s", "{:.2f}"),
+                      ("first_forward_ms", "1st forward ms", "{:.0f}"),
+                      ("second_forward_ms", "2nd forward ms", "{:.0f}"),
+                      ("total_s", "total s", "{:.2f}"), ("model_bytes", "model MB", "{:.1f}"),
+                      ("peak_memory_bytes", "peak MB", "{:.1f}"))
 
 
 def _fmt(x, f):
@@ -41,16 +63,29 @@ def summary_row(name, build, summary, verdict, timing):
     for k, v in summary.items():
         if not isinstance(v, (list, tuple, dict)):
             row[k] = v
-    for b, t in timing["batches"].items():
-        p = f"b{b}_"
-        row.update({p + "seq_len": t["seq_len"], p + "rounds": t["rounds"],
-                    p + "ref_p50_ms": t["ref"]["p50_ms"], p + "ref_p95_ms": t["ref"]["p95_ms"],
-                    p + "var_p50_ms": t["var"]["p50_ms"], p + "var_p95_ms": t["var"]["p95_ms"],
-                    p + "speedup": t["speedup"]["speedup_median"],
-                    p + "speedup_ci_low": t["speedup"]["speedup_ci_low"],
-                    p + "speedup_ci_high": t["speedup"]["speedup_ci_high"],
-                    p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
-                    p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"]})
+    regions = (("b", timing.get("batches", {})), ("e2e_b", timing.get("end_to_end", {})))
+    for prefix, entries in regions:
+        for b, t in entries.items():
+            p = f"{prefix}{b}_"
+            row.update({p + "seq_len": t["seq_len"], p + "rounds": t["rounds"],
+                        p + "rounds_requested": t.get("rounds_requested"),
+                        p + "stopped_by": t.get("stopped_by"),
+                        p + "ref_p50_ms": t["ref"]["p50_ms"], p + "ref_p95_ms": t["ref"]["p95_ms"],
+                        p + "var_p50_ms": t["var"]["p50_ms"], p + "var_p95_ms": t["var"]["p95_ms"],
+                        p + "speedup": t["speedup"]["speedup_median"],
+                        p + "speedup_ci_low": t["speedup"]["speedup_ci_low"],
+                        p + "speedup_ci_high": t["speedup"]["speedup_ci_high"],
+                        p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
+                        p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
+                        p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
+                        p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes")})
+    mb = timing.get("model_bytes") or {}
+    row["timed_model_bytes"] = mb.get("variant")
+    row["timed_ref_model_bytes"] = mb.get("reference")
+    cold = timing.get("cold_start") or {}
+    if cold and "error" not in cold:
+        row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
+        row["cold_start_s"] = cold.get("total_s")
     row["verdict"] = "PASS" if verdict.passed else "FAIL"
     row["failed_clauses"] = ";".join(verdict.failed)
     return row
@@ -76,9 +111,104 @@ def format_table(summary):
             cells[f"speed-up B={b}"] = (
                 f"{_fmt(r[p + 'speedup'], '{:.2f}')}× [{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
                 f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]")
+        for b in _batch_sizes(summary, "e2e_b"):
+            p = f"e2e_b{b}_"
+            cells[f"end-to-end B={b}"] = (
+                f"{_fmt(r.get(p + 'speedup'), '{:.2f}')}×" if _present(r, p + "speedup") else "—")
         cells["verdict"] = r["verdict"]
         out.append(cells)
     return pd.DataFrame(out)
+
+
+def timing_table(summary):
+    """Per variant, batch size and timed region: p50/p95 of both models, the paired speed-up
+    with its CI, rounds run / requested (and why timing stopped) and peak memory.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        summary.csv's table (:func:`summary_row` rows); end-to-end columns may be absent (runs
+        written before they existed), then only the forward rows appear.
+
+    Returns
+    -------
+    pandas.DataFrame of str
+    """
+    out = []
+    regions = (("forward", "b"), ("end to end", "e2e_b"))
+    for _, r in summary.iterrows():
+        for region, prefix in regions:
+            for b in _batch_sizes(summary, prefix):
+                p = f"{prefix}{b}_"
+                if not _present(r, p + "var_p50_ms"):
+                    continue
+                req = r.get(p + "rounds_requested")
+                stop = r.get(p + "stopped_by")
+                rounds = _fmt(r[p + "rounds"], "{:.0f}") + (
+                    f" / {_fmt(req, '{:.0f}')}" if _present(r, p + "rounds_requested") else "")
+                if isinstance(stop, str):
+                    rounds += f" ({stop})"
+                out.append({
+                    "variant": r["variant"], "region": region, "B": b,
+                    "L": _fmt(r.get(p + "seq_len"), "{:.0f}"),
+                    "ref p50 / p95 ms": f"{_fmt(r[p + 'ref_p50_ms'], '{:.1f}')} / "
+                                        f"{_fmt(r[p + 'ref_p95_ms'], '{:.1f}')}",
+                    "variant p50 / p95 ms": f"{_fmt(r[p + 'var_p50_ms'], '{:.1f}')} / "
+                                            f"{_fmt(r[p + 'var_p95_ms'], '{:.1f}')}",
+                    "speed-up [95% CI]": f"{_fmt(r[p + 'speedup'], '{:.2f}')}× "
+                                         f"[{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
+                                         f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]",
+                    "rounds run / requested": rounds,
+                    "peak MB variant (ref)": f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
+                                             f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})",
+                    "call's own MB variant (ref)": (
+                        f"{r[p + 'var_peak_over_active_bytes'] / 1e6:.1f} "
+                        f"({r[p + 'ref_peak_over_active_bytes'] / 1e6:.1f})"
+                        if _present(r, p + "var_peak_over_active_bytes") else "—"),
+                })
+    return pd.DataFrame(out)
+
+
+def cold_start_table(meta, summary):
+    """Cold start (fresh process) of the reference (run.json ``cold_start``) and of each variant
+    (summary ``cold_*`` columns, from timing.json); empty when none was measured."""
+    rows = []
+    ref = meta.get("cold_start") or {}
+
+    def cells(name, d):
+        row = {"model": name}
+        for key, head, f in COLD_START_COLUMNS:
+            v = d.get(key)
+            if v is not None and key.endswith("_bytes"):
+                v = v / 1e6
+            row[head] = _fmt(v, f)
+        return row
+
+    if ref and "error" not in ref:
+        rows.append(cells("reference", ref))
+    for _, r in summary.iterrows():
+        if _present(r, "cold_start_s"):
+            rows.append(cells(r["variant"], {k: (r.get(f"cold_{k}") if _present(r, f"cold_{k}")
+                                                 else None) for k, _, _ in COLD_START_COLUMNS}))
+    return pd.DataFrame(rows)
+
+
+def sweep_time_lines(meta):
+    """Report lines for run.json's ``sweep_time`` breakdown (none for older runs)."""
+    b = meta.get("sweep_time")
+    if not b:
+        return []
+    frame = pd.DataFrame([{"part": k, "seconds": f"{v:.1f}", "share": f"{b['share'][k]:.1%}"}
+                          for k, v in b["seconds"].items()])
+    share = b["outside_forward_share"]
+    c = b.get("counts", {})
+    return ["====== Where this sweep's time went ======", "",
+            frame.to_markdown(index=False), "",
+            f"Outside model forwards ({', '.join(b['forward_categories'])} excluded): "
+            f"{share:.1%} of {b['wall_s']:.0f} s (target ≤ {b['target_outside_share']:.0%}). "
+            f"Reference output batches run: {c.get('reference_output_batches', '—')} (0 = from "
+            f"the cache); variants built {c.get('variants_built', '—')}, reused "
+            f"{c.get('variants_reused', '—')}.", ""]
 
 
 def render_report(meta, summary, details, contract, extras=None):
@@ -100,9 +230,14 @@ def render_report(meta, summary, details, contract, extras=None):
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else ""),
-        "- timing: forward only (prepared token ids → option logits), warm, `mx.eval` inside the "
-        "timed region, reference and variant in strict alternation; speed-up = median of "
-        "per-round ratios [95% bootstrap CI]",
+        "- timing: two timed regions, both warm, reference and variant in strict alternation "
+        "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
+        "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
+        "texts → tokenisation → forward → decision outputs (probabilities, score, actions); "
+        "speed-up = median of per-round ratios [95% bootstrap CI]"
+        + (f"; {cfg['timing_warmup']} warm-ups and {cfg['timing_rounds']} rounds requested per "
+           f"batch size, at most {cfg['timing_budget_s']:g} s each (at least "
+           f"{cfg.get('timing_min_rounds', 3)} rounds)" if "timing_rounds" in cfg else ""),
         f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
         f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
         f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
@@ -118,6 +253,22 @@ def render_report(meta, summary, details, contract, extras=None):
         format_table(summary).to_markdown(index=False),
         "",
     ]
+    tt = timing_table(summary)
+    if not tt.empty:
+        lines += ["====== Timing: forward vs end to end ======", "",
+                  "Rounds run / requested (why timing stopped: `rounds` = all ran, `budget` = the "
+                  "wall-clock budget ran out); peak memory = `mx.get_peak_memory`, reset before "
+                  "every call, max over rounds: it includes every array alive, i.e. both models' "
+                  "weights; the call's own MB = peak minus the bytes active just before the call "
+                  "(activations and workspace).", "", tt.to_markdown(index=False), ""]
+    ct = cold_start_table(meta, summary)
+    if not ct.empty:
+        lines += ["====== Cold start (fresh process) ======", "",
+                  "Start-up = interpreter + `import variants`; import = mlx and the package "
+                  "modules; weights = checkpoint → evaluated arrays + fitted head; build = the "
+                  "variant's builder; 1st forward = first call on one batch (2nd = warm).", "",
+                  ct.to_markdown(index=False), ""]
+    lines += sweep_time_lines(meta)
     if cfg["speed_mode"] == "native" and "cpu" in meta["device"].lower():
         lines += ["Speed-ups below 1 are real: on MLX's CPU backend `mx.quantized_matmul` is a plain "
                   "kernel (no BLAS), tens of times slower than the fp32 OpenBLAS GEMM at batch 32. "
@@ -141,8 +292,11 @@ def render_report(meta, summary, details, contract, extras=None):
             f"near-tie flip rate {_fmt(s['near_tie_flip_rate'], '{:.3f}')} "
             f"(n={s['n_near_tie']:.0f})",
             "",
-            f"Build: {r['bits_per_weight']:.2f} {r.get('bits_per_weight_note')}, model "
-            f"{r['model_bytes'] / 1e6:.1f} MB; timing ({r['speed_mode']} mode): {memory}",
+            f"Build: {_fmt(r['bits_per_weight'], '{:.2f}')} {r.get('bits_per_weight_note')}, model "
+            f"{_fmt(r['model_bytes'] / 1e6 if _present(r, 'model_bytes') else None, '{:.1f}')} MB"
+            + (f" ({r['timed_model_bytes'] / 1e6:.1f} MB as timed)"
+               if _present(r, "timed_model_bytes") else "")
+            + f"; timing ({r['speed_mode']} mode): {memory}",
             "",
         ]
         if extras and extras.get(name):

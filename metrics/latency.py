@@ -121,3 +121,40 @@ def paired_speedup(ref_ms, var_ms, *, n_boot=2000, confidence=0.95, seed=0):
         "n_rounds": int(ratio.size),
         "variant_wins": int(np.sum(ratio > 1.0)),
     }
+
+
+def relative_trend(values):
+    """Least-squares slope of ``values`` against their round index, relative to their median.
+
+    A harness that pollutes itself (a table that grows every round, memory that is never
+    freed) shows up as a positive trend: each round costs a bit more than the one before.
+
+    Parameters
+    ----------
+    values : array-like of shape (n,), float
+        One value per round in round order (milliseconds, bytes, ...), finite and >= 0.
+
+    Returns
+    -------
+    float
+        Slope per round divided by the median (e.g. 0.01 = +1% of the median per round);
+        0.0 when n < 3 or the median is 0.
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty, not 1-D, or holds NaN/inf/negative values.
+
+    Examples
+    --------
+    >>> relative_trend([10.0, 10.0, 10.0, 10.0])
+    0.0
+    >>> round(relative_trend([10.0, 11.0, 12.0]), 3)
+    0.091
+    """
+    v = _check_times(values, "values")
+    med = float(np.median(v))
+    if v.size < 3 or med == 0.0:
+        return 0.0
+    slope = float(np.polyfit(np.arange(v.size, dtype=np.float64), v, 1)[0])
+    return slope / med

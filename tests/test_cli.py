@@ -11,7 +11,7 @@ from variants import data
 from variants.cli import main
 
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
-        "--timing-rounds", "2", "--timing-warmup", "0", "--no-progress"]
+        "--timing-rounds", "2", "--timing-warmup", "0", "--cold-start", "none", "--no-progress"]
 
 
 def test_help_explains_every_flag(capsys):
@@ -20,9 +20,11 @@ def test_help_explains_every_flag(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--model", "--bits", "--group-size", "--contract", "--quality-mode",
-                 "--speed-mode", "--timing-rounds", "--near-tie-margin", "--results-dir"):
+                 "--speed-mode", "--timing-rounds", "--near-tie-margin", "--results-dir",
+                 "--timing-min-rounds", "--timing-budget-s", "--cold-start"):
         assert flag in out
     assert "minilm-choice" in out and "simulated" in out
+    assert "end to end" in out and "(default: 50)" in out and "(default: 5)" in out
 
 
 BAD = [
@@ -30,6 +32,7 @@ BAD = [
     (["--group-size", "48"], "group_size=48 is not supported"),
     (["--n-eval", "3"], "n_eval=3 is too small"),
     (["--timing-batch-sizes", "0"], "timing_batch_sizes must be positive"),
+    (["--timing-min-rounds", "0"], "timing_min_rounds=0 must be >= 1"),
     (["--contract", "does-not-exist.toml"], "does-not-exist.toml"),
 ]
 

@@ -6,7 +6,8 @@ import pytest
 
 from variants import fast_ops
 from variants.encoder import BertEncoder, ModelArgs, mean_pool
-from variants.profile import amdahl, amdahl_ceilings, count_work, work_slopes
+from variants.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
+                              count_work, exit_speedup, prune_speedup, work_slopes)
 from variants.timing import time_alternating
 
 TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
@@ -56,8 +57,11 @@ def test_work_per_forward_does_not_grow_with_tokens_or_examples():
     def make(B, L):
         return mx.zeros((B, L), mx.int32), mx.ones((B, L), mx.int32)
 
-    from variants.parallel import single_stream
-    with single_stream():  # the two-stream split (variants.parallel) doubles the calls above a size
+    try:  # the two-stream layer split (variants.parallel) doubles the compiled calls above a size
+        from variants.parallel import single_stream
+    except ImportError:
+        from contextlib import nullcontext as single_stream
+    with single_stream():
         rows, slopes = work_slopes(forward, make, seq_lens=(4, 8, 16), batch_sizes=(1, 2, 4))
     assert len(rows) == 9
     assert all(r["compiled_calls"] == 2 * TINY.num_hidden_layers for r in rows)  # softmax + gelu
@@ -82,3 +86,61 @@ def test_a_vs_a_timing_is_tight_and_centred_on_one():
     assert 0.8 < r["speedup"]["speedup_median"] < 1.25
     assert r["speedup"]["speedup_ci_low"] < 1.0 < r["speedup"]["speedup_ci_high"] or \
         abs(r["speedup"]["speedup_median"] - 1.0) < 0.1
+
+
+def test_a_vs_a_peak_memory_and_time_do_not_grow_across_rounds():
+    x = mx.random.normal((128, 128), key=mx.random.key(2))
+    fn = lambda: (x @ x).sum()  # noqa: E731
+    r = time_alternating(fn, fn, warmup=2, rounds=20, budget_s=30.0)
+    for key in ("ref_peak_memory_bytes_rounds", "var_peak_memory_bytes_rounds"):
+        peaks = np.array(r[key], float)
+        assert np.all(np.abs(peaks - peaks[0]) <= 0.01 * peaks[0] + 4096)
+    assert abs(r["active_memory_growth_bytes"]) < 1 << 16
+    assert r["rounds"] == r["rounds_requested"] == 20 and r["stopped_by"] == "rounds"
+
+
+# A profile of a 6-layer encoder: the layers hold 90% of the time, attention 20 points of it.
+PROFILE = {"n_layers": 6, "share": {
+    "tokenisation": 0.02, "embeddings": 0.03, "qkv_proj": 0.2, "attention_core": 0.2,
+    "out_proj": 0.1, "mlp_gemm": 0.3, "mlp_act": 0.05, "norms": 0.05, "pooling": 0.02,
+    "head": 0.01, "postprocess": 0.02}}
+
+
+def test_prune_and_exit_ceilings_count_only_the_layers_after_the_cut():
+    """Regression: prune was credited with ~all of the forward (ceiling 48x or 653x)."""
+    assert set(FAMILY_SEGMENTS) >= {"quant", "lowrank", "prune", "exit"}
+    ceil = amdahl_ceilings(PROFILE)
+    layers = sum(PROFILE["share"][s] for s in LAYER_SEGMENTS)
+    assert layers == pytest.approx(0.9)
+    p, c = ceil["prune"]  # default cut: after layer 1 of 6 -> 5/6 of the layer work
+    assert p == pytest.approx(0.9 * 5 / 6)
+    assert c == pytest.approx(1 / (1 - 0.75))  # 4x, not 1/(1 - 0.9) = 10x nor 48x
+    assert ceil["exit"][0] == pytest.approx(0.75)
+    assert ceil["quant"][0] == pytest.approx(0.6)
+    deeper = amdahl_ceilings(PROFILE, depth={"prune": 3, "exit": 5})
+    assert deeper["prune"][0] == pytest.approx(0.45) and deeper["exit"][0] == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="n_layers"):
+        amdahl_ceilings({"share": PROFILE["share"]})
+    with pytest.raises(ValueError, match="cut layer"):
+        amdahl_ceilings(PROFILE, depth={"prune": 7})
+
+
+def test_prune_speedup_shrinks_tokens_linearly_and_attention_quadratically():
+    r = prune_speedup(PROFILE, after_layer=3, keep_ratio=0.5)
+    p_tok, p_att = 0.5 * 0.7, 0.5 * 0.2
+    assert r["p_per_token"] == pytest.approx(p_tok) and r["p_attention"] == pytest.approx(p_att)
+    assert r["speedup"] == pytest.approx(1 / (1 - p_tok * 0.5 - p_att * 0.75))
+    assert r["ceiling"] == pytest.approx(1 / (1 - 0.45))
+    assert prune_speedup(PROFILE, after_layer=1, keep_ratio=1.0)["speedup"] == pytest.approx(1.0)
+    assert prune_speedup(PROFILE, after_layer=6, keep_ratio=0.1)["speedup"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="keep_ratio"):
+        prune_speedup(PROFILE, after_layer=1, keep_ratio=0.0)
+
+
+def test_exit_speedup_counts_the_skipped_layers_and_the_exiting_share():
+    r = exit_speedup(PROFILE, exit_layer=3, exit_share=0.5)
+    assert r["p"] == pytest.approx(0.45)
+    assert r["speedup"] == pytest.approx(1 / (1 - 0.225))
+    assert r["ceiling"] == pytest.approx(1 / (1 - 0.45))
+    with pytest.raises(ValueError, match="exit_share"):
+        exit_speedup(PROFILE, exit_layer=3, exit_share=1.5)

@@ -22,8 +22,12 @@ def configure_sweep(sub):
             "Compute the reference model's outputs once (cached), then for each variant build it, "
             "run it on the calibration and eval splits of the bundled VADER data, compute the "
             "contract metrics, check the contract and time it against the reference (strict "
-            "alternation, batch sizes 1 and 32). Writes results/<run>/ (run.json, per-variant "
-            "outputs/metrics/verdict/timing, summary.csv, report.md). Rerunning resumes."),
+            "alternation, batch sizes 1 and 32, two timed regions: forward = prepared token ids "
+            "-> logits, and end to end = texts -> tokenisation -> forward -> decision outputs), "
+            "and measure cold starts in a fresh process. Writes results/<run>/ (run.json, "
+            "per-variant outputs/metrics/verdict/timing, summary.csv, report.md) and prints "
+            "where the sweep's own wall time went. Rerunning resumes (and times what an older "
+            "run lacks)."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
@@ -44,11 +48,22 @@ def configure_sweep(sub):
     p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
                    help="what is timed: native = MLX quantized kernels")
     p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
-                   help="alternated timing rounds per batch size")
+                   help="alternated timing rounds wanted per batch size (seed analysis: 50); "
+                        "fewer run when --timing-budget-s runs out (timing.json records rounds "
+                        "requested, run and why it stopped)")
     p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
-                   help="untimed warm-up calls of each model per batch size")
+                   help="untimed warm-up calls of each model per batch size (seed analysis: 5; "
+                        "after the first, warm-ups stop once they used a quarter of the budget)")
     p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
-                   help="seconds per batch size after which timing stops (at least 3 rounds run)")
+                   help="wall-clock seconds per measurement (one batch size, warm-ups included) "
+                        "after which no new round starts, once --timing-min-rounds ran")
+    p.add_argument("--timing-min-rounds", type=int, default=d.timing_min_rounds,
+                   help="rounds run even past the budget")
+    p.add_argument("--cold-start", choices=("none", "reference", "all"), default=d.cold_start,
+                   help="cold starts measured in a fresh process (import, weight load, build, "
+                        "first forward at the smallest timed batch size): none, the reference "
+                        "only (run.json), or also every variant (timing.json; about 3 s each "
+                        "for quant, more for families whose build reads calibration data)")
     p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes),
                    metavar="B", help="batch sizes timed (one real eval batch each)")
     p.add_argument("--near-tie-margin", type=float, default=d.near_tie_margin,

@@ -6,6 +6,11 @@ share p of the *whole* (un-segmented, warm) forward, report what the segments do
 the segments it accelerates. Work counts (MLX graph evaluations, compiled-function calls) are
 taken at several sequence lengths and batch sizes and fitted with a slope: a count that grows per
 token or per example is per-launch overhead to remove, not a number to report.
+
+Families that act on depth (token pruning after layer a, early exit after layer e) only shrink
+the layers after their cut point, so their shares are scaled by (N - a) / N
+(:data:`FAMILY_DEPTH`, :func:`prune_speedup`, :func:`exit_speedup`); crediting them with the
+whole encoder printed a meaningless ceiling (48x and more).
 """
 
 import time
@@ -21,12 +26,31 @@ from variants.models.choice import COSINE_SCALE
 SEGMENTS = ("tokenisation", "embeddings", "qkv_proj", "attention_core", "out_proj", "mlp_gemm",
             "mlp_act", "norms", "pooling", "head", "postprocess")
 
+#: Segments inside each encoder layer whose cost is linear in the number of tokens.
+PER_TOKEN_SEGMENTS = ("qkv_proj", "out_proj", "mlp_gemm", "mlp_act", "norms")
+#: Segments inside each encoder layer whose cost is quadratic in the tokens (QKᵀ, softmax, PV).
+QUADRATIC_SEGMENTS = ("attention_core",)
+LAYER_SEGMENTS = PER_TOKEN_SEGMENTS[:1] + QUADRATIC_SEGMENTS + PER_TOKEN_SEGMENTS[1:]
+
 # Segments each family makes cheaper (its best case: the segment costs nothing).
+# quant / lowrank shrink the encoder GEMMs of every layer. prune and exit act only on the layers
+# *after* their cut point, so their segments count with the depth fraction (N - a) / N of
+# ``FAMILY_DEPTH`` (the profile sums each segment over all N layers, which have equal shapes):
+# - prune after layer a keeping a fraction rho of the tokens: layers a+1..N run on rho L tokens,
+#   per-token segments cost rho times, attention rho^2 times (:func:`prune_speedup`); the ceiling
+#   (rho -> 0) frees those layers entirely. Embeddings, layers 1..a, pooling, head, tokenisation
+#   and post-processing are untouched.
+# - exit after layer e: an exited example skips layers e+1..N (:func:`exit_speedup`); the ceiling
+#   is every example exiting there (and the batch shrinking with it).
 FAMILY_SEGMENTS = {
     "quant": ("qkv_proj", "out_proj", "mlp_gemm"),
     "lowrank": ("qkv_proj", "out_proj", "mlp_gemm"),
-    "prune": ("qkv_proj", "attention_core", "out_proj", "mlp_gemm", "mlp_act", "norms"),
+    "prune": LAYER_SEGMENTS,
+    "exit": LAYER_SEGMENTS,
 }
+#: Depth-limited families: the keyword of their cut point and its default for the ceiling
+#: (the earliest cut the sweep's ladders use: prune after layer 1, exit heads from layer 1).
+FAMILY_DEPTH = {"prune": ("after_layer", 1), "exit": ("exit_layer", 1)}
 
 
 def amdahl(p, s=float("inf")):
@@ -100,7 +124,8 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
         ``segments_ms`` {segment: median ms}, ``total_ms`` (median un-segmented forward incl.
         tokenisation and post-processing), ``share`` {segment: p}, ``unattributed_ms`` and
         ``unattributed_share`` (total minus the segments; negative when per-segment
-        synchronisation costs more than it hides), ``batch_size``, ``seq_len``.
+        synchronisation costs more than it hides), ``batch_size``, ``seq_len``, ``rounds`` and
+        ``n_layers`` (encoder layers; the prune / exit ceilings need it).
     """
     enc_module = model.module
     encoder = enc_module.encoder
@@ -151,16 +176,132 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
     return {"segments_ms": seg, "total_ms": total,
             "share": {s: v / total for s, v in seg.items()},
             "unattributed_ms": un, "unattributed_share": un / total,
-            "batch_size": int(shape[0]), "seq_len": int(shape[1]), "rounds": rounds}
+            "batch_size": int(shape[0]), "seq_len": int(shape[1]), "rounds": rounds,
+            "n_layers": len(encoder.layers)}
 
 
-def amdahl_ceilings(profile, family_segments=None):
-    """{family: (p, ceiling 1/(1-p))} of the segments each family accelerates."""
+def _depth_fraction(cut, n_layers):
+    if int(n_layers) != n_layers or n_layers < 1:
+        raise ValueError(f"n_layers must be an integer >= 1, got {n_layers}.")
+    if int(cut) != cut or not 0 <= cut <= n_layers:
+        raise ValueError(f"the cut layer must be an integer in [0, {n_layers}], got {cut}.")
+    return (n_layers - cut) / n_layers
+
+
+def _share(profile, segs):
+    return sum(profile["share"][s] for s in segs)
+
+
+def _n_layers(profile, n_layers):
+    n = n_layers if n_layers is not None else profile.get("n_layers")
+    if n is None:
+        raise ValueError("n_layers is needed for the prune and exit ceilings: pass n_layers= or "
+                         "use a profile from segment_profile (it records n_layers).")
+    return n
+
+
+def amdahl_ceilings(profile, family_segments=None, *, n_layers=None, depth=None):
+    """{family: (p, ceiling 1/(1-p))} of the segments each family accelerates.
+
+    Parameters
+    ----------
+    profile : dict
+        :func:`segment_profile` output (``share`` {segment: p}; ``n_layers``).
+    family_segments : dict {family: tuple of segment}, optional
+        Default ``FAMILY_SEGMENTS``. Families in ``FAMILY_DEPTH`` (prune, exit) count their
+        segments times the depth fraction (N - cut) / N: they only touch the layers after their
+        cut point.
+    n_layers : int, optional
+        Encoder layers N (default ``profile["n_layers"]``).
+    depth : dict {family: cut layer}, optional
+        Cut point per depth-limited family (default ``FAMILY_DEPTH``'s: layer 1).
+
+    Returns
+    -------
+    dict {family: (p, ceiling)}
+        p in [0, 1]; ceiling = :func:`amdahl` (p) (inf when p = 1).
+
+    Raises
+    ------
+    ValueError
+        If a depth-limited family is asked for without a layer count, or a cut is out of range.
+    """
     out = {}
+    depth = dict(depth or {})
     for fam, segs in (family_segments or FAMILY_SEGMENTS).items():
-        p = min(1.0, max(0.0, sum(profile["share"][s] for s in segs)))
+        p = _share(profile, segs)
+        if fam in FAMILY_DEPTH:
+            cut = depth.get(fam, FAMILY_DEPTH[fam][1])
+            p *= _depth_fraction(cut, _n_layers(profile, n_layers))
+        p = min(1.0, max(0.0, p))
         out[fam] = (p, amdahl(p))
     return out
+
+
+def prune_speedup(profile, *, after_layer, keep_ratio, n_layers=None):
+    """Amdahl speed-up of token pruning after layer ``after_layer`` keeping ``keep_ratio``.
+
+    Layers a+1..N run on rho·L tokens: their per-token segments (``PER_TOKEN_SEGMENTS``) cost
+    rho times as much, attention (``QUADRATIC_SEGMENTS``) rho² times; each segment's share is
+    scaled by the depth fraction (N - a) / N. Speed-up = 1 / (1 - p_tok (1 - rho) - p_att
+    (1 - rho²)). Padding the batch drops as well is not counted (measured speed-ups may beat
+    it at large batches).
+
+    Parameters
+    ----------
+    profile : dict
+        :func:`segment_profile` output.
+    after_layer : int
+        a, in [0, N].
+    keep_ratio : float
+        rho, in (0, 1].
+    n_layers : int, optional
+        N (default ``profile["n_layers"]``).
+
+    Returns
+    -------
+    dict
+        ``p_per_token``, ``p_attention`` (shares after depth scaling), ``speedup`` (at rho),
+        ``ceiling`` (rho -> 0: 1 / (1 - p_per_token - p_attention)).
+
+    Raises
+    ------
+    ValueError
+        If ``keep_ratio`` is outside (0, 1] or the layer arguments are out of range.
+    """
+    if not 0.0 < keep_ratio <= 1.0:
+        raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}.")
+    f = _depth_fraction(after_layer, _n_layers(profile, n_layers))
+    p_tok = f * _share(profile, PER_TOKEN_SEGMENTS)
+    p_att = f * _share(profile, QUADRATIC_SEGMENTS)
+    saved = p_tok * (1.0 - keep_ratio) + p_att * (1.0 - keep_ratio ** 2)
+    return {"p_per_token": p_tok, "p_attention": p_att,
+            "speedup": 1.0 / (1.0 - saved) if saved < 1 else float("inf"),
+            "ceiling": amdahl(min(1.0, p_tok + p_att))}
+
+
+def exit_speedup(profile, *, exit_layer, exit_share=1.0, n_layers=None):
+    """Amdahl speed-up when a share ``exit_share`` of the work leaves after ``exit_layer``.
+
+    p = (N - e) / N × share of ``LAYER_SEGMENTS``; speed-up = 1 / (1 - exit_share · p). Inside a
+    batch an exited example saves nothing unless the batch shrinks, so ``exit_share`` is the
+    share of the *batch work* removed, not of examples.
+
+    Returns
+    -------
+    dict
+        ``p`` (after depth scaling), ``speedup`` (at ``exit_share``), ``ceiling`` (all exit).
+
+    Raises
+    ------
+    ValueError
+        If ``exit_share`` is outside [0, 1] or the layer arguments are out of range.
+    """
+    if not 0.0 <= exit_share <= 1.0:
+        raise ValueError(f"exit_share must be in [0, 1], got {exit_share}.")
+    p = min(1.0, _depth_fraction(exit_layer, _n_layers(profile, n_layers))
+            * _share(profile, LAYER_SEGMENTS))
+    return {"p": p, "speedup": amdahl(exit_share * p), "ceiling": amdahl(p)}
 
 
 @contextmanager

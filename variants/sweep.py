@@ -3,7 +3,12 @@
 Writes ``results/<run>/`` (see ../shared/DESIGN.md): run.json, reference/, one folder per variant
 (outputs.npz, calibration_outputs.npz, build.json, timing.json, metrics.json, verdict.json),
 summary.csv and report.md. Every file is written atomically; a rerun resumes: a variant whose
-outputs and timing exist is not rebuilt, only its metrics and verdict are recomputed.
+outputs and timing exist is not rebuilt, only its metrics and verdict are recomputed (timing
+fields an older run lacks, such as the end-to-end region or the cold start, are measured then).
+
+The sweep also times itself (:class:`SweepClock`): reference forwards, variant builds, variant
+forwards, timing, cold starts, metrics/contract/report, plots and the rest; the breakdown is
+printed at the end and written to run.json (``sweep_time``).
 """
 
 import inspect
@@ -12,6 +17,7 @@ import math
 import zipfile
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,10 +38,87 @@ from variants.checkpoint import load_checkpoint
 from variants.io import digest, write_json, write_text
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
-from variants.timing import TIMED_REGION, time_alternating
+from variants.coldstart import measure_cold_start
+from variants.timing import (DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP,
+                             TIMED_REGIONS, end_to_end_call, split_regions, time_alternating)
 
 RESULTS_DIR = Path("results")
 TIMING_BATCH_SIZES = (1, 32)
+#: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
+#: model_bytes, cold_start). Documented in results/README.md.
+TIMING_SCHEMA_VERSION = 2
+COLD_START = ("none", "reference", "all")
+#: Target share of a sweep's wall time spent outside model forwards (issue #6).
+OUTSIDE_FORWARD_TARGET = 0.15
+
+
+class SweepClock:
+    """Wall time of a sweep by category (seconds), and counts of what it ran.
+
+    Categories (``CATEGORIES``): ``setup`` (contract, checkpoint, data, tokenisation),
+    ``reference_forward`` (reference head fit, temperatures and outputs, or loading them from the
+    cache), ``variant_build``, ``variant_forward`` (variant outputs on calibration and eval),
+    ``timing`` (alternated timing), ``cold_start`` (fresh-process measurements),
+    ``metrics_contract_report`` (metrics, verdicts, reports, summary), ``plots``; ``other`` is
+    the wall time none of them covers. ``FORWARD`` are the model-forward categories.
+    """
+
+    CATEGORIES = ("setup", "reference_forward", "variant_build", "variant_forward", "timing",
+                  "cold_start", "metrics_contract_report", "plots")
+    FORWARD = ("reference_forward", "variant_forward", "timing")
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.seconds = dict.fromkeys(self.CATEGORIES, 0.0)
+        self.counts = {"reference_output_batches": 0, "variant_output_batches": 0,
+                       "variants_built": 0, "variants_reused": 0, "cold_starts": 0}
+        self._open = None
+
+    @contextmanager
+    def __call__(self, category):
+        """Add the block's wall time to ``category``. Raises ValueError on an unknown name or a
+        nested block (a second would count the same seconds twice)."""
+        if category not in self.seconds:
+            raise ValueError(f"unknown sweep-time category {category!r}")
+        if self._open is not None:
+            raise ValueError(f"sweep clock: {category!r} nested inside {self._open!r}")
+        self._open = category
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[category] += time.perf_counter() - t0
+            self._open = None
+
+    def breakdown(self):
+        """{"wall_s", "seconds": {category: s, ..., "other": s}, "share": {...},
+        "model_forward_s", "outside_forward_share", "target_outside_share", "counts"}."""
+        wall = time.perf_counter() - self.start
+        sec = dict(self.seconds)
+        sec["other"] = max(0.0, wall - sum(sec.values()))
+        fwd = sum(sec[c] for c in self.FORWARD)
+        return {"wall_s": wall, "seconds": sec,
+                "share": {k: (v / wall if wall > 0 else 0.0) for k, v in sec.items()},
+                "model_forward_s": fwd,
+                "outside_forward_share": (1.0 - fwd / wall) if wall > 0 else 0.0,
+                "target_outside_share": OUTSIDE_FORWARD_TARGET,
+                "forward_categories": list(self.FORWARD), "counts": dict(self.counts)}
+
+
+def format_breakdown(b):
+    """Lines of text for a :meth:`SweepClock.breakdown` (printed at the end of a sweep)."""
+    lines = [f"sweep wall time {b['wall_s']:.1f} s:"]
+    for k, v in b["seconds"].items():
+        lines.append(f"  {k:<24} {v:8.1f} s  {b['share'][k]:6.1%}")
+    share = b["outside_forward_share"]
+    lines.append(f"  outside model forwards ({' + '.join(b['forward_categories'])} excluded): "
+                 f"{share:.1%} (target <= {b['target_outside_share']:.0%})"
+                 + ("" if share <= b["target_outside_share"] else " - above target"))
+    c = b["counts"]
+    lines.append(f"  reference output batches run: {c['reference_output_batches']}; variants "
+                 f"built {c['variants_built']}, reused {c['variants_reused']}; cold starts "
+                 f"{c['cold_starts']}")
+    return lines
 
 
 class SweepError(ValueError):
@@ -57,10 +140,12 @@ class SweepConfig:
     n_eval: int = 800
     quality_mode: str = "simulated"
     speed_mode: str = "native"
-    timing_rounds: int = 20
-    timing_warmup: int = 1
-    timing_budget_s: float = 20.0
+    timing_rounds: int = DEFAULT_ROUNDS
+    timing_warmup: int = DEFAULT_WARMUP
+    timing_budget_s: float = DEFAULT_BUDGET_S
+    timing_min_rounds: int = DEFAULT_MIN_ROUNDS
     timing_batch_sizes: tuple = TIMING_BATCH_SIZES
+    cold_start: str = "all"
     near_tie_margin: float = 1.0
     batch_size: int = 32
     seed: int = 0
@@ -92,6 +177,11 @@ class SweepConfig:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
         if self.timing_rounds < 1 or self.timing_warmup < 0 or self.timing_budget_s <= 0:
             raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
+        if self.timing_min_rounds < 1:
+            raise SweepError(f"timing_min_rounds={self.timing_min_rounds} must be >= 1, "
+                             "e.g. --timing-min-rounds 3")
+        if self.cold_start not in COLD_START:
+            raise SweepError(f"cold_start={self.cold_start!r}; choose one of {COLD_START}")
         if not math.isfinite(self.timing_budget_s):
             raise SweepError("timing_budget_s must be a finite number of seconds, e.g. 20")
         if self.seed < 0:
@@ -191,24 +281,36 @@ class Sweep:
 
     # -- reference --------------------------------------------------------------------------
     def reference(self):
+        """Fit (or load) the reference head and compute (or load) its outputs on both splits.
+
+        With a warm cache nothing runs through the model: the head, temperatures and outputs
+        come from ``results/.cache`` (``clock.counts["reference_output_batches"]`` stays 0).
+        """
         cfg = self.cfg
-        self.ref_model, head_key = fitted_reference(cfg.model, self.checkpoint, self.tasksets,
-                                                    self.cache, log=self.log)
+        with self.clock("reference_forward"):
+            self.ref_model, self.head_key = fitted_reference(cfg.model, self.checkpoint,
+                                                             self.tasksets, self.cache,
+                                                             log=self.log)
         self.batches, self.truncated = {}, {}
-        for split in ("calibration", "eval"):
-            self.batches[split], self.truncated[split] = self.ref_model.prepare(
-                self.tasksets[split], cfg.batch_size)
+        with self.clock("setup"):
+            for split in ("calibration", "eval"):
+                self.batches[split], self.truncated[split] = self.ref_model.prepare(
+                    self.tasksets[split], cfg.batch_size)
         self.ref_outputs = {}
+        self.ref_outputs_cached = {}
         for split in ("calibration", "eval"):
             key = digest(self.checkpoint.sha256, "float32", self.tasksets[split].fingerprint(),
                          self.ref_model.config())
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
-            if path.exists():
-                outputs = DecisionOutputs.load(path)
-            else:
-                outputs = self._outputs(self.ref_model, split, "reference")
-                outputs.save(path)
-            outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
+            with self.clock("reference_forward"):
+                self.ref_outputs_cached[split] = path.exists()
+                if path.exists():
+                    outputs = DecisionOutputs.load(path)
+                else:
+                    outputs = self._outputs(self.ref_model, split, "reference")
+                    self.clock.counts["reference_output_batches"] += len(self.batches[split])
+                    outputs.save(path)
+                outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
             self.ref_outputs[split] = outputs
         return self.ref_model
 
@@ -218,9 +320,45 @@ class Sweep:
                   disable=not self.cfg.progress) as bar:
             return model.outputs(ts, self.batches[split], progress=bar.update)
 
+    # -- cold start ---------------------------------------------------------------------------
+    def _cold_spec(self, timing_sets, family=None, vcfg=None):
+        b = min(timing_sets)
+        spec = {"model": self.cfg.model, "taskset": timing_sets[b][0],
+                "head_path": str((self.cache / "heads" / f"{self.cfg.model}-{self.head_key}.npz")
+                                 .resolve())}
+        if vcfg is not None:
+            params = inspect.signature(family.build).parameters
+            spec.update(family=self.cfg.family, params=dict(self.cfg.params), variant=vcfg.name,
+                        mode=self.cfg.speed_mode, calibration=self.tasksets["calibration"],
+                        cache_dir=str(self.cache.resolve()),
+                        fit=self.tasksets["fit"] if "fit" in params else None)
+        return spec
+
+    def _cold_start(self, spec, what):
+        with self.clock("cold_start"):
+            res = measure_cold_start(spec)
+        self.clock.counts["cold_starts"] += 1
+        if "error" in res:
+            self.log(f"{what}: cold start not measured ({res['error']})")
+        else:
+            self.log(f"{what}: cold start {res['total_s']:.2f} s (import {res['import_s']:.2f}, "
+                     f"weights {res['weight_load_s']:.2f}, build {res['build_s']:.2f}, first "
+                     f"forward {res['first_forward_ms']:.0f} ms at B={res['batch_size']})")
+        return res
+
+    def reference_cold_start(self, timing_sets):
+        """The reference's cold start (fresh process), reused from an earlier run.json."""
+        if self.cfg.cold_start == "none":
+            return None
+        old = self.previous_meta.get("cold_start")
+        if old and "error" not in old:
+            return old
+        return self._cold_start(self._cold_spec(timing_sets), "reference")
+
     # -- variants ---------------------------------------------------------------------------
     def _timing_batches(self):
-        """B=1: the eval text of median token length; B=32: 32 eval texts drawn with the seed."""
+        """{B: (TaskSet, seq_len)}. B=1: the eval text of median token length; B>1: B eval texts
+        drawn with the seed. ``seq_len`` is the padded length of the prepared batch."""
         ts = self.tasksets["eval"]
         encs, _ = self.ref_model.tokenizer.encode(list(ts.texts))
         lengths = np.array([len(e.ids) for e in encs])
@@ -230,8 +368,9 @@ class Sweep:
             rng = np.random.default_rng(self.cfg.seed)
             idx = (np.array([median_idx]) if b == 1
                    else np.sort(rng.choice(len(ts), min(b, len(ts)), replace=False)))
-            batches, _ = self.ref_model.prepare(ts.subset(idx), batch_size=b)
-            out[b] = batches[0]
+            sub = ts.subset(idx)
+            batches, _ = self.ref_model.prepare(sub, batch_size=len(sub))
+            out[b] = (sub, int(batches[0].input_ids.shape[1]))
         return out
 
     def _build_kwargs(self, family):
@@ -242,23 +381,45 @@ class Sweep:
             kw["fit"] = self.tasksets["fit"]
         return kw
 
-    def _time_variant(self, family, vcfg, timing_batches):
+    def _time_variant(self, family, vcfg, timing_sets):
+        """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
+        built in the speed mode, then per batch size one alternated measurement of end-to-end
+        calls gives both regions (``batches`` = forward, ``end_to_end``)."""
         cfg = self.cfg
-        var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode,
-                                    calibration=self.tasksets["calibration"],
-                                    **self._build_kwargs(family))
-        result = {"timed_region": TIMED_REGION, "mode": cfg.speed_mode, "dtype": "float32",
-                  "device": str(mx.default_device()), "blas": dict(BLAS_INFO), "batches": {}}
-        for b, batch in timing_batches.items():
-            r = time_alternating(lambda: self.ref_model.forward(batch),
-                                 lambda: var_model.forward(batch), warmup=cfg.timing_warmup,
-                                 rounds=cfg.timing_rounds, budget_s=cfg.timing_budget_s)
-            r["batch_size"] = int(batch.input_ids.shape[0])
-            r["seq_len"] = int(batch.input_ids.shape[1])
-            result["batches"][str(b)] = r
+        with self.clock("variant_build"):
+            var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode,
+                                        calibration=self.tasksets["calibration"],
+                                        **self._build_kwargs(family))
+            mx.eval(var_model.module.parameters())
+        result = {"schema_version": TIMING_SCHEMA_VERSION,
+                  "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
+                  "mode": cfg.speed_mode, "dtype": "float32",
+                  "device": str(mx.default_device()), "blas": dict(BLAS_INFO),
+                  "method": {"alternation": "strict: reference, variant per round",
+                             "speedup": "median of per-round ratios ref_ms / var_ms, "
+                                        "percentile-bootstrap 95% CI",
+                             "warmup": cfg.timing_warmup, "rounds": cfg.timing_rounds,
+                             "min_rounds": cfg.timing_min_rounds,
+                             "budget_s_per_measurement": cfg.timing_budget_s,
+                             "peak_memory": "mx.get_peak_memory, reset before every call"},
+                  "model_bytes": {"reference": _model_bytes(self.ref_model),
+                                  "variant": _model_bytes(var_model)},
+                  "batches": {}, "end_to_end": {}}
+        with self.clock("timing"):
+            for b, (ts, seq_len) in timing_sets.items():
+                r = time_alternating(end_to_end_call(self.ref_model, ts),
+                                     end_to_end_call(var_model, ts), warmup=cfg.timing_warmup,
+                                     rounds=cfg.timing_rounds, min_rounds=cfg.timing_min_rounds,
+                                     budget_s=cfg.timing_budget_s)
+                fwd, e2e = split_regions(r)
+                for entry in (fwd, e2e):
+                    entry["batch_size"] = len(ts)
+                    entry["seq_len"] = seq_len
+                result["batches"][str(b)] = fwd
+                result["end_to_end"][str(b)] = e2e
         return result
 
-    def variant(self, family, vcfg, timing_batches):
+    def variant(self, family, vcfg, timing_sets):
         """Build, run and time one variant unless its folder already holds the results."""
         cfg = self.cfg
         vdir = self.out / vcfg.name
@@ -268,35 +429,62 @@ class Sweep:
         if reusable:
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
             self.reused.append(vcfg.name)
+            self.clock.counts["variants_reused"] += 1
             timing = json.loads(files["timing.json"].read_text())
-            missing = [b for b in dict.fromkeys(cfg.timing_batch_sizes)
-                       if str(b) not in timing["batches"]]
+            sizes = list(dict.fromkeys(cfg.timing_batch_sizes))
+            missing = [b for b in sizes if str(b) not in timing.get("batches", {})
+                       or str(b) not in timing.get("end_to_end", {})]
+            changed = False
             if missing:
-                self.log(f"{vcfg.name}: timing batch sizes {missing} not measured yet; timing them")
+                self.log(f"{vcfg.name}: timing of batch sizes {missing} incomplete (forward or "
+                         "end to end missing); timing them")
                 t1 = time.perf_counter()
-                new = self._time_variant(family, vcfg,
-                                         {b: timing_batches[b] for b in missing})
-                timing["batches"].update(new["batches"])
+                new = self._time_variant(family, vcfg, {b: timing_sets[b] for b in missing})
+                timing.setdefault("batches", {})
+                timing.setdefault("end_to_end", {})
+                for b in missing:
+                    # keep an earlier forward measurement; add what is missing
+                    timing["batches"].setdefault(str(b), new["batches"][str(b)])
+                    timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
+                for k in ("schema_version", "timed_regions", "method", "model_bytes"):
+                    timing.setdefault(k, new[k])
                 timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
+                changed = True
+            if cfg.cold_start == "all" and "cold_start" not in timing:
+                timing["cold_start"] = self._cold_start(
+                    self._cold_spec(timing_sets, family, vcfg), vcfg.name)
+                changed = True
+            if changed:
                 write_json(files["timing.json"], timing)
         else:
             t0 = time.perf_counter()
-            var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
-                                           calibration=self.tasksets["calibration"],
-                                           **self._build_kwargs(family))
+            with self.clock("variant_build"):
+                var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
+                                               calibration=self.tasksets["calibration"],
+                                               **self._build_kwargs(family))
+            self.clock.counts["variants_built"] += 1
             info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
                         speed_mode=cfg.speed_mode)
-            outs = {split: self._outputs(var_model, split, vcfg.name)
-                    for split in ("calibration", "eval")}
+            with self.clock("variant_forward"):
+                outs = {split: self._outputs(var_model, split, vcfg.name)
+                        for split in ("calibration", "eval")}
+            self.clock.counts["variant_output_batches"] += sum(
+                len(self.batches[s]) for s in ("calibration", "eval"))
             info["quality_wall_s"] = time.perf_counter() - t0
+            del var_model
             t1 = time.perf_counter()
-            timing = self._time_variant(family, vcfg, timing_batches)
+            timing = self._time_variant(family, vcfg, timing_sets)
             timing["wall_s"] = time.perf_counter() - t1
-            outs["eval"].save(files["outputs.npz"])
-            outs["calibration"].save(files["calibration_outputs.npz"])
-            write_json(files["build.json"], info)
-            write_json(files["timing.json"], timing)
-        return self.judge(vcfg.name)
+            if cfg.cold_start == "all":
+                timing["cold_start"] = self._cold_start(
+                    self._cold_spec(timing_sets, family, vcfg), vcfg.name)
+            with self.clock("metrics_contract_report"):
+                outs["eval"].save(files["outputs.npz"])
+                outs["calibration"].save(files["calibration_outputs.npz"])
+                write_json(files["build.json"], info)
+                write_json(files["timing.json"], timing)
+        with self.clock("metrics_contract_report"):
+            return self.judge(vcfg.name)
 
     def _loadable(self, files):
         """False (and a log line) when a saved file of a finished variant is corrupt."""
@@ -318,46 +506,62 @@ class Sweep:
     # -- the whole run ----------------------------------------------------------------------
     def run(self):
         cfg = self.cfg
-        t0 = time.perf_counter()
-        self.prepare()
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._write_identity()
+        self.clock = SweepClock()
+        with self.clock("setup"):
+            self.prepare()
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.previous_meta = _read_json(self.out / "run.json")
+            self._write_identity()
         self.reference()
         family = get_family(cfg.family)
-        timing_batches = self._timing_batches()
+        with self.clock("setup"):
+            timing_sets = self._timing_batches()
+        self.cold_start = self.reference_cold_start(timing_sets)
         rows, details, extras = [], {}, {}
         for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
                          disable=not cfg.progress):
-            row, ev, verdict = self.variant(family, vcfg, timing_batches)
+            row, ev, verdict = self.variant(family, vcfg, timing_sets)
             rows.append(row)
             details[vcfg.name] = (ev, verdict)
-            if hasattr(family, "describe"):
-                vdir = self.out / vcfg.name
-                extras[vcfg.name] = family.describe(
-                    json.loads((vdir / "build.json").read_text()),
-                    json.loads((vdir / "timing.json").read_text()))
+            with self.clock("metrics_contract_report"):
+                if hasattr(family, "describe"):
+                    vdir = self.out / vcfg.name
+                    extras[vcfg.name] = family.describe(
+                        json.loads((vdir / "build.json").read_text()),
+                        json.loads((vdir / "timing.json").read_text()))
             self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
                      + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
-        summary = pd.DataFrame(rows)
-        summary.to_csv(self.out / "summary.csv.tmp", index=False)
-        (self.out / "summary.csv.tmp").replace(self.out / "summary.csv")
-        meta = self.metadata(time.perf_counter() - t0)
-        write_json(self.out / "run.json", meta)
+        with self.clock("metrics_contract_report"):
+            summary = pd.DataFrame(rows)
+            summary.to_csv(self.out / "summary.csv.tmp", index=False)
+            (self.out / "summary.csv.tmp").replace(self.out / "summary.csv")
+            meta = self.metadata()
+            write_json(self.out / "run.json", meta)
         from variants.plots import plot_run, plots_markdown
 
-        try:
-            plot_paths = plot_run(self.out)
-        except Exception as e:  # a plotting bug must not lose a finished sweep
-            self.log(f"plots: not written ({type(e).__name__}: {e})")
-            plot_paths = []
-        write_text(self.out / "report.md", render_report(meta, summary, details, self.contract, extras)
-                   + plots_markdown(plot_paths, self.out))
+        with self.clock("plots"):
+            try:
+                plot_paths = plot_run(self.out)
+            except Exception as e:  # a plotting bug must not lose a finished sweep
+                self.log(f"plots: not written ({type(e).__name__}: {e})")
+                plot_paths = []
+        with self.clock("metrics_contract_report"):
+            meta = self.metadata()  # the breakdown now includes the plots
+            write_text(self.out / "report.md",
+                       render_report(meta, summary, details, self.contract, extras)
+                       + plots_markdown(plot_paths, self.out))
+        meta = self.metadata()
+        write_json(self.out / "run.json", meta)
+        self.breakdown = meta["sweep_time"]
+        for line in format_breakdown(self.breakdown):
+            self.log(line)
         return summary
 
-    def metadata(self, wall_s):
+    def metadata(self):
         cfg = self.cfg
         d = asdict(cfg)
         d["variants"] = [v.name for v in cfg.variants]
+        breakdown = self.clock.breakdown()
         return {
             "identity": cfg.identity(),
             "config": d,
@@ -374,12 +578,28 @@ class Sweep:
                 "truncated_texts": self.truncated,
                 "max_tokens": self.checkpoint.tokenizer.max_length,
             },
-            "reference_model_bytes": int(sum(v.nbytes for _, v in
-                                             tree_flatten(self.ref_model.module.parameters()))),
+            "reference_model_bytes": _model_bytes(self.ref_model),
             "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},
-            "wall_s": wall_s,
+            "wall_s": breakdown["wall_s"],
             "reused_variants": self.reused,
+            "reference_outputs_from_cache": dict(self.ref_outputs_cached),
+            "cold_start": self.cold_start,
+            "sweep_time": breakdown,
         }
+
+
+def _model_bytes(model):
+    """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
+    scales + biases; fp32 elsewhere)."""
+    return int(sum(v.nbytes for _, v in tree_flatten(model.module.parameters())))
+
+
+def _read_json(path):
+    """A JSON file as a dict; {} when missing or unreadable (checked elsewhere)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def run_sweep(log=print, **kwargs):
