@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from variants import fast_ops
+from variants import fast_ops, parallel
 from variants.encoder import ACTIVATIONS, attention_bias, mean_pool
 from variants.models.choice import COSINE_SCALE
 
@@ -82,23 +82,49 @@ def _clock(acc, name, fn):
 
 
 def _segmented_forward(encoder, ids, mask, types, acc):
-    """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``."""
+    """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``.
+
+    Runs as the real forward does (:mod:`variants.parallel`): when the encoder splits a batch over
+    several CPU streams, every segment evaluates all parts at once, one per stream, so a segment's
+    time is its wall time with the cores shared the same way.
+    """
     x = _clock(acc, "embeddings", lambda: encoder.embed(ids, types))
     bias = attention_bias(mask, x.dtype)
     B, L, D = x.shape
+    ss = parallel.streams()
+    if len(ss) > 1 and B >= len(ss) and B * L >= parallel.MIN_ROWS:
+        cuts = parallel.bounds(B, len(ss))
+    else:
+        ss, cuts = ss[:1], [(0, B)]
+    xs = [x[a:b] for a, b in cuts]
+    biases = [bias[a:b] for a, b in cuts]
+
+    def each(fn, *parts):
+        """fn applied to every part, each on its own stream (a list, one entry per part)."""
+        out = []
+        for s, args in zip(ss, zip(*parts)):
+            with mx.stream(s):
+                out.append(fn(*args))
+        return out
+
+    def heads(t):
+        return t.reshape(t.shape[0], L, a.n_heads, a.head_dim).transpose(0, 2, 1, 3)
+
     for layer in encoder.layers:
         a = layer.attention
-        h, d = a.n_heads, a.head_dim
-        q, k, v = _clock(acc, "qkv_proj", lambda: [
-            m(x).reshape(B, L, h, d).transpose(0, 2, 1, 3) for m in (a.query, a.key, a.value)])
-        ctx = _clock(acc, "attention_core", lambda: (fast_ops.masked_softmax(
-            (q * a.scale) @ k.transpose(0, 1, 3, 2), bias) @ v).transpose(0, 2, 1, 3).reshape(B, L, D))
-        o = _clock(acc, "out_proj", lambda: a.out(ctx))
-        x = _clock(acc, "norms", lambda: layer.attention_norm(x + o))
-        u = _clock(acc, "mlp_gemm", lambda: layer.intermediate(x))
-        g = _clock(acc, "mlp_act", lambda: ACTIVATIONS[layer.hidden_act](u))
-        y = _clock(acc, "mlp_gemm", lambda: layer.output(g))
-        x = _clock(acc, "norms", lambda: layer.output_norm(x + y))
+        qkv = _clock(acc, "qkv_proj", lambda: each(
+            lambda t: [heads(m(t)) for m in (a.query, a.key, a.value)], xs))
+        ctx = _clock(acc, "attention_core", lambda: each(
+            lambda t, bb: (fast_ops.masked_softmax((t[0] * a.scale) @ t[1].transpose(0, 1, 3, 2),
+                                                   bb) @ t[2]).transpose(0, 2, 1, 3).reshape(
+                t[0].shape[0], L, D), qkv, biases))
+        o = _clock(acc, "out_proj", lambda: each(a.out, ctx))
+        xs = _clock(acc, "norms", lambda: each(lambda t, u: layer.attention_norm(t + u), xs, o))
+        u = _clock(acc, "mlp_gemm", lambda: each(layer.intermediate, xs))
+        g = _clock(acc, "mlp_act", lambda: each(ACTIVATIONS[layer.hidden_act], u))
+        y = _clock(acc, "mlp_gemm", lambda: each(layer.output, g))
+        xs = _clock(acc, "norms", lambda: each(lambda t, w: layer.output_norm(t + w), xs, y))
+    x = mx.concatenate(xs, axis=0) if len(xs) > 1 else xs[0]
     return _clock(acc, "pooling", lambda: mean_pool(x, mask))
 
 
