@@ -7,9 +7,11 @@ import pytest
 
 from variants import data
 from variants.builders import early_exit as ee
+from variants.builders import exit_heads, exit_rules
 from variants.builders.early_exit import ExitConfig
 from variants.cli import main
 from variants.models import choice, sentiment
+from variants.outputs import DecisionOutputs
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +48,13 @@ def _net(variant, rule, threshold):
     return ee.ExitNet(w.base, w.exit_heads, w._layers, rule, threshold)
 
 
-def test_rule_that_never_fires_reproduces_reference(model, built, batch):
-    net = _net(built[0], "entropy", 0.0)  # normalised entropy is never < 0
+@pytest.mark.parametrize("rule, threshold", [("entropy", 0.0), ("margin", 1.0),
+                                             ("patience", 6)])
+def test_rule_that_never_fires_reproduces_reference(model, built, batch, rule, threshold):
+    net = _net(built[0], rule, threshold)  # entropy never < 0, margin never > 1, t > 5 heads
     out = np.array(net(batch.input_ids, batch.attention_mask, batch.token_type_ids))
-    np.testing.assert_allclose(out, np.array(model.forward(batch)), rtol=1e-5, atol=1e-5)
-    assert (net.last_exit_layer == 6).all()
+    np.testing.assert_array_equal(out, np.array(model.forward(batch)))  # the reference's forward
+    assert (net.last_exit_layer == 6).all() and net.heads_run == 0
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3])
@@ -115,11 +119,6 @@ def test_fit_threshold_picks_cheapest_meeting_target():
     assert ee.fit_threshold(heads, final, ref, "patience", 1.0, (1, 2), 3)[0] == 3.0  # never
 
 
-def test_choice_model_is_refused(checkpoint, splits):
-    with pytest.raises(ValueError, match="early exit supports decision models with a linear head"):
-        ee.build(choice.build(checkpoint), ExitConfig(), calibration=splits["calibration"])
-
-
 def test_fixed_threshold_that_never_fires_on_calibration(model, splits, tmp_path):
     with pytest.raises(ValueError, match=r"exit_threshold=1e-09 \(entropy\) fires on none"):
         ee.build(model, ExitConfig("entropy", target=None, threshold=1e-9),
@@ -150,6 +149,12 @@ def test_names_encode_parameters():
     (["--exit-layers", "6"], "exit_layers [6] are outside [1, 6)"),
     (["--exit-rules", "patience", "--exit-thresholds", "9"], "exceeds the 5 exit heads"),
     (["--exit-thresholds", "0"], "exit_threshold=0.0 for rule entropy is outside (0, 1]"),
+    (["--exit-rules", "margin", "--exit-thresholds", "1"], "for rule margin is outside [0, 1)"),
+    (["--exit-rules", "patience", "--exit-layers", "2", "4", "--exit-thresholds", "3"],
+     "exceeds the 2 exit heads"),
+    (["--model", "minilm-choice", "--exit-layers", "3", "7"], "exit_layers [7] are outside"),
+    (["--model", "minilm-choice", "--exit-rules", "patience", "--exit-thresholds", "6"],
+     "exceeds the 5 exit heads"),
     (["--exit-targets", "1.2"], "exit_target=1.2 is outside (0, 1]"),
 ])
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -159,3 +164,256 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, messag
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert not (tmp_path / "r").exists()
+
+
+# -- minilm-choice: cosine exit heads ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def choice_splits():
+    fr = data.load_vader()
+    return {s: choice.make_taskset(data.sample(data.split_frame(fr, s), n, seed=1))
+            for s, n in (("fit", 80), ("calibration", 60), ("eval", 20))}
+
+
+@pytest.fixture(scope="module")
+def choice_model(checkpoint, choice_splits):
+    m = choice.build(checkpoint)
+    m.calibrate(choice_splits["calibration"])
+    return m
+
+
+@pytest.fixture(scope="module")
+def choice_built(choice_model, choice_splits, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("choice-cache")
+    variant, info = ee.build(choice_model, ExitConfig("margin", target=0.9),
+                             calibration=choice_splits["calibration"], cache_dir=cache,
+                             fit=choice_splits["fit"])
+    return variant, info, cache
+
+
+@pytest.fixture(scope="module")
+def choice_batch(choice_model, choice_splits):
+    return choice_model.prepare(choice_splits["eval"], batch_size=20)[0][0]
+
+
+def _choice_variant(choice_model, choice_built, rule, threshold):
+    w = choice_built[0].module
+    net = ee.ExitNet(w.base, w.exit_heads, w._layers, rule, threshold, kind="cosine",
+                     temperatures=choice_model.temperatures)
+    return choice_model.replace_module(net), net
+
+
+def test_choice_cosine_scale_matches_model():
+    assert exit_heads.COSINE_SCALE == choice.COSINE_SCALE
+
+
+def test_choice_info_and_cache(choice_built, choice_splits):
+    _, info, cache = choice_built
+    assert info["head_kind"] == "cosine" and info["threshold_fitted_on"] == "calibration"
+    assert info["calibration_agreement"] >= 0.9
+    assert sum(info["exit_histogram"].values()) == len(choice_splits["calibration"])
+    assert list(info["exit_histogram"]) == [1, 2, 3, 4, 5, 6]
+    assert list((cache / "exit_heads").glob("minilm-choice-*.npz"))
+    heads = choice_built[0].module.exit_heads
+    assert len(heads) == 5 and heads[0].weight.shape == (384, 384)  # map into embedding space
+
+
+@pytest.mark.parametrize("rule, threshold", [("entropy", 0.0), ("margin", 1.0)])
+def test_choice_never_firing_rule_reproduces_reference(choice_model, choice_built, choice_batch,
+                                                       rule, threshold):
+    variant, net = _choice_variant(choice_model, choice_built, rule, threshold)
+    out = np.array(variant.forward(choice_batch))
+    np.testing.assert_allclose(out, np.array(choice_model.forward(choice_batch)), rtol=0,
+                               atol=1e-5)
+    assert net.heads_run == 0 and (net.last_exit_layer == 6).all()
+
+
+def test_choice_slow_path_never_exiting_matches_reference(choice_model, choice_built,
+                                                          choice_batch):
+    # a rule that could fire but does not (entropy below 1e-12): every head runs, the batch
+    # stays whole, the final cosine logits equal the reference's to round-off
+    variant, net = _choice_variant(choice_model, choice_built, "entropy", 1e-12)
+    trace = []
+    valid = choice_batch.option_index >= 0
+    opts = variant._options()[mx.maximum(choice_batch.option_index, 0)]
+    out = net.forward_trace(choice_batch.input_ids, choice_batch.attention_mask,
+                            choice_batch.token_type_ids, trace, options=opts, option_valid=valid)
+    np.testing.assert_allclose(np.array(out), np.array(choice_model.forward(choice_batch)),
+                               rtol=1e-5, atol=1e-4)
+    assert net.heads_run == 5 and [s[0] for _, s in trace] == [20] * 6
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_choice_batch_shrinks_and_matches_single_rows(choice_model, choice_built, choice_batch,
+                                                      threshold):
+    variant, net = _choice_variant(choice_model, choice_built, "margin", threshold)
+    valid = choice_batch.option_index >= 0
+    opts = variant._options()[mx.maximum(choice_batch.option_index, 0)]
+    assert opts.shape == (20, 5, 384)
+    trace = []
+    out = np.array(net.forward_trace(choice_batch.input_ids, choice_batch.attention_mask,
+                                     choice_batch.token_type_ids, trace, options=opts,
+                                     option_valid=valid))
+    el = net.last_exit_layer.copy()
+    assert (el < 6).any()
+    for i, shape in trace:
+        assert shape[0] == int((el > i).sum())
+    for i in range(0, 20, 7):
+        n = int(choice_batch.attention_mask[i].sum().item())
+        one = np.array(net.option_logits(choice_batch.input_ids[i:i + 1, :n],
+                                         choice_batch.attention_mask[i:i + 1, :n],
+                                         choice_batch.token_type_ids[i:i + 1, :n],
+                                         opts[i:i + 1], valid[i:i + 1]))
+        np.testing.assert_allclose(one[0], out[i], rtol=1e-4, atol=1e-4)
+        assert net.last_exit_layer[0] == el[i]
+    assert (out[~np.array(valid)] == 0).all()  # no logit for a missing option
+
+
+def test_choice_outputs_record_exit_layer(choice_model, choice_built, choice_splits, tmp_path):
+    variant, info, _ = choice_built
+    ev = choice_splits["eval"]
+    out = variant.outputs(ev)
+    assert out.exit_layer.shape == (len(ev),) and out.exit_layer.dtype == np.int64
+    assert set(out.exit_layer.tolist()) <= {1, 2, 3, 4, 5, 6}
+    s = exit_rules.exit_summary(out.exit_layer, 6, choice_model.raw_logits(ev), ev.option_mask,
+                                layers=info["exit_layers"])
+    assert sum(s["exit_histogram"].values()) == len(ev)
+    assert s["expected_cost"] == pytest.approx(out.exit_layer.mean() / 6)
+    assert 0 <= s["n_near_tie"] <= len(ev)
+    out.save(tmp_path / "o.npz")
+    back = DecisionOutputs.load(tmp_path / "o.npz")
+    np.testing.assert_array_equal(back.exit_layer, out.exit_layer)
+    assert back.subset(np.arange(3)).exit_layer.shape == (3,)
+    ref = choice_model.outputs(ev)
+    assert ref.exit_layer is None and choice_model.last_exit_layer is None
+    ref.save(tmp_path / "ref.npz")  # an old-style file (no exit_layer) still loads
+    assert "exit_layer" not in np.load(tmp_path / "ref.npz").files
+    assert DecisionOutputs.load(tmp_path / "ref.npz").exit_layer is None
+    assert ref.subset(np.arange(2)).exit_layer is None
+
+
+def test_choice_thresholds_use_calibration_split_only(choice_model, choice_splits, tmp_path,
+                                                      monkeypatch):
+    seen = []
+    real_prepare = type(choice_model).prepare
+
+    def spy(self, taskset, batch_size=32):
+        seen.append(taskset.fingerprint())
+        return real_prepare(self, taskset, batch_size)
+
+    monkeypatch.setattr(type(choice_model), "prepare", spy)
+    _, info = ee.build(choice_model, ExitConfig("entropy", target=0.95, exit_layers=(2, 4)),
+                       calibration=choice_splits["calibration"], cache_dir=tmp_path,
+                       fit=choice_splits["fit"])
+    assert choice_splits["eval"].fingerprint() not in seen
+    assert set(seen) <= {choice_splits["fit"].fingerprint(),
+                         choice_splits["calibration"].fingerprint()}
+    assert info["n_calibration"] == len(choice_splits["calibration"])
+    assert sum(info["exit_histogram"].values()) == len(choice_splits["calibration"])
+
+
+def test_cosine_head_distillation_lowers_kl():
+    rng = np.random.default_rng(0)
+    n, D, K = 150, 32, 4
+    X = rng.normal(size=(n, D))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    E = X @ rng.normal(size=(D, D)) * 0.05 + rng.normal(size=(n, D)) * 0.3
+    E /= np.linalg.norm(E, axis=1, keepdims=True)
+    U = rng.normal(size=(6, D))
+    U /= np.linalg.norm(U, axis=1, keepdims=True)
+    O = U[rng.integers(0, 6, size=(n, K))]
+    M = np.ones((n, K), bool)
+    M[:40, 2:] = False
+    T = np.where(np.arange(n) < 40, 0.8, 1.5)
+    soft = exit_rules.masked_probs(20 * np.einsum("nd,nkd->nk", E, O), M, T)
+
+    def kl(head):
+        q = exit_rules.masked_probs(exit_heads.head_logits("cosine", head, X, O, M), M, T)
+        return float((soft * (np.log(np.clip(soft, 1e-30, 1)) - np.log(np.clip(q, 1e-30, 1))))
+                     .sum(1).mean())
+
+    start = exit_heads.ridge_map(X, E)
+    head = exit_heads.fit_cosine_head(X, E, O, M, T, soft)
+    assert head[0].shape == (D, D) and head[1].shape == (D,)
+    assert kl(head) < 0.5 * kl(start)
+
+
+# -- rules, statistics, validation -------------------------------------------------------------
+
+def test_masked_rule_statistics():
+    lg = np.array([[2.0, 0.0, 0.0], [1.0, 1.0, 0.0], [-3.0, -4.0, 0.0]])
+    mask = np.array([[True, True, True], [True, True, False], [True, True, False]])
+    h = exit_rules.rule_statistic(lg, "entropy", mask)
+    assert h[1] == pytest.approx(1.0)  # a 2-way tie over valid options: maximal entropy
+    m = exit_rules.rule_statistic(lg, "margin", mask, temperature=np.ones(3))
+    assert m[2] == pytest.approx(1 / (1 + np.e) * (np.e - 1))  # padding 0 is not an option
+    assert exit_rules.predictions(lg, mask)[2] == 0
+
+
+@pytest.mark.parametrize("rule, threshold, never", [
+    ("entropy", 0.0, True), ("entropy", 1e-9, False), ("margin", 1.0, True),
+    ("margin", 0.99, False), ("patience", 6, True), ("patience", 5, False)])
+def test_never_fires(rule, threshold, never):
+    assert exit_rules.never_fires(rule, threshold, 5) is never
+
+
+def test_exit_summary_counts_and_near_ties():
+    el = np.array([1, 6, 6, 3, 6, 2])
+    ref = np.array([[5.0, 0.0], [0.2, 0.0], [0.1, 0.5], [4.0, 0.0], [0.0, 0.3], [0.0, 9.0]])
+    s = exit_rules.exit_summary(el, 6, ref, near_tie_margin=1.0)
+    assert s["exit_histogram"] == {1: 1, 2: 1, 3: 1, 4: 0, 5: 0, 6: 3}
+    assert sum(s["exit_histogram"].values()) == len(el)
+    assert s["expected_cost"] == pytest.approx(el.mean() / 6)
+    assert s["n_near_tie"] == 3 and s["near_tie_mean_exit_layer"] == 6.0
+    assert s["other_mean_exit_layer"] == pytest.approx(2.0) and s["near_tie_ran_all_share"] == 1
+    assert any("near ties" in line for line in exit_rules.summary_lines(s, "eval"))
+
+
+def test_model_without_per_layer_access_is_refused(model, splits):
+    class Flat:
+        pass
+
+    with pytest.raises(ValueError, match=r"--model minilm-sentiment: its encoder Flat has no "
+                                         r"per-layer access"):
+        ee.check_model(Flat(), [ExitConfig()], model="minilm-sentiment")
+    flat = model.replace_module(sentiment.SentimentNet.__new__(sentiment.SentimentNet))
+    import mlx.nn as nn
+    nn.Module.__init__(flat.module)
+    with pytest.raises(ValueError, match="--model minilm-sentiment: .* no per-layer access"):
+        ee.build(flat, ExitConfig(), calibration=splits["calibration"])
+
+
+def test_describe_lists_calibration_and_eval_exits(built):
+    _, info, _ = built
+    ev = exit_rules.exit_summary(np.array([6, 1, 2]), 6, np.array([[0.0, 0.1], [3, 0], [0, 5]]))
+    text = ee.describe(info, None, eval_summary=ev)
+    assert "calibration: agreement" in text and "eval exit histogram L1: 1, L2: 1" in text
+    assert "eval near ties" in text
+
+
+def test_run_report_and_plot_read_eval_exit_layer(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from variants import plots
+
+    run = tmp_path / "run"
+    (run / "reference").mkdir(parents=True)
+    (run / "v").mkdir()
+    (run / "run.json").write_text(json.dumps({"config": {"near_tie_margin": 1.0}}))
+    pd.DataFrame({"variant": ["v"], "family": ["exit"]}).to_csv(run / "summary.csv", index=False)
+    logits = np.array([[5.0, 0.0], [0.2, 0.0], [0.1, 0.5], [4.0, 0.0]], np.float32)
+    np.savez(run / "reference" / "outputs.npz", logits=logits, option_mask=np.ones((4, 2), bool))
+    np.savez(run / "v" / "outputs.npz", logits=logits, exit_layer=np.array([1, 6, 6, 2]))
+    (run / "v" / "build.json").write_text(json.dumps({"n_layers": 6, "exit_layers": [1, 2, 3]}))
+    s = plots.exit_summaries(plots.load_run(run))["v"]
+    assert s["exit_histogram"] == {1: 1, 2: 1, 3: 0, 6: 2} and s["n_near_tie"] == 2
+    md = plots.exit_markdown(run)
+    assert "| v | 1/1/0/2 | 0.625 | 1.60× | 50% | 2 | 6.00 / 1.50 | 100% / 0% |" in md
+    fig = plots.FAMILY_PLOTS["exit"](plots.load_run(run))
+    assert fig is not None
+    (run / "plots").mkdir()
+    png = run / "plots" / "family_exit.png"
+    png.write_bytes(b"")
+    assert "Early exit on the eval split" in plots.plots_markdown([png], run)

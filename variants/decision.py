@@ -49,6 +49,7 @@ class DecisionModel:
         self.tokenizer = tokenizer
         self.temperatures = dict(temperatures or {})
         self.option_texts = []  # unique option wordings seen by prepare()
+        self.last_exit_layer = None  # (N,) layers run per example of the last raw_logits call
 
     # -- what a subclass implements -------------------------------------------------------
     def forward(self, batch):
@@ -102,16 +103,32 @@ class DecisionModel:
         return batches, n_truncated
 
     def raw_logits(self, taskset, batches=None, progress=None):
-        """(N, K) float32 NumPy logits for the whole TaskSet, in TaskSet order."""
+        """(N, K) float32 NumPy logits for the whole TaskSet, in TaskSet order.
+
+        When the module reports a per-row ``last_exit_layer`` after each forward (early exit),
+        the (N,) int64 layers run per example are left in ``self.last_exit_layer`` (None
+        otherwise, or when some batch reported none).
+        """
         if batches is None:
             batches, _ = self.prepare(taskset)
         out = np.zeros(taskset.option_mask.shape, np.float32)
+        tracks = hasattr(self.module, "last_exit_layer")
+        exit_layer = np.full(len(out), -1, np.int64) if tracks else None
         for b in batches:
+            if tracks:
+                self.module.last_exit_layer = None
             logits = self.forward(b)
             mx.eval(logits)
             out[b.index] = np.array(logits)
+            if tracks:
+                el = self.module.last_exit_layer
+                if el is None or len(el) != len(b.index):
+                    tracks, exit_layer = False, None
+                else:
+                    exit_layer[b.index] = np.asarray(el, np.int64)
             if progress is not None:
                 progress(len(b.index))
+        self.last_exit_layer = exit_layer if tracks and (exit_layer >= 0).all() else None
         return out
 
     def calibrate(self, taskset, batches=None):
@@ -130,9 +147,10 @@ class DecisionModel:
         return np.array([self.temperatures[int(x)] for x in k], np.float32)
 
     def outputs(self, taskset, batches=None, progress=None):
-        """All :class:`~variants.outputs.DecisionOutputs` for ``taskset``."""
+        """All :class:`~variants.outputs.DecisionOutputs` for ``taskset`` (with ``exit_layer``
+        when the module reports one, see :meth:`raw_logits`)."""
         logits = self.raw_logits(taskset, batches, progress)
         return finish_outputs(
             logits, taskset.option_mask, self.temperature_of(taskset), taskset.option_scores,
             taskset.action_map, ids=taskset.ids, task=taskset.task, labels=taskset.labels,
-            human_dist=taskset.human_dist)
+            human_dist=taskset.human_dist, exit_layer=self.last_exit_layer)

@@ -7,6 +7,8 @@ import numpy as np
 from variants.io import write_npz
 
 _LOG_FLOOR = 1e-30
+#: Per-example arrays a DecisionOutputs may carry besides its dataclass fields.
+OPTIONAL_FIELDS = ("exit_layer",)
 
 
 @dataclass
@@ -39,6 +41,11 @@ class DecisionOutputs:
         Gold option index, -1 where unknown.
     human_dist : ndarray of shape (N, K), float32
         Share of raters choosing each option; NaN where no raters.
+    exit_layer : ndarray of shape (N,), int64, or None
+        Optional (see ``OPTIONAL_FIELDS``). Early exit only: encoder layers run per example
+        (N_layers = no early exit); None for other models. Not a dataclass field, so code that
+        iterates the fields sees the required arrays only; :meth:`subset`, :meth:`save` and
+        :meth:`load` carry it, and files without it load with None.
     """
 
     ids: np.ndarray
@@ -53,6 +60,7 @@ class DecisionOutputs:
     action_probs: np.ndarray
     labels: np.ndarray
     human_dist: np.ndarray
+    exit_layer = None  # optional, not a field (no annotation): set by finish_outputs / load
 
     @property
     def n_options(self):
@@ -64,21 +72,31 @@ class DecisionOutputs:
 
     def subset(self, index):
         """Rows ``index`` (bool mask or int array) of every field, as a new DecisionOutputs."""
-        return DecisionOutputs(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        out = DecisionOutputs(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        for name in OPTIONAL_FIELDS:
+            if getattr(self, name) is not None:
+                setattr(out, name, getattr(self, name)[index])
+        return out
 
     def save(self, path):
-        """Write all fields to ``path`` (.npz) atomically."""
-        return write_npz(path, {f.name: getattr(self, f.name) for f in fields(self)})
+        """Write all fields to ``path`` (.npz) atomically (optional ones only when set)."""
+        arrays = {f.name: getattr(self, f.name) for f in fields(self)}
+        arrays.update({n: getattr(self, n) for n in OPTIONAL_FIELDS if getattr(self, n) is not None})
+        return write_npz(path, arrays)
 
     @classmethod
     def load(cls, path):
-        """Read a DecisionOutputs written by :meth:`save`."""
+        """Read a DecisionOutputs written by :meth:`save` (optional fields absent -> None)."""
         with np.load(path, allow_pickle=False) as z:
-            return cls(**{f.name: z[f.name] for f in fields(cls)})
+            out = cls(**{f.name: z[f.name] for f in fields(cls)})
+            for name in OPTIONAL_FIELDS:
+                if name in z.files:
+                    setattr(out, name, z[name])
+        return out
 
 
 def finish_outputs(logits, option_mask, temperature, option_scores, action_map, *, ids, task,
-                   labels, human_dist):
+                   labels, human_dist, exit_layer=None):
     """Derive probabilities, expected score, confidence and action probabilities from logits.
 
     Parameters
@@ -91,6 +109,8 @@ def finish_outputs(logits, option_mask, temperature, option_scores, action_map, 
     action_map : array-like of shape (N, K, A), float
         1 where option k of example i maps to action a; rows of invalid options are zero.
     ids, task, labels, human_dist : see :class:`DecisionOutputs`.
+    exit_layer : array-like of shape (N,), int, optional
+        Early exit: layers run per example (see :class:`DecisionOutputs`).
 
     Returns
     -------
@@ -112,6 +132,11 @@ def finish_outputs(logits, option_mask, temperature, option_scores, action_map, 
         raise ValueError("temperature must be > 0 for every example")
     if not np.all(mask.any(axis=1)):
         raise ValueError("every example needs at least one valid option in option_mask")
+    if exit_layer is not None:
+        exit_layer = np.asarray(exit_layer, dtype=np.int64)
+        if exit_layer.shape != (logits.shape[0],):
+            raise ValueError(f"exit_layer must have shape ({logits.shape[0]},), got "
+                             f"{exit_layer.shape}")
     z = np.where(mask, logits / temperature[:, None], -np.inf)
     z = z - z.max(axis=1, keepdims=True)
     e = np.where(mask, np.exp(z), 0.0)
@@ -123,7 +148,7 @@ def finish_outputs(logits, option_mask, temperature, option_scores, action_map, 
     confidence = np.where(k > 1, 1.0 - entropy / np.log(np.maximum(k, 2)), 1.0)
     actions = np.einsum("nk,nka->na", probs, np.asarray(action_map, dtype=np.float64))
     f32 = np.float32
-    return DecisionOutputs(
+    out = DecisionOutputs(
         ids=np.asarray(ids).astype(str),
         task=np.asarray(task).astype(str),
         logits=np.where(mask, logits, 0.0).astype(f32),
@@ -137,3 +162,5 @@ def finish_outputs(logits, option_mask, temperature, option_scores, action_map, 
         labels=np.asarray(labels, dtype=np.int64),
         human_dist=np.asarray(human_dist, dtype=f32),
     )
+    out.exit_layer = exit_layer
+    return out

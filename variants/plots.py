@@ -630,9 +630,64 @@ def exit_layer_histogram(run, family="exit"):
         ax = fig.subplots()
         sns.histplot(data=df, x="exit_layer", hue="variant", discrete=True, multiple="dodge",
                      ax=ax)
-        ax.set_xlabel("exit layer (index)")
+        ax.set_xlabel("exit layer (encoder layers run; the last = no early exit)")
         ax.set_ylabel("eval examples (count)")
     return fig
+
+
+def exit_summaries(run, family="exit"):
+    """Per early-exit variant of ``run``: :func:`variants.builders.exit_rules.exit_summary` of the
+    eval split (histogram, expected cost, near ties by the reference's raw-logit margin below the
+    sweep's ``near_tie_margin``), from ``exit_layer`` in ``<variant>/outputs.npz``.
+
+    Returns
+    -------
+    dict {variant: summary dict}; variants without ``exit_layer`` are left out.
+    """
+    from variants.builders.exit_rules import exit_summary  # NumPy only, no MLX
+
+    if "family" not in run.summary.columns:
+        return {}
+    ref = run.outputs("reference")
+    out = {}
+    for name in run.summary.loc[run.summary["family"].astype(str) == family, "variant"]:
+        o = run.outputs(str(name))
+        if "exit_layer" not in o:
+            continue
+        build = run.json(str(name), "build.json")
+        n_layers = int(build.get("n_layers", int(o["exit_layer"].max())))
+        out[str(name)] = exit_summary(o["exit_layer"], n_layers, ref["logits"],
+                                      ref["option_mask"],
+                                      run.config.get("near_tie_margin", 1.0),
+                                      build.get("exit_layers"))
+    return out
+
+
+def exit_markdown(run_dir, family="exit"):
+    """Markdown table of :func:`exit_summaries` (eval split) for a run folder; "" when no variant
+    has an ``exit_layer`` array."""
+    try:
+        sums = exit_summaries(load_run(run_dir), family)
+    except (PlotError, OSError, ValueError, KeyError):
+        return ""
+    if not sums:
+        return ""
+    lines = ["====== Early exit on the eval split ======", "",
+             "Exit histogram = eval examples per exit layer (the last = ran every layer); cost = "
+             "mean fraction of layers run; near ties = reference top-2 raw-logit margin below "
+             "the sweep's near-tie margin.", "",
+             "| variant | exit histogram | cost | ideal | exited early | near ties | mean exit "
+             "layer near ties / others | ran every layer near ties / others |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    f = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
+    for name, s in sums.items():
+        hist = "/".join(str(v) for v in s["exit_histogram"].values())
+        lines.append(
+            f"| {name} | {hist} | {s['expected_cost']:.3f} | {s['ideal_speedup']:.2f}× | "
+            f"{s['exited_early_share']:.0%} | {s['n_near_tie']} | "
+            f"{f(s['near_tie_mean_exit_layer'], '.2f')} / {f(s['other_mean_exit_layer'], '.2f')}"
+            f" | {f(s['near_tie_ran_all_share'], '.0%')} / {f(s['other_ran_all_share'], '.0%')} |")
+    return "\n".join(lines) + "\n\n"
 
 
 #: Family name (``summary.csv`` ``family``, as in ``variants.builders.FAMILIES``) -> plot function.
@@ -712,6 +767,8 @@ def plots_markdown(paths, run_dir):
     -------
     str
         ``"====== Plots ======"`` then one ``![caption](plots/x.png)`` per file; "" for no paths.
+        With an early-exit histogram among ``paths``, :func:`exit_markdown`'s eval-split table
+        follows.
     """
     if not paths:
         return ""
@@ -731,7 +788,10 @@ def plots_markdown(paths, run_dir):
             raise ValueError(f"plot {p} is not inside run_dir {run_dir}; pass the paths "
                              f"plot_run(run_dir) returned.") from None
         lines += [f"![{caption}]({rel})", ""]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if any(Path(p).stem == "family_exit" for p in paths):
+        text += "\n" + exit_markdown(run_dir)
+    return text
 
 
 def main(args):

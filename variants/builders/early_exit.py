@@ -1,30 +1,32 @@
 """Early exit: distilled decision heads after intermediate encoder layers, with a confidence rule.
 
-After each chosen layer l (1 ≤ l < N) a linear head maps the mean-pooled, L2-normalised hidden
-state to K logits. It is distilled from the reference model's own output distribution
+After each chosen layer l (1 ≤ l < N) an intermediate head turns the mean-pooled, L2-normalised
+hidden state into the model's logits (:mod:`variants.builders.exit_heads`):
+
+- minilm-sentiment (a linear ``head``): a linear head to the K logits;
+- minilm-choice (logit_k = 20·cos(text, option_k)): a linear map into the final embedding
+  space, logits 20·cos(mapped, o_k) with the option embeddings o_k of the full encoder.
+
+Each head is distilled on the **fit** split from the reference model's own output distribution
 (FastBERT, Liu et al. 2020, §3.3: cross-entropy to the final head's softmax, i.e. KL up to a
-constant), optionally mixed with the labels (``label_mix`` λ: (1 − λ)·KL + λ·CE(label)), on the
-**fit** split; L2-regularised and solved by L-BFGS (SciPy, as scikit-learn's LogisticRegression
-does: the loss is convex). Heads are cached keyed by the reference's weights + fit data + config.
+constant), optionally mixed with the labels, by L-BFGS (SciPy); heads are cached keyed by the
+reference's weights + fit data + config.
 
-Exit rules, checked after each head in order (the final layer always answers):
-
-- ``entropy``: normalised entropy H(p)/log K below τ (DeeBERT, Xin et al. 2020, §2.2);
-- ``margin``: top-2 probability margin p₁ − p₂ above τ;
-- ``patience``: the last t heads agree on the argmax (PABEE, Zhou et al. 2020, §3.2; PABEE's
-  patience p is t = p + 1 here).
-
-p = softmax of the head's raw logits. τ (or t) is chosen on the **calibration** split only: the
-cheapest threshold (mean fraction of layers run) whose calibration agreement with the reference's
-answers reaches ``target``; or fixed by ``threshold``.
+Exit rules (:mod:`variants.builders.exit_rules`), checked after each head in order, the final
+layer always answering: normalised entropy below τ (DeeBERT, Xin et al. 2020), top-2 probability
+margin above τ, patience — t consecutive heads agree (PABEE, Zhou et al. 2020). τ (or t) is
+chosen on the **calibration** split only: the cheapest threshold (mean fraction of layers run)
+whose calibration agreement with the reference's answers reaches ``target``; or fixed by
+``threshold``. A rule that can never fire (entropy τ ≤ 0, margin τ ≥ 1, patience t > heads)
+runs no head at all: the variant's forward is the reference's.
 
 Batched execution shrinks the batch: rows that exit are removed (``x[keep]``) and the remaining
-rows are cut to their longest real length, so later layers really see fewer rows. Supported
-for decision modules with a linear ``head`` (minilm-sentiment); minilm-choice is refused.
-Composes with quantization (``bits``): the encoder is quantized, heads stay fp32.
+rows are cut to their longest real length, so later layers really see fewer rows; each forward
+leaves the per-row exit layer in ``last_exit_layer`` (recorded by ``DecisionModel.outputs`` as
+``DecisionOutputs.exit_layer``). Composes with quantization (``bits``): the encoder is
+quantized, heads stay fp32.
 """
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,19 +34,19 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from scipy.optimize import minimize
 
 from variants.builders import realised_speed_lines
+from variants.builders.exit_heads import (FALLBACK_N_FIT, HEAD_L2, KINDS, cosine_logits,  # noqa: F401
+                                          fit_cosine_head, fit_head, head_logits, ridge_map,
+                                          split_features, trained_heads, unit)
+from variants.builders.exit_rules import (N_CANDIDATES, RULES, exit_summary,  # noqa: F401
+                                          fires, fit_threshold, never_fires, predictions,
+                                          rule_statistic, simulate, summary_lines)
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 from variants.encoder import attention_bias, mean_pool
-from variants.io import digest, write_npz
 
-RULES = ("entropy", "margin", "patience")
 DEFAULT_TARGETS = (0.99, 0.97)
-HEAD_L2 = 1e-3  # L2 strength on head weights (per example)
-FALLBACK_N_FIT = 1000  # fit examples drawn by the builder when the sweep passes no fit split
 NEAR_TIE_MARGIN = 1.0  # raw-logit margin of the reference below which an example is a near tie
-N_CANDIDATES = 400  # thresholds tried per rule on the calibration split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,126 +121,94 @@ class ExitConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# rules
-# ---------------------------------------------------------------------------------------------
-
-def _softmax(logits):
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def rule_statistic(logits, rule):
-    """Per-example statistic of a head's raw logits (n, K): normalised entropy (entropy) or top-2
-    probability margin (margin); ``exit`` when entropy < τ, margin > τ."""
-    p = _softmax(np.asarray(logits, np.float64))
-    if rule == "entropy":
-        return -(p * np.log(np.clip(p, 1e-30, 1))).sum(-1) / np.log(p.shape[-1])
-    if rule == "margin":
-        top = np.sort(p, axis=-1)
-        return top[:, -1] - top[:, -2]
-    raise ValueError(f"exit rule {rule!r} has no statistic; choose entropy or margin")
-
-
-def fires(stat_or_run, rule, threshold):
-    """Boolean (n,): does ``rule`` fire. For patience pass the current agreement run length."""
-    if rule == "entropy":
-        return stat_or_run < threshold
-    if rule == "margin":
-        return stat_or_run > threshold
-    if rule == "patience":
-        return stat_or_run >= threshold
-    raise ValueError(f"exit rule {rule!r} is not known; choose one of {RULES}")
-
-
-def simulate(head_logits, final_logits, rule, threshold, layers, n_layers):
-    """Exit layer and answer of each example given every head's logits (no model run).
-
-    Parameters
-    ----------
-    head_logits : list of ndarray (n, K), one per exit layer in ``layers``
-    final_logits : ndarray (n, K)
-        The model's own final head (the variant's answer when no rule fires).
-
-    Returns
-    -------
-    exit_layer : ndarray (n,) int (1-based layer whose head answered; N = no early exit)
-    logits : ndarray (n, K)
-    """
-    n = len(final_logits)
-    exit_layer = np.full(n, n_layers, np.int64)
-    out = np.array(final_logits, np.float64)
-    done = np.zeros(n, bool)
-    run = np.zeros(n, np.int64)
-    prev = np.full(n, -1)
-    for lg, l in zip(head_logits, layers):
-        pred = lg.argmax(-1)
-        run = np.where(pred == prev, run + 1, 1)
-        prev = pred
-        s = run if rule == "patience" else rule_statistic(lg, rule)
-        f = fires(s, rule, threshold) & ~done
-        exit_layer[f] = l
-        out[f] = lg[f]
-        done |= f
-    return exit_layer, out
-
-
-def fit_threshold(head_logits, final_logits, ref_pred, rule, target, layers, n_layers):
-    """The cheapest threshold whose agreement with ``ref_pred`` reaches ``target``.
-
-    Candidates: quantiles of the rule statistic over all heads (entropy, margin), or t = 2..H
-    (patience); plus one that never fires. Returns ``(threshold, agreement, expected cost)``.
-    """
-    if rule == "patience":
-        cands = [float(t) for t in range(2, len(layers) + 1)] + [float(len(layers) + 1)]
-    else:
-        stats = np.concatenate([rule_statistic(lg, rule) for lg in head_logits])
-        qs = np.unique(np.quantile(stats, np.linspace(0, 1, N_CANDIDATES)))
-        never = 0.0 if rule == "entropy" else 1.0
-        cands = [never] + (qs.tolist() if rule == "entropy" else qs[::-1].tolist())
-    best = None
-    for t in cands:
-        el, lg = simulate(head_logits, final_logits, rule, t, layers, n_layers)
-        agree = float((lg.argmax(-1) == ref_pred).mean())
-        cost = float(el.mean() / n_layers)
-        if agree >= target and (best is None or cost < best[2] - 1e-12):
-            best = (float(t), agree, cost)
-    return best
-
-
-# ---------------------------------------------------------------------------------------------
 # the early-exit forward pass
 # ---------------------------------------------------------------------------------------------
 
 class ExitNet(nn.Module):
-    """Wraps a decision module (``encoder`` + ``head``) with intermediate heads and an exit rule.
+    """Wraps a decision module with intermediate heads and an exit rule.
 
-    Call like the wrapped module: (B, L) int32 ids, mask, types -> (B, K) logits. After each
-    call ``last_exit_layer`` (B,) int holds every row's exit layer (N = ran every layer).
+    Parameters
+    ----------
+    base : nn.Module
+        ``kind='linear'``: a module with ``encoder`` and a linear ``head`` (SentimentNet);
+        ``kind='cosine'``: an embedding net with ``encoder`` (choice.EmbeddingNet).
+    heads : list of nn.Linear — one per layer of ``layers`` ((D → K) linear, (D → D) cosine)
+    layers : sequence of int — 1-based layers after which a head runs
+    rule, threshold : the exit rule (``exit_rules.RULES``) and its τ (or t)
+    kind : {'linear', 'cosine'}
+    temperatures : dict {K: T}, optional — cosine heads read p at the model's per-K temperature
+
+    Linear kind: call like the wrapped module, (B, L) int32 ids, mask, types -> (B, K) logits.
+    Cosine kind: :meth:`option_logits` (used by ``ChoiceModel.forward``) -> (B, K) logits;
+    :meth:`embed_options` embeds option texts with the full ``base``. After each forward
+    ``last_exit_layer`` (B,) int holds every row's exit layer (N = ran every layer) and
+    ``heads_run`` the number of intermediate heads evaluated (0 when the rule can never fire).
     """
 
-    def __init__(self, base, heads, layers, rule, threshold):
+    def __init__(self, base, heads, layers, rule, threshold, kind="linear", temperatures=None):
         super().__init__()
         self.base = base
         self.exit_heads = list(heads)
         self._layers = tuple(int(a) for a in layers)
         self._rule = rule
         self._threshold = float(threshold)
+        self._kind = kind
+        self._temperatures = {int(k): float(v) for k, v in (temperatures or {}).items()}
+        self._never = never_fires(rule, self._threshold, len(self._layers))
         self.last_exit_layer = None
+        self.heads_run = 0
 
     def __call__(self, input_ids, attention_mask, token_type_ids):
+        if self._kind == "cosine":  # an embedding net: the full embedding (no exit possible)
+            self.last_exit_layer, self.heads_run = None, 0
+            return self.base(input_ids, attention_mask, token_type_ids)
         return self.forward_trace(input_ids, attention_mask, token_type_ids)
 
-    def forward_trace(self, input_ids, attention_mask, token_type_ids, trace=None):
-        """As ``__call__``; appends ``(layer index, x.shape)`` for every layer's input to
-        ``trace`` when a list is given (tests check the batch shrinks)."""
+    def embed_options(self, input_ids, attention_mask, token_type_ids):
+        """(n, D) embeddings of option texts by the full ``base`` (no exit): computed once."""
+        return self.base(input_ids, attention_mask, token_type_ids)
+
+    def option_logits(self, input_ids, attention_mask, token_type_ids, options, option_valid):
+        """Cosine kind: (B, K) logits 20·cos(text, option) with early exit; ``options`` (B, K, D)
+        option embeddings, ``option_valid`` (B, K) bool."""
+        return self.forward_trace(input_ids, attention_mask, token_type_ids, options=options,
+                                  option_valid=option_valid)
+
+    def _temperature(self, valid_np):
+        k = valid_np.sum(1)
+        missing = sorted(set(k.tolist()) - set(self._temperatures))
+        if missing:
+            raise ValueError(f"no temperature for option counts {missing}: calibrate the "
+                             "reference before building the early-exit variant")
+        return np.array([self._temperatures[int(x)] for x in k], np.float64)
+
+    def _final(self, pooled, options, valid):
+        if self._kind == "cosine":
+            return cosine_logits(pooled, options, valid)
+        return self.base.head(pooled)
+
+    def forward_trace(self, input_ids, attention_mask, token_type_ids, trace=None, *,
+                      options=None, option_valid=None):
+        """As ``__call__`` / :meth:`option_logits`; appends ``(layer index, x.shape)`` for every
+        layer's input to ``trace`` when a list is given (tests check the batch shrinks)."""
         enc = self.base.encoder
         n_layers = len(enc.layers)
         B = input_ids.shape[0]
+        if self._kind == "cosine" and (options is None or option_valid is None):
+            raise ValueError("cosine exit heads need options (B, K, D) and option_valid (B, K)")
+        self.heads_run = 0
+        if self._never:  # no head can fire: exactly the reference's forward
+            self.last_exit_layer = np.full(B, n_layers, np.int64)
+            if self._kind == "linear":
+                return self.base(input_ids, attention_mask, token_type_ids)
+            return cosine_logits(self.base(input_ids, attention_mask, token_type_ids), options,
+                                 option_valid)
         x = enc.embed(input_ids, token_type_ids)
         mask = attention_mask
         bias = attention_bias(mask, x.dtype)
         heads = dict(zip(self._layers, self.exit_heads))
+        valid_np = None if option_valid is None else np.array(option_valid, bool)
+        temp = self._temperature(valid_np) if self._kind == "cosine" else None
         active = np.arange(B)
         out = None
         exit_layer = np.full(B, n_layers, np.int64)
@@ -251,13 +221,18 @@ class ExitNet(nn.Module):
             head = heads.get(i + 1)
             if head is None or i + 1 >= n_layers:
                 continue
-            lg = np.array(head(mean_pool(x, mask)), np.float32)  # syncs: the exit is data-dependent
+            z = head(mean_pool(x, mask))
+            if self._kind == "cosine":
+                z = cosine_logits(unit(z), options, option_valid)
+            lg = np.array(z, np.float32)  # syncs: the exit is data-dependent
+            self.heads_run += 1
             if out is None:
                 out = np.zeros((B, lg.shape[1]), np.float32)
-            pred = lg.argmax(-1)
+            pred = predictions(lg, valid_np)
             run = np.where(pred == prev, run + 1, 1)
             prev = pred
-            s = run if self._rule == "patience" else rule_statistic(lg, self._rule)
+            s = run if self._rule == "patience" else rule_statistic(lg, self._rule, valid_np,
+                                                                    temp)
             f = fires(s, self._rule, self._threshold)
             if not f.any():
                 continue
@@ -273,114 +248,15 @@ class ExitNet(nn.Module):
             L = int(mask.sum(axis=1).max().item())  # right padding: cut to the longest left
             x, mask = x[idx][:, :L], mask[:, :L]
             bias = attention_bias(mask, x.dtype)
-        final = self.base.head(mean_pool(x, mask))
+            if self._kind == "cosine":
+                options, option_valid = options[idx], option_valid[idx]
+                valid_np, temp = valid_np[keep], temp[keep]
+        final = self._final(mean_pool(x, mask), options, option_valid)
         self.last_exit_layer = exit_layer
         if out is None:
             return final
         out[active] = np.array(final, np.float32)
         return mx.array(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# training the heads
-# ---------------------------------------------------------------------------------------------
-
-def layer_features(module, batches, layers):
-    """Mean-pooled normalised hidden states after each layer in ``layers`` and the final raw
-    logits, for prepared ``batches``. Returns ({layer: (n, D)}, (n, K), order (n,))."""
-    feats = {l: [] for l in layers}
-    logits, order = [], []
-    for b in batches:
-        enc = module.encoder(b.input_ids, b.attention_mask, b.token_type_ids,
-                             output_hidden_states=True)
-        for l in layers:
-            feats[l].append(np.array(mean_pool(enc.hidden_states[l], b.attention_mask)))
-        logits.append(np.array(module.head(mean_pool(enc.last_hidden, b.attention_mask))))
-        order.append(b.index)
-    order = np.concatenate(order)
-    inv = np.argsort(order)
-    return ({l: np.concatenate(v)[inv] for l, v in feats.items()},
-            np.concatenate(logits)[inv].astype(np.float64), order[inv])
-
-
-def fit_head(features, soft_targets, labels=None, *, label_mix=0.0, l2=HEAD_L2):
-    """Distil one linear head: min (1 − λ)·CE(soft, q) + λ·CE(label, q) + l2/2·‖W‖² by L-BFGS.
-
-    Parameters
-    ----------
-    features : ndarray (n, D)
-    soft_targets : ndarray (n, K) — the reference's probabilities (rows sum to 1)
-    labels : ndarray (n,) int, optional (−1 = unlabeled); needed when ``label_mix`` > 0
-
-    Returns
-    -------
-    weight : ndarray (K, D) float32, bias : ndarray (K,) float32
-    """
-    X = np.asarray(features, np.float64)
-    n, D = X.shape
-    K = soft_targets.shape[1]
-    T = np.asarray(soft_targets, np.float64)
-    if label_mix > 0:
-        Y = np.zeros_like(T)
-        ok = labels >= 0
-        Y[ok, labels[ok]] = 1.0
-        T = np.where(ok[:, None], (1 - label_mix) * T + label_mix * Y, T)
-
-    def loss(theta):
-        W, b = theta[:K * D].reshape(K, D), theta[K * D:]
-        z = X @ W.T + b
-        z -= z.max(1, keepdims=True)
-        logq = z - np.log(np.exp(z).sum(1, keepdims=True))
-        f = -(T * logq).sum() / n + 0.5 * l2 * (W ** 2).sum()
-        g = (np.exp(logq) - T) / n
-        return f, np.concatenate([(g.T @ X + l2 * W).ravel(), g.sum(0)])
-
-    res = minimize(loss, np.zeros(K * D + K), jac=True, method="L-BFGS-B",
-                   options={"maxiter": 1000})
-    return (res.x[:K * D].reshape(K, D).astype(np.float32), res.x[K * D:].astype(np.float32))
-
-
-def _module_digest(module):
-    h = hashlib.sha256()
-    for k, v in tree_flatten(module.parameters()):
-        h.update(k.encode())
-        h.update(np.asarray(v).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _fit_split(reference, fit):
-    if fit is not None:
-        return fit, f"fit split passed by the sweep ({len(fit)} examples)"
-    from variants import data
-    from variants.models import get_module
-
-    frame = data.sample(data.split_frame(data.load_vader(), "fit"), FALLBACK_N_FIT, seed=0)
-    return (get_module(reference.name).make_taskset(frame),
-            f"fit split drawn by the builder ({FALLBACK_N_FIT} examples, seed 0): the sweep "
-            "passed no fit TaskSet")
-
-
-def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None):
-    """Heads for ``layers`` (list of (W, b)), trained on the fit split or loaded from the cache
-    (key: reference weights + fit data + layers + label mix + L2). Returns (heads, info)."""
-    fit, source = _fit_split(reference, fit)
-    key = digest(_module_digest(reference.module), fit.fingerprint(), list(layers), label_mix,
-                 HEAD_L2, "fastbert-kl-v1")
-    path = None if cache_dir is None else cache_dir / "exit_heads" / f"{reference.name}-{key}.npz"
-    info = {"fit_source": source, "heads_cache_key": key, "n_fit": len(fit)}
-    if path is not None and path.exists():
-        with np.load(path) as z:
-            return [(z[f"w{l}"], z[f"b{l}"]) for l in layers], {**info, "heads_cached": True}
-    batches, _ = reference.prepare(fit)
-    feats, logits, _ = layer_features(reference.module, batches, layers)
-    soft = _softmax(logits)
-    heads = [fit_head(feats[l], soft, np.asarray(fit.labels), label_mix=label_mix) for l in layers]
-    fit_agree = {int(l): float(((feats[l] @ w.T + b).argmax(1) == logits.argmax(1)).mean())
-                 for l, (w, b) in zip(layers, heads)}
-    if path is not None:
-        write_npz(path, {**{f"w{l}": w for l, (w, _) in zip(layers, heads)},
-                         **{f"b{l}": b for l, (_, b) in zip(layers, heads)}})
-    return heads, {**info, "heads_cached": False, "fit_head_agreement": fit_agree}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,29 +317,67 @@ def _layers_of(cfg, n_layers):
     return tuple(cfg.exit_layers) if cfg.exit_layers else tuple(range(1, n_layers))
 
 
+def _kind_of_model_name(model):
+    """Head kind of a registered model name (``EXIT_HEAD_KIND`` of its model file) or None."""
+    from variants.models import get_module
+
+    return getattr(get_module(model), "EXIT_HEAD_KIND", None)
+
+
 def check_model(module, cfgs, model=None):
-    """Reject, before a sweep writes anything, exit layers outside [1, N), a patience longer
-    than the number of heads (it could never fire), or a decision model without a linear head
-    (``model`` = the registry name; minilm-choice). ``module``: the encoder."""
-    if model == "minilm-choice":
-        raise ValueError("early exit supports decision models with a linear head "
-                         "(minilm-sentiment); minilm-choice scores options by cosine and has none")
+    """Reject, before a sweep writes anything: a decision model early exit cannot reproduce
+    (``model`` = the registry name; its model file must define ``EXIT_HEAD_KIND``), an encoder
+    without per-layer access, exit layers outside [1, N), and fixed thresholds that no
+    calibration example can meet (a patience longer than the number of heads; entropy τ ≤ 0 and
+    margin τ ≥ 1 are already refused by :class:`ExitConfig`). ``module``: the encoder.
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter (--model, --exit-layers, --exit-thresholds) and the fix.
+    """
+    if model is not None and _kind_of_model_name(model) not in KINDS:
+        raise ValueError(f"--model {model} has no early-exit head (its model file defines no "
+                         f"EXIT_HEAD_KIND in {KINDS}); early exit supports minilm-sentiment "
+                         "and minilm-choice: choose --family prune or quant for it")
     layers = getattr(module, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(module).__name__} has no per-layer access (a `layers` list); "
-                         "early exit needs one")
+        raise ValueError(f"--model {model or '?'}: its encoder {type(module).__name__} has no "
+                         "per-layer access (a `layers` list); --family exit needs one")
     n = len(layers)
     for cfg in cfgs:
         ls = _layers_of(cfg, n)
         bad = [a for a in ls if not 1 <= a < n]
         if bad:
-            raise ValueError(f"exit_layers {bad} are outside [1, {n}) for this {n}-layer encoder")
-        if cfg.rule == "patience" and cfg.threshold is not None and cfg.threshold > len(ls):
-            raise ValueError(f"exit_threshold={int(cfg.threshold)} for rule patience exceeds the "
-                             f"{len(ls)} exit heads: no calibration example can meet it")
+            raise ValueError(f"exit_layers {bad} are outside [1, {n}) for this {n}-layer encoder"
+                             f" (--exit-layers takes layers 1..{n - 1})")
+        if cfg.threshold is not None and never_fires(cfg.rule, cfg.threshold, len(ls)):
+            what = (f"exceeds the {len(ls)} exit heads" if cfg.rule == "patience"
+                    else "is never reached")
+            raise ValueError(f"exit_threshold={cfg.threshold:g} for rule {cfg.rule} {what}: no "
+                             "calibration example can meet it; pass --exit-thresholds "
+                             + ("t in 2..%d" % len(ls) if cfg.rule == "patience" else
+                                "in (0, 1]" if cfg.rule == "entropy" else "in [0, 1)")
+                             + " or --exit-targets to fit it")
 
 
-_FEATS = OrderedDict()  # (id(module), calibration fingerprint, layers) -> calibration features
+def _head_kind(reference):
+    """'linear' (module with encoder + linear head), 'cosine' (ChoiceModel) or an error."""
+    module = reference.module
+    if "encoder" not in module or not hasattr(module["encoder"], "layers"):
+        raise ValueError(f"--model {reference.name}: {type(module).__name__} has no per-layer "
+                         "access (module.encoder.layers); --family exit needs one")
+    kind = getattr(reference, "exit_head_kind", None)
+    if kind == "linear" and "head" in module and isinstance(module["head"], nn.Linear):
+        return kind
+    if kind == "cosine":
+        return kind
+    raise ValueError(f"--model {reference.name} ({type(module).__name__}) has no early-exit "
+                     f"head kind (exit_head_kind in {KINDS} with a linear head for 'linear'): "
+                     "choose --family prune or quant for it")
+
+
+_FEATS = OrderedDict()  # (id(module), calibration fingerprint, layers, kind) -> features
 _MEMO = OrderedDict()  # (id(module), cfg without mode, calibration fingerprint) -> fitted state
 
 
@@ -472,8 +386,9 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
 
     Parameters
     ----------
-    reference : DecisionModel
-        Its ``module`` has ``encoder`` (with ``layers``) and a linear ``head``.
+    reference : DecisionModel (calibrated: its temperatures are used by cosine heads)
+        minilm-sentiment (``module.encoder`` with ``layers`` and a linear ``head``) or
+        minilm-choice (``module`` an embedding net with ``encoder.layers``).
     cfg : ExitConfig
     mode : {'native', 'simulated'}, default='simulated'
         Meaningful only with ``cfg.bits``.
@@ -488,27 +403,22 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
     -------
     variant : DecisionModel
     info : dict
-        ``rule``, ``threshold``, ``target``, ``exit_layers``, ``calibration_agreement``,
-        ``expected_cost`` (mean fraction of layers run on calibration), ``work_ratio``,
-        ``ideal_speedup`` = 1 / expected cost, ``exit_histogram`` (calibration, layer -> count),
-        ``near_tie_mean_exit_layer`` / ``other_mean_exit_layer``, head training facts.
+        ``rule``, ``threshold``, ``target``, ``exit_layers``, ``head_kind``,
+        ``calibration_agreement``, ``expected_cost`` (mean fraction of layers run on
+        calibration), ``work_ratio``, ``ideal_speedup`` = 1 / expected cost, ``exit_histogram``
+        (calibration, layer -> count), ``near_tie_mean_exit_layer`` / ``other_mean_exit_layer``,
+        ``never_fires`` (no head runs), head training facts.
 
     Raises
     ------
     ValueError
-        Unknown mode, a module without per-layer access or without a linear head
-        (minilm-choice), no calibration split, a fixed threshold no calibration example meets.
+        Unknown mode, a module without per-layer access or without an exit head kind, no
+        calibration split, a fixed threshold no calibration example meets.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not supported; choose one of {MODES}")
+    kind = _head_kind(reference)
     module = reference.module
-    if "encoder" not in module or not hasattr(module["encoder"], "layers"):
-        raise ValueError(f"{type(module).__name__} has no per-layer access (module.encoder."
-                         "layers); early exit needs one")
-    if "head" not in module or not isinstance(module["head"], nn.Linear):
-        raise ValueError(f"early exit supports decision models with a linear head "
-                         f"(minilm-sentiment); {reference.name!r} ({type(module).__name__}) has "
-                         "none: choose --family prune or quant for it")
     if calibration is None:
         raise ValueError("early exit needs the calibration split to choose its threshold "
                          "(build(reference, cfg, calibration=...))")
@@ -522,49 +432,50 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
     state = _MEMO.get(key)
     if state is None or state[0] is not module:
         heads, hinfo = trained_heads(reference, layers, cfg.label_mix, fit=fit,
-                                     cache_dir=cache_dir)
+                                     cache_dir=cache_dir, kind=kind)
         qsim = base if cfg.bits is None or mode == "simulated" else quantize_module(
             module, QuantConfig(cfg.bits, cfg.group_size), "simulated")[0]
-        fkey = (id(qsim), calibration.fingerprint(), layers)
+        fkey = (id(qsim), calibration.fingerprint(), layers, kind)
         hit = _FEATS.get(fkey)
         if hit is not None and hit[0] is qsim:
-            feats, final_logits = hit[1:]
+            cal = hit[1]
         else:
-            batches, _ = reference.prepare(calibration)
-            feats, final_logits, _ = layer_features(qsim, batches, layers)
-            _FEATS[fkey] = (qsim, feats, final_logits)
+            cal = split_features(reference, qsim, calibration, layers, kind)
+            _FEATS[fkey] = (qsim, cal)
             while len(_FEATS) > 2:
                 _FEATS.popitem(last=False)
-        ref_feats_logits = final_logits if qsim is module else layer_features(
-            module, reference.prepare(calibration)[0], [])[1]
-        ref_pred = ref_feats_logits.argmax(-1)
-        head_logits = [feats[l] @ w.T.astype(np.float64) + b for l, (w, b) in zip(layers, heads)]
+        mask, temp, final_logits = cal["mask"], cal["temperature"], cal["logits"]
+        ref_logits = final_logits if qsim is module else split_features(
+            reference, module, calibration, [], kind)["logits"]
+        ref_pred = predictions(ref_logits, mask)
+        hl = [head_logits(kind, h, cal["feats"][l], cal["opts"], mask)
+              for l, h in zip(layers, heads)]
         if cfg.target is not None:
-            threshold, agree, cost = fit_threshold(head_logits, final_logits, ref_pred, cfg.rule,
-                                                   cfg.target, layers, n_layers)
+            threshold, agree, cost = fit_threshold(hl, final_logits, ref_pred, cfg.rule,
+                                                   cfg.target, layers, n_layers, mask, temp)
         else:
             threshold = cfg.threshold
-        el, lg = simulate(head_logits, final_logits, cfg.rule, threshold, layers, n_layers)
+        el, lg = simulate(hl, final_logits, cfg.rule, threshold, layers, n_layers, mask, temp)
         if cfg.threshold is not None and not (el < n_layers).any():
             raise ValueError(f"exit_threshold={cfg.threshold} ({cfg.rule}) fires on none of the "
                              f"{len(el)} calibration examples: the variant would be the reference"
                              "; pass a looser threshold")
-        agree = float((lg.argmax(-1) == ref_pred).mean())
-        top = np.sort(ref_feats_logits, axis=-1)
-        near = (top[:, -1] - top[:, -2]) < NEAR_TIE_MARGIN
-        hist = {int(l): int((el == l).sum()) for l in (*layers, n_layers)}
+        agree = float((predictions(lg, mask) == ref_pred).mean())
+        summ = exit_summary(el, n_layers, ref_logits, mask, NEAR_TIE_MARGIN, layers)
+        never = never_fires(cfg.rule, threshold, len(layers))
         info = {"rule": cfg.rule, "target": cfg.target, "threshold": float(threshold),
                 "threshold_fitted_on": "calibration" if cfg.target is not None else "fixed",
                 "exit_layers": list(layers), "n_layers": n_layers, "label_mix": cfg.label_mix,
+                "head_kind": kind, "never_fires": bool(never),
+                "rule_probabilities": ("softmax(raw logits)" if temp is None else
+                                       "softmax(logits / the model's per-K temperature)"),
                 "calibration_agreement": agree, "n_calibration": len(el),
-                "expected_cost": float(el.mean() / n_layers),
-                "exit_histogram": hist,
-                "exited_early_share": float((el < n_layers).mean()),
-                "near_tie_margin": NEAR_TIE_MARGIN, "n_near_tie": int(near.sum()),
-                "near_tie_mean_exit_layer": float(el[near].mean()) if near.any() else None,
-                "other_mean_exit_layer": float(el[~near].mean()) if (~near).any() else None,
-                "near_tie_ran_all_share": float((el[near] == n_layers).mean()) if near.any()
-                else None,
+                "expected_cost": summ["expected_cost"],
+                "exit_histogram": summ["exit_histogram"],
+                "exited_early_share": summ["exited_early_share"],
+                **{k: summ[k] for k in ("near_tie_margin", "n_near_tie",
+                                        "near_tie_mean_exit_layer", "other_mean_exit_layer",
+                                        "near_tie_ran_all_share", "other_ran_all_share")},
                 **hinfo}
         info["work_ratio"] = info["expected_cost"]
         info["ideal_speedup"] = 1.0 / info["expected_cost"]
@@ -588,24 +499,36 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         h = nn.Linear(w.shape[1], w.shape[0])
         h.weight, h.bias = mx.array(w), mx.array(b)
         mlx_heads.append(h)
-    wrapper = ExitNet(base, mlx_heads, layers, cfg.rule, threshold)
+    wrapper = ExitNet(base, mlx_heads, layers, cfg.rule, threshold, kind=kind,
+                      temperatures=reference.temperatures)
     return reference.replace_module(wrapper), info
 
 
-def describe(info, timing=None):
-    """Markdown lines: threshold, calibration agreement, exit histogram, near ties, speed."""
+def describe(info, timing=None, eval_summary=None):
+    """Markdown lines: threshold, calibration exit histogram and cost, near ties, speed; with
+    ``eval_summary`` (an :func:`exit_rules.exit_summary` dict of the eval split, or
+    ``info['eval_exit']`` when present) the eval-split histogram, cost and near ties too. (The
+    sweep calls ``describe(build.json, timing.json)``; the eval lines of a finished run are also
+    written by :func:`variants.plots.exit_markdown` from the saved ``exit_layer`` arrays.)"""
     hist = ", ".join(f"L{k}: {v}" for k, v in info["exit_histogram"].items())
     thr = info["threshold"]
     lines = [f"- rule `{info['rule']}`, threshold {thr:.4g} ({info['threshold_fitted_on']}"
              + (f", target agreement {info['target']}" if info.get("target") else "") + "); "
-             f"heads after layers {info['exit_layers']} ({info['fit_source']})",
+             f"{info.get('head_kind', 'linear')} heads after layers {info['exit_layers']} "
+             f"({info['fit_source']})"
+             + ("; the rule can never fire: no head runs" if info.get("never_fires") else ""),
              f"- calibration: agreement {info['calibration_agreement']:.4f}, exit histogram "
              f"{hist}; expected cost {info['expected_cost']:.3f} of the layers → ideal speed-up "
              f"{info['ideal_speedup']:.2f}×"]
     if info.get("n_near_tie"):
-        lines.append(f"- near ties (reference margin < {info['near_tie_margin']}, "
+        other = info["other_mean_exit_layer"]
+        lines.append(f"- calibration near ties (reference margin < {info['near_tie_margin']}, "
                      f"n={info['n_near_tie']}): mean exit layer "
-                     f"{info['near_tie_mean_exit_layer']:.2f} vs {info['other_mean_exit_layer']:.2f}"
-                     f" for the rest; {info['near_tie_ran_all_share']:.0%} ran every layer")
+                     f"{info['near_tie_mean_exit_layer']:.2f} vs "
+                     f"{'—' if other is None else f'{other:.2f}'} for the rest; "
+                     f"{info['near_tie_ran_all_share']:.0%} ran every layer")
+    ev = eval_summary if eval_summary is not None else info.get("eval_exit")
+    if ev:
+        lines += summary_lines(ev, "eval")
     lines += realised_speed_lines(timing, info["ideal_speedup"])
     return "\n".join(lines) + "\n"

@@ -34,6 +34,9 @@ DOMAIN_WORDING = {
 # who acts on a routed text: product complaints go to support, tweets to the social team
 DOMAIN_ACTIONS = {"tweet": "review", "movie": "none", "product": "escalate", "news": "none"}
 TASKS = ("sentiment-2", "sentiment-3", "sentiment-5", "domain-4")
+#: How an early-exit head reproduces this model (variants.builders.exit_heads): a linear map of
+#: an intermediate embedding into the final embedding space, scored by scaled cosine.
+EXIT_HEAD_KIND = "cosine"
 
 
 def _task_of(ids):
@@ -82,6 +85,7 @@ class ChoiceModel(DecisionModel):
     """
 
     name = "minilm-choice"
+    exit_head_kind = EXIT_HEAD_KIND
 
     def _reset_caches(self):
         self._option_emb = None
@@ -91,15 +95,22 @@ class ChoiceModel(DecisionModel):
         if emb is None or emb.shape[0] < len(self.option_texts):
             encs, _ = self.tokenizer.encode(self.option_texts)
             ids, mask, types = (mx.array(a) for a in self.tokenizer.batch(encs))
-            emb = self.module(ids, mask, types)
+            embed = getattr(self.module, "embed_options", None) or self.module
+            emb = embed(ids, mask, types)
             mx.eval(emb)
             self._option_emb = emb
         return emb
 
     def forward(self, batch):
-        text = self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)  # (B, D)
+        """(B, K) logits COSINE_SCALE·cos(text, option), 0 where there is no option. A module
+        with ``option_logits`` (early exit) scores the options itself."""
         idx = batch.option_index
         opts = self._options()[mx.maximum(idx, 0)]  # (B, K, D)
+        scorer = getattr(self.module, "option_logits", None)
+        if scorer is not None:
+            return scorer(batch.input_ids, batch.attention_mask, batch.token_type_ids, opts,
+                          idx >= 0)
+        text = self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)  # (B, D)
         cos = (text[:, None, :] * opts).sum(axis=-1)
         return mx.where(idx >= 0, COSINE_SCALE * cos, 0.0)
 

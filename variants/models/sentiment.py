@@ -15,6 +15,8 @@ SCORES = (-1.0, 0.0, 1.0)
 ACTIONS = ("escalate", "review", "none")
 OPTION_ACTION = ("escalate", "review", "none")  # negative -> escalate, neutral -> review, ...
 HEAD_C = 10.0  # inverse L2 strength of the logistic-regression head
+#: How an early-exit head reproduces this model (variants.builders.exit_heads): linear logits.
+EXIT_HEAD_KIND = "linear"
 
 
 def make_taskset(frame):
@@ -47,6 +49,7 @@ class SentimentModel(DecisionModel):
     """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression."""
 
     name = "minilm-sentiment"
+    exit_head_kind = EXIT_HEAD_KIND
 
     def forward(self, batch):
         return self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)
