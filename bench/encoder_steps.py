@@ -47,7 +47,9 @@ class _SoftmaxOnly:
     masked_softmax = staticmethod(_plain_softmax)
 
 
-def main(batch_size=32, seq_len=128, rounds=5, seed=0):
+def measure(batch_size=32, seq_len=128, rounds=5, seed=0):
+    """Alternated rounds of every step; returns a list of rows
+    ``{"step", "ms", "tokens_per_s", "speedup_vs_0", "max_abs_diff_vs_0"}``."""
     enc = load_checkpoint().encoder
     rng = np.random.default_rng(seed)
     ids = mx.array(rng.integers(1000, 30000, (batch_size, seq_len)).astype(np.int32))
@@ -64,25 +66,37 @@ def main(batch_size=32, seq_len=128, rounds=5, seed=0):
         mx.eval(out)
         return out
 
-    outs = {s: np.array(run(s)) for s in range(len(STEPS))}  # warm-up, and outputs to compare
-    ms = {s: [] for s in range(len(STEPS))}
-    for _ in range(rounds):
-        for s in range(len(STEPS)):
-            t0 = time.perf_counter()
-            run(s)
-            ms[s].append((time.perf_counter() - t0) * 1e3)
-    _configure(len(STEPS) - 1)
-    tokens = batch_size * seq_len
+    try:
+        outs = {s: np.array(run(s)) for s in range(len(STEPS))}  # warm-up + outputs to compare
+        ms = {s: [] for s in range(len(STEPS))}
+        for _ in range(rounds):
+            for s in range(len(STEPS)):
+                t0 = time.perf_counter()
+                run(s)
+                ms[s].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        _configure(len(STEPS) - 1)
+    base = np.array(ms[0])
+    return [{"step": name, "ms": float(np.median(ms[s])),
+             "tokens_per_s": batch_size * seq_len / float(np.median(ms[s])) * 1e3,
+             "speedup_vs_0": float(np.median(base / np.array(ms[s]))),
+             "max_abs_diff_vs_0": float(np.abs(outs[s] - outs[0]).max())}
+            for s, name in enumerate(STEPS)]
+
+
+def print_table(rows, batch_size, seq_len, rounds):
     print(f"MLX reference forward, B={batch_size} L={seq_len} (random ids, full mask), "
           f"median of {rounds} alternated rounds")
     print(f"  {'step':<36}{'ms':>9}{'tok/s':>9}{'vs step 0':>11}{'max |dx| vs 0':>15}")
-    base = np.array(ms[0])
-    for s, name in enumerate(STEPS):
-        t = np.array(ms[s])
-        err = float(np.abs(outs[s] - outs[0]).max())
-        print(f"  {name:<36}{np.median(t):9.1f}{tokens / np.median(t) * 1e3:9.0f}"
-              f"{np.median(base / t):10.2f}x{err:15.1e}")
-    return {s: float(np.median(v)) for s, v in ms.items()}
+    for r in rows:
+        print(f"  {r['step']:<36}{r['ms']:9.1f}{r['tokens_per_s']:9.0f}"
+              f"{r['speedup_vs_0']:10.2f}x{r['max_abs_diff_vs_0']:15.1e}")
+
+
+def main(batch_size=32, seq_len=128, rounds=5):
+    rows = measure(batch_size, seq_len, rounds)
+    print_table(rows, batch_size, seq_len, rounds)
+    return rows
 
 
 if __name__ == "__main__":

