@@ -94,7 +94,8 @@ def _mlx_worker():
             z = mx.zeros((B, L), mx.int32)
             return PreparedBatch(np.arange(B), ids, mx.ones((B, L), mx.int32), z,
                                  mx.zeros((B, 3), mx.int32))
-        rows, sl = work_slopes(model.forward, make)
+        # L >= 32 so every shape takes the same (two-stream) path; below B*L = 32 no split
+        rows, sl = work_slopes(model.forward, make, seq_lens=(32, 64, 128))
         return {"rows": rows, "slopes": sl}
 
     def steps(B, L, rounds):

@@ -148,8 +148,9 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
     -------
     profile : dict
         ``segments_ms`` {segment: median ms}, ``total_ms`` (median un-segmented forward incl.
-        tokenisation and post-processing), ``share`` {segment: p}, ``unattributed_ms`` and
-        ``unattributed_share`` (total minus the segments; negative when per-segment
+        tokenisation and post-processing), ``share`` {segment: p} (of ``total_ms``, or of the
+        segments' sum when that is larger, so the shares never add up to more than 1),
+        ``unattributed_ms`` and ``unattributed_share`` (total minus the segments; negative when per-segment
         synchronisation costs more than it hides), ``batch_size``, ``seq_len``, ``rounds`` and
         ``n_layers`` (encoder layers; the prune / exit ceilings need it).
     """
@@ -199,8 +200,11 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
     seg = {s: float(np.median([r.get(s, 0.0) for r in runs])) for s in SEGMENTS}
     total = float(np.median(totals))
     un = total - sum(seg.values())
+    # Shares of the larger of the two: when per-segment synchronisation makes the segments add up
+    # to more than the whole forward (negative unattributed time), shares still sum to <= 1.
+    denom = max(total, sum(seg.values()))
     return {"segments_ms": seg, "total_ms": total,
-            "share": {s: v / total for s, v in seg.items()},
+            "share": {s: v / denom for s, v in seg.items()},
             "unattributed_ms": un, "unattributed_share": un / total,
             "batch_size": int(shape[0]), "seq_len": int(shape[1]), "rounds": rounds,
             "n_layers": len(encoder.layers)}
