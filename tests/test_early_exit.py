@@ -119,6 +119,23 @@ def test_fit_threshold_picks_cheapest_meeting_target():
     assert ee.fit_threshold(heads, final, ref, "patience", 1.0, (1, 2), 3)[0] == 3.0  # never
 
 
+def test_fit_threshold_out_of_reach_returns_closest():
+    # A quantized base already disagrees with the reference: 10 of 200 final labels differ, so no
+    # threshold reaches 0.99; the closest comes back: at least never-exit's 0.95, and among equal
+    # agreements the cheapest.
+    rng = np.random.default_rng(1)
+    final = rng.normal(size=(200, 3)) * 3
+    ref = final.argmax(1)
+    ref[:10] = (ref[:10] + 1) % 3
+    heads = [final + rng.normal(size=final.shape) * 3.0]
+    t, agree, cost = ee.fit_threshold(heads, final, ref, "entropy", 0.99, (1,), 2)
+    assert 0.95 <= agree < 0.99 and cost <= 1.0
+    el, lg = ee.simulate(heads, final, "entropy", t, (1,), 2)
+    assert (ee.predictions(lg) == ref).mean() == pytest.approx(agree)
+    never = ee.fit_threshold(heads, final, ref, "entropy", 0.0, (1,), 2)  # any threshold meets 0
+    assert never[2] <= cost + 1e-12  # the cheapest overall is at most as costly
+
+
 def test_fixed_threshold_that_never_fires_on_calibration(model, splits, tmp_path):
     with pytest.raises(ValueError, match=r"exit_threshold=1e-09 \(entropy\) fires on none"):
         ee.build(model, ExitConfig("entropy", target=None, threshold=1e-9),

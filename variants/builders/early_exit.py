@@ -27,6 +27,7 @@ leaves the per-row exit layer in ``last_exit_layer`` (recorded by ``DecisionMode
 quantized, heads stay fp32.
 """
 
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -450,9 +451,17 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         ref_pred = predictions(ref_logits, mask)
         hl = [head_logits(kind, h, cal["feats"][l], cal["opts"], mask)
               for l, h in zip(layers, heads)]
+        target_met = None
         if cfg.target is not None:
             threshold, agree, cost = fit_threshold(hl, final_logits, ref_pred, cfg.rule,
                                                    cfg.target, layers, n_layers, mask, temp)
+            target_met = agree >= cfg.target
+            if not target_met:
+                warnings.warn(
+                    f"exit target agreement {cfg.target} is out of reach on calibration: the best "
+                    f"threshold ({cfg.rule} {threshold:g}) agrees {agree:.4f} with the reference "
+                    f"(a {cfg.bits}-bit base disagrees on its own); kept that threshold — lower "
+                    "--exit-targets or raise --exit-bits", stacklevel=2)
         else:
             threshold = cfg.threshold
         el, lg = simulate(hl, final_logits, cfg.rule, threshold, layers, n_layers, mask, temp)
@@ -465,6 +474,7 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         never = never_fires(cfg.rule, threshold, len(layers))
         info = {"rule": cfg.rule, "target": cfg.target, "threshold": float(threshold),
                 "threshold_fitted_on": "calibration" if cfg.target is not None else "fixed",
+                "target_met_on_calibration": target_met,
                 "exit_layers": list(layers), "n_layers": n_layers, "label_mix": cfg.label_mix,
                 "head_kind": kind, "never_fires": bool(never),
                 "rule_probabilities": ("softmax(raw logits)" if temp is None else

@@ -136,7 +136,10 @@ def fit_threshold(head_logits, final_logits, ref_pred, rule, target, layers, n_l
 
     Candidates: quantiles of the rule statistic over all heads (entropy, margin), or t = 2..H
     (patience); plus one that never fires (entropy 0, margin 1, patience H + 1), so a target is
-    always met. Returns ``(threshold, agreement, expected cost)``; cost = mean fraction of layers.
+    always met by an unquantized base. Returns ``(threshold, agreement, expected cost)``; cost =
+    mean fraction of layers. When no candidate reaches ``target`` (a quantized base disagrees
+    with the reference on its own), the candidate with the highest agreement (then the lowest
+    cost) is returned: the caller sees ``agreement < target`` and reports it.
     """
     if rule == "patience":
         cands = [float(t) for t in range(2, len(layers) + 1)] + [float(len(layers) + 1)]
@@ -146,14 +149,16 @@ def fit_threshold(head_logits, final_logits, ref_pred, rule, target, layers, n_l
         qs = np.unique(np.quantile(stats, np.linspace(0, 1, N_CANDIDATES)))
         never = 0.0 if rule == "entropy" else 1.0
         cands = [never] + (qs.tolist() if rule == "entropy" else qs[::-1].tolist())
-    best = None
+    best, closest = None, None
     for t in cands:
         el, lg = simulate(head_logits, final_logits, rule, t, layers, n_layers, mask, temperature)
         agree = float((predictions(lg, mask) == ref_pred).mean())
         cost = float(el.mean() / n_layers)
         if agree >= target and (best is None or cost < best[2] - 1e-12):
             best = (float(t), agree, cost)
-    return best
+        if closest is None or (agree, -cost) > (closest[1], -closest[2]):
+            closest = (float(t), agree, cost)
+    return best if best is not None else closest
 
 
 def exit_summary(exit_layer, n_layers, ref_logits=None, option_mask=None, near_tie_margin=1.0,
