@@ -211,6 +211,17 @@ def sweep_time_lines(meta):
             f"{c.get('variants_reused', '—')}.", ""]
 
 
+def _parallel_text(par):
+    """"; N CPU streams per layer, BLAS threads per GEMM call …" from run.json ``parallel``
+    (:func:`variants.parallel.info`); "" when absent (runs before it was recorded)."""
+    if not par:
+        return ""
+    threads = par.get("blas_threads_per_call")
+    return (f"; CPU streams per encoder layer: {par.get('streams')} (VARIANTS_STREAMS), BLAS "
+            "threads per GEMM call: " + (str(threads) if threads is not None
+                                         else "as configured (not changed)"))
+
+
 def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
@@ -229,7 +240,8 @@ def render_report(meta, summary, details, contract, extras=None):
         + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items()),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
-        + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else ""),
+        + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
+        + _parallel_text(meta.get("parallel")),
         "- timing: two timed regions, both warm, reference and variant in strict alternation "
         "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
         "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
@@ -274,6 +286,13 @@ def render_report(meta, summary, details, contract, extras=None):
                   "kernel (no BLAS), tens of times slower than the fp32 OpenBLAS GEMM at batch 32. "
                   "Quantization here buys memory (model MB), not CPU speed; run on Apple silicon "
                   "(Metal) for the speed side.", ""]
+    failed = meta.get("failed_variants") or {}
+    if failed:
+        lines += ["====== Variants that failed to build ======", "",
+                  f"Left out of every table above and below (run status "
+                  f"`{meta.get('status', 'partial')}`); fix the setting and rerun the same "
+                  "command to add them:", ""]
+        lines += [f"- `{n}`: {str(e).replace(chr(10), ' ')}" for n, e in failed.items()] + [""]
     rows = {r["variant"]: r for _, r in summary.iterrows()}
     for name, (ev, verdict) in details.items():
         s = ev.summary

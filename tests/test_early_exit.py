@@ -4,6 +4,7 @@ shrinks, B=1 matches the batch, thresholds come from the calibration split only,
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from variants import data
 from variants.builders import early_exit as ee
@@ -91,6 +92,27 @@ def test_info_reports_cost_histogram_and_near_ties(built, splits):
     assert list((cache / "exit_heads").glob("*.npz"))  # heads cached
 
 
+def _param_bytes(module):
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+def test_model_bytes_count_the_exit_heads(model, built):
+    variant, info, _ = built
+    heads = sum(_param_bytes(h) for h in variant.module.exit_heads)
+    assert heads == 5 * (3 * 384 + 3) * 4 and info["exit_head_bytes"] == heads
+    assert info["model_bytes"] == _param_bytes(variant.module) == _param_bytes(model.module) + heads
+
+
+def test_model_bytes_count_the_exit_heads_quantized(model, built, splits):
+    variant, info = ee.build(model, ExitConfig("entropy", target=0.95, bits=8), mode="native",
+                             calibration=splits["calibration"], cache_dir=built[2],
+                             fit=splits["fit"])
+    heads = sum(_param_bytes(h) for h in variant.module.exit_heads)
+    assert heads == info["exit_head_bytes"] > 0
+    assert info["model_bytes"] == _param_bytes(variant.module) == \
+        info["quant"]["model_bytes"] + heads
+
+
 def test_thresholds_use_calibration_split_only(model, splits, tmp_path, monkeypatch):
     seen = []
     real_prepare = type(model).prepare
@@ -160,6 +182,56 @@ def test_names_encode_parameters():
     assert names[:2] == ["exit-entropy-ag0.99", "exit-entropy-ag0.99-q4"]
     assert ExitConfig("patience", None, 3, exit_layers=(2, 4), label_mix=0.3).name == \
         "exit-patience-t3-h2.4-mix0.30"
+    # today's names of the common values stay (existing result folders resume)
+    assert [c.name for c in ee.ladder()] == [f"exit-{r}-ag{a}" for r in exit_rules.RULES
+                                             for a in ("0.99", "0.97")]
+    assert [c.name for c in ee.ladder(exit_rules=["margin"], exit_thresholds=[0.3, 1e-9])] == \
+        ["exit-margin-t0.3", "exit-margin-t1e-09"]
+
+
+def test_names_are_unique_and_faithful():
+    # .3g used to name 0.1231 and 0.1234 both t0.123 (one variant silently dropped)
+    cfgs = ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.1231, 0.1234])
+    assert [c.name for c in cfgs] == ["exit-entropy-t0.1231", "exit-entropy-t0.1234"]
+    assert [c.threshold for c in cfgs] == [0.1231, 0.1234]
+    cfgs = ee.ladder(exit_rules=["margin"], exit_targets=[0.9991, 0.9994], exit_label_mix=0.125)
+    assert [c.name for c in cfgs] == ["exit-margin-ag0.9991-mix0.125",
+                                      "exit-margin-ag0.9994-mix0.125"]
+    for c in cfgs:  # the number in the name reads back as the value
+        assert float(c.name.split("-ag")[1].split("-")[0]) == c.target
+    assert ExitConfig(target=1 / 3).name == f"exit-entropy-ag{1 / 3!r}"
+    # exact repeats are one variant
+    assert len(ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.3, 0.3])) == 1
+
+
+def test_two_configs_with_one_name_are_refused():
+    # the group size is not in the name without bits: two such configs would share a folder
+    with pytest.raises(ValueError, match=r"share the name 'exit-entropy-ag0.99'.*"
+                                         r"--exit-group-size \(64 vs 32\)"):
+        ee.unique_by_name([ExitConfig(), ExitConfig(group_size=32)],
+                          {"group_size": "--exit-group-size"})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(exit_rules=["patience"], exit_thresholds=[float("inf")]),
+     "--exit-thresholds inf is not a finite number"),
+    (dict(exit_rules=["entropy"], exit_thresholds=[float("nan")]),
+     "--exit-thresholds nan is not a finite number"),
+    (dict(exit_thresholds=[0.3], exit_targets=[0.9]), "pass one or the other"),
+    (dict(exit_thresholds=[0.3]), r"patience is among the --exit-rules \(by default: entropy "
+                                  r"margin patience\).* pass --exit-rules entropy margin"),
+    (dict(exit_rules=["patience", "entropy"], exit_thresholds=[2]),
+     r"for rule entropy is outside.*pass --exit-rules entropy for"),
+])
+def test_ladder_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ee.ladder(**kwargs)
+
+
+def test_ladder_targets_default_only_without_thresholds():
+    assert [c.target for c in ee.ladder(exit_rules=["entropy"])] == list(ee.DEFAULT_TARGETS)
+    cfgs = ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.3])
+    assert [(c.target, c.threshold) for c in cfgs] == [(None, 0.3)]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -173,10 +245,22 @@ def test_names_encode_parameters():
     (["--model", "minilm-choice", "--exit-rules", "patience", "--exit-thresholds", "6"],
      "exceeds the 5 exit heads"),
     (["--exit-targets", "1.2"], "exit_target=1.2 is outside (0, 1]"),
+    (["--exit-rules", "patience", "--exit-thresholds", "inf"],
+     "--exit-thresholds inf is not a finite number"),
+    (["--exit-layers", "2", "--exit-rules", "patience", "--exit-thresholds", "2"],
+     "rule patience needs at least 2 exit heads (t >= 2 consecutive heads must agree) but "
+     "--exit-layers 2 gives 1; pass two or more, e.g. --exit-layers 1 2, or leave "
+     "--exit-layers out for every layer 1..5"),
+    (["--exit-rules", "entropy", "--exit-thresholds", "0.3", "--exit-targets", "0.9"],
+     "--exit-targets and --exit-thresholds were both given: pass one or the other"),
+    (["--exit-thresholds", "0.3"], "rule patience is among the --exit-rules (by default: "
+                                   "entropy margin patience)"),
+    (["--exit-thresholds", "0.3"], "pass --exit-rules entropy margin for τ thresholds"),
 ])
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main(["sweep", "--family", "exit", "--results-dir", str(tmp_path / "r"),
                  "--n-fit", "20", "--n-calibration", "20", "--n-eval", "20", "--no-progress",
+                 "--timing-batch-sizes", "1", "16",
                  *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
@@ -233,6 +317,13 @@ def test_choice_info_and_cache(choice_built, choice_splits):
     assert list((cache / "exit_heads").glob("minilm-choice-*.npz"))
     heads = choice_built[0].module.exit_heads
     assert len(heads) == 5 and heads[0].weight.shape == (384, 384)  # map into embedding space
+
+
+
+def test_choice_model_bytes_count_the_cosine_heads(choice_model, choice_built):
+    variant, info, _ = choice_built
+    assert info["model_bytes"] == _param_bytes(variant.module) == \
+        _param_bytes(choice_model.module) + 5 * (384 * 384 + 384) * 4  # 90,261,504 + 2,956,800
 
 
 @pytest.mark.parametrize("rule, threshold", [("entropy", 0.0), ("margin", 1.0)])

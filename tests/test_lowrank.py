@@ -259,6 +259,17 @@ def test_ladder_names_encode_parameters():
     assert lr.run_name(rank_rule="params") == "params"
 
 
+def test_names_never_round_two_values_together():
+    # .2f / .3f used to name 0.5 and 0.505 both p0.50, 0.9995 and 1.0 both e1.000
+    assert [c.name for c in lr.ladder(methods=["plain"], ratios=[0.5, 0.505])] == \
+           ["lr-plain-p0.50", "lr-plain-p0.505"]
+    assert [c.name for c in lr.ladder(methods=["plain"], rank_rule="energy",
+                                      energies=[0.99, 0.9995, 1.0])] == \
+           ["lr-plain-e0.990", "lr-plain-e0.9995", "lr-plain-e1.000"]
+    assert [c.name for c in lr.ladder(methods=["scaled"], ratios=[0.5], alpha=0.125)] == \
+           ["lr-scaled-a0.125-p0.50"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ratios", "1.5"], "ratio=1.5 is outside (0, 1]"),
     (["--ratios", "0"], "ratio=0.0 is outside (0, 1]"),

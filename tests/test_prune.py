@@ -121,6 +121,23 @@ def test_ladder_names_encode_parameters():
     assert prune.run_name(prune_scores=["received"]) == "grid-received"
 
 
+def test_names_never_round_two_ratios_together():
+    # .2f used to name 0.7 and 0.705 both r0.70 (one variant silently dropped)
+    names = [c.name for c in prune.ladder(prune_layers=[2], keep_ratios=[0.7, 0.705, 0.5])]
+    assert names == ["prune-a2-r0.70", "prune-a2-r0.705", "prune-a2-r0.50"]
+    assert PruneConfig(schedule=((2, 0.705), (4, 0.4))).name == "prune-s2x0.705-4x0.40"
+    assert prune.name_number(1 / 3, ".2f") == repr(1 / 3)  # exact, reads back as the value
+    assert [c.name for c in prune.ladder(prune_layers=[2, 2], keep_ratios=[0.5, 0.5])] == \
+           ["prune-a2-r0.50"]  # exact repeats are one variant
+
+
+def test_two_configs_with_one_name_are_refused():
+    # group size is not in the name without bits: two such configs would share a folder
+    with pytest.raises(ValueError, match=r"share the name 'prune-a2-r0.50'.*--prune-group-size"):
+        prune.unique_by_name([PruneConfig(), PruneConfig(group_size=32)],
+                             {"group_size": "--prune-group-size"})
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(after_layer=0), "after_layer=0 must be an integer >= 1"),
     (dict(keep_ratio=0.0), "keep_ratio=0.0 is outside (0, 1]"),
@@ -149,6 +166,7 @@ def test_layer_at_or_above_n_refused(model):
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main(["sweep", "--family", "prune", "--results-dir", str(tmp_path / "r"),
                  "--n-fit", "20", "--n-calibration", "20", "--n-eval", "20", "--no-progress",
+                 "--timing-batch-sizes", "1", "16",
                  *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err

@@ -285,6 +285,82 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
     return row, ev, verdict
 
 
+def family_extras(run_dir, family_name, names, family=None):
+    """{variant: markdown} written by the family's ``describe(build, timing)`` for the run's
+    report.md (the per-variant blocks of the exit, prune and lowrank families); variants without
+    build.json and timing.json, and families without ``describe``, give nothing.
+
+    The sweep calls this for each variant it finishes (and saves the result in run.json,
+    ``extras``); ``variants check`` reuses the saved blocks and calls this only for a run.json
+    written before they were saved. Imports the family's builder (and so mlx) unless ``family``
+    (the builder module) is given.
+    """
+    if family is None:
+        import importlib.util
+
+        from variants.builders import FAMILIES, get_family  # the package itself imports no mlx
+
+        if family_name not in FAMILIES:
+            return {}
+        spec = importlib.util.find_spec(f"variants.builders.{FAMILIES[family_name]}")
+        try:  # a family without describe() (quant) is not imported: check stays mlx-free
+            if "\ndef describe(" not in Path(spec.origin).read_text():
+                return {}
+        except (AttributeError, TypeError, OSError):
+            pass
+        family = get_family(family_name)
+    if not hasattr(family, "describe"):
+        return {}
+    run_dir = Path(run_dir)
+    out = {}
+    for name in names:
+        vdir = run_dir / name
+        if (vdir / "build.json").exists() and (vdir / "timing.json").exists():
+            out[name] = family.describe(json.loads((vdir / "build.json").read_text()),
+                                        json.loads((vdir / "timing.json").read_text()))
+    return out
+
+
+#: Order of the plots in report.md, as ``variants.plots.plot_run`` writes them (stem prefixes).
+_PLOT_ORDER = ("pareto_b", "reliability", "margin_drift", "flip_strata", "family_")
+
+
+def _plot_key(path):
+    stem = Path(path).stem
+    rank = next((i for i, p in enumerate(_PLOT_ORDER) if stem.startswith(p)), len(_PLOT_ORDER))
+    num = stem[len("pareto_b"):] if stem.startswith("pareto_b") else ""
+    return (rank, int(num) if num.isdigit() else 0, stem)
+
+
+def report_tail(run_dir, out_dir):
+    """The plots section (and the early-exit table) of a run's report.md written to ``out_dir``.
+
+    The run's ``plots/*.png`` are embedded in the order the sweep writes them; with ``out_dir``
+    other than ``run_dir`` they are copied to ``out_dir/plots`` first, so the links resolve. The
+    "Early exit on the eval split" table (:func:`variants.plots.exit_markdown`, read from the
+    run's saved outputs) is added whenever the run has early-exit variants.
+    """
+    import shutil
+
+    from variants.plots import exit_markdown, plots_markdown  # no mlx either
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    plots = sorted((run_dir / "plots").glob("*.png"), key=_plot_key)
+    if plots and out_dir.resolve() != run_dir.resolve():
+        (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+        copied = []
+        for p in plots:
+            shutil.copyfile(p, out_dir / "plots" / p.name)
+            copied.append(out_dir / "plots" / p.name)
+        plots = copied
+    text = plots_markdown(plots, out_dir)
+    if "====== Early exit on the eval split" not in text:
+        table = exit_markdown(run_dir)
+        if table:
+            text += "\n" + table
+    return text
+
+
 def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=None, **kwargs):
     """``variants check``: judge every (or the named) variant of a run; rewrite the sweep files.
 
@@ -338,11 +414,13 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
         summary.to_csv(out_dir / "summary.csv.tmp", index=False)
         (out_dir / "summary.csv.tmp").replace(out_dir / "summary.csv")
         meta = dict(meta, contract=contract.name)
-        from variants.plots import plots_markdown  # no mlx either
-
-        plots = sorted((run_dir / "plots").glob("*.png")) if out_dir == run_dir else []
-        write_text(out_dir / "report.md", render_report(meta, summary, details, contract)
-                   + plots_markdown(plots, out_dir))
+        family = meta.get("config", {}).get("family")
+        if isinstance(meta.get("extras"), dict):  # the sweep's describe() blocks
+            extras = {n: meta["extras"][n] for n in names if n in meta["extras"]}
+        else:  # a run.json from before they were saved: the same code the sweep runs
+            extras = family_extras(run_dir, family, names) if family else {}
+        write_text(out_dir / "report.md", render_report(meta, summary, details, contract, extras)
+                   + report_tail(run_dir, out_dir))
     return verdicts
 
 

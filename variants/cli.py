@@ -58,7 +58,8 @@ def configure_sweep(sub):
                    help="wall-clock seconds per measurement (one batch size, warm-ups included) "
                         "after which no new round starts, once --timing-min-rounds ran")
     p.add_argument("--timing-min-rounds", type=int, default=d.timing_min_rounds,
-                   help="rounds run even past the budget")
+                   help="rounds run even past the budget (None = 3, or --timing-rounds when "
+                        "that is fewer; must not exceed --timing-rounds)")
     p.add_argument("--cold-start", choices=("none", "reference", "all"), default=d.cold_start,
                    help="cold starts measured in a fresh process (import, weight load, build, "
                         "first forward at the smallest timed batch size): none, the reference "
@@ -84,7 +85,7 @@ def _sweep(args):
     from contracts.report import format_table
 
     from variants.builders import FAMILIES, get_family
-    from variants.sweep import SweepConfig
+    from variants.sweep import SweepConfig, VariantsFailed
 
     kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     family_params = {p for f in FAMILIES for p in get_family(f).PARAMS}
@@ -94,7 +95,14 @@ def _sweep(args):
         kwargs.pop(k, None)
     kwargs["timing_batch_sizes"] = tuple(kwargs["timing_batch_sizes"])
     cfg = SweepConfig(**kwargs)
-    summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
+    try:
+        summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
+    except VariantsFailed as e:  # some variants failed to build; the others are written
+        if e.summary is not None and not e.summary.empty:
+            print(format_table(e.summary).to_string(index=False))
+            print(f"\nreport: {e.out}/report.md")
+        print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
     run = kwargs["run"] or cfg.validate().run
     print(format_table(summary).to_string(index=False))
     print(f"\nreport: {args.results_dir}/{run}/report.md")

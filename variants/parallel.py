@@ -94,3 +94,10 @@ def bounds(n, k):
     """Split ``range(n)`` into ``k`` contiguous near-equal parts: a list of (start, stop)."""
     cuts = [round(i * n / k) for i in range(k + 1)]
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def validate_env():
+    """Check ``VARIANTS_STREAMS`` now (before a sweep writes anything); returns the stream count
+    it asks for. Raises ValueError naming the variable and the fix when it is not a whole
+    number >= 1."""
+    return _requested()

@@ -16,6 +16,7 @@ import json
 import math
 import zipfile
 import platform
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -30,9 +31,10 @@ from mlx.utils import tree_flatten
 
 from contracts.checker import load_contract
 from contracts.report import render_report
-from variants import BLAS_INFO, __version__, data
+from variants import BLAS_INFO, __version__, data, parallel
 from variants.builders import get_family
-from variants.check import check_calibration_size, check_strata, judge_variant, resolve_settings
+from variants.check import (check_calibration_size, check_strata, family_extras, judge_variant,
+                            resolve_settings)
 from variants.builders.quantize import MODES
 from variants.checkpoint import load_checkpoint
 from variants.io import digest, write_json, write_text
@@ -125,6 +127,27 @@ class SweepError(ValueError):
     """Bad sweep input; the message names the problem and the fix."""
 
 
+class VariantsFailed(SweepError):
+    """Raised at the end of a sweep in which some (or all) variants failed to build.
+
+    The others were built, judged and written (``summary`` is their summary.csv table, None
+    when none succeeded); run.json records ``status`` ("partial" or "failed") and
+    ``failed_variants`` {name: error}.
+    """
+
+    def __init__(self, failed, summary, out):
+        self.failed, self.summary, self.out = dict(failed), summary, out
+        errors = "; ".join(f"{n}: {e}" for n, e in self.failed.items())
+        if summary is None:
+            msg = (f"every variant failed to build ({errors}); nothing but run.json was written "
+                   f"to {out}")
+        else:
+            msg = (f"{len(self.failed)} variant(s) failed to build and were left out ({errors}); "
+                   f"summary.csv and report.md in {out} cover the other {len(summary)}")
+        super().__init__(msg)
+
+
+
 @dataclass
 class SweepConfig:
     """Everything that defines a sweep (CLI flags map one to one onto these fields)."""
@@ -143,7 +166,9 @@ class SweepConfig:
     timing_rounds: int = DEFAULT_ROUNDS
     timing_warmup: int = DEFAULT_WARMUP
     timing_budget_s: float = DEFAULT_BUDGET_S
-    timing_min_rounds: int = DEFAULT_MIN_ROUNDS
+    # None = DEFAULT_MIN_ROUNDS, or timing_rounds when fewer; an explicit value above
+    # timing_rounds is refused by validate()
+    timing_min_rounds: int | None = None
     timing_batch_sizes: tuple = TIMING_BATCH_SIZES
     cold_start: str = "all"
     near_tie_margin: float = 1.0
@@ -175,15 +200,27 @@ class SweepConfig:
         for name in ("n_fit", "n_calibration", "n_eval"):
             if getattr(self, name) < 10:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
-        if self.timing_rounds < 1 or self.timing_warmup < 0 or self.timing_budget_s <= 0:
-            raise SweepError("timing_rounds must be >= 1, timing_warmup >= 0, timing_budget_s > 0")
+        if self.timing_rounds < 1:
+            raise SweepError(f"timing_rounds={self.timing_rounds} (--timing-rounds) must be >= 1, "
+                             "e.g. --timing-rounds 50")
+        if self.timing_warmup < 0:
+            raise SweepError(f"timing_warmup={self.timing_warmup} (--timing-warmup) must be >= 0, "
+                             "e.g. --timing-warmup 5")
+        if not (math.isfinite(self.timing_budget_s) and self.timing_budget_s > 0):
+            raise SweepError(f"timing_budget_s={self.timing_budget_s:g} (--timing-budget-s) must "
+                             "be a finite number of seconds > 0, e.g. --timing-budget-s 20")
+        if self.timing_min_rounds is None:
+            self.timing_min_rounds = min(DEFAULT_MIN_ROUNDS, self.timing_rounds)
         if self.timing_min_rounds < 1:
             raise SweepError(f"timing_min_rounds={self.timing_min_rounds} must be >= 1, "
                              "e.g. --timing-min-rounds 3")
+        if self.timing_min_rounds > self.timing_rounds:
+            raise SweepError(f"timing_min_rounds={self.timing_min_rounds} (--timing-min-rounds) "
+                             f"exceeds timing_rounds={self.timing_rounds} (--timing-rounds): "
+                             "the minimum cannot be above the rounds requested; lower "
+                             "--timing-min-rounds or raise --timing-rounds")
         if self.cold_start not in COLD_START:
             raise SweepError(f"cold_start={self.cold_start!r}; choose one of {COLD_START}")
-        if not math.isfinite(self.timing_budget_s):
-            raise SweepError("timing_budget_s must be a finite number of seconds, e.g. 20")
         if self.seed < 0:
             raise SweepError(f"seed={self.seed} must be >= 0")
         if self.batch_size < 1:
@@ -197,6 +234,17 @@ class SweepConfig:
                              "empty, not starting with '.'), e.g. --run my-sweep")
         if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
             raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
+        too_big = sorted({b for b in self.timing_batch_sizes if b > self.n_eval})
+        if too_big:
+            raise SweepError(
+                f"--timing-batch-sizes {' '.join(map(str, too_big))} exceed the eval set "
+                f"(--n-eval {self.n_eval}): a timed batch is drawn from the eval texts, so it "
+                f"would hold only {self.n_eval}; pass batch sizes <= {self.n_eval} or raise "
+                "--n-eval")
+        try:
+            parallel.validate_env()
+        except ValueError as e:
+            raise SweepError(str(e)) from None
         try:
             self.variants = family.ladder(**self.params)
         except ValueError as e:
@@ -278,6 +326,35 @@ class Sweep:
                 raise SweepError(
                     f"{self.out} holds a sweep with other settings {diff} (old, new); "
                     f"choose another --run name or delete {self.out}")
+        self._check_variant_folders()
+
+    def _check_variant_folders(self):
+        """A variant folder about to be resumed must hold the variant this sweep asks for.
+
+        Folder names encode a variant's parameters only approximately (an exit threshold of
+        0.1234 and one of 0.1231 both give ``t0.123``), so the config its build.json recorded
+        (``config``, the variant dataclass as built) is compared with the requested one. Fields
+        only one side has (an older build.json, a field added since) are not compared.
+        """
+        for vcfg in self.cfg.variants:
+            build_json = self.out / vcfg.name / "build.json"
+            if not build_json.exists():
+                continue
+            try:
+                old = json.loads(build_json.read_text()).get("config")
+            except (OSError, ValueError):
+                continue  # unreadable: the variant is rebuilt (Sweep._loadable)
+            if not isinstance(old, dict):
+                continue
+            new = json.loads(json.dumps(asdict(vcfg)))
+            diff = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
+            if diff:
+                fields = "; ".join(f"{k}: saved {a!r}, requested {b!r}"
+                                   for k, (a, b) in diff.items())
+                raise SweepError(
+                    f"variant {vcfg.name}: {build_json} was built with other settings ({fields})"
+                    f"; resuming would reuse the wrong variant. Choose another --run name or "
+                    f"delete {build_json.parent}")
 
     # -- reference --------------------------------------------------------------------------
     def reference(self):
@@ -457,32 +534,44 @@ class Sweep:
             if changed:
                 write_json(files["timing.json"], timing)
         else:
-            t0 = time.perf_counter()
-            with self.clock("variant_build"):
-                var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
-                                               calibration=self.tasksets["calibration"],
-                                               **self._build_kwargs(family))
-            self.clock.counts["variants_built"] += 1
-            info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
-                        speed_mode=cfg.speed_mode)
-            with self.clock("variant_forward"):
-                outs = {split: self._outputs(var_model, split, vcfg.name)
-                        for split in ("calibration", "eval")}
-            self.clock.counts["variant_output_batches"] += sum(
-                len(self.batches[s]) for s in ("calibration", "eval"))
-            info["quality_wall_s"] = time.perf_counter() - t0
-            del var_model
-            t1 = time.perf_counter()
-            timing = self._time_variant(family, vcfg, timing_sets)
-            timing["wall_s"] = time.perf_counter() - t1
-            if cfg.cold_start == "all":
-                timing["cold_start"] = self._cold_start(
-                    self._cold_spec(timing_sets, family, vcfg), vcfg.name)
-            with self.clock("metrics_contract_report"):
-                outs["eval"].save(files["outputs.npz"])
-                outs["calibration"].save(files["calibration_outputs.npz"])
-                write_json(files["build.json"], info)
-                write_json(files["timing.json"], timing)
+            try:
+                return self._build_variant(family, vcfg, timing_sets, files)
+            except ValueError:
+                # nothing of a variant that failed stays behind (no half folder to resume)
+                shutil.rmtree(vdir, ignore_errors=True)
+                raise
+        with self.clock("metrics_contract_report"):
+            return self.judge(vcfg.name)
+
+    def _build_variant(self, family, vcfg, timing_sets, files):
+        """Build, run, time, save and judge one variant (no usable folder yet)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        with self.clock("variant_build"):
+            var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
+                                           calibration=self.tasksets["calibration"],
+                                           **self._build_kwargs(family))
+        self.clock.counts["variants_built"] += 1
+        info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
+                    speed_mode=cfg.speed_mode)
+        with self.clock("variant_forward"):
+            outs = {split: self._outputs(var_model, split, vcfg.name)
+                    for split in ("calibration", "eval")}
+        self.clock.counts["variant_output_batches"] += sum(
+            len(self.batches[s]) for s in ("calibration", "eval"))
+        info["quality_wall_s"] = time.perf_counter() - t0
+        del var_model
+        t1 = time.perf_counter()
+        timing = self._time_variant(family, vcfg, timing_sets)
+        timing["wall_s"] = time.perf_counter() - t1
+        if cfg.cold_start == "all":
+            timing["cold_start"] = self._cold_start(
+                self._cold_spec(timing_sets, family, vcfg), vcfg.name)
+        with self.clock("metrics_contract_report"):
+            outs["eval"].save(files["outputs.npz"])
+            outs["calibration"].save(files["calibration_outputs.npz"])
+            write_json(files["build.json"], info)
+            write_json(files["timing.json"], timing)
         with self.clock("metrics_contract_report"):
             return self.judge(vcfg.name)
 
@@ -518,19 +607,29 @@ class Sweep:
             timing_sets = self._timing_batches()
         self.cold_start = self.reference_cold_start(timing_sets)
         rows, details, extras = [], {}, {}
+        self.failed = {}
         for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
                          disable=not cfg.progress):
-            row, ev, verdict = self.variant(family, vcfg, timing_sets)
+            try:
+                row, ev, verdict = self.variant(family, vcfg, timing_sets)
+            except ValueError as e:
+                # this variant only (e.g. a fixed exit threshold that fires on no calibration
+                # example, detectable at build time alone): log it, go on with the others
+                self.failed[vcfg.name] = f"{type(e).__name__}: {e}"
+                self.log(f"{vcfg.name}: FAILED, left out ({self.failed[vcfg.name]}); continuing "
+                         "with the other variants")
+                continue
             rows.append(row)
             details[vcfg.name] = (ev, verdict)
             with self.clock("metrics_contract_report"):
-                if hasattr(family, "describe"):
-                    vdir = self.out / vcfg.name
-                    extras[vcfg.name] = family.describe(
-                        json.loads((vdir / "build.json").read_text()),
-                        json.loads((vdir / "timing.json").read_text()))
+                extras.update(family_extras(self.out, cfg.family, [vcfg.name], family=family))
             self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
                      + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+        self.extras = extras
+        if not rows:
+            meta = self.metadata()
+            write_json(self.out / "run.json", meta)
+            raise VariantsFailed(self.failed, None, self.out)
         with self.clock("metrics_contract_report"):
             summary = pd.DataFrame(rows)
             summary.to_csv(self.out / "summary.csv.tmp", index=False)
@@ -555,6 +654,8 @@ class Sweep:
         self.breakdown = meta["sweep_time"]
         for line in format_breakdown(self.breakdown):
             self.log(line)
+        if self.failed:
+            raise VariantsFailed(self.failed, summary, self.out)
         return summary
 
     def metadata(self):
@@ -562,6 +663,7 @@ class Sweep:
         d = asdict(cfg)
         d["variants"] = [v.name for v in cfg.variants]
         breakdown = self.clock.breakdown()
+        failed = dict(getattr(self, "failed", {}))
         return {
             "identity": cfg.identity(),
             "config": d,
@@ -584,6 +686,11 @@ class Sweep:
             "reused_variants": self.reused,
             "reference_outputs_from_cache": dict(self.ref_outputs_cached),
             "cold_start": self.cold_start,
+            "parallel": parallel.info(),
+            "status": ("complete" if not failed else
+                       "partial" if len(failed) < len(cfg.variants) else "failed"),
+            "failed_variants": failed,
+            "extras": dict(getattr(self, "extras", {})),
             "sweep_time": breakdown,
         }
 
@@ -613,7 +720,11 @@ def run_sweep(log=print, **kwargs):
     Raises
     ------
     SweepError, contracts.checker.ContractError, variants.checkpoint.CheckpointError
-        On bad input, before anything is written.
+        On bad input, before anything is written (a variant folder of this run that was built
+        with other settings is bad input too).
+    VariantsFailed
+        At the end, when a variant's build raised ValueError: the other variants were written
+        (``summary`` attribute; None when none succeeded), run.json lists the failures.
     """
     cfg = SweepConfig(**kwargs).validate()
     return Sweep(cfg, log=log).run()

@@ -27,6 +27,7 @@ leaves the per-row exit layer in ``last_exit_layer`` (recorded by ``DecisionMode
 quantized, heads stay fp32.
 """
 
+import math
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from variants.builders.exit_heads import (FALLBACK_N_FIT, HEAD_L2, KINDS, cosine
 from variants.builders.exit_rules import (N_CANDIDATES, RULES, exit_summary,  # noqa: F401
                                           fires, fit_threshold, never_fires, predictions,
                                           rule_statistic, simulate, summary_lines)
+from variants.builders.prune import name_number, unique_by_name
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 from variants.encoder import attention_bias, mean_pool
 
@@ -82,6 +84,9 @@ class ExitConfig:
                              "with the reference to reach on calibration, e.g. 0.99")
         if self.threshold is not None:
             t = self.threshold
+            if not math.isfinite(t):
+                raise ValueError(f"--exit-thresholds {t} is not a finite number; pass e.g. "
+                                 "--exit-thresholds 0.3 (entropy/margin) or 2 (patience)")
             if self.rule == "entropy" and not 0 < t <= 1:
                 raise ValueError(f"exit_threshold={t} for rule entropy is outside (0, 1]: no "
                                  "calibration example can have normalised entropy below it")
@@ -106,16 +111,18 @@ class ExitConfig:
 
     @property
     def name(self):
+        # numbers as before (0.99 -> ag0.99, 0.3 -> t0.3, mix 0.3 -> mix0.30) unless that rounds
+        # them: then the shortest exact form (0.1231 -> t0.1231), so names never collide
         if self.target is not None:
-            s = f"exit-{self.rule}-ag{self.target:.3g}"
+            s = f"exit-{self.rule}-ag{name_number(self.target, '.3g')}"
         elif self.rule == "patience":
             s = f"exit-patience-t{int(self.threshold)}"
         else:
-            s = f"exit-{self.rule}-t{self.threshold:.3g}"
+            s = f"exit-{self.rule}-t{name_number(self.threshold, '.3g')}"
         if self.exit_layers is not None:
             s += "-h" + ".".join(str(int(a)) for a in self.exit_layers)
         if self.label_mix:
-            s += f"-mix{self.label_mix:.2f}"
+            s += f"-mix{name_number(self.label_mix, '.2f')}"
         if self.bits is not None:
             s += f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
         return s
@@ -273,9 +280,10 @@ def add_arguments(parser):
     g = parser.add_argument_group("exit family (--family exit)")
     g.add_argument("--exit-rules", nargs="+", choices=RULES, default=list(RULES),
                    help="entropy (DeeBERT), margin (top-2 probability), patience (PABEE)")
-    g.add_argument("--exit-targets", type=float, nargs="+", default=list(DEFAULT_TARGETS),
-                   metavar="A", help="calibration agreement with the reference each fitted "
-                                     "threshold must reach")
+    g.add_argument("--exit-targets", type=float, nargs="+", default=None, metavar="A",
+                   help="calibration agreement with the reference each fitted threshold must "
+                        "reach; not with --exit-thresholds; when neither is given: "
+                        + " ".join(map(str, DEFAULT_TARGETS)))
     g.add_argument("--exit-thresholds", type=float, nargs="+", default=None, metavar="T",
                    help="fixed thresholds instead of --exit-targets (entropy: τ in (0, 1]; "
                         "margin: τ in [0, 1); patience: t >= 2 heads)")
@@ -289,23 +297,62 @@ def add_arguments(parser):
                    help="group size when --exit-bits is given")
 
 
-def ladder(*, exit_rules=RULES, exit_targets=DEFAULT_TARGETS, exit_thresholds=None,
+def ladder(*, exit_rules=RULES, exit_targets=None, exit_thresholds=None,
            exit_layers=None, exit_label_mix=0.0, exit_bits=None, exit_group_size=64):
-    """The variant configs of one sweep: rule × (targets or thresholds) × bits."""
+    """The variant configs of one sweep: rule × (targets or thresholds) × bits.
+
+    ``exit_targets`` None = ``DEFAULT_TARGETS`` unless ``exit_thresholds`` are given; giving
+    both is refused (one would be ignored).
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter and the fix.
+    """
     if not exit_rules:
         raise ValueError("no exit rule given; pass e.g. --exit-rules entropy")
+    if exit_thresholds is not None and exit_targets is not None:
+        raise ValueError("--exit-targets and --exit-thresholds were both given: pass one or the "
+                         "other (--exit-targets fits each threshold on calibration to reach that "
+                         "agreement, --exit-thresholds fixes it)")
+    if exit_thresholds is not None and not len(exit_thresholds):
+        raise ValueError("no thresholds given; pass e.g. --exit-thresholds 0.3")
+    if exit_thresholds is None and exit_targets is None:
+        exit_targets = DEFAULT_TARGETS
+    if exit_thresholds is None and not len(exit_targets):
+        raise ValueError("no targets given; pass e.g. --exit-targets 0.99")
+    values = ([dict(threshold=float(t), target=None) for t in exit_thresholds]
+              if exit_thresholds is not None else [dict(target=float(a)) for a in exit_targets])
     layers = tuple(int(a) for a in exit_layers) if exit_layers else None
+    rules = list(dict.fromkeys(exit_rules))
     out = []
-    for rule in dict.fromkeys(exit_rules):
-        values = ([dict(threshold=float(t), target=None) for t in exit_thresholds]
-                  if exit_thresholds else [dict(target=float(a)) for a in exit_targets])
-        if not values:
-            raise ValueError("no targets or thresholds given; pass e.g. --exit-targets 0.99")
+    for rule in rules:
         for v in values:
             for b in (exit_bits or [None]):
-                out.append(ExitConfig(rule=rule, exit_layers=layers, label_mix=exit_label_mix,
-                                      bits=b, group_size=exit_group_size, **v))
-    return list({c.name: c for c in out}.values())
+                try:
+                    out.append(ExitConfig(rule=rule, exit_layers=layers,
+                                          label_mix=exit_label_mix, bits=b,
+                                          group_size=exit_group_size, **v))
+                except ValueError as e:
+                    if "threshold" in v and "patience" in rules and len(rules) > 1:
+                        raise ValueError(f"{e}; {_mixed_patience_hint(rules)}") from None
+                    raise
+    return unique_by_name(out, {"rule": "--exit-rules", "target": "--exit-targets",
+                                "threshold": "--exit-thresholds",
+                                "exit_layers": "--exit-layers",
+                                "label_mix": "--exit-label-mix", "bits": "--exit-bits",
+                                "group_size": "--exit-group-size"})
+
+
+def _mixed_patience_hint(rules):
+    """Fixed thresholds go to every rule, but patience counts heads (t >= 2) while entropy and
+    margin take τ in (0, 1] / [0, 1): no threshold suits both, so say which rules to pass."""
+    others = " ".join(r for r in rules if r != "patience")
+    default = " (by default: " + " ".join(RULES) + ")" if sorted(rules) == sorted(RULES) else ""
+    return (f"rule patience is among the --exit-rules{default}, and fixed thresholds go to "
+            f"every rule: patience needs an integer t >= 2, {others} a τ between 0 and 1; pass "
+            f"--exit-rules {others} for τ thresholds (or sweep --exit-rules patience "
+            "--exit-thresholds 2 on its own)")
 
 
 def run_name(*, exit_thresholds=None, exit_bits=None, **_):
@@ -352,6 +399,12 @@ def check_model(module, cfgs, model=None):
         if bad:
             raise ValueError(f"exit_layers {bad} are outside [1, {n}) for this {n}-layer encoder"
                              f" (--exit-layers takes layers 1..{n - 1})")
+        if cfg.threshold is not None and cfg.rule == "patience" and len(ls) < 2:
+            raise ValueError(f"rule patience needs at least 2 exit heads (t >= 2 consecutive "
+                             f"heads must agree) but --exit-layers {' '.join(map(str, ls))} "
+                             f"gives {len(ls)}; pass two or more, e.g. --exit-layers "
+                             f"{' '.join(map(str, range(1, min(n, 3))))}, or leave "
+                             f"--exit-layers out for every layer 1..{n - 1}")
         if cfg.threshold is not None and never_fires(cfg.rule, cfg.threshold, len(ls)):
             what = (f"exceeds the {len(ls)} exit heads" if cfg.rule == "patience"
                     else "is never reached")
@@ -408,7 +461,9 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         ``calibration_agreement``, ``expected_cost`` (mean fraction of layers run on
         calibration), ``work_ratio``, ``ideal_speedup`` = 1 / expected cost, ``exit_histogram``
         (calibration, layer -> count), ``near_tie_mean_exit_layer`` / ``other_mean_exit_layer``,
-        ``never_fires`` (no head runs), head training facts.
+        ``never_fires`` (no head runs), head training facts, ``model_bytes`` (the encoder as
+        stored — quantized with ``cfg.bits`` — plus the fp32 exit heads, i.e. every parameter of
+        the variant module in native form) and ``exit_head_bytes`` (the heads' share).
 
     Raises
     ------
@@ -497,13 +552,6 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
             _MEMO.popitem(last=False)
     _, heads, threshold, info = state
     info = dict(info)
-    if qinfo is not None:
-        info.update(quant=qinfo, bits_per_weight=qinfo["bits_per_weight"],
-                    bits_per_weight_note="bits per quantized weight",
-                    model_bytes=qinfo["model_bytes"])
-    else:
-        info.update(bits_per_weight=32.0, bits_per_weight_note="fp32 weights (not quantized)",
-                    model_bytes=int(sum(v.nbytes for _, v in tree_flatten(module.parameters()))))
     mlx_heads = []
     for w, b in heads:
         h = nn.Linear(w.shape[1], w.shape[0])
@@ -511,6 +559,19 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         mlx_heads.append(h)
     wrapper = ExitNet(base, mlx_heads, layers, cfg.rule, threshold, kind=kind,
                       temperatures=reference.temperatures)
+    # model_bytes: everything the variant stores — the (quantized) base, the fp32 exit heads and
+    # any parameter of the wrapper itself (= the wrapper's parameter bytes in native form)
+    extra_bytes = int(sum(v.nbytes for k, v in tree_flatten(wrapper.parameters())
+                          if not k.startswith("base.")))
+    info.update(exit_head_bytes=extra_bytes)
+    if qinfo is not None:
+        info.update(quant=qinfo, bits_per_weight=qinfo["bits_per_weight"],
+                    bits_per_weight_note="bits per quantized weight (exit heads stay fp32)",
+                    model_bytes=qinfo["model_bytes"] + extra_bytes)
+    else:
+        info.update(bits_per_weight=32.0, bits_per_weight_note="fp32 weights (not quantized)",
+                    model_bytes=int(sum(v.nbytes for _, v in
+                                        tree_flatten(wrapper.parameters()))))
     return reference.replace_module(wrapper), info
 
 

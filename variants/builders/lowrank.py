@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from variants import activations
 from variants.builders import realised_speed_lines
+from variants.builders.prune import name_number, unique_by_name
 from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
 
 METHODS = ("plain", "whitened", "scaled")
@@ -88,9 +89,10 @@ class LowRankConfig:
 
     @property
     def name(self):
-        method = f"{self.method}-a{self.alpha:.2f}" if self.method == "scaled" else self.method
-        rule = {"params": f"p{self.ratio:.2f}", "energy": f"e{self.energy:.3f}",
-                "rank": f"r{self.rank}"}[self.rule]
+        method = (f"{self.method}-a{name_number(self.alpha, '.2f')}" if self.method == "scaled"
+                  else self.method)
+        rule = {"params": "p" + name_number(self.ratio, ".2f"),
+                "energy": "e" + name_number(self.energy, ".3f"), "rank": f"r{self.rank}"}[self.rule]
         quant = ""
         if self.bits is not None:
             quant = f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
@@ -440,7 +442,9 @@ def ladder(*, methods=DEFAULT_METHODS, ratios=DEFAULT_RATIOS, rank_rule="params"
                 out.append(LowRankConfig(method=method, rule=rank_rule, alpha=float(alpha),
                                          bits=bits, group_size=lowrank_group_size,
                                          **{field: v}))
-    return list({c.name: c for c in out}.values())
+    return unique_by_name(out, {"method": "--methods", "ratio": "--ratios",
+                                "energy": "--energies", "rank": "--ranks", "alpha": "--alpha",
+                                "bits": "--lowrank-bits", "group_size": "--lowrank-group-size"})
 
 
 def check_model(module, cfgs):

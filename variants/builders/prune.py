@@ -45,6 +45,45 @@ PROTECTED_TOKENS = ("[CLS]", "[SEP]")
 # configuration
 # ---------------------------------------------------------------------------------------------
 
+def name_number(x, spec):
+    """``x`` formatted for a variant (folder) name: ``format(x, spec)`` when that reads back as
+    exactly ``x`` (today's names: 0.5 -> ``0.50`` with ``.2f``, 0.99 -> ``0.99`` with ``.3g``),
+    else Python's shortest round-trip ``repr`` (0.1231 -> ``0.1231``, never rounded). Either way
+    ``float(name_number(x, spec)) == x``, so distinct values never share a name. The characters
+    are digits, ``.``, ``-``, ``e``, ``+``, ``inf``/``nan``: safe in folder names."""
+    x = float(x)
+    s = format(x, spec)
+    try:
+        if float(s) == x:
+            return s
+    except ValueError:
+        pass
+    return repr(x)
+
+
+def unique_by_name(cfgs, flags):
+    """``cfgs`` with exact duplicates dropped (first kept, order kept).
+
+    Two *different* configs with one name would share a result folder (one silently lost), so
+    that raises. ``flags`` maps config fields to the CLI flags that set them (for the message).
+
+    Raises
+    ------
+    ValueError
+        Naming the parameter whose values the names do not tell apart.
+    """
+    by_name = {}
+    for c in cfgs:
+        old = by_name.setdefault(c.name, c)
+        if old != c:
+            diff = [f for f in old.__dataclass_fields__ if getattr(old, f) != getattr(c, f)]
+            what = ", ".join(f"{flags.get(f, f)} ({getattr(old, f)!r} vs {getattr(c, f)!r})"
+                             for f in diff)
+            raise ValueError(f"two requested variants would share the name {c.name!r} and its "
+                             f"result folder: they differ only in {what}; pass distinct values")
+    return list(by_name.values())
+
+
 def _check_ratio(r, what="keep_ratio"):
     if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 < r <= 1):
         raise ValueError(f"{what}={r} is outside (0, 1]; pass e.g. --keep-ratios 0.7 0.5")
@@ -98,9 +137,9 @@ class PruneConfig:
     @property
     def name(self):
         if self.schedule:
-            core = "prune-s" + "-".join(f"{a}x{r:.2f}" for a, r in self.points)
+            core = "prune-s" + "-".join(f"{a}x{name_number(r, '.2f')}" for a, r in self.points)
         else:
-            core = f"prune-a{self.after_layer}-r{self.keep_ratio:.2f}"
+            core = f"prune-a{self.after_layer}-r{name_number(self.keep_ratio, '.2f')}"
         extra = "" if self.score == "received" else f"-{self.score}"
         if self.bits is not None:
             extra += f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
@@ -318,7 +357,9 @@ def ladder(*, prune_layers=DEFAULT_LAYERS, keep_ratios=DEFAULT_KEEP_RATIOS,
                 for a in dict.fromkeys(prune_layers) for r in dict.fromkeys(keep_ratios)]
     out = [PruneConfig(score=s, bits=b, group_size=prune_group_size, **g)
            for g in grid for s in dict.fromkeys(prune_scores) for b in (prune_bits or [None])]
-    return list({c.name: c for c in out}.values())
+    return unique_by_name(out, {"after_layer": "--prune-layers", "keep_ratio": "--keep-ratios",
+                                "schedule": "--prune-schedules", "score": "--prune-scores",
+                                "bits": "--prune-bits", "group_size": "--prune-group-size"})
 
 
 def run_name(*, prune_scores=("received",), prune_schedules=None, prune_bits=None, **_):
