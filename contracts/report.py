@@ -228,7 +228,8 @@ def render_report(meta, summary, details, contract, extras=None):
     data = meta["data"]
     lines = [
         f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} ("
-        + ", ".join(f"{k} {v}" for k, v in cfg.get("params", {}).items()) + ")",
+        + ", ".join(f"{k} {v if v is not None else 'default'}"
+                    for k, v in cfg.get("params", {}).items()) + ")",
         "",
         "====== Run ======",
         "",
