@@ -27,7 +27,8 @@ def configure_sweep(sub):
             "and measure cold starts in a fresh process. Writes results/<run>/ (run.json, "
             "per-variant outputs/metrics/verdict/timing, summary.csv, report.md) and prints "
             "where the sweep's own wall time went. Rerunning resumes (and times what an older "
-            "run lacks)."),
+            "run lacks). Exit status: 0 every variant passes its contract, 1 some variant "
+            "fails it, 2 bad input or a variant that could not be built."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
