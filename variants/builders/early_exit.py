@@ -37,15 +37,15 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants.builders import realised_speed_lines
+from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
 from variants.builders.exit_heads import (FALLBACK_N_FIT, HEAD_L2, KINDS, cosine_logits,  # noqa: F401
                                           fit_cosine_head, fit_head, head_logits, ridge_map,
                                           split_features, trained_heads, unit)
 from variants.builders.exit_rules import (N_CANDIDATES, RULES, exit_summary,  # noqa: F401
                                           fires, fit_threshold, never_fires, predictions,
                                           rule_statistic, simulate, summary_lines)
-from variants.builders.prune import name_number, unique_by_name
-from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
+from variants.builders.quantize import (BITS, GROUP_SIZES, MODES, QuantConfig, check_bits,
+                                        quantize_module)
 from variants.encoder import attention_bias, mean_pool
 
 DEFAULT_TARGETS = (0.99, 0.97)
@@ -103,11 +103,7 @@ class ExitConfig:
                              "(and < number of layers)")
         if not 0 <= self.label_mix <= 1:
             raise ValueError(f"exit_label_mix={self.label_mix} is outside [0, 1]")
-        if self.bits is not None and self.bits not in BITS:
-            raise ValueError(f"exit_bits={self.bits} is not supported; choose one of {BITS}")
-        if self.group_size not in GROUP_SIZES:
-            raise ValueError(f"exit_group_size={self.group_size} is not supported; choose one "
-                             f"of {GROUP_SIZES}")
+        check_bits(self.bits, self.group_size, "exit_")
 
     @property
     def name(self):
@@ -581,23 +577,15 @@ def describe(info, timing=None, eval_summary=None):
     ``info['eval_exit']`` when present) the eval-split histogram, cost and near ties too. (The
     sweep calls ``describe(build.json, timing.json)``; the eval lines of a finished run are also
     written by :func:`variants.plots.exit_markdown` from the saved ``exit_layer`` arrays.)"""
-    hist = ", ".join(f"L{k}: {v}" for k, v in info["exit_histogram"].items())
     thr = info["threshold"]
     lines = [f"- rule `{info['rule']}`, threshold {thr:.4g} ({info['threshold_fitted_on']}"
              + (f", target agreement {info['target']}" if info.get("target") else "") + "); "
              f"{info.get('head_kind', 'linear')} heads after layers {info['exit_layers']} "
              f"({info['fit_source']})"
              + ("; the rule can never fire: no head runs" if info.get("never_fires") else ""),
-             f"- calibration: agreement {info['calibration_agreement']:.4f}, exit histogram "
-             f"{hist}; expected cost {info['expected_cost']:.3f} of the layers → ideal speed-up "
-             f"{info['ideal_speedup']:.2f}×"]
-    if info.get("n_near_tie"):
-        other = info["other_mean_exit_layer"]
-        lines.append(f"- calibration near ties (reference margin < {info['near_tie_margin']}, "
-                     f"n={info['n_near_tie']}): mean exit layer "
-                     f"{info['near_tie_mean_exit_layer']:.2f} vs "
-                     f"{'—' if other is None else f'{other:.2f}'} for the rest; "
-                     f"{info['near_tie_ran_all_share']:.0%} ran every layer")
+             f"- calibration: agreement {info['calibration_agreement']:.4f}"]
+    # build.json keeps the calibration exit_summary's fields at its top level
+    lines += summary_lines({**info, "n": info["n_calibration"]}, "calibration")
     ev = eval_summary if eval_summary is not None else info.get("eval_exit")
     if ev:
         lines += summary_lines(ev, "eval")

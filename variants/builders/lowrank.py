@@ -32,9 +32,9 @@ from scipy.linalg import solve_triangular
 from threadpoolctl import threadpool_limits
 
 from variants import activations
-from variants.builders import realised_speed_lines
-from variants.builders.prune import name_number, unique_by_name
-from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
+from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
+from variants.builders.quantize import (BITS, GROUP_SIZES, MODES, QuantConfig, check_bits,
+                                        quantize_module)
 
 METHODS = ("plain", "whitened", "scaled")
 RULES = ("params", "energy", "rank")
@@ -81,11 +81,7 @@ class LowRankConfig:
             raise ValueError(f"rank={self.rank} must be a positive integer")
         if not (math.isfinite(self.alpha) and 0 <= self.alpha <= 2):
             raise ValueError(f"alpha={self.alpha} is outside [0, 2] (ASVD uses 0.5)")
-        if self.bits is not None and self.bits not in BITS:
-            raise ValueError(f"bits={self.bits} is not supported; choose one of {BITS}")
-        if self.group_size not in GROUP_SIZES:
-            raise ValueError(f"group_size={self.group_size} is not supported; "
-                             f"choose one of {GROUP_SIZES}")
+        check_bits(self.bits, self.group_size, "")
 
     @property
     def name(self):

@@ -31,8 +31,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants.builders import realised_speed_lines
-from variants.builders.quantize import BITS, GROUP_SIZES, MODES, QuantConfig, quantize_module
+from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
+from variants.builders.quantize import (BITS, GROUP_SIZES, MODES, QuantConfig, check_bits,
+                                        quantize_module)
 from variants.encoder import attention_bias, mean_pool
 
 SCORES = ("received", "cls")
@@ -44,45 +45,6 @@ PROTECTED_TOKENS = ("[CLS]", "[SEP]")
 # ---------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------
-
-def name_number(x, spec):
-    """``x`` formatted for a variant (folder) name: ``format(x, spec)`` when that reads back as
-    exactly ``x`` (today's names: 0.5 -> ``0.50`` with ``.2f``, 0.99 -> ``0.99`` with ``.3g``),
-    else Python's shortest round-trip ``repr`` (0.1231 -> ``0.1231``, never rounded). Either way
-    ``float(name_number(x, spec)) == x``, so distinct values never share a name. The characters
-    are digits, ``.``, ``-``, ``e``, ``+``, ``inf``/``nan``: safe in folder names."""
-    x = float(x)
-    s = format(x, spec)
-    try:
-        if float(s) == x:
-            return s
-    except ValueError:
-        pass
-    return repr(x)
-
-
-def unique_by_name(cfgs, flags):
-    """``cfgs`` with exact duplicates dropped (first kept, order kept).
-
-    Two *different* configs with one name would share a result folder (one silently lost), so
-    that raises. ``flags`` maps config fields to the CLI flags that set them (for the message).
-
-    Raises
-    ------
-    ValueError
-        Naming the parameter whose values the names do not tell apart.
-    """
-    by_name = {}
-    for c in cfgs:
-        old = by_name.setdefault(c.name, c)
-        if old != c:
-            diff = [f for f in old.__dataclass_fields__ if getattr(old, f) != getattr(c, f)]
-            what = ", ".join(f"{flags.get(f, f)} ({getattr(old, f)!r} vs {getattr(c, f)!r})"
-                             for f in diff)
-            raise ValueError(f"two requested variants would share the name {c.name!r} and its "
-                             f"result folder: they differ only in {what}; pass distinct values")
-    return list(by_name.values())
-
 
 def _check_ratio(r, what="keep_ratio"):
     if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 < r <= 1):
@@ -121,11 +83,7 @@ class PruneConfig:
         if ratios != sorted(ratios, reverse=True):
             raise ValueError(f"schedule keep ratios {ratios} must be non-increasing (each is a "
                              "share of the original tokens)")
-        if self.bits is not None and self.bits not in BITS:
-            raise ValueError(f"prune_bits={self.bits} is not supported; choose one of {BITS}")
-        if self.group_size not in GROUP_SIZES:
-            raise ValueError(f"prune_group_size={self.group_size} is not supported; choose one "
-                             f"of {GROUP_SIZES}")
+        check_bits(self.bits, self.group_size, "prune_")
 
     @property
     def points(self):

@@ -22,6 +22,16 @@ GROUP_SIZES = (32, 64, 128)
 MODES = ("native", "simulated")
 
 
+def check_bits(bits, group_size, prefix=""):
+    """Raise ValueError unless ``bits`` (None = not quantized) is in ``BITS`` and ``group_size``
+    in ``GROUP_SIZES``; ``prefix`` names the family's parameters (``exit_`` -> ``exit_bits``)."""
+    if bits is not None and bits not in BITS:
+        raise ValueError(f"{prefix}bits={bits} is not supported; choose one of {BITS}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"{prefix}group_size={group_size} is not supported; "
+                         f"choose one of {GROUP_SIZES}")
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Parameters of one quantized variant (validated on creation)."""
@@ -32,11 +42,9 @@ class QuantConfig:
     quantize_head: bool = False
 
     def __post_init__(self):
-        if self.bits not in BITS:
-            raise ValueError(f"bits={self.bits} is not supported; choose one of {BITS}")
-        if self.group_size not in GROUP_SIZES:
-            raise ValueError(f"group_size={self.group_size} is not supported; "
-                             f"choose one of {GROUP_SIZES}")
+        if self.bits is None:
+            raise ValueError(f"bits=None is not supported; choose one of {BITS}")
+        check_bits(self.bits, self.group_size)
 
     @property
     def name(self):
