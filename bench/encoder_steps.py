@@ -3,11 +3,14 @@
 Steps, each added to the previous one (all in one process, alternated round by round, so a
 change in machine load hits every step alike; the figure per step is the median over rounds):
 
-0. port as first written: ``mx.softmax`` attention and ``nn.gelu`` (erf), one MLX stream;
-1. GELU with the compiled float32 rational erf (``variants.fast_ops.gelu``);
-2. softmax with the compiled range-reduced exp (``variants.fast_ops.masked_softmax``);
-3. every layer split over two MLX CPU streams, one OpenBLAS thread each
-   (``variants.parallel``) — the shipped forward.
+0. port as first written: ``mx.softmax`` attention, ``nn.gelu`` (erf), one Linear per
+   projection, one MLX stream, MLX's default buffer cache;
+1. GELU as two compiled kernels with a float32 rational erf (``variants.fast_ops.gelu``);
+2. softmax as compiled exp kernels, normalised after ``probs @ v``
+   (``variants.fast_ops.softmax_parts``);
+3. every layer split over two MLX CPU streams, one OpenBLAS thread each (``variants.parallel``);
+4. one fused QKV GEMM with the scale and biases folded (``Attention.folded``);
+5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``) — shipped.
 
 Also checks that every step's pooled embeddings equal step 0's to float32 round-off.
 Run: ``python bench/encoder_steps.py [--batch-size 32] [--seq-len 128] [--rounds 5]``.
@@ -25,26 +28,30 @@ from variants import encoder, fast_ops, parallel
 from variants.checkpoint import load_checkpoint
 from variants.encoder import mean_pool
 
-STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + compiled rational-erf GELU",
-         "2 + compiled exp softmax", "3 + two CPU streams (shipped)")
+STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
+         "2 + fused exp softmax", "3 + two CPU streams", "4 + folded QKV GEMM",
+         "5 + 1 GB buffer cache (shipped)")
 
 
-def _plain_softmax(scores, bias):
-    return mx.softmax(scores + bias, axis=-1)
+def _plain_parts(scores, bias):
+    return mx.softmax(scores + bias, axis=-1), mx.array(1.0)
+
+
+_SHIPPED = {"gelu": fast_ops.gelu, "parts": fast_ops.softmax_parts,
+            "folded": encoder.Attention.folded}
 
 
 def _configure(step):
-    """Patch the encoder's element-wise functions and stream split to ``step``'s state."""
-    encoder.ACTIVATIONS["gelu"] = fast_ops.gelu if step >= 1 else nn.gelu
-    encoder.fast_ops = fast_ops if step >= 2 else _SoftmaxOnly
+    """Patch the encoder's element-wise functions, projections, stream split and buffer cache
+    to ``step``'s state; returns whether the two-stream split is on."""
+    encoder.ACTIVATIONS["gelu"] = _SHIPPED["gelu"] if step >= 1 else nn.gelu
+    fast_ops.softmax_parts = _SHIPPED["parts"] if step >= 2 else _plain_parts
     two = step >= 3 and len(parallel.streams()) > 1
     parallel._set_blas_threads(1 if two else 2)
+    encoder.Attention.folded = _SHIPPED["folded"] if step >= 4 else (lambda self: None)
+    mx.set_cache_limit(parallel.CACHE_LIMIT_BYTES if step >= 5
+                       else parallel.info()["mlx_default_cache_limit"])
     return two
-
-
-class _SoftmaxOnly:
-    """Stands in for the fast_ops module inside encoder.py with the plain softmax."""
-    masked_softmax = staticmethod(_plain_softmax)
 
 
 def measure(batch_size=32, seq_len=128, rounds=5, seed=0):

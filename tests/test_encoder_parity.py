@@ -82,6 +82,32 @@ def test_attention_probabilities_path_matches_fused_path(checkpoint):
     assert attn[0, :, :, int(np.array(mask)[0].sum()):].max() < 1e-6
 
 
+def test_folded_projections_equal_the_plain_linears(checkpoint, monkeypatch):
+    """The fused QKV GEMM (scale folded into W_q, key bias dropped, value bias moved into the
+    output bias) gives the plain per-Linear attention to float32 round-off, and is rebuilt when
+    a weight array is replaced."""
+    from variants.encoder import Attention
+    enc, _ = checkpoint.tokenizer.encode(["folded weights", "the plot was thin but the cast shone"])
+    ids, mask, types = (mx.array(a) for a in checkpoint.tokenizer.batch(enc))
+    att = checkpoint.encoder.layers[0].attention
+    assert att.folded() is not None  # the reference takes the fused path
+    fused = np.array(checkpoint.encoder(ids, mask, types).last_hidden)
+    with monkeypatch.context() as m:
+        m.setattr(Attention, "folded", lambda self: None)
+        plain = np.array(checkpoint.encoder(ids, mask, types).last_hidden)
+    np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=2e-5)
+    old_bias = att.value.bias
+    try:
+        att.value.bias = old_bias + 0.5  # a new array: the folded output bias must follow
+        fused = np.array(checkpoint.encoder(ids, mask, types).last_hidden)
+        with monkeypatch.context() as m:
+            m.setattr(Attention, "folded", lambda self: None)
+            plain = np.array(checkpoint.encoder(ids, mask, types).last_hidden)
+        np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=2e-5)
+    finally:
+        att.value.bias = old_bias
+
+
 def test_sanitize_and_config_errors():
     w = {"bert.encoder.layer.0.attention.self.query.weight": 1, "pooler.dense.weight": 2,
          "embeddings.position_ids": 3, "encoder.layer.1.output.LayerNorm.bias": 4}

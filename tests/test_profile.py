@@ -28,11 +28,34 @@ def test_ceilings_sum_the_family_segments():
     assert out["fam"] == (0.5, pytest.approx(2.0))
 
 
-def test_fast_exp_is_float32_accurate():
-    x = np.linspace(-87, 88, 400_001, dtype=np.float32)
-    got = np.array(mx.compile(fast_ops.exp)(mx.array(x)), np.float64)
+def test_fast_exp_is_float32_accurate_on_what_softmax_passes():
+    x = np.linspace(-87, 0, 400_001, dtype=np.float32)
+    got = np.array(fast_ops.exp_nonpositive(mx.array(x)), np.float64)
     want = np.exp(x.astype(np.float64))
     assert (np.abs(got - want) / want).max() < 2e-7
+    # below float32's normal range it stays a tiny positive normal instead of a denormal or 0
+    low = np.array(fast_ops.exp_nonpositive(mx.array([-100.0, -1e9], mx.float32)))
+    assert np.all(low > 0) and np.all(low < 1.3e-38)
+
+
+def test_fast_gelu_matches_exact_erf_gelu():
+    from scipy.special import erf
+    x = np.linspace(-10, 10, 400_001, dtype=np.float32)
+    got = np.array(fast_ops.gelu(mx.array(x)), np.float64)
+    x64 = x.astype(np.float64)
+    want = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+    assert np.abs(got - want).max() < 1.5e-6
+    # small inputs keep their relative accuracy (GELU(x) ~ x/2 there)
+    small = np.abs(x64) < 1e-2
+    assert (np.abs(got - want)[small] / np.abs(want[small]).clip(1e-30)).max() < 1e-5
+
+
+def test_softmax_parts_normalise_to_the_softmax():
+    s = mx.random.normal((2, 3, 5, 7), key=mx.random.key(3)) * 10
+    e, total = fast_ops.softmax_parts(s)
+    np.testing.assert_allclose(np.array(e / total), np.array(mx.softmax(s, axis=-1, precise=True)),
+                               rtol=1e-5, atol=1e-7)
+    assert np.array(e).max() == 1.0 and total.shape == (2, 3, 5, 1)
 
 
 def test_masked_softmax_matches_precise_softmax_and_survives_full_masking():

@@ -61,7 +61,32 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
+class _Folded:
+    """Holds an Attention's fused projection weights and the arrays they were built from
+    (a plain object, so nn.Module does not treat it as parameters)."""
+
+    def __init__(self):
+        self.sources, self.arrays = None, None
+
+
+def _plain_linear(m):
+    return type(m) is nn.Linear and "bias" in m
+
+
 class Attention(nn.Module):
+    """Multi-head self-attention (BERT), queries from ``x``, keys and values from ``kv``.
+
+    When query, key, value and out are plain biased ``nn.Linear`` (the reference; quantised or
+    low-rank variants replace them and take the unfused path), the forward uses weights folded
+    once per weight set (exact algebra; float32 round-off aside):
+
+    - one (3D, D) GEMM for q, k, v, with 1/sqrt(d) folded into the query weight and bias;
+    - the key bias is dropped: it adds q_i·b_k to every score of row i, which softmax ignores;
+    - the value bias moves into the output bias (b_o + W_o b_v): softmax rows sum to 1.
+
+    The softmax is left unnormalised until after ``probs @ v`` (:func:`fast_ops.softmax_parts`).
+    """
+
     def __init__(self, args):
         super().__init__()
         self.n_heads = args.num_attention_heads
@@ -72,23 +97,73 @@ class Attention(nn.Module):
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
+        self._folded = _Folded()
 
-    def __call__(self, x, bias, return_attention=False, kv=None):
-        """Queries from ``x`` (B, Lq, D); keys and values from ``kv`` (B, L, D), default ``x``."""
+    def folded(self):
+        """``(w_qkv (3D, D), b_q (D,), b_out (D,))`` for the fused path, or None when any
+        projection is not a plain biased ``nn.Linear``. Rebuilt when a weight array changes."""
+        mods = (self.query, self.key, self.value, self.out)
+        if not all(_plain_linear(m) for m in mods):
+            return None
+        sources = tuple(a for m in mods for a in (m.weight, m.bias))
+        f = self._folded
+        if f.sources is None or any(a is not b for a, b in zip(sources, f.sources)):
+            w = mx.concatenate([self.query.weight * self.scale, self.key.weight,
+                                self.value.weight])
+            # left lazy: computed once, by the first forward's evaluation
+            f.sources = sources
+            f.arrays = (w, self.query.bias * self.scale,
+                        self.out.bias + self.out.weight @ self.value.bias)
+        return f.arrays
+
+    def project(self, x, kv=None):
+        """(q, k, v), each (B, heads, L, head_dim); q already scaled by 1/sqrt(head_dim)."""
         kv = x if kv is None else kv
         B, Lq, D = x.shape
         L = kv.shape[1]
         h, d = self.n_heads, self.head_dim
-        q = self.query(x).reshape(B, Lq, h, d).transpose(0, 2, 1, 3)
-        k = self.key(kv).reshape(B, L, h, d).transpose(0, 2, 1, 3)
-        v = self.value(kv).reshape(B, L, h, d).transpose(0, 2, 1, 3)
-        # Explicit attention with a compiled softmax: on CPU, mx.fast.scaled_dot_product_attention
-        # spends most of its time in element-wise exp; fast_ops.exp fuses (bench/torch_peer.py).
-        probs = fast_ops.masked_softmax((q * self.scale) @ k.transpose(0, 1, 3, 2), bias)
-        ctx = probs @ v  # (B, h, Lq, d)
-        attn = probs if return_attention else None
-        ctx = ctx.transpose(0, 2, 1, 3).reshape(B, Lq, D)
-        return self.out(ctx), attn
+        folded = self.folded()
+        if folded is None:
+            q, k, v = self.query(x) * self.scale, self.key(kv), self.value(kv)
+        else:
+            w, b_q, _ = folded
+            if kv is x:
+                qkv = x @ w.T
+                q, k, v = qkv[..., :D] + b_q, qkv[..., D:2 * D], qkv[..., 2 * D:]
+            else:
+                q = x @ w[:D].T + b_q
+                kvp = kv @ w[D:].T
+                k, v = kvp[..., :D], kvp[..., D:]
+        return (q.reshape(B, Lq, h, d).transpose(0, 2, 1, 3),
+                k.reshape(B, L, h, d).transpose(0, 2, 1, 3),
+                v.reshape(B, L, h, d).transpose(0, 2, 1, 3))
+
+    def core(self, q, k, v, bias, return_attention=False):
+        """softmax(q kᵀ + bias) v -> (ctx (B, Lq, D), probs (B, heads, Lq, L) or None)."""
+        B, h, Lq, d = q.shape
+        # Explicit attention: on CPU, mx.fast.scaled_dot_product_attention spends most of its
+        # time in element-wise exp; fast_ops' exp fuses (bench/encoder_steps.py).
+        scores = q @ k.transpose(0, 1, 3, 2)
+        if return_attention:
+            probs = fast_ops.masked_softmax(scores, bias)
+            ctx = probs @ v
+        else:
+            e, total = fast_ops.softmax_parts(scores, bias)
+            ctx, probs = (e @ v) / total, None
+        return ctx.transpose(0, 2, 1, 3).reshape(B, Lq, h * d), probs
+
+    def output(self, ctx):
+        """The output projection (with the folded value bias on the fused path)."""
+        folded = self.folded()
+        if folded is None:
+            return self.out(ctx)
+        return mx.addmm(folded[2], ctx, self.out.weight.T)
+
+    def __call__(self, x, bias, return_attention=False, kv=None):
+        """Queries from ``x`` (B, Lq, D); keys and values from ``kv`` (B, L, D), default ``x``;
+        ``bias`` broadcasts against (B, heads, Lq, L). Returns (out (B, Lq, D), probs or None)."""
+        ctx, attn = self.core(*self.project(x, kv), bias, return_attention)
+        return self.output(ctx), attn
 
 
 class TransformerLayer(nn.Module):

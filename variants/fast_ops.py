@@ -1,18 +1,36 @@
-"""Float32-accurate element-wise functions that run fast on MLX's CPU backend.
+"""Float32-accurate softmax and GELU that run fast on MLX's CPU backend.
 
-MLX's CPU transcendental functions run element by element (``erf`` ~ 40 ns/float here), while a
-chain of multiply-adds fuses under ``mx.compile``. ``gelu`` below evaluates erf as a rational
-function (odd degree-13 numerator over even degree-8 denominator in x, inputs clamped to
-[-4, 4] where erf is +/-1 in float32) — the approximation Eigen and XLA use for float32 erf.
-Measured here: max |error| 4.2e-7 for erf and 1.5e-6 for GELU against the exact (float64) erf,
-and about 7x faster than ``nn.gelu`` on a (800, 1536) float32 input.
+What makes element-wise work slow or fast there (MLX 0.32, Linux x86-64 wheel; measured with
+``bench/encoder_steps.py`` and the kernels MLX writes to ``/tmp/mlx/<version>/cpu``):
+
+- ``mx.exp`` / ``mx.erf`` run element by element (about 15 and 40 ns per float here); a chain
+  of multiply-adds under ``mx.compile`` becomes one C++ loop that g++ vectorises (~0.3 ns/float).
+- ``mx.compile`` fuses at most 11 operations deep. A longer chain is cut into several kernels,
+  and a scalar constant that lands at a cut is passed as a broadcast array; a kernel with any
+  broadcast input takes MLX's strided path: a scalar, unvectorised loop (3-10x slower). So each
+  compiled function below is at most 11 deep and takes only same-shape contiguous arrays;
+  broadcasting work (row max, row sum, the padding bias) stays in MLX's own binary and
+  reduction kernels, which handle broadcasts well.
+- ``mx.floor`` compiles to a libm call per element; ``(v + 1.5·2²³) − 1.5·2²³`` rounds to the
+  nearest integer in two vectorised adds instead.
+- Polynomials use Estrin's scheme (Knuth, TAOCP vol. 2, 4.6.4): same coefficients as Horner,
+  half the depth, so a whole reduction step fits in one kernel.
+
+- MLX keeps at most 32 MB of freed buffers for reuse by default on this CPU; larger arrays go
+  back to the OS and come back as fresh pages (a page fault per 4 KB): see
+  :func:`variants.parallel.streams`, which raises the cache limit.
+
+Accuracy (tests/test_profile.py): exp max relative error 1.2e-7 on [-87, 0]; GELU max absolute
+error 1.1e-6 against the float64 exact-erf GELU on [-10, 10]; the encoder stays within float32
+round-off of the PyTorch fixtures (tests/test_encoder_parity.py).
 """
 
 import math
 
 import mlx.core as mx
 
-# Eigen's generic_fast_erf_float coefficients (highest power first).
+# erf(x) ~ x P(x²) / Q(x²) on |x| <= 4 (erf is +/-1 in float32 beyond): Eigen's
+# generic_fast_erf_float coefficients, as XLA uses for float32 erf (highest power first).
 _ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
           -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
           -1.60960333262415e-02)
@@ -20,66 +38,101 @@ _BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
          -7.37332916720468e-03, -1.42647390514189e-02)
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 
-
-def _horner(coeffs, x):
-    acc = coeffs[0]
-    for c in coeffs[1:]:
-        acc = acc * x + c
-    return acc
-
-
-def erf(x):
-    """erf(x) for float32 ``x`` (any shape), max abs error 4.2e-7 (rational approximation)."""
-    x = mx.clip(x, -4.0, 4.0)
-    x2 = x * x
-    return x * _horner(_ALPHA, x2) / _horner(_BETA, x2)
-
-
-@mx.compile
-def gelu(x):
-    """Exact-form GELU x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016),
-    with :func:`erf` above; compiled so the polynomial fuses into one kernel."""
-    return 0.5 * x * (1.0 + erf(x * _SQRT1_2))
-
-
-# exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two parts (Cody & Waite
-# 1980) so r is exact to float32; exp(r) on |r| <= ln2/2 by the Cephes expf polynomial.
+# exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 with ln 2 split in two parts (Cody &
+# Waite 1980) so r is exact to float32; exp(r) on |r| <= ln2/2 by the Cephes expf polynomial.
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693359375
 _LN2_LO = -2.12194440e-4
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
-_EXP_LO, _EXP_HI = -87.3, 88.3  # 2^n stays a normal float32 (n in [-126, 127])
+_EXP_LO = -87.3  # 2^n stays a normal float32 (n >= -126)
+_ROUND = 12582912.0  # 1.5 * 2**23: (v + _ROUND) - _ROUND rounds |v| < 2**22 to an integer
 
 
-def exp(x):
-    """exp(x) for float32 ``x``, max relative error 8.1e-8 on [-87.3, 88.3] (measured against
-    float64 exp); inputs below -87.3 give ~1e-38 instead of a denormal or 0, and above 88.3 saturate.
+def _estrin(coeffs, z, z2):
+    """Polynomial in ``z`` (coefficients highest power first) by Estrin's scheme; ``z2`` = z²."""
+    terms = list(coeffs)[::-1]  # lowest power first
+    zp = z
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] * zp if i + 1 < len(terms) else terms[i]
+                 for i in range(0, len(terms), 2)]
+        zp = z2 if zp is z else zp * zp
+    return terms[0]
 
-    Plain MLX ops (range reduction, degree-7 polynomial, 2^n built in the exponent bits), so
-    under ``mx.compile`` the whole chain fuses into one kernel, unlike ``mx.exp`` on CPU.
+
+@mx.compile
+def _exp_n(x):
+    return (mx.maximum(x, _EXP_LO) * _LOG2E + _ROUND) - _ROUND
+
+
+@mx.compile
+def _exp_bits(n):
+    return mx.left_shift(n.astype(mx.int32) + 127, 23)
+
+
+@mx.compile
+def _exp_finish(x, n, scale):
+    x = mx.maximum(x, _EXP_LO)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    r2 = r * r
+    return _estrin(_EXP_P, r, r2) * (r2 * scale) + (r + 1.0) * scale
+
+
+def exp_nonpositive(x):
+    """exp(x) for float32 ``x <= 0`` (any shape), three fused kernels.
+
+    Max relative error 1.2e-7 on [-87.3, 0] (against float64 ``exp``); below -87.3 the result is
+    exp(-87.3) ~ 1.2e-38 instead of a denormal or 0. Also exact to that error up to x = 88; above,
+    the 2^n scale overflows its exponent bits (softmax only passes x <= 0).
 
     References
     ----------
     W. J. Cody and W. Waite, "Software Manual for the Elementary Functions", 1980, Ch. 6;
     S. L. Moshier, Cephes Math Library, ``expf.c``.
     """
-    x = mx.clip(x, _EXP_LO, _EXP_HI)
-    n = mx.floor(x * _LOG2E + 0.5)
-    r = x - n * _LN2_HI - n * _LN2_LO
-    p = _horner(_EXP_P, r)
-    p = p * r * r + r + 1.0
-    return p * mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
+    n = _exp_n(x)
+    return _exp_finish(x, n, _exp_bits(n).view(mx.float32))
+
+
+def _softmax_parts(scores, bias):
+    s = scores if bias is None else scores + bias
+    e = exp_nonpositive(s - mx.max(s, axis=-1, keepdims=True))
+    return e, e.sum(axis=-1, keepdims=True)
+
+
+def softmax_parts(scores, bias=None):
+    """Unnormalised softmax over the last axis: ``(e, total)`` with softmax = e / total.
+
+    ``scores`` (..., L) float32; ``bias`` broadcasts against it (the encoder's (B, 1, 1, L)
+    additive padding bias) or is None. ``e = exp(s - max s)`` (same shape, every entry in
+    (0, 1]), ``total`` (..., 1) its row sum (>= 1). Attention divides ``e @ v`` by ``total``,
+    a pass over (..., d) instead of over (..., L). A masked key (bias -1e9) gets weight
+    ~1e-38 / total, i.e. 0 in float32 sums, and a fully masked row stays finite.
+    """
+    return _softmax_parts(scores, bias)
+
+
+def masked_softmax(scores, bias=None):
+    """softmax(scores + bias) over the last axis (see :func:`softmax_parts`); same shape."""
+    e, total = _softmax_parts(scores, bias)
+    return e / total
 
 
 @mx.compile
-def masked_softmax(scores, bias):
-    """softmax(scores + bias) over the last axis with :func:`exp`, compiled.
+def _erf_arg(x):
+    return mx.clip(x * _SQRT1_2, -4.0, 4.0)
 
-    ``bias`` broadcasts against ``scores`` (the encoder's (B, 1, 1, L) additive padding bias).
-    Subtracting the row max first keeps every exponent <= 0; a masked key (bias -1e9) gets
-    weight ~1e-38 / row sum, i.e. 0 in float32 sums, and a fully masked row stays finite.
-    """
-    s = scores + bias
-    e = exp(s - mx.max(s, axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+
+@mx.compile
+def _gelu_finish(x, u):
+    z = u * u
+    z2 = z * z
+    half = 0.5 * x
+    return half + (half * u) * _estrin(_ALPHA, z, z2) / _estrin(_BETA, z, z2)
+
+
+def gelu(x):
+    """Exact-form GELU x·Φ(x) = 0.5x(1 + erf(x/√2)) (Hendrycks & Gimpel 2016) for float32 ``x``
+    (any shape, contiguous), with erf as the rational function above; two fused kernels.
+    Max absolute error 1.1e-6 on [-10, 10] against the float64 exact-erf GELU."""
+    return _gelu_finish(x, _erf_arg(x))

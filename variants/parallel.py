@@ -27,7 +27,12 @@ from variants import _blas
 # too small to pay for it.
 MIN_ROWS = 32
 
-_state = {"streams": None, "blas_threads": None}
+# MLX keeps at most 32 MB of freed buffers for reuse by default here; an encoder batch's
+# activations are 1-25 MB each, so without more room every step's buffers come back from the OS
+# as fresh pages (thousands of page faults per forward). Only raised, never lowered.
+CACHE_LIMIT_BYTES = 1 << 30
+
+_state = {"streams": None, "blas_threads": None, "mlx_default_cache_limit": None}
 _local = threading.local()
 
 
@@ -62,9 +67,16 @@ def streams():
     """The CPU streams layers split over (a list; length 1 means no split).
 
     Created once per process. When more than one, OpenBLAS is set to one thread per GEMM call.
+    On the CPU, MLX's buffer cache limit is raised to ``CACHE_LIMIT_BYTES`` at the same time.
     """
     if _state["streams"] is None:
-        n = _requested() if mx.default_device() == mx.cpu else 1
+        on_cpu = mx.default_device() == mx.cpu
+        if on_cpu:
+            old = mx.set_cache_limit(CACHE_LIMIT_BYTES)
+            _state["mlx_default_cache_limit"] = old
+            if old > CACHE_LIMIT_BYTES:
+                mx.set_cache_limit(old)
+        n = _requested() if on_cpu else 1
         s = [mx.default_stream(mx.cpu)]
         if n > 1:
             s += [mx.new_stream(mx.cpu) for _ in range(n - 1)]
@@ -76,8 +88,13 @@ def streams():
 
 
 def info():
-    """What the split does in this process, for run metadata: ``{"streams", "blas_threads"}``."""
-    return {"streams": len(streams()), "blas_threads_per_call": _state["blas_threads"]}
+    """What the split does in this process, for run metadata: ``{"streams",
+    "blas_threads_per_call", "mlx_default_cache_limit", "cache_limit"}`` (bytes)."""
+    n = len(streams())
+    old = _state["mlx_default_cache_limit"]
+    return {"streams": n, "blas_threads_per_call": _state["blas_threads"],
+            "mlx_default_cache_limit": old,
+            "cache_limit": None if old is None else max(old, CACHE_LIMIT_BYTES)}
 
 
 @contextlib.contextmanager

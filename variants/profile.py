@@ -107,18 +107,12 @@ def _segmented_forward(encoder, ids, mask, types, acc):
                 out.append(fn(*args))
         return out
 
-    def heads(t):
-        return t.reshape(t.shape[0], L, a.n_heads, a.head_dim).transpose(0, 2, 1, 3)
-
     for layer in encoder.layers:
         a = layer.attention
-        qkv = _clock(acc, "qkv_proj", lambda: each(
-            lambda t: [heads(m(t)) for m in (a.query, a.key, a.value)], xs))
+        qkv = _clock(acc, "qkv_proj", lambda: each(a.project, xs))
         ctx = _clock(acc, "attention_core", lambda: each(
-            lambda t, bb: (fast_ops.masked_softmax((t[0] * a.scale) @ t[1].transpose(0, 1, 3, 2),
-                                                   bb) @ t[2]).transpose(0, 2, 1, 3).reshape(
-                t[0].shape[0], L, D), qkv, biases))
-        o = _clock(acc, "out_proj", lambda: each(a.out, ctx))
+            lambda t, bb: a.core(*t, bb)[0], qkv, biases))
+        o = _clock(acc, "out_proj", lambda: each(a.output, ctx))
         xs = _clock(acc, "norms", lambda: each(lambda t, u: layer.attention_norm(t + u), xs, o))
         u = _clock(acc, "mlp_gemm", lambda: each(layer.intermediate, xs))
         g = _clock(acc, "mlp_act", lambda: each(ACTIVATIONS[layer.hidden_act], u))
@@ -336,14 +330,15 @@ def exit_speedup(profile, *, exit_layer, exit_share=1.0, n_layers=None):
 
 @contextmanager
 def count_work():
-    """Count ``mx.eval`` calls and calls of :mod:`variants.fast_ops`' compiled functions.
+    """Count ``mx.eval`` calls and calls of :mod:`variants.fast_ops`' fused functions (GELU,
+    softmax; each runs two or three compiled kernels).
 
     Yields a dict ``{"evals": n, "compiled_calls": n}`` that fills while the block runs.
     Patches module attributes for the duration only (nothing persists across uses).
     """
     counts = {"evals": 0, "compiled_calls": 0}
     real_eval = mx.eval
-    compiled = {n: getattr(fast_ops, n) for n in ("gelu", "masked_softmax")}
+    compiled = {n: getattr(fast_ops, n) for n in ("gelu", "masked_softmax", "softmax_parts")}
 
     def eval_(*a, **k):
         counts["evals"] += 1
