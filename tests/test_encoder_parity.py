@@ -71,10 +71,11 @@ def test_padding_does_not_change_real_positions(checkpoint):
 def test_attention_probabilities_path_matches_fused_path(checkpoint):
     enc, _ = checkpoint.tokenizer.encode(["attention check", "the movie was not good at all"])
     ids, mask, types = (mx.array(a) for a in checkpoint.tokenizer.batch(enc))
-    fused = checkpoint.encoder(ids, mask, types)
+    fused = checkpoint.encoder(ids, mask, types)  # packed: the short text is padded
     explicit = checkpoint.encoder(ids, mask, types, output_attentions=True)
-    np.testing.assert_allclose(np.array(fused.last_hidden), np.array(explicit.last_hidden),
-                               rtol=1e-4, atol=1e-5)
+    real = np.array(mask).astype(bool)
+    np.testing.assert_allclose(np.array(fused.last_hidden)[real],
+                               np.array(explicit.last_hidden)[real], rtol=1e-4, atol=1e-5)
     attn = np.array(explicit.attentions[0])  # (B, heads, L, L)
     assert attn.shape == (2, 12, ids.shape[1], ids.shape[1])
     np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from variants import fast_ops, parallel
+from variants import fast_ops, packing, parallel
 
 ACTIVATIONS = {"gelu": fast_ops.gelu, "gelu_exact": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx,
                "relu": nn.relu}
@@ -116,27 +117,32 @@ class Attention(nn.Module):
                         self.out.bias + self.out.weight @ self.value.bias)
         return f.arrays
 
-    def project(self, x, kv=None):
-        """(q, k, v), each (B, heads, L, head_dim); q already scaled by 1/sqrt(head_dim)."""
+    def projections(self, x, kv=None):
+        """(q, k, v) before the head split: q (..., Lq, D) from ``x``, already scaled by
+        1/sqrt(head_dim); k, v (..., L, D) from ``kv`` (default ``x``). Any leading shape,
+        including the (N, D) rows of a packed batch."""
         kv = x if kv is None else kv
-        B, Lq, D = x.shape
-        L = kv.shape[1]
-        h, d = self.n_heads, self.head_dim
         folded = self.folded()
         if folded is None:
-            q, k, v = self.query(x) * self.scale, self.key(kv), self.value(kv)
-        else:
-            w, b_q, _ = folded
-            if kv is x:
-                qkv = x @ w.T
-                q, k, v = qkv[..., :D] + b_q, qkv[..., D:2 * D], qkv[..., 2 * D:]
-            else:
-                q = x @ w[:D].T + b_q
-                kvp = kv @ w[D:].T
-                k, v = kvp[..., :D], kvp[..., D:]
-        return (q.reshape(B, Lq, h, d).transpose(0, 2, 1, 3),
-                k.reshape(B, L, h, d).transpose(0, 2, 1, 3),
-                v.reshape(B, L, h, d).transpose(0, 2, 1, 3))
+            return self.query(x) * self.scale, self.key(kv), self.value(kv)
+        w, b_q, _ = folded
+        D = x.shape[-1]
+        if kv is x:
+            qkv = x @ w.T
+            return qkv[..., :D] + b_q, qkv[..., D:2 * D], qkv[..., 2 * D:]
+        kvp = kv @ w[D:].T
+        return x @ w[:D].T + b_q, kvp[..., :D], kvp[..., D:]
+
+    def heads(self, t, B, L):
+        """(B·L, D) or (B, L, D) -> (B, heads, L, head_dim)."""
+        return t.reshape(B, L, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    def project(self, x, kv=None):
+        """(q, k, v), each (B, heads, L, head_dim); q already scaled by 1/sqrt(head_dim)."""
+        q, k, v = self.projections(x, kv)
+        L = x.shape[1] if kv is None else kv.shape[1]
+        return self.heads(q, x.shape[0], x.shape[1]), self.heads(k, x.shape[0], L), \
+            self.heads(v, x.shape[0], L)
 
     def core(self, q, k, v, bias, return_attention=False):
         """softmax(q kᵀ + bias) v -> (ctx (B, Lq, D), probs (B, heads, Lq, L) or None)."""
@@ -205,6 +211,28 @@ class TransformerLayer(nn.Module):
         attn = mx.concatenate([o[1] for o in outs], axis=attn_axis) if return_attention else None
         return y, attn
 
+    def forward_packed(self, xp, plan):
+        """The layer on a packed batch (:mod:`variants.packing`): ``xp`` (N, D) real tokens ->
+        (N, D). Each of ``plan.parts`` runs on its own stream (as :meth:`__call__` splits)."""
+        ss = parallel.streams()
+        if len(plan.parts) == 1:
+            return self._forward_packed(xp, plan.parts[0], plan.L)
+        outs = []
+        for s, part in zip(ss, plan.parts):
+            with mx.stream(s):
+                outs.append(self._forward_packed(xp[part.rows[0]:part.rows[1]], part, plan.L))
+        return mx.concatenate(outs, axis=0)
+
+    def _forward_packed(self, x, part, L):
+        att = self.attention
+        B = part.seqs[1] - part.seqs[0]
+        q, k, v = (att.heads(mx.take(t, part.pad_index, axis=0), B, L)
+                   for t in att.projections(x))
+        ctx, _ = att.core(q, k, v, part.bias)
+        ctx = mx.take(ctx.reshape(B * L, -1), part.real_index, axis=0)
+        x = self.attention_norm(x + att.output(ctx))
+        return self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
+
     def _forward(self, x, bias, return_attention=False, kv=None):
         a, attn = self.attention(x, bias, return_attention, kv)
         x = self.attention_norm(x + a)
@@ -215,7 +243,11 @@ class TransformerLayer(nn.Module):
 @dataclass
 class EncoderOutput:
     """``last_hidden`` (B, L, D) float32; ``hidden_states``: embeddings + each layer (or None);
-    ``attentions``: each layer's (B, heads, L, L) probabilities (or None)."""
+    ``attentions``: each layer's (B, heads, L, L) probabilities (or None).
+
+    Padded positions of ``last_hidden`` hold zeros when the batch ran packed
+    (:mod:`variants.packing`), else whatever the layers computed there: only real positions
+    carry meaning either way."""
 
     last_hidden: mx.array
     hidden_states: list = None
@@ -249,10 +281,30 @@ class BertEncoder(nn.Module):
         position_ids = mx.broadcast_to(mx.arange(L), (B, L))
         return self.embeddings(input_ids, token_type_ids, position_ids)
 
+    def _packing_plan(self, attention_mask, bias):
+        """A :class:`variants.packing.Plan` when enough of the batch is padding (one part per
+        stream, split by sequences), else None; None inside :func:`parallel.single_stream`."""
+        ss = parallel.streams()
+        if parallel.whole_batches():
+            return None
+        B = attention_mask.shape[0]
+        k = len(ss) if B >= len(ss) else 1
+        mask = np.array(attention_mask)
+        if k > 1 and mask.sum() < parallel.MIN_ROWS:
+            k = 1
+        return packing.plan(mask, bias, parallel.bounds(B, k))
+
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
         x = self.embed(input_ids, token_type_ids)
         bias = attention_bias(attention_mask, x.dtype)
+        if not (output_hidden_states or output_attentions):
+            p = self._packing_plan(attention_mask, bias)
+            if p is not None:
+                xp = p.pack(x)
+                for layer in self.layers:
+                    xp = layer.forward_packed(xp, p)
+                return EncoderOutput(p.unpack(xp))
         hidden = [x] if output_hidden_states else None
         attns = [] if output_attentions else None
         for layer in self.layers:

@@ -97,9 +97,16 @@ def info():
             "cache_limit": None if old is None else max(old, CACHE_LIMIT_BYTES)}
 
 
+def whole_batches():
+    """True inside :func:`single_stream`: the encoder then also keeps batches padded (no
+    packing, :mod:`variants.packing`), so per-Linear hooks see whole (B, L, D) inputs."""
+    return bool(getattr(_local, "off", 0))
+
+
 @contextlib.contextmanager
 def single_stream():
-    """Within the block, :func:`streams` returns one stream (no split) on this thread."""
+    """Within the block, :func:`streams` returns one stream (no split) on this thread, and the
+    encoder runs whole padded (B, L) batches (:func:`whole_batches`)."""
     _local.off = getattr(_local, "off", 0) + 1
     try:
         yield

@@ -1,0 +1,89 @@
+"""Packed (padding-free) encoder batches: same numbers on real tokens, zeros at padding."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from variants import packing, parallel
+from variants.encoder import BertEncoder, ModelArgs, TransformerLayer, attention_bias, mean_pool
+
+ARGS = ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=64, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def enc():
+    mx.random.seed(7)
+    e = BertEncoder(ARGS)
+    mx.eval(e.parameters())
+    return e
+
+
+def _batch(lengths, L, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 50, (len(lengths), L)).astype(np.int32)
+    mask = (np.arange(L)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+    return mx.array(ids), mx.array(mask)
+
+
+def test_plan_indices_by_hand():
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]])
+    bias = attention_bias(mx.array(mask))
+    p = packing.plan(mask, bias, [(0, 1), (1, 3)])
+    assert np.array(p.real_index).tolist() == [0, 1, 4, 5, 6, 8]
+    assert np.array(p.unpack_index).tolist() == [0, 1, 6, 6, 2, 3, 4, 6, 5, 6, 6, 6]
+    first, second = p.parts
+    assert first.seqs == (0, 1) and first.rows == (0, 2) and second.rows == (2, 6)
+    assert np.array(first.pad_index).tolist() == [0, 1, 0, 0]
+    assert np.array(second.pad_index).tolist() == [0, 1, 2, 0, 3, 0, 0, 0]
+    assert np.array(second.real_index).tolist() == [0, 1, 2, 4]
+    assert second.bias.shape == (2, 1, 1, 4)
+    x = mx.arange(12 * 2, dtype=mx.float32).reshape(3, 4, 2)
+    back = np.array(p.unpack(p.pack(x)))
+    np.testing.assert_array_equal(back[mask.astype(bool)], np.array(x)[mask.astype(bool)])
+    assert np.all(back[~mask.astype(bool)] == 0)
+
+
+def test_plan_declines_when_packing_does_not_pay():
+    full = np.ones((4, 8), np.int32)
+    assert packing.plan(full, attention_bias(mx.array(full)), [(0, 4)]) is None
+    little = full.copy()
+    little[0, -1] = 0  # 1 of 32 positions padded: under MIN_PADDING
+    assert packing.plan(little, attention_bias(mx.array(little)), [(0, 4)]) is None
+    empty_part = np.array([[1, 1, 1, 1], [0, 0, 0, 0]])  # the second stream would get no token
+    assert packing.plan(empty_part, attention_bias(mx.array(empty_part)), [(0, 1), (1, 2)]) is None
+
+
+@pytest.mark.parametrize("lengths,L", [([3, 16, 9, 5], 16), ([7, 2, 12], 12), ([20, 4], 24)])
+def test_packed_equals_padded_on_real_tokens(enc, lengths, L):
+    ids, mask = _batch(lengths, L, seed=L)
+    packed = enc(ids, mask).last_hidden
+    with parallel.single_stream():  # whole padded batches, one stream
+        padded = enc(ids, mask).last_hidden
+    m = np.array(mask).astype(bool)
+    np.testing.assert_allclose(np.array(packed)[m], np.array(padded)[m], rtol=0, atol=2e-6)
+    assert np.all(np.array(packed)[~m] == 0)
+    np.testing.assert_allclose(np.array(mean_pool(packed, mask)),
+                               np.array(mean_pool(padded, mask)), rtol=0, atol=1e-6)
+
+
+def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
+    if len(parallel.streams()) < 2:
+        pytest.skip("single stream configured")
+    seen = []
+    orig = TransformerLayer._forward_packed
+
+    def spy(self, x, part, L):
+        seen.append((x.shape[0], part.seqs, str(mx.default_stream(mx.cpu))))
+        return orig(self, x, part, L)
+
+    monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
+    ids, mask = _batch([16, 3, 10, 4, 8], 16)
+    mx.eval(enc(ids, mask).last_hidden)
+    # 2 layers x 2 parts: sequences (0, 2) -> 19 tokens and (2, 5) -> 22 tokens
+    assert sorted(seen[:2]) == sorted([(19, (0, 2), seen[0][2]), (22, (2, 5), seen[1][2])])
+    assert seen[0][2] != seen[1][2]
+    seen.clear()
+    with parallel.single_stream():
+        mx.eval(enc(ids, mask).last_hidden)
+    assert seen == []  # whole padded batches: no packing at all
