@@ -80,9 +80,11 @@ def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
     monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
     ids, mask = _batch([16, 3, 10, 4, 8], 16)
     mx.eval(enc(ids, mask).last_hidden)
-    # 2 layers x 2 parts: sequences (0, 2) -> 19 tokens and (2, 5) -> 22 tokens
-    assert sorted(seen[:2]) == sorted([(19, (0, 2), seen[0][2]), (22, (2, 5), seen[1][2])])
-    assert seen[0][2] != seen[1][2]
+    # 2 parts x 2 layers: sequences (0, 2) -> 19 tokens and (2, 5) -> 22 tokens, each part's
+    # whole layer stack on one stream, the two parts on different streams
+    assert sorted((n, seqs) for n, seqs, _ in seen) == [(19, (0, 2))] * 2 + [(22, (2, 5))] * 2
+    streams = {seqs: {st for _, q, st in seen if q == seqs} for _, seqs, _ in seen}
+    assert all(len(v) == 1 for v in streams.values()) and streams[(0, 2)] != streams[(2, 5)]
     seen.clear()
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)

@@ -94,28 +94,28 @@ def exp_nonpositive(x):
     return _exp_finish(x, n, _exp_bits(n).view(mx.float32))
 
 
-def _softmax_parts(scores, bias):
+def _exp_shifted(scores, bias):
     s = scores if bias is None else scores + bias
-    e = exp_nonpositive(s - mx.max(s, axis=-1, keepdims=True))
-    return e, e.sum(axis=-1, keepdims=True)
+    return exp_nonpositive(s - mx.max(s, axis=-1, keepdims=True))
 
 
-def softmax_parts(scores, bias=None):
-    """Unnormalised softmax over the last axis: ``(e, total)`` with softmax = e / total.
+def softmax_parts(scores, bias=None, total=True):
+    """Unnormalised softmax over the last axis: ``(e, total)`` with softmax = e / total
+    (``e`` alone when ``total=False``: attention gets the row sums from its ``e @ [v, 1]``).
 
     ``scores`` (..., L) float32; ``bias`` broadcasts against it (the encoder's (B, 1, 1, L)
     additive padding bias) or is None. ``e = exp(s - max s)`` (same shape, every entry in
-    (0, 1]), ``total`` (..., 1) its row sum (>= 1). Attention divides ``e @ v`` by ``total``,
-    a pass over (..., d) instead of over (..., L). A masked key (bias -1e9) gets weight
+    (0, 1]), ``total`` (..., 1) its row sum (>= 1). A masked key (bias -1e9) gets weight
     ~1e-38 / total, i.e. 0 in float32 sums, and a fully masked row stays finite.
     """
-    return _softmax_parts(scores, bias)
+    e = _exp_shifted(scores, bias)
+    return (e, e.sum(axis=-1, keepdims=True)) if total else e
 
 
 def masked_softmax(scores, bias=None):
     """softmax(scores + bias) over the last axis (see :func:`softmax_parts`); same shape."""
-    e, total = _softmax_parts(scores, bias)
-    return e / total
+    e = _exp_shifted(scores, bias)
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 @mx.compile
