@@ -6,9 +6,10 @@ change in machine load hits every step alike; the figure per step is the median 
 0. port as first written: ``mx.softmax`` attention, ``nn.gelu`` (erf), one Linear per
    projection, one MLX stream, MLX's default buffer cache;
 1. GELU as two compiled kernels with a float32 rational erf (``variants.fast_ops.gelu``);
-2. softmax as compiled exp kernels, normalised after ``probs @ v``
-   (``variants.fast_ops.softmax_parts``);
-3. every layer split over two MLX CPU streams, one OpenBLAS thread each (``variants.parallel``);
+2. softmax as compiled exp kernels, normalised after ``probs @ v`` by the row sums that
+   ``e @ [v, 1]`` gives (``variants.fast_ops.softmax_parts``);
+3. the batch split over two MLX CPU streams, one whole layer stack per stream, one OpenBLAS
+   thread each (``variants.parallel``);
 4. one fused QKV GEMM with the scale and biases folded (``Attention.folded``);
 5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``) — shipped.
 
@@ -33,8 +34,9 @@ STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
          "5 + 1 GB buffer cache (shipped)")
 
 
-def _plain_parts(scores, bias):
-    return mx.softmax(scores + bias, axis=-1), mx.array(1.0)
+def _plain_parts(scores, bias=None, total=True):
+    p = mx.softmax(scores if bias is None else scores + bias, axis=-1)
+    return (p, mx.array(1.0)) if total else p
 
 
 _SHIPPED = {"gelu": fast_ops.gelu, "parts": fast_ops.softmax_parts,

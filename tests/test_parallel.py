@@ -84,8 +84,9 @@ def test_halves_are_what_each_stream_sees(enc, monkeypatch):
     assert all(len(v) == 1 for v in by_size.values()) and by_size[2] != by_size[3]
     seen.clear()
     ids, mask = _inputs(1, 40)
-    mx.eval(enc(ids, mask).last_hidden)
-    # B=1: the query positions are split, each part sees every key
+    x = enc.embed(ids)
+    mx.eval(enc.layers[0](x, None)[0], enc.layers[1](x, None)[0])
+    # B=1 through a layer call: the query positions are split, each part sees every key
     assert sorted(s[0][1] for s in seen) == [20, 20, 20, 20]
     assert all(s[1] == (1, 40, ARGS.hidden_size) for s in seen)
     assert str(seen[0][2]) != str(seen[1][2])
@@ -93,6 +94,56 @@ def test_halves_are_what_each_stream_sees(enc, monkeypatch):
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)
     assert [s[0] for s in seen] == [(1, 40, ARGS.hidden_size)] * 2
+
+
+@pytest.mark.parametrize("L,pad_from", [(40, None), (48, 40)])
+def test_b1_heads_and_features_split_over_streams(enc, monkeypatch, L, pad_from):
+    """B = 1 through the encoder: tensor parallelism (heads and MLP features per stream), the
+    same numbers as one stream, and no layer's work done twice."""
+    if len(parallel.streams()) < 2:
+        pytest.skip("single stream configured")
+    calls = []
+    orig = TransformerLayer.forward_sharded
+
+    def spy(self, x, bias, shards):
+        calls.append([(tuple(p[0].shape), tuple(p[3].shape)) for p in shards])
+        return orig(self, x, bias, shards)
+
+    monkeypatch.setattr(TransformerLayer, "forward_sharded", spy)
+    ids, mask = _inputs(1, L, seed=L, pad_from=pad_from)
+    sharded = np.array(enc(ids, mask).last_hidden)
+    with parallel.single_stream():
+        one = np.array(enc(ids, mask).last_hidden)
+    real = np.array(mask).astype(bool)
+    np.testing.assert_allclose(sharded[real], one[real], rtol=0, atol=2e-6)
+    D, F = ARGS.hidden_size, ARGS.intermediate_size
+    # 4 heads of 8 -> 2 per stream: q, k, v rows (3 x 16, D); MLP features 32 per stream
+    assert calls == [[((3 * D // 2, D), (F // 2, D))] * 2] * ARGS.num_hidden_layers
+
+
+def test_b1_falls_back_to_the_query_split_for_replaced_linears(enc, monkeypatch):
+    if len(parallel.streams()) < 2:
+        pytest.skip("single stream configured")
+    import copy
+
+    import mlx.nn as nn
+
+    class Wrapped(nn.Module):  # any non-plain Linear (as quantised or low-rank variants are)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def __call__(self, x):
+            return self.inner(x)
+
+    e = copy.deepcopy(enc)
+    e.layers[1].intermediate = Wrapped(e.layers[1].intermediate)
+    assert e.layers[0].shards(2) is not None and e.layers[1].shards(2) is None
+    ids, mask = _inputs(1, 40, seed=5)
+    got = np.array(e(ids, mask).last_hidden)
+    with parallel.single_stream():
+        want = np.array(enc(ids, mask).last_hidden)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("raw", ["two", "0", "-1"])

@@ -63,11 +63,18 @@ class Embeddings(nn.Module):
 
 
 class _Folded:
-    """Holds an Attention's fused projection weights and the arrays they were built from
-    (a plain object, so nn.Module does not treat it as parameters)."""
+    """Holds weights derived from a module's own (folded or sharded copies) and the arrays they
+    were built from (a plain object, so nn.Module does not treat it as parameters)."""
 
     def __init__(self):
         self.sources, self.arrays = None, None
+
+    def get(self, sources, build):
+        """The cached arrays while ``sources`` are the same array objects, else ``build()``."""
+        if self.sources is None or len(sources) != len(self.sources) or any(
+                a is not b for a, b in zip(sources, self.sources)):
+            self.sources, self.arrays = sources, build()  # left lazy: the first forward computes
+        return self.arrays
 
 
 def _plain_linear(m):
@@ -107,15 +114,9 @@ class Attention(nn.Module):
         if not all(_plain_linear(m) for m in mods):
             return None
         sources = tuple(a for m in mods for a in (m.weight, m.bias))
-        f = self._folded
-        if f.sources is None or any(a is not b for a, b in zip(sources, f.sources)):
-            w = mx.concatenate([self.query.weight * self.scale, self.key.weight,
-                                self.value.weight])
-            # left lazy: computed once, by the first forward's evaluation
-            f.sources = sources
-            f.arrays = (w, self.query.bias * self.scale,
-                        self.out.bias + self.out.weight @ self.value.bias)
-        return f.arrays
+        return self._folded.get(sources, lambda: (
+            mx.concatenate([self.query.weight * self.scale, self.key.weight, self.value.weight]),
+            self.query.bias * self.scale, self.out.bias + self.out.weight @ self.value.bias))
 
     def projections(self, x, kv=None):
         """(q, k, v) before the head split: q (..., Lq, D) from ``x``, already scaled by
@@ -134,8 +135,8 @@ class Attention(nn.Module):
         return x @ w[:D].T + b_q, kvp[..., :D], kvp[..., D:]
 
     def heads(self, t, B, L):
-        """(B·L, D) or (B, L, D) -> (B, heads, L, head_dim)."""
-        return t.reshape(B, L, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
+        """(B·L, D') or (B, L, D') -> (B, D' / head_dim heads, L, head_dim)."""
+        return t.reshape(B, L, -1, self.head_dim).transpose(0, 2, 1, 3)
 
     def project(self, x, kv=None):
         """(q, k, v), each (B, heads, L, head_dim); q already scaled by 1/sqrt(head_dim)."""
@@ -179,9 +180,11 @@ class Attention(nn.Module):
 class TransformerLayer(nn.Module):
     """Post-norm BERT layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
-    On a multi-core CPU the layer's rows are split over :func:`variants.parallel.streams` (the
-    batch when B >= 2, else the query positions, each half attending to all keys) and the halves
-    run at once on separate MLX streams; every row's arithmetic is unchanged.
+    Called directly on a multi-core CPU, the layer's rows are split over
+    :func:`variants.parallel.streams` (the batch when B >= 2, else the query positions, each
+    half attending to all keys) and the halves run at once on separate MLX streams; every row's
+    arithmetic is unchanged. :class:`BertEncoder` also uses :meth:`forward_sharded` (B = 1) and
+    :meth:`_forward_packed` (packed batches).
     """
 
     def __init__(self, args):
@@ -192,6 +195,62 @@ class TransformerLayer(nn.Module):
         self.output = nn.Linear(args.intermediate_size, args.hidden_size)
         self.output_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.hidden_act = args.hidden_act  # a name, so the module deep-copies
+        self._shards = _Folded()
+
+    def shards(self, k):
+        """Per-stream weight shards for :meth:`forward_sharded`, or None when a projection is
+        not a plain biased ``nn.Linear``: a list of ``k`` tuples (w_qkv, b_q, w_o, w_i, b_i,
+        w_u) — the heads and the intermediate features split in ``k`` contiguous groups."""
+        att = self.attention
+        folded = att.folded()
+        if folded is None or not (_plain_linear(self.intermediate)
+                                  and _plain_linear(self.output)):
+            return None
+        sources = (*att._folded.sources, self.intermediate.weight, self.intermediate.bias,
+                   self.output.weight, k)
+
+        def build():
+            w, b_q, _ = folded
+            D, d = att.out.weight.shape[0], att.head_dim
+            parts = []
+            for (a, b), (fa, fb) in zip(parallel.bounds(att.n_heads, k),
+                                        parallel.bounds(self.intermediate.weight.shape[0], k)):
+                rows = slice(a * d, b * d)
+                parts.append((
+                    mx.concatenate([w[rows], w[D:][rows], w[2 * D:][rows]]), b_q[rows],
+                    mx.contiguous(att.out.weight[:, rows]),
+                    self.intermediate.weight[fa:fb], self.intermediate.bias[fa:fb],
+                    mx.contiguous(self.output.weight[:, fa:fb])))
+            return parts
+        return self._shards.get(sources, build)
+
+    def forward_sharded(self, x, bias, shards):
+        """The layer with its heads and MLP features split over the streams (tensor
+        parallelism, Shoeybi et al. 2019, "Megatron-LM"): each stream projects q, k, v for its
+        heads, runs their attention and its slice of the output projection, then its slice of
+        the MLP; the partial outputs are summed before each layer norm. For a batch too small to
+        split by rows (B = 1): no work is done twice. ``x`` (B, L, D) -> (B, L, D)."""
+        att = self.attention
+        ss = parallel.streams()
+        B, L, D = x.shape
+        d = att.head_dim
+        parts = []
+        for s, (w_qkv, b_q, w_o, _, _, _) in zip(ss, shards):
+            with mx.stream(s):
+                n = b_q.shape[0]
+                qkv = x @ w_qkv.T
+                q, k, v = (att.heads(t, B, L) for t in
+                           (qkv[..., :n] + b_q, qkv[..., n:2 * n], qkv[..., 2 * n:]))
+                ctx, _ = att.core(q, k, v, bias)
+                parts.append(ctx @ w_o.T)
+        with mx.stream(ss[0]):
+            x = self.attention_norm(x + (sum(parts[1:], parts[0]) + att.folded()[2]))
+        parts = []
+        for s, (_, _, _, w_i, b_i, w_u) in zip(ss, shards):
+            with mx.stream(s):
+                parts.append(ACTIVATIONS[self.hidden_act](mx.addmm(b_i, x, w_i.T)) @ w_u.T)
+        with mx.stream(ss[0]):
+            return self.output_norm(x + (sum(parts[1:], parts[0]) + self.output.bias))
 
     def __call__(self, x, bias, return_attention=False):
         """``x`` (B, L, D) float32, ``bias`` (B or 1, 1, 1, L) additive key bias or None (no
@@ -290,6 +349,12 @@ class BertEncoder(nn.Module):
         if not (output_hidden_states or output_attentions or parallel.whole_batches()):
             ss = parallel.streams()
             B, L = mask.shape
+            if len(ss) > 1 and B < len(ss) and mask.sum() >= parallel.MIN_ROWS:
+                shards = [layer.shards(len(ss)) for layer in self.layers]
+                if all(sh is not None for sh in shards):  # too few rows to split: split heads
+                    for layer, sh in zip(self.layers, shards):
+                        x = layer.forward_sharded(x, bias, sh)
+                    return EncoderOutput(x)
             k = len(ss) if B >= len(ss) and mask.sum() >= parallel.MIN_ROWS else 1
             p = None if bias is None else self._packing_plan(mask, bias, k)
             if p is not None:

@@ -1,12 +1,19 @@
-"""Run an encoder layer's two halves on two MLX CPU streams, so element-wise work uses both cores.
+"""Run the encoder on two MLX CPU streams, so element-wise work uses both cores.
 
 MLX's CPU backend runs each element-wise kernel (softmax, GELU, layer norm, adds) on one thread:
 the stream's worker. Only the GEMMs (OpenBLAS) use several cores. On a 2-core machine half the
-forward therefore ran on one core. Each MLX stream has its own worker thread, so splitting a
-layer's rows in two (the batch when B >= 2, the query positions when B = 1) and evaluating each
-half on its own stream runs both halves at once; OpenBLAS is then set to one thread per call so
-the two halves' GEMMs do not oversubscribe the cores (measured in bench/torch_peer.py: B=32,
-L=128 forward 1.79 s -> 1.07 s here).
+forward therefore ran on one core. Each MLX stream has its own worker thread, so the encoder
+(:class:`variants.encoder.BertEncoder`) splits its work over :func:`streams`, with OpenBLAS set
+to one thread per GEMM call so the streams' GEMMs do not oversubscribe the cores:
+
+- B >= 2: the batch, by sequences; each part runs the whole layer stack on its own stream and
+  the parts are joined once at the end (packed parts when the batch has padding,
+  :mod:`variants.packing`);
+- B = 1: each layer's heads and MLP features (tensor parallelism), summed before each norm;
+- a direct ``layer(x, bias)`` call (prune and exit variants, hidden states): the batch halves,
+  or for B = 1 the query positions, joined after the layer.
+
+Measured in bench/encoder_steps.py and bench/torch_peer.py (README: "MLX vs PyTorch").
 
 ``VARIANTS_STREAMS=1`` switches the split off (one stream, OpenBLAS threads left as they are);
 ``VARIANTS_STREAMS=N`` asks for N streams (default: 2 when the machine has >= 2 cores and MLX's

@@ -1,0 +1,23 @@
+"""bench/encoder_steps.py runs every step on the real model and each step keeps the numbers."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import encoder_steps  # noqa: E402
+
+from variants import encoder, fast_ops  # noqa: E402
+
+
+def test_every_step_runs_and_matches_step_zero(checkpoint):
+    rows = encoder_steps.measure(batch_size=2, seq_len=16, rounds=1)
+    assert [r["step"] for r in rows] == list(encoder_steps.STEPS)
+    assert all(r["ms"] > 0 for r in rows)
+    assert max(r["max_abs_diff_vs_0"] for r in rows) < 1e-5
+    # the shipped state is restored afterwards
+    assert fast_ops.softmax_parts is encoder_steps._SHIPPED["parts"]
+    assert encoder.Attention.folded is encoder_steps._SHIPPED["folded"]
+    assert np.isfinite([r["tokens_per_s"] for r in rows]).all()
