@@ -232,8 +232,7 @@ class TransformerLayer(nn.Module):
         split by rows (B = 1): no work is done twice. ``x`` (B, L, D) -> (B, L, D)."""
         att = self.attention
         ss = parallel.streams()
-        B, L, D = x.shape
-        d = att.head_dim
+        B, L, _ = x.shape
         parts = []
         for s, (w_qkv, b_q, w_o, _, _, _) in zip(ss, shards):
             with mx.stream(s):
