@@ -151,3 +151,30 @@ def test_bad_stream_count_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv("VARIANTS_STREAMS", raw)
     with pytest.raises(ValueError, match="VARIANTS_STREAMS"):
         parallel._requested()
+
+
+def test_shards_cover_every_head_and_feature():
+    """Never fewer parts for heads than for MLP features (zip would drop the rest)."""
+    one_head = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=1, intermediate_size=64))
+    assert one_head.layers[0].shards(2) is None  # 1 head: nothing to split, query split instead
+    tiny_ffn = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=1))
+    assert tiny_ffn.layers[0].shards(2) is None
+    wide = BertEncoder(ARGS).layers[0].shards(16)  # 4 heads: 4 parts, all heads, all features
+    assert len(wide) == ARGS.num_attention_heads
+    assert sum(p[1].shape[0] for p in wide) == ARGS.hidden_size
+    assert sum(p[3].shape[0] for p in wide) == ARGS.intermediate_size
+
+
+def test_one_head_b1_matches_one_stream():
+    mx.random.seed(11)
+    e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=1, intermediate_size=64,
+                              max_position_embeddings=64))
+    mx.eval(e.parameters())
+    ids, mask = _inputs(1, 40, seed=9)
+    got = np.array(e(ids, mask).last_hidden)
+    with parallel.single_stream():
+        want = np.array(e(ids, mask).last_hidden)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)

@@ -167,3 +167,20 @@ def test_exit_speedup_counts_the_skipped_layers_and_the_exiting_share():
     assert r["ceiling"] == pytest.approx(1 / (1 - 0.45))
     with pytest.raises(ValueError, match="exit_share"):
         exit_speedup(PROFILE, exit_layer=3, exit_share=1.5)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_fast_ops_in_half_precision_compute_in_float32(dtype):
+    x = mx.array(np.linspace(-20, 0, 1001, dtype=np.float32))
+    got = fast_ops.exp_nonpositive(x.astype(dtype))
+    assert got.dtype == dtype
+    want = np.exp(np.array(x.astype(dtype).astype(mx.float32), np.float64))
+    np.testing.assert_allclose(np.array(got.astype(mx.float32)), want, rtol=1e-2, atol=1e-7)
+    g = fast_ops.gelu(x.astype(dtype) + 10)
+    assert g.dtype == dtype and np.isfinite(np.array(g.astype(mx.float32))).all()
+    s = mx.array([[0.0, 0.0]], dtype)
+    from variants.encoder import attention_bias
+    bias = attention_bias(mx.array([[1, 0]]), dtype)  # -1e9 is -inf in float16
+    assert np.isfinite(np.array(bias.astype(mx.float32))).all()
+    p = np.array(fast_ops.masked_softmax(s, bias[0, 0]).astype(mx.float32))
+    np.testing.assert_allclose(p, [[1.0, 0.0]], atol=1e-3)

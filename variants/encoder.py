@@ -109,7 +109,10 @@ class Attention(nn.Module):
 
     def folded(self):
         """``(w_qkv (3D, D), b_q (D,), b_out (D,))`` for the fused path, or None when any
-        projection is not a plain biased ``nn.Linear``. Rebuilt when a weight array changes."""
+        projection is not a plain biased ``nn.Linear``. Rebuilt when a weight is replaced by
+        another array (assignment, ``update``, ``load_weights``, deep copies); an in-place edit
+        of a weight array (``w[...] = v``, ``w *= 2``) keeps the same object and is not seen:
+        assign a new array instead."""
         mods = (self.query, self.key, self.value, self.out)
         if not all(_plain_linear(m) for m in mods):
             return None
@@ -199,12 +202,16 @@ class TransformerLayer(nn.Module):
 
     def shards(self, k):
         """Per-stream weight shards for :meth:`forward_sharded`, or None when a projection is
-        not a plain biased ``nn.Linear``: a list of ``k`` tuples (w_qkv, b_q, w_o, w_i, b_i,
-        w_u) — the heads and the intermediate features split in ``k`` contiguous groups."""
+        not a plain biased ``nn.Linear`` or fewer than 2 parts are possible: a list of
+        min(k, heads, intermediate size) tuples (w_qkv, b_q, w_o, w_i, b_i, w_u) — the heads and
+        the intermediate features split in that many contiguous groups."""
         att = self.attention
         folded = att.folded()
         if folded is None or not (_plain_linear(self.intermediate)
                                   and _plain_linear(self.output)):
+            return None
+        k = min(k, att.n_heads, self.intermediate.weight.shape[0])  # no empty part
+        if k < 2:
             return None
         sources = (*att._folded.sources, self.intermediate.weight, self.intermediate.bias,
                    self.output.weight, k)
@@ -309,9 +316,12 @@ class EncoderOutput:
 
 
 def attention_bias(attention_mask, dtype=mx.float32):
-    """(B, L) 0/1 mask -> (B, 1, 1, L) additive bias: 0 for real keys, MASK_BIAS for padding."""
+    """(B, L) 0/1 mask -> (B, 1, 1, L) additive bias: 0 for real keys, MASK_BIAS for padding
+    (half the dtype's largest finite value when that is smaller: -1e9 is -inf in float16, and
+    0 · -inf would be NaN for real keys)."""
     m = attention_mask.astype(dtype)
-    return ((1.0 - m) * MASK_BIAS)[:, None, None, :]
+    big = min(-MASK_BIAS, float(mx.finfo(dtype).max) / 2)
+    return ((1.0 - m) * -big)[:, None, None, :]
 
 
 class BertEncoder(nn.Module):

@@ -78,8 +78,22 @@ def _exp_finish(x, n, scale):
     return _estrin(_EXP_P, r, r2) * (r2 * scale) + (r + 1.0) * scale
 
 
+def _in_float32(fn):
+    """Run ``fn`` in float32 and cast back: the kernels' constants (1.5·2²³ rounding, exponent
+    bits, polynomial coefficients) are float32's; float16/bfloat16 inputs would overflow or lose
+    the integer part."""
+    def wrapped(x):
+        if x.dtype == mx.float32:
+            return fn(x)
+        return fn(x.astype(mx.float32)).astype(x.dtype)
+    wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+    return wrapped
+
+
+@_in_float32
 def exp_nonpositive(x):
-    """exp(x) for float32 ``x <= 0`` (any shape), three fused kernels.
+    """exp(x) for ``x <= 0`` (any shape; float16/bfloat16 computed in float32), three fused
+    kernels.
 
     Max relative error 1.2e-7 on [-87.3, 0] (against float64 ``exp``); below -87.3 the result is
     exp(-87.3) ~ 1.2e-38 instead of a denormal or 0. Also exact to that error up to x = 88; above,
@@ -131,8 +145,10 @@ def _gelu_finish(x, u):
     return half + (half * u) * _estrin(_ALPHA, z, z2) / _estrin(_BETA, z, z2)
 
 
+@_in_float32
 def gelu(x):
-    """Exact-form GELU x·Φ(x) = 0.5x(1 + erf(x/√2)) (Hendrycks & Gimpel 2016) for float32 ``x``
-    (any shape, contiguous), with erf as the rational function above; two fused kernels.
+    """Exact-form GELU x·Φ(x) = 0.5x(1 + erf(x/√2)) (Hendrycks & Gimpel 2016) for ``x`` of any
+    shape (float16/bfloat16 computed in float32), with erf as the rational function above; two
+    fused kernels.
     Max absolute error 1.1e-6 on [-10, 10] against the float64 exact-erf GELU."""
     return _gelu_finish(x, _erf_arg(x))
