@@ -89,3 +89,19 @@ def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)
     assert seen == []  # whole padded batches: no packing at all
+
+
+def test_run_layer_packs_like_the_encoder(enc):
+    """Layer-by-layer forwards (prune, exit) skip padding too, with the same real-token numbers."""
+    ids, mask = _batch([16, 3, 10, 4, 8], 16, seed=4)
+    x = enc.embed(ids)
+    bias = attention_bias(mask)
+    m = np.array(mask).astype(bool)
+    got, want = x, x
+    for layer in enc.layers:
+        got = enc.run_layer(layer, got, bias, mask)
+        with parallel.single_stream():
+            want = layer(want, bias)[0]
+    np.testing.assert_allclose(np.array(got)[m], np.array(want)[m], rtol=0, atol=2e-6)
+    assert np.all(np.array(got)[~m] == 0)  # packed: padded positions are zeros
+    np.testing.assert_allclose(np.array(got), np.array(enc(ids, mask).last_hidden), atol=2e-6)

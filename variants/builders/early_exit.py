@@ -221,7 +221,7 @@ class ExitNet(nn.Module):
         for i, layer in enumerate(enc.layers):
             if trace is not None:
                 trace.append((i, tuple(x.shape)))
-            x, _ = layer(x, bias)
+            x = enc.run_layer(layer, x, bias, mask)  # packed like the reference if padded
             head = heads.get(i + 1)
             if head is None or i + 1 >= n_layers:
                 continue

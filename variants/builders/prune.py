@@ -226,8 +226,10 @@ class PrunedNet(nn.Module):
             if trace is not None:
                 trace.append((i, tuple(x.shape)))
             ratio = prune_at.get(i + 1) if i + 1 < n_layers else None
-            x, attn = layer(x, bias, ratio is not None)
-            if ratio is not None:
+            if ratio is None:  # packed like the reference when the batch has padding
+                x = enc.run_layer(layer, x, bias, mask)
+            else:
+                x, attn = layer(x, bias, True)
                 scores = importance(attn, mask, self._score)
                 index, mask = select_tokens(scores, mask, protected,
                                             mx.ceil(ratio * n_orig - 1e-6))
