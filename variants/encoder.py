@@ -121,21 +121,23 @@ class Attention(nn.Module):
             mx.concatenate([self.query.weight * self.scale, self.key.weight, self.value.weight]),
             self.query.bias * self.scale, self.out.bias + self.out.weight @ self.value.bias))
 
-    def projections(self, x, kv=None):
+    def projections(self, x, kv=None, rows=None):
         """(q, k, v) before the head split: q (..., Lq, D) from ``x``, already scaled by
         1/sqrt(head_dim); k, v (..., L, D) from ``kv`` (default ``x``). Any leading shape,
-        including the (N, D) rows of a packed batch."""
+        including the (N, D) rows of a packed batch; ``rows`` (int32) gathers those rows of the
+        results (one gather of the fused q|k|v on the folded path)."""
         kv = x if kv is None else kv
+        pick = (lambda t: t) if rows is None else (lambda t: mx.take(t, rows, axis=0))
         folded = self.folded()
         if folded is None:
-            return self.query(x) * self.scale, self.key(kv), self.value(kv)
+            return pick(self.query(x) * self.scale), pick(self.key(kv)), pick(self.value(kv))
         w, b_q, _ = folded
         D = x.shape[-1]
         if kv is x:
-            qkv = x @ w.T
+            qkv = pick(x @ w.T)
             return qkv[..., :D] + b_q, qkv[..., D:2 * D], qkv[..., 2 * D:]
-        kvp = kv @ w[D:].T
-        return x @ w[:D].T + b_q, kvp[..., :D], kvp[..., D:]
+        kvp = pick(kv @ w[D:].T)
+        return pick(x @ w[:D].T) + b_q, kvp[..., :D], kvp[..., D:]
 
     def heads(self, t, B, L):
         """(B·L, D') or (B, L, D') -> (B, D' / head_dim heads, L, head_dim)."""
@@ -287,8 +289,7 @@ class TransformerLayer(nn.Module):
         part's real tokens -> (n, D); the attention core runs on the part's (B, L) layout."""
         att = self.attention
         B = part.seqs[1] - part.seqs[0]
-        q, k, v = (att.heads(mx.take(t, part.pad_index, axis=0), B, L)
-                   for t in att.projections(x))
+        q, k, v = (att.heads(t, B, L) for t in att.projections(x, rows=part.pad_index))
         ctx, _ = att.core(q, k, v, part.bias)
         ctx = mx.take(ctx.reshape(B * L, -1), part.real_index, axis=0)
         x = self.attention_norm(x + att.output(ctx))
