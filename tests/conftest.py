@@ -7,3 +7,19 @@ def checkpoint():
     from variants.checkpoint import load_checkpoint
 
     return load_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def enc():
+    """A tiny random BERT encoder (2 layers, 4 heads of 8, FFN 64), one per test module, for
+    tests that compare the encoder's execution paths (streams, packing, head split)."""
+    import mlx.core as mx
+
+    from variants.encoder import BertEncoder, ModelArgs
+
+    mx.random.seed(3)
+    e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=64,
+                              max_position_embeddings=64))
+    mx.eval(e.parameters())
+    return e

@@ -5,18 +5,8 @@ import numpy as np
 import pytest
 
 from variants import packing, parallel
-from variants.encoder import BertEncoder, ModelArgs, TransformerLayer, attention_bias, mean_pool
+from variants.encoder import TransformerLayer, attention_bias, mean_pool
 
-ARGS = ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=64)
-
-
-@pytest.fixture(scope="module")
-def enc():
-    mx.random.seed(7)
-    e = BertEncoder(ARGS)
-    mx.eval(e.parameters())
-    return e
 
 
 def _batch(lengths, L, seed=0):

@@ -7,16 +7,6 @@ import pytest
 from variants import parallel
 from variants.encoder import BertEncoder, ModelArgs, TransformerLayer
 
-ARGS = ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=64)
-
-
-@pytest.fixture(scope="module")
-def enc():
-    mx.random.seed(3)
-    e = BertEncoder(ARGS)
-    mx.eval(e.parameters())
-    return e
 
 
 def _inputs(B, L, seed=0, pad_from=None):
@@ -60,7 +50,7 @@ def test_split_equals_single_stream(enc, B, L, pad_from):
         assert a.shape == b.shape
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=2e-6)
     for a, b in zip(split.attentions, one.attentions):
-        assert a.shape == b.shape == (B, ARGS.num_attention_heads, L, L)
+        assert a.shape == b.shape == (B, enc.args.num_attention_heads, L, L)
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6)
 
 
@@ -88,12 +78,12 @@ def test_halves_are_what_each_stream_sees(enc, monkeypatch):
     mx.eval(enc.layers[0](x, None)[0], enc.layers[1](x, None)[0])
     # B=1 through a layer call: the query positions are split, each part sees every key
     assert sorted(s[0][1] for s in seen) == [20, 20, 20, 20]
-    assert all(s[1] == (1, 40, ARGS.hidden_size) for s in seen)
+    assert all(s[1] == (1, 40, enc.args.hidden_size) for s in seen)
     assert str(seen[0][2]) != str(seen[1][2])
     seen.clear()
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)
-    assert [s[0] for s in seen] == [(1, 40, ARGS.hidden_size)] * 2
+    assert [s[0] for s in seen] == [(1, 40, enc.args.hidden_size)] * 2
 
 
 @pytest.mark.parametrize("L,pad_from", [(40, None), (48, 40)])
@@ -116,9 +106,9 @@ def test_b1_heads_and_features_split_over_streams(enc, monkeypatch, L, pad_from)
         one = np.array(enc(ids, mask).last_hidden)
     real = np.array(mask).astype(bool)
     np.testing.assert_allclose(sharded[real], one[real], rtol=0, atol=2e-6)
-    D, F = ARGS.hidden_size, ARGS.intermediate_size
+    D, F = enc.args.hidden_size, enc.args.intermediate_size
     # 4 heads of 8 -> 2 per stream: q, k, v rows (3 x 16, D); MLP features 32 per stream
-    assert calls == [[((3 * D // 2, D), (F // 2, D))] * 2] * ARGS.num_hidden_layers
+    assert calls == [[((3 * D // 2, D), (F // 2, D))] * 2] * enc.args.num_hidden_layers
 
 
 def test_b1_falls_back_to_the_query_split_for_replaced_linears(enc, monkeypatch):
@@ -153,7 +143,7 @@ def test_bad_stream_count_names_the_variable(monkeypatch, raw):
         parallel._requested()
 
 
-def test_shards_cover_every_head_and_feature():
+def test_shards_cover_every_head_and_feature(enc):
     """Never fewer parts for heads than for MLP features (zip would drop the rest)."""
     one_head = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=1, intermediate_size=64))
@@ -161,7 +151,8 @@ def test_shards_cover_every_head_and_feature():
     tiny_ffn = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=4, intermediate_size=1))
     assert tiny_ffn.layers[0].shards(2) is None
-    wide = BertEncoder(ARGS).layers[0].shards(16)  # 4 heads: 4 parts, all heads, all features
+    ARGS = enc.args
+    wide = enc.layers[0].shards(16)  # 4 heads: 4 parts, all heads, all features
     assert len(wide) == ARGS.num_attention_heads
     assert sum(p[1].shape[0] for p in wide) == ARGS.hidden_size
     assert sum(p[3].shape[0] for p in wide) == ARGS.intermediate_size

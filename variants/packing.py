@@ -53,6 +53,11 @@ class Plan:
         """(B, L, D) -> (N, D): the real tokens, in batch-major order."""
         return mx.take(x.reshape(self.B * self.L, -1), self.real_index, axis=0)
 
+    def split(self, x):
+        """(B, L, D) -> [(part, its (n, D) real tokens)] for every part, in order."""
+        xp = self.pack(x)
+        return [(part, xp[part.rows[0]:part.rows[1]]) for part in self.parts]
+
     def unpack(self, xp):
         """(N, D) -> (B, L, D) with zeros at padded positions."""
         padded = mx.concatenate([xp, mx.zeros((1, xp.shape[-1]), xp.dtype)])
