@@ -11,7 +11,9 @@ change in machine load hits every step alike; the figure per step is the median 
 3. the batch split over two MLX CPU streams, one whole layer stack per stream, one OpenBLAS
    thread each (``variants.parallel``);
 4. one fused QKV GEMM with the scale and biases folded (``Attention.folded``);
-5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``) — shipped.
+5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``);
+6. attention scores computed transposed (keys on axis -2), so the softmax's max is a column
+   reduction (``Attention.core``) — shipped.
 
 Also checks that every step's pooled embeddings equal step 0's to float32 round-off.
 Run: ``python bench/encoder_steps.py [--batch-size 32] [--seq-len 128] [--rounds 5]``.
@@ -31,16 +33,26 @@ from variants.encoder import mean_pool
 
 STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
          "2 + fused exp softmax", "3 + two CPU streams", "4 + folded QKV GEMM",
-         "5 + 1 GB buffer cache (shipped)")
+         "5 + 1 GB buffer cache", "6 + transposed scores (shipped)")
 
 
-def _plain_parts(scores, bias=None, total=True):
-    p = mx.softmax(scores if bias is None else scores + bias, axis=-1)
+def _plain_parts(scores, bias=None, total=True, axis=-1):
+    p = mx.softmax(scores if bias is None else scores + bias, axis=axis)
     return (p, mx.array(1.0)) if total else p
 
 
+def _untransposed_core(self, q, k, v, bias, return_attention=False):
+    """``Attention.core`` before step 6: scores (B, h, Lq, L), softmax over the last axis."""
+    if return_attention:
+        return _SHIPPED["core"](self, q, k, v, bias, True)
+    B, h, Lq, d = q.shape
+    e = fast_ops.softmax_parts(q @ k.transpose(0, 1, 3, 2), bias, total=False)
+    r = e @ mx.concatenate([v, mx.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    return (r[..., :d] / r[..., d:]).transpose(0, 2, 1, 3).reshape(B, Lq, h * d), None
+
+
 _SHIPPED = {"gelu": fast_ops.gelu, "parts": fast_ops.softmax_parts,
-            "folded": encoder.Attention.folded}
+            "folded": encoder.Attention.folded, "core": encoder.Attention.core}
 
 
 def _configure(step):
@@ -53,6 +65,7 @@ def _configure(step):
     encoder.Attention.folded = _SHIPPED["folded"] if step >= 4 else (lambda self: None)
     mx.set_cache_limit(parallel.CACHE_LIMIT_BYTES if step >= 5
                        else parallel.info()["mlx_default_cache_limit"])
+    encoder.Attention.core = _SHIPPED["core"] if step >= 6 else _untransposed_core
     return two
 
 

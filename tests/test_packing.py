@@ -24,14 +24,48 @@ def test_plan_indices_by_hand():
     assert np.array(p.unpack_index).tolist() == [0, 1, 6, 6, 2, 3, 4, 6, 5, 6, 6, 6]
     first, second = p.parts
     assert first.seqs == (0, 1) and first.rows == (0, 2) and second.rows == (2, 6)
-    assert np.array(first.pad_index).tolist() == [0, 1, 0, 0]
-    assert np.array(second.pad_index).tolist() == [0, 1, 2, 0, 3, 0, 0, 0]
-    assert np.array(second.real_index).tolist() == [0, 1, 2, 4]
-    assert second.bias.shape == (2, 1, 1, 4)
+    # each part is padded to its own longest sequence: 2 and 3 columns, not the batch's 4
+    assert (first.L, second.L) == (2, 3)
+    assert np.array(first.pad_index).tolist() == [0, 1]
+    assert np.array(first.real_index).tolist() == [0, 1]
+    assert np.array(second.pad_index).tolist() == [0, 1, 2, 3, 0, 0]
+    assert np.array(second.real_index).tolist() == [0, 1, 2, 3]
+    assert first.bias.shape == (1, 1, 1, 2) and second.bias.shape == (2, 1, 1, 3)
+    np.testing.assert_array_equal(np.array(second.bias).reshape(2, 3) == 0,
+                                  [[True, True, True], [True, False, False]])
     x = mx.arange(12 * 2, dtype=mx.float32).reshape(3, 4, 2)
     back = np.array(p.unpack(p.pack(x)))
     np.testing.assert_array_equal(back[mask.astype(bool)], np.array(x)[mask.astype(bool)])
     assert np.all(back[~mask.astype(bool)] == 0)
+
+
+@pytest.mark.parametrize("lengths,k,want", [
+    ([10, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2, [(0, 1), (1, 10)]),   # 10 | 9 tokens, not 14 | 5
+    ([5, 5, 5, 5], 2, [(0, 2), (2, 4)]),
+    ([9, 8, 7, 3, 3, 2], 2, [(0, 2), (2, 6)]),                # 17 | 15 (24.5 would be 24 | 8)
+    ([4, 4, 4, 4, 4, 4], 3, [(0, 2), (2, 4), (4, 6)]),
+    ([100, 1, 1], 3, [(0, 1), (1, 2), (2, 3)]),                # every part keeps a sequence
+    ([3, 2], 4, [(0, 1), (1, 2)]),                             # fewer sequences than parts
+    ([7], 2, [(0, 1)]),
+])
+def test_balanced_bounds_by_hand(lengths, k, want):
+    assert packing.balanced_bounds(lengths, k) == want
+
+
+def test_encoder_splits_a_sorted_batch_by_tokens(enc, monkeypatch):
+    if len(parallel.streams()) < 2:
+        pytest.skip("single stream configured")
+    seen = []
+    orig = TransformerLayer._forward_packed
+
+    def spy(self, x, part):
+        seen.append((part.seqs, x.shape[0], part.L))
+        return orig(self, x, part)
+
+    monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
+    ids, mask = _batch([16, 12, 4, 4, 3, 3, 3, 2], 16)  # 47 tokens; by count 36 | 11
+    mx.eval(enc(ids, mask).last_hidden)
+    assert sorted(set(seen)) == [((0, 2), 28, 16), ((2, 8), 19, 4)]
 
 
 def test_plan_declines_when_packing_does_not_pay():
@@ -63,9 +97,9 @@ def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
     seen = []
     orig = TransformerLayer._forward_packed
 
-    def spy(self, x, part, L):
+    def spy(self, x, part):
         seen.append((x.shape[0], part.seqs, str(mx.default_stream(mx.cpu))))
-        return orig(self, x, part, L)
+        return orig(self, x, part)
 
     monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
     ids, mask = _batch([16, 3, 10, 4, 8], 16)

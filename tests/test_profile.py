@@ -184,3 +184,31 @@ def test_fast_ops_in_half_precision_compute_in_float32(dtype):
     assert np.isfinite(np.array(bias.astype(mx.float32))).all()
     p = np.array(fast_ops.masked_softmax(s, bias[0, 0]).astype(mx.float32))
     np.testing.assert_allclose(p, [[1.0, 0.0]], atol=1e-3)
+
+
+@pytest.mark.parametrize("lengths,L,mlp_rows", [
+    ([16, 3, 10, 4, 8], 16, 41),   # packed: the MLP sees the 41 real tokens, not 5 x 16
+    ([16, 16, 15, 16], 16, 64),    # under MIN_PADDING: the padded batch
+    ([9], 12, 9),                  # one sequence: one packed part
+    ([12], 12, 12)])               # no padding: the plain batch
+def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, lengths, L, mlp_rows):
+    """The segments time the same execution as the whole forward (packed when it packs; the
+    profile used to time padded batches while the forward packed them, and printed -87%
+    unattributed time): same pooled output, same rows through the MLP."""
+    from variants import encoder as encoder_module
+    from variants.profile import SEGMENTS, _segmented_forward
+    rows = []
+    gelu = encoder_module.ACTIVATIONS["gelu"]
+    monkeypatch.setitem(encoder_module.ACTIVATIONS, "gelu",
+                        lambda x: rows.append(x.size // x.shape[-1]) or gelu(x))
+    rng = np.random.default_rng(L)
+    ids = mx.array(rng.integers(1, 50, (len(lengths), L)).astype(np.int32))
+    mask = mx.array((np.arange(L)[None] < np.array(lengths)[:, None]).astype(np.int32))
+    types = mx.zeros_like(ids)
+    acc = {}
+    got = _segmented_forward(enc, ids, mask, types, acc)
+    assert sum(rows) == mlp_rows * len(enc.layers)
+    want = mean_pool(enc(ids, mask, types).last_hidden, mask)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-6)
+    assert set(acc) == set(SEGMENTS) - {"tokenisation", "head", "postprocess"}
+    assert all(v >= 0 for v in acc.values())

@@ -24,6 +24,8 @@ MIN_PADDING = 0.10
 class Part:
     """One stream's share of a packed batch: sequences ``seqs`` = (a, b), packed rows ``rows``.
 
+    ``L``: the part's own padded length (its longest sequence; the attention core runs on
+    (b−a, L) and a part of short texts does not pay for the batch's longest);
     ``pad_index`` ((b−a)·L,) int32: for every padded position, its row among this part's packed
     rows (any valid row for padding: those keys are masked, those queries dropped);
     ``real_index`` (n,) int32: for every packed row, its position in the part's (b−a)·L layout;
@@ -32,6 +34,7 @@ class Part:
 
     seqs: tuple
     rows: tuple
+    L: int
     pad_index: mx.array
     real_index: mx.array
     bias: mx.array
@@ -64,6 +67,32 @@ class Plan:
         return mx.take(padded, self.unpack_index, axis=0).reshape(self.B, self.L, -1)
 
 
+def balanced_bounds(lengths, k):
+    """Cut sequences with ``lengths`` (real tokens each, in batch order) into at most ``k``
+    contiguous non-empty groups holding near-equal numbers of tokens: a list of (start, stop).
+
+    Per-token work (projections, MLP) dominates a packed layer, so equal tokens keep the streams
+    equally busy; a batch sorted by length (as sentence-transformers sorts it) cut by *count*
+    gives the first stream up to 55% of the tokens (bench/torch_peer.py's eval batches).
+    Each cut sits at the sequence boundary whose token prefix is nearest to j/k of the total.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    k = max(1, min(k, n))
+    prefix = np.cumsum(lengths)
+    total = prefix[-1] if n else 0
+    cuts = [0]
+    for j in range(1, k):
+        # boundary i (1..n-1) splits after sequence i-1; keep every group non-empty
+        lo, hi = cuts[-1] + 1, n - (k - j)
+        if lo > hi:
+            break
+        i = lo + int(np.argmin(np.abs(prefix[lo - 1:hi] - total * j / k)))
+        cuts.append(i)
+    cuts.append(n)
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
 def plan(mask, bias, bounds, *, min_padding=MIN_PADDING):
     """A :class:`Plan` for ``mask`` (B, L) 0/1 (NumPy or MLX), or None when packing does not pay.
 
@@ -82,13 +111,15 @@ def plan(mask, bias, bounds, *, min_padding=MIN_PADDING):
     unpack[real] = np.arange(n, dtype=np.int32)
     parts, start = [], 0
     for a, b in bounds:
-        sub = m[a:b].reshape(-1)
-        k = int(sub.sum())
-        if k == 0:
+        cols = np.flatnonzero(m[a:b].any(axis=0))
+        if cols.size == 0:
             return None
+        Lp = int(cols[-1]) + 1  # the part's own length: columns past it are padding in every row
+        sub = m[a:b, :Lp].reshape(-1)
+        k = int(sub.sum())
         local = np.zeros(sub.size, np.int32)
         local[sub] = np.arange(k, dtype=np.int32)
-        parts.append(Part((a, b), (start, start + k), mx.array(local),
-                          mx.array(np.flatnonzero(sub).astype(np.int32)), bias[a:b]))
+        parts.append(Part((a, b), (start, start + k), Lp, mx.array(local),
+                          mx.array(np.flatnonzero(sub).astype(np.int32)), bias[a:b, ..., :Lp]))
         start += k
     return Plan(B, L, mx.array(real), mx.array(unpack), parts)

@@ -84,20 +84,46 @@ def _clock(acc, name, fn):
 def _segmented_forward(encoder, ids, mask, types, acc):
     """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``.
 
-    Runs as the real forward does (:mod:`variants.parallel`): when the encoder splits a batch over
-    several CPU streams, every segment evaluates all parts at once, one per stream, so a segment's
-    time is its wall time with the cores shared the same way.
+    Runs the batch the way :class:`variants.encoder.BertEncoder` does, so the segments time the
+    same work as the whole forward: packed over the streams when enough of the batch is padding
+    (:mod:`variants.packing`; the pack and unpack gathers count as embeddings and pooling), else
+    the padded batch split by sequences, one part per stream (B = 1 runs as one part; the
+    forward's head split is not segmented). Every segment evaluates all parts at once, each on
+    its own stream, so a segment's time is its wall time with the cores shared the same way.
     """
-    x = _clock(acc, "embeddings", lambda: encoder.embed(ids, types))
-    bias = attention_bias(mask, x.dtype)
-    B, L, D = x.shape
-    ss = parallel.streams()
-    if len(ss) > 1 and B >= len(ss) and B * L >= parallel.MIN_ROWS:
-        cuts = parallel.bounds(B, len(ss))
+    m = np.array(mask)
+    x = encoder.embed(ids, types)
+    bias = None if m.all() else attention_bias(mask, x.dtype)
+    plan = encoder._packing_plan(m, bias)
+    if plan is not None:
+        parts = _clock(acc, "embeddings", lambda: plan.split(x))
+        ctxs, xs = [p for p, _ in parts], [h for _, h in parts]
+
+        def project(a, h, part):
+            B = part.seqs[1] - part.seqs[0]
+            return tuple(a.heads(t, B, part.L) for t in a.projections(h, rows=part.pad_index))
+
+        def core(a, t, part):
+            ctx = a.core(*t, part.bias)[0]
+            return mx.take(ctx.reshape(-1, ctx.shape[-1]), part.real_index, axis=0)
+
+        def join(hs):
+            return plan.unpack(mx.concatenate(hs, axis=0) if len(hs) > 1 else hs[0])
     else:
-        ss, cuts = ss[:1], [(0, B)]
-    xs = [x[a:b] for a, b in cuts]
-    biases = [bias[a:b] for a, b in cuts]
+        x = _clock(acc, "embeddings", lambda: x)
+        cuts = parallel.bounds(m.shape[0], encoder._row_parts(m))
+        ctxs = [None if bias is None else bias[a:b] for a, b in cuts]
+        xs = [x[a:b] for a, b in cuts]
+
+        def project(a, h, _):
+            return a.project(h)
+
+        def core(a, t, bb):
+            return a.core(*t, bb)[0]
+
+        def join(hs):
+            return mx.concatenate(hs, axis=0) if len(hs) > 1 else hs[0]
+    ss = parallel.streams()[:len(xs)]
 
     def each(fn, *parts):
         """fn applied to every part, each on its own stream (a list, one entry per part)."""
@@ -109,17 +135,15 @@ def _segmented_forward(encoder, ids, mask, types, acc):
 
     for layer in encoder.layers:
         a = layer.attention
-        qkv = _clock(acc, "qkv_proj", lambda: each(a.project, xs))
-        ctx = _clock(acc, "attention_core", lambda: each(
-            lambda t, bb: a.core(*t, bb)[0], qkv, biases))
+        qkv = _clock(acc, "qkv_proj", lambda: each(lambda h, c: project(a, h, c), xs, ctxs))
+        ctx = _clock(acc, "attention_core", lambda: each(lambda t, c: core(a, t, c), qkv, ctxs))
         o = _clock(acc, "out_proj", lambda: each(a.output, ctx))
         xs = _clock(acc, "norms", lambda: each(lambda t, u: layer.attention_norm(t + u), xs, o))
         u = _clock(acc, "mlp_gemm", lambda: each(layer.intermediate, xs))
         g = _clock(acc, "mlp_act", lambda: each(ACTIVATIONS[layer.hidden_act], u))
         y = _clock(acc, "mlp_gemm", lambda: each(layer.output, g))
         xs = _clock(acc, "norms", lambda: each(lambda t, w: layer.output_norm(t + w), xs, y))
-    x = mx.concatenate(xs, axis=0) if len(xs) > 1 else xs[0]
-    return _clock(acc, "pooling", lambda: mean_pool(x, mask))
+    return _clock(acc, "pooling", lambda: mean_pool(join(xs), mask))
 
 
 def segment_profile(model, texts, *, rounds=3, warmup=1):
