@@ -212,3 +212,24 @@ def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, length
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-6)
     assert set(acc) == set(SEGMENTS) - {"tokenisation", "head", "postprocess"}
     assert all(v >= 0 for v in acc.values())
+
+
+@pytest.mark.parametrize("scale,shift", [(1.0, 0.0), (10.0, 5.0), (1.0, 50.0)])
+def test_layer_norm_matches_float64_at_least_as_well_as_mlx(scale, shift):
+    rng = np.random.default_rng(int(scale + shift))
+    x = (rng.standard_normal((300, 384)) * scale + shift).astype(np.float32)
+    w, b = rng.standard_normal((2, 384)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    normed = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-12)
+    want = normed * w + b
+    got = np.array(fast_ops.layer_norm(mx.array(x), mx.array(w), mx.array(b), 1e-12))
+    ref = np.array(mx.fast.layer_norm(mx.array(x), mx.array(w), mx.array(b), 1e-12))
+    # shift 50 with unit spread loses ~7 bits to the mean in float32 either way
+    tol = 2e-4 if shift > 10 else 5e-6
+    assert np.abs(got - want).max() < tol
+    assert np.abs(got - want).max() <= 1.5 * np.abs(ref - want).max()
+    # no affine parameters, and a half-precision input (mx.fast's path) keep working
+    plain = np.array(fast_ops.layer_norm(mx.array(x), eps=1e-12), np.float64)
+    np.testing.assert_allclose(plain, normed, rtol=0, atol=tol)
+    half = fast_ops.layer_norm(*(mx.array(a).astype(mx.float16) for a in (x, w, b)), 1e-5)
+    assert half.dtype == mx.float16 and np.isfinite(np.array(half.astype(mx.float32))).all()

@@ -48,13 +48,22 @@ class ModelArgs:
                              f"use one of {sorted(ACTIVATIONS)}")
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and weight names) computed by
+    :func:`variants.fast_ops.layer_norm`: MLX's fused layer norm has no CPU kernel."""
+
+    def __call__(self, x):
+        return fast_ops.layer_norm(x, getattr(self, "weight", None), getattr(self, "bias", None),
+                                   self.eps)
+
+
 class Embeddings(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
         self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
-        self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.norm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, input_ids, token_type_ids, position_ids):
         x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
@@ -199,10 +208,10 @@ class TransformerLayer(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.attention = Attention(args)
-        self.attention_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.attention_norm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.intermediate = nn.Linear(args.hidden_size, args.intermediate_size)
         self.output = nn.Linear(args.intermediate_size, args.hidden_size)
-        self.output_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.output_norm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.hidden_act = args.hidden_act  # a name, so the module deep-copies
         self._shards = _Folded()
 

@@ -20,6 +20,10 @@ What makes element-wise work slow or fast there (MLX 0.32, Linux x86-64 wheel; m
   back to the OS and come back as fresh pages (a page fault per 4 KB): see
   :func:`variants.parallel.streams`, which raises the cache limit.
 
+- Reductions over a short last axis are slow there too (a row mean over 384 floats costs 3x a
+  GEMV by a column of 1/D), and ``mx.fast.layer_norm`` has no CPU kernel: it runs as 18
+  primitives. :func:`layer_norm` takes its two row means as GEMVs (OpenBLAS).
+
 Accuracy (tests/test_profile.py): exp max relative error 1.2e-7 on [-87, 0]; GELU max absolute
 error 1.1e-6 against the float64 exact-erf GELU on [-10, 10]; the encoder stays within float32
 round-off of the PyTorch fixtures (tests/test_encoder_parity.py).
@@ -155,3 +159,33 @@ def gelu(x):
     fused kernels.
     Max absolute error 1.1e-6 on [-10, 10] against the float64 exact-erf GELU."""
     return _gelu_finish(x, _erf_arg(x))
+
+
+_AVG = {}
+
+
+def _row_mean_weights(D, dtype):
+    key = (D, dtype)
+    if key not in _AVG:  # evaluated with the first graph that uses it, then kept
+        _AVG[key] = mx.full((D, 1), 1.0 / D, dtype)
+    return _AVG[key]
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Layer normalisation over the last axis (Ba et al. 2016), as ``mx.fast.layer_norm``:
+    ``(x - mean) / sqrt(var + eps) * weight + bias`` with the biased variance.
+
+    ``x`` (..., D); ``weight``, ``bias`` (D,) or None. On the CPU in float32 the two row means
+    (of x, then of the squared centred x: two passes, as PyTorch computes it, no E[x²] - mean²
+    cancellation) are GEMVs by a column of 1/D, 1.2-1.6x faster than ``mx.fast.layer_norm``
+    there (N = 128..4096 rows of 384) and closer to the float64 result (max error 1.5e-6 vs
+    2.7e-6 on N(0, 1) rows). Other dtypes and devices use ``mx.fast.layer_norm``.
+    """
+    if x.dtype != mx.float32 or mx.default_device() != mx.cpu or x.ndim < 1 or x.shape[-1] == 0:
+        return mx.fast.layer_norm(x, weight, bias, eps)
+    avg = _row_mean_weights(x.shape[-1], x.dtype)
+    xc = x - x @ avg
+    y = xc * mx.rsqrt(mx.square(xc) @ avg + eps)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
