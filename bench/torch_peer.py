@@ -196,7 +196,7 @@ def _alternate(mlx, torch, rounds, op, **kw):
     return np.array(m), np.array(t), paired_speedup(t, m)
 
 
-def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3, steps_rounds=3):
+def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=5, steps_rounds=3):
     mlx, torch = _Worker("mlx"), _Worker("torch")
     print(f"{RULE} MLX vs PyTorch (CPU, fp32), torch {torch('info')} {RULE}")
     print("fixed shape: random ids, full mask, L=128; speed-up = median per-round ratio "
@@ -223,11 +223,12 @@ def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3, steps_r
     print(f"\n{RULE} sgemm roofline {RULE}")
     seg = prof["segments_ms"]
     gemm_ms = seg["qkv_proj"] + seg["out_proj"] + seg["mlp_gemm"]
-    tokens = prof["batch_size"] * prof["seq_len"]
+    tokens = prof["gemm_rows"]  # real tokens only: the batch runs packed (variants.packing)
     floor_ms = GEMM_FLOP_PER_TOKEN * tokens / (gflops * 1e9) * 1e3
     print(f"  NumPy sgemm (4096x384 @ 384x1536): {gflops:.0f} GFLOP/s (separate process)")
-    print(f"  MLX forward GEMMs on B={prof['batch_size']} L={prof['seq_len']}: {gemm_ms:.1f} ms; "
-          f"floor at NumPy's rate {floor_ms:.1f} ms -> roofline share {floor_ms / gemm_ms:.0%}")
+    print(f"  MLX forward GEMMs on B={prof['batch_size']} L={prof['seq_len']} ({tokens} token rows"
+          f"): {gemm_ms:.1f} ms; floor at NumPy's rate {floor_ms:.1f} ms -> roofline share "
+          f"{floor_ms / gemm_ms:.0%}")
 
     print(f"\n{RULE} segment profile (reference forward, eval batch B={prof['batch_size']}, "
           f"L={prof['seq_len']}, end to end) {RULE}")
@@ -235,7 +236,8 @@ def main(rounds=5, iters=3, n_texts=800, e2e_rounds=3, profile_rounds=3, steps_r
     for s, v in seg.items():
         print(f"  {s:<16}{v:9.1f}{prof['share'][s]:8.1%}")
     print(f"  {'unattributed':<16}{prof['unattributed_ms']:9.1f}{prof['unattributed_share']:8.1%}")
-    print(f"  {'total':<16}{prof['total_ms']:9.1f}")
+    print(f"  {'total':<16}{prof['total_ms']:9.1f}   (whole forward; the segments, one eval each, "
+          f"sum to {prof['segments_sum_ms']:.1f}: a negative remainder is per-segment sync)")
     print("  Amdahl ceiling 1/(1-p) of the segments each family accelerates:")
     for fam, (p, c) in prof["ceilings"].items():
         print(f"    {fam:<10} p={p:6.1%}  ceiling {c:6.2f}x")
@@ -263,7 +265,7 @@ def configure_parser():
     p.add_argument("--iters", type=int, default=3, help="timed calls per block (median taken)")
     p.add_argument("--n-texts", type=int, default=800, help="eval texts for the end-to-end run")
     p.add_argument("--e2e-rounds", type=int, default=3, help="alternated end-to-end rounds")
-    p.add_argument("--profile-rounds", type=int, default=3, help="segment-profile rounds")
+    p.add_argument("--profile-rounds", type=int, default=5, help="segment-profile rounds")
     p.add_argument("--steps-rounds", type=int, default=3,
                    help="alternated rounds of the speed-step table (B=32, L=128)")
     p.add_argument("--worker", choices=("mlx", "torch", "numpy"), default=None,

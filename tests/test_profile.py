@@ -206,8 +206,8 @@ def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, length
     mask = mx.array((np.arange(L)[None] < np.array(lengths)[:, None]).astype(np.int32))
     types = mx.zeros_like(ids)
     acc = {}
-    got = _segmented_forward(enc, ids, mask, types, acc)
-    assert sum(rows) == mlp_rows * len(enc.layers)
+    got, gemm_rows = _segmented_forward(enc, ids, mask, types, acc)
+    assert sum(rows) == mlp_rows * len(enc.layers) and gemm_rows == mlp_rows
     want = mean_pool(enc(ids, mask, types).last_hidden, mask)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-6)
     assert set(acc) == set(SEGMENTS) - {"tokenisation", "head", "postprocess"}

@@ -83,6 +83,7 @@ def _clock(acc, name, fn):
 
 def _segmented_forward(encoder, ids, mask, types, acc):
     """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``.
+    Returns (pooled (B, D), the number of token rows each layer's GEMMs ran on).
 
     Runs the batch the way :class:`variants.encoder.BertEncoder` does, so the segments time the
     same work as the whole forward: packed over the streams when enough of the batch is padding
@@ -143,7 +144,8 @@ def _segmented_forward(encoder, ids, mask, types, acc):
         g = _clock(acc, "mlp_act", lambda: each(ACTIVATIONS[layer.hidden_act], u))
         y = _clock(acc, "mlp_gemm", lambda: each(layer.output, g))
         xs = _clock(acc, "norms", lambda: each(lambda t, w: layer.output_norm(t + w), xs, y))
-    return _clock(acc, "pooling", lambda: mean_pool(join(xs), mask))
+    rows = sum(h.shape[0] for h in xs) if plan is not None else int(m.size)
+    return _clock(acc, "pooling", lambda: mean_pool(join(xs), mask)), rows
 
 
 def segment_profile(model, texts, *, rounds=3, warmup=1):
@@ -169,8 +171,10 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
         tokenisation and post-processing), ``share`` {segment: p} (of ``total_ms``, or of the
         segments' sum when that is larger, so the shares never add up to more than 1),
         ``unattributed_ms`` and ``unattributed_share`` (total minus the segments; negative when per-segment
-        synchronisation costs more than it hides), ``batch_size``, ``seq_len``, ``rounds`` and
-        ``n_layers`` (encoder layers; the prune / exit ceilings need it).
+        synchronisation costs more than it hides), ``segments_sum_ms``, ``batch_size``,
+        ``seq_len``, ``gemm_rows`` (token rows each layer's GEMMs ran on: the real tokens when
+        the batch was packed, else B·L), ``rounds`` and ``n_layers`` (encoder layers; the
+        prune / exit ceilings need it).
     """
     enc_module = model.module
     encoder = enc_module.encoder
@@ -193,12 +197,12 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
         t0 = time.perf_counter()
         ids, mask, types = tokenise()
         acc["tokenisation"] = (time.perf_counter() - t0) * 1e3
-        pooled = _segmented_forward(encoder, ids, mask, types, acc)
+        pooled, rows = _segmented_forward(encoder, ids, mask, types, acc)
         logits = _clock(acc, "head", lambda: head(pooled))
         t0 = time.perf_counter()
         post(logits)
         acc["postprocess"] = (time.perf_counter() - t0) * 1e3
-        return acc, ids.shape
+        return acc, (*ids.shape, rows)
 
     def whole():
         t0 = time.perf_counter()
@@ -224,7 +228,8 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
     return {"segments_ms": seg, "total_ms": total,
             "share": {s: v / denom for s, v in seg.items()},
             "unattributed_ms": un, "unattributed_share": un / total,
-            "batch_size": int(shape[0]), "seq_len": int(shape[1]), "rounds": rounds,
+            "batch_size": int(shape[0]), "seq_len": int(shape[1]), "gemm_rows": int(shape[2]),
+            "segments_sum_ms": float(sum(seg.values())), "rounds": rounds,
             "n_layers": len(encoder.layers)}
 
 
