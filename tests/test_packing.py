@@ -129,3 +129,35 @@ def test_run_layer_packs_like_the_encoder(enc):
     np.testing.assert_allclose(np.array(got)[m], np.array(want)[m], rtol=0, atol=2e-6)
     assert np.all(np.array(got)[~m] == 0)  # packed: padded positions are zeros
     np.testing.assert_allclose(np.array(got), np.array(enc(ids, mask).last_hidden), atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["per_query", "shared_batch_1"])
+def test_run_layer_takes_other_bias_layouts(enc, kind):
+    """A per-query (B, 1, L, L) bias is cut on both axes per part, a batch-1 (1, 1, 1, L) bias is
+    shared by every part (both crashed on the packed path; break-test findings)."""
+    ids, mask = _batch([16, 3, 10, 4, 8], 16, seed=5)
+    if kind == "shared_batch_1":
+        ids, mask = _batch([10] * 4, 16, seed=5)
+    x = enc.embed(ids)
+    bias = attention_bias(mask)
+    if kind == "per_query":
+        bias = mx.broadcast_to(bias, (bias.shape[0], 1, 16, 16))
+    else:
+        bias = bias[:1]
+    m = np.array(mask).astype(bool)
+    got = enc.run_layer(enc.layers[0], x, bias, mask)
+    with parallel.single_stream():
+        want = enc.layers[0](x, bias)[0]
+    np.testing.assert_allclose(np.array(got)[m], np.array(want)[m], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("bias_shape", [(7,), ()])
+def test_attention_core_takes_a_key_vector_or_scalar_bias(enc, bias_shape):
+    att = enc.layers[0].attention
+    x = mx.random.normal((2, 7, 32))
+    q, k, v = att.project(x)
+    bias = mx.array(np.where(np.arange(7) < 5, 0.0, -1e9).astype(np.float32)) \
+        if bias_shape else mx.array(0.5)
+    got, _ = att.core(q, k, v, bias)
+    want, _ = att.core(q, k, v, bias, return_attention=True)  # the untransposed softmax
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=2e-6)

@@ -189,14 +189,18 @@ def test_fast_ops_in_half_precision_compute_in_float32(dtype):
 @pytest.mark.parametrize("lengths,L,mlp_rows", [
     ([16, 3, 10, 4, 8], 16, 41),   # packed: the MLP sees the 41 real tokens, not 5 x 16
     ([16, 16, 15, 16], 16, 64),    # under MIN_PADDING: the padded batch
-    ([9], 12, 9),                  # one sequence: one packed part
+    ([9], 12, 9),                  # one sequence, under 32 tokens: one packed part
+    ([40], 64, None),              # one sequence the forward splits by heads: padded, one part
     ([12], 12, 12)])               # no padding: the plain batch
 def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, lengths, L, mlp_rows):
     """The segments time the same execution as the whole forward (packed when it packs; the
     profile used to time padded batches while the forward packed them, and printed -87%
     unattributed time): same pooled output, same rows through the MLP."""
     from variants import encoder as encoder_module
+    from variants import parallel
     from variants.profile import SEGMENTS, _segmented_forward
+    if mlp_rows is None:  # head split with two or more streams, else packed like any batch
+        mlp_rows = L if len(parallel.streams()) > 1 else sum(lengths)
     rows = []
     gelu = encoder_module.ACTIVATIONS["gelu"]
     monkeypatch.setitem(encoder_module.ACTIVATIONS, "gelu",

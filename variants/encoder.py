@@ -90,6 +90,14 @@ def _plain_linear(m):
     return type(m) is nn.Linear and "bias" in m
 
 
+def _keys_first(bias):
+    """An additive attention bias laid out for (…, L keys, Lq queries) scores: the last two axes
+    swapped; a (L,) key bias becomes (L, 1); None and scalars pass through."""
+    if bias is None or bias.ndim == 0:
+        return bias
+    return bias[:, None] if bias.ndim == 1 else mx.swapaxes(bias, -1, -2)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention (BERT), queries from ``x``, keys and values from ``kv``.
 
@@ -172,8 +180,7 @@ class Attention(nn.Module):
             # CPU reduces ~3x faster than short last-axis rows (5-11% off the whole core,
             # alternated A/B at B=16, L=29..128). eᵀ @ [v, 1]: the last column is the row sum
             # of e, so no separate reduction pass; BLAS takes eᵀ as a transposed operand.
-            e = fast_ops.softmax_parts(k @ q.transpose(0, 1, 3, 2),
-                                       None if bias is None else mx.swapaxes(bias, -1, -2),
+            e = fast_ops.softmax_parts(k @ q.transpose(0, 1, 3, 2), _keys_first(bias),
                                        total=False, axis=-2)
             v1 = mx.concatenate([v, mx.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
             r = e.transpose(0, 1, 3, 2) @ v1
@@ -366,6 +373,16 @@ class BertEncoder(nn.Module):
         n = len(parallel.streams())
         return n if mask.shape[0] >= n and mask.sum() >= parallel.MIN_ROWS else 1
 
+    def _head_split(self, mask):
+        """Per-layer shards when a batch with ``mask`` (B, L) NumPy runs head-split
+        (:meth:`TransformerLayer.forward_sharded`: fewer sequences than streams, enough tokens,
+        plain Linears), else None."""
+        ss = parallel.streams()
+        if not (len(ss) > 1 and mask.shape[0] < len(ss) and mask.sum() >= parallel.MIN_ROWS):
+            return None
+        shards = [layer.shards(len(ss)) for layer in self.layers]
+        return shards if all(sh is not None for sh in shards) else None
+
     def _packing_plan(self, mask, bias):
         """A :class:`variants.packing.Plan` for ``mask`` (B, L) NumPy, split by sequences over
         the streams, when the batch has padding (``bias`` not None) and enough of it, else None."""
@@ -380,14 +397,12 @@ class BertEncoder(nn.Module):
         mask = np.array(attention_mask)
         bias = None if mask.all() else attention_bias(attention_mask, x.dtype)  # None: no padding
         if not (output_hidden_states or output_attentions or parallel.whole_batches()):
-            ss = parallel.streams()
             B, L = mask.shape
-            if len(ss) > 1 and B < len(ss) and mask.sum() >= parallel.MIN_ROWS:
-                shards = [layer.shards(len(ss)) for layer in self.layers]
-                if all(sh is not None for sh in shards):  # too few rows to split: split heads
-                    for layer, sh in zip(self.layers, shards):
-                        x = layer.forward_sharded(x, bias, sh)
-                    return EncoderOutput(x)
+            shards = self._head_split(mask)
+            if shards is not None:  # too few sequences to split: split heads
+                for layer, sh in zip(self.layers, shards):
+                    x = layer.forward_sharded(x, bias, sh)
+                return EncoderOutput(x)
             p = self._packing_plan(mask, bias)
             if p is not None:
                 return EncoderOutput(p.unpack(self._stacks(p.split(x), _packed_step)))

@@ -67,6 +67,16 @@ class Plan:
         return mx.take(padded, self.unpack_index, axis=0).reshape(self.B, self.L, -1)
 
 
+def _part_bias(bias, a, b, Lp):
+    """``bias`` (B or 1, ..., Lq or 1, L) for sequences a..b cut to the part's length Lp on the
+    key axis, and on the query axis too when it has one (a per-query bias)."""
+    if bias.shape[0] != 1:
+        bias = bias[a:b]
+    if bias.ndim >= 2 and bias.shape[-2] > 1:
+        return bias[..., :Lp, :Lp]
+    return bias[..., :Lp]
+
+
 def balanced_bounds(lengths, k):
     """Cut sequences with ``lengths`` (real tokens each, in batch order) into at most ``k``
     contiguous non-empty groups holding near-equal numbers of tokens: a list of (start, stop).
@@ -96,7 +106,8 @@ def balanced_bounds(lengths, k):
 def plan(mask, bias, bounds, *, min_padding=MIN_PADDING):
     """A :class:`Plan` for ``mask`` (B, L) 0/1 (NumPy or MLX), or None when packing does not pay.
 
-    ``bias`` (B, 1, 1, L): the encoder's additive padding bias (sliced per part); ``bounds``:
+    ``bias`` (B or 1, 1, 1 or L, L): the encoder's additive padding bias, or a per-query one
+    (sliced per part); ``bounds``:
     the (a, b) sequence ranges, one per stream (:func:`variants.parallel.bounds`). None when
     fewer than ``min_padding`` of the positions are padding, or a part would hold no real token.
     """
@@ -120,6 +131,7 @@ def plan(mask, bias, bounds, *, min_padding=MIN_PADDING):
         local = np.zeros(sub.size, np.int32)
         local[sub] = np.arange(k, dtype=np.int32)
         parts.append(Part((a, b), (start, start + k), Lp, mx.array(local),
-                          mx.array(np.flatnonzero(sub).astype(np.int32)), bias[a:b, ..., :Lp]))
+                          mx.array(np.flatnonzero(sub).astype(np.int32)),
+                          _part_bias(bias, a, b, Lp)))
         start += k
     return Plan(B, L, mx.array(real), mx.array(unpack), parts)

@@ -88,14 +88,17 @@ def _segmented_forward(encoder, ids, mask, types, acc):
     Runs the batch the way :class:`variants.encoder.BertEncoder` does, so the segments time the
     same work as the whole forward: packed over the streams when enough of the batch is padding
     (:mod:`variants.packing`; the pack and unpack gathers count as embeddings and pooling), else
-    the padded batch split by sequences, one part per stream (B = 1 runs as one part; the
-    forward's head split is not segmented). Every segment evaluates all parts at once, each on
-    its own stream, so a segment's time is its wall time with the cores shared the same way.
+    the padded batch split by sequences, one part per stream (a batch the forward splits by
+    heads, B < streams, runs as one padded part on one stream: the head split is not
+    segmented). Every segment evaluates all parts at once, each on its own stream, so a
+    segment's time is its wall time with the cores shared the same way.
     """
     m = np.array(mask)
     x = encoder.embed(ids, types)
     bias = None if m.all() else attention_bias(mask, x.dtype)
-    plan = encoder._packing_plan(m, bias)
+    # the forward's head split (B < streams) is timed as one padded part, like the batch it runs
+    head_split = encoder._head_split(m) is not None
+    plan = None if head_split else encoder._packing_plan(m, bias)
     if plan is not None:
         parts = _clock(acc, "embeddings", lambda: plan.split(x))
         ctxs, xs = [p for p, _ in parts], [h for _, h in parts]
@@ -112,7 +115,8 @@ def _segmented_forward(encoder, ids, mask, types, acc):
             return plan.unpack(mx.concatenate(hs, axis=0) if len(hs) > 1 else hs[0])
     else:
         x = _clock(acc, "embeddings", lambda: x)
-        cuts = parallel.bounds(m.shape[0], encoder._row_parts(m))
+        cuts = [(0, m.shape[0])] if head_split else parallel.bounds(m.shape[0],
+                                                                     encoder._row_parts(m))
         ctxs = [None if bias is None else bias[a:b] for a, b in cuts]
         xs = [x[a:b] for a, b in cuts]
 
