@@ -87,7 +87,7 @@ def _mlx_worker():
     def slopes():
         from variants.decision import PreparedBatch
         from variants.models import sentiment
-        from variants.profile import work_slopes
+        from variants.work_counts import work_slopes
         model = sentiment.build(ck)
 
         def make(B, L):

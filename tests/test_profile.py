@@ -7,7 +7,8 @@ import pytest
 from variants import fast_ops
 from variants.encoder import BertEncoder, ModelArgs, mean_pool
 from variants.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
-                              count_work, exit_speedup, prune_speedup, work_slopes)
+                              exit_speedup, prune_speedup)
+from variants.work_counts import count_work, work_slopes
 from variants.timing import time_alternating
 
 TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,

@@ -156,6 +156,17 @@ class Attention(nn.Module):
         kvp = pick(kv @ w[D:].T)
         return pick(x @ w[:D].T) + b_q, kvp[..., :D], kvp[..., D:]
 
+    def packed_project(self, x, part):
+        """(q, k, v) heads on a packed part's (B, part.L) layout (:mod:`variants.packing`) from
+        its real-token rows ``x`` (n, D), gathered once from the fused q|k|v."""
+        B = part.seqs[1] - part.seqs[0]
+        return tuple(self.heads(t, B, part.L) for t in self.projections(x, rows=part.pad_index))
+
+    def packed_core(self, q, k, v, part):
+        """The attention core on a packed part's layout, back to its real-token rows (n, D)."""
+        ctx, _ = self.core(q, k, v, part.bias)
+        return mx.take(ctx.reshape(-1, ctx.shape[-1]), part.real_index, axis=0)
+
     def heads(self, t, B, L):
         """(B·L, D') or (B, L, D') -> (B, D' / head_dim heads, L, head_dim)."""
         return t.reshape(B, L, -1, self.head_dim).transpose(0, 2, 1, 3)
@@ -308,11 +319,7 @@ class TransformerLayer(nn.Module):
         """The layer on one part of a packed batch (:mod:`variants.packing`): ``x`` (n, D) the
         part's real tokens -> (n, D); the attention core runs on the part's (B, part.L) layout."""
         att = self.attention
-        B, L = part.seqs[1] - part.seqs[0], part.L
-        q, k, v = (att.heads(t, B, L) for t in att.projections(x, rows=part.pad_index))
-        ctx, _ = att.core(q, k, v, part.bias)
-        ctx = mx.take(ctx.reshape(B * L, -1), part.real_index, axis=0)
-        x = self.attention_norm(x + att.output(ctx))
+        x = self.attention_norm(x + att.output(att.packed_core(*att.packed_project(x, part), part)))
         return self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
 
     def _forward(self, x, bias, return_attention=False, kv=None):
@@ -405,7 +412,8 @@ class BertEncoder(nn.Module):
                 return EncoderOutput(x)
             p = self._packing_plan(mask, bias)
             if p is not None:
-                return EncoderOutput(p.unpack(self._stacks(p.split(x), _packed_step)))
+                return EncoderOutput(p.unpack(
+                    self._stacks(p.split(x), TransformerLayer._forward_packed)))
             k = self._row_parts(mask)
             if k > 1:
                 cuts = parallel.bounds(B, k)
@@ -431,7 +439,7 @@ class BertEncoder(nn.Module):
         p = self._packing_plan(np.array(attention_mask), bias)
         if p is None:
             return layer(x, bias)[0]
-        return p.unpack(self._stacks(p.split(x), _packed_step, [layer]))
+        return p.unpack(self._stacks(p.split(x), TransformerLayer._forward_packed, [layer]))
 
     def _stacks(self, parts, step, layers=None):
         """Run every layer on each part, each part on its own stream (one whole layer stack per
@@ -445,10 +453,6 @@ class BertEncoder(nn.Module):
                     h = step(layer, h, ctx)
                 outs.append(h)
         return mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
-
-
-def _packed_step(layer, h, part):
-    return layer._forward_packed(h, part)
 
 
 def mean_pool(hidden, attention_mask, normalize=True):

@@ -3,9 +3,7 @@
 Method (../shared/seeds/DIGEST.md, second document): time each segment of the forward, take its
 share p of the *whole* (un-segmented, warm) forward, report what the segments do not explain as
 **unattributed**, and bound a family's end-to-end speed-up by the Amdahl ceiling 1 / (1 - p) of
-the segments it accelerates. Work counts (MLX graph evaluations, compiled-function calls) are
-taken at several sequence lengths and batch sizes and fitted with a slope: a count that grows per
-token or per example is per-launch overhead to remove, not a number to report.
+the segments it accelerates. The work counts and their slopes are in :mod:`variants.work_counts`.
 
 Families that act on depth (token pruning after layer a, early exit after layer e) only shrink
 the layers after their cut point, so their shares are scaled by (N - a) / N
@@ -14,7 +12,6 @@ whole encoder printed a meaningless ceiling (48x and more).
 """
 
 import time
-from contextlib import contextmanager
 
 import mlx.core as mx
 import numpy as np
@@ -104,12 +101,10 @@ def _segmented_forward(encoder, ids, mask, types, acc):
         ctxs, xs = [p for p, _ in parts], [h for _, h in parts]
 
         def project(a, h, part):
-            B = part.seqs[1] - part.seqs[0]
-            return tuple(a.heads(t, B, part.L) for t in a.projections(h, rows=part.pad_index))
+            return a.packed_project(h, part)
 
         def core(a, t, part):
-            ctx = a.core(*t, part.bias)[0]
-            return mx.take(ctx.reshape(-1, ctx.shape[-1]), part.real_index, axis=0)
+            return a.packed_core(*t, part)
 
         def join(hs):
             return plan.unpack(mx.concatenate(hs, axis=0) if len(hs) > 1 else hs[0])
@@ -174,8 +169,8 @@ def segment_profile(model, texts, *, rounds=3, warmup=1):
         ``segments_ms`` {segment: median ms}, ``total_ms`` (median un-segmented forward incl.
         tokenisation and post-processing), ``share`` {segment: p} (of ``total_ms``, or of the
         segments' sum when that is larger, so the shares never add up to more than 1),
-        ``unattributed_ms`` and ``unattributed_share`` (total minus the segments; negative when per-segment
-        synchronisation costs more than it hides), ``segments_sum_ms``, ``batch_size``,
+        ``unattributed_ms`` and ``unattributed_share`` (total minus the segments; negative
+        when per-segment synchronisation costs more than it hides), ``segments_sum_ms``, ``batch_size``,
         ``seq_len``, ``gemm_rows`` (token rows each layer's GEMMs ran on: the real tokens when
         the batch was packed, else B·L), ``rounds`` and ``n_layers`` (encoder layers; the
         prune / exit ceilings need it).
@@ -359,80 +354,3 @@ def exit_speedup(profile, *, exit_layer, exit_share=1.0, n_layers=None):
     p = min(1.0, _depth_fraction(exit_layer, _n_layers(profile, n_layers))
             * _share(profile, LAYER_SEGMENTS))
     return {"p": p, "speedup": amdahl(exit_share * p), "ceiling": amdahl(p)}
-
-
-@contextmanager
-def count_work():
-    """Count ``mx.eval`` calls and calls of :mod:`variants.fast_ops`' fused functions (GELU,
-    softmax; each runs two or three compiled kernels).
-
-    Yields a dict ``{"evals": n, "compiled_calls": n}`` that fills while the block runs.
-    Patches module attributes for the duration only (nothing persists across uses).
-    """
-    counts = {"evals": 0, "compiled_calls": 0}
-    real_eval = mx.eval
-    compiled = {n: getattr(fast_ops, n) for n in ("gelu", "masked_softmax", "softmax_parts")}
-
-    def eval_(*a, **k):
-        counts["evals"] += 1
-        return real_eval(*a, **k)
-
-    def wrap(fn):
-        def inner(*a, **k):
-            counts["compiled_calls"] += 1
-            return fn(*a, **k)
-        return inner
-
-    import variants.encoder as encoder_mod
-    real_act = dict(encoder_mod.ACTIVATIONS)
-    mx.eval = eval_
-    for n, fn in compiled.items():
-        setattr(fast_ops, n, wrap(fn))
-    encoder_mod.ACTIVATIONS["gelu"] = fast_ops.gelu
-    try:
-        yield counts
-    finally:
-        mx.eval = real_eval
-        for n, fn in compiled.items():
-            setattr(fast_ops, n, fn)
-        encoder_mod.ACTIVATIONS.clear()
-        encoder_mod.ACTIVATIONS.update(real_act)
-
-
-def work_slopes(forward, make_batch, *, seq_lens=(16, 64, 128), batch_sizes=(1, 8, 32)):
-    """Work counts per forward at each (batch size, sequence length), with fitted slopes.
-
-    Parameters
-    ----------
-    forward : callable (batch) -> mx.array
-        One forward; evaluated once inside the count (as a harness would).
-    make_batch : callable (batch_size, seq_len) -> batch
-    seq_lens, batch_sizes : tuple of int, each at least 3 values
-
-    Returns
-    -------
-    table : list of dict
-        One row per (batch_size, seq_len): ``evals``, ``compiled_calls``.
-    slopes : dict
-        ``{count: {"per_token": slope, "per_example": slope}}``, least-squares slopes of each
-        count against seq_len (all batch sizes pooled) and against batch_size. ~0 means the work
-        does not grow with the input.
-    """
-    if len(set(seq_lens)) < 3 or len(set(batch_sizes)) < 3:
-        raise ValueError("seq_lens and batch_sizes need >= 3 distinct values each to fit a slope.")
-    rows = []
-    for b in batch_sizes:
-        for L in seq_lens:
-            batch = make_batch(b, L)
-            with count_work() as c:
-                mx.eval(forward(batch))
-            rows.append({"batch_size": b, "seq_len": L, **c})
-    slopes = {}
-    for key in ("evals", "compiled_calls"):
-        y = np.array([r[key] for r in rows], float)
-        slopes[key] = {
-            "per_token": float(np.polyfit([r["seq_len"] for r in rows], y, 1)[0]),
-            "per_example": float(np.polyfit([r["batch_size"] for r in rows], y, 1)[0]),
-        }
-    return rows, slopes
-
