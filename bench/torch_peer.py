@@ -111,8 +111,8 @@ def _mlx_worker():
         def rand(*shape):
             return mx.array(rng.standard_normal(shape).astype(np.float32))
         ins = [(rand((b - a) * L, HIDDEN), rand((b - a) * L, FFN)) for a, b in cuts]
-        ws = [(layer.attention.folded()[0], layer.attention.out.weight,
-               layer.intermediate.weight, layer.output.weight) for layer in enc.layers]
+        ws = [(layer.attention.folded()[0], layer.attention.folded()[3],
+               layer.mlp_weights()[0], layer.mlp_weights()[2]) for layer in enc.layers]
         mx.eval(ins, ws)
 
         def run():
@@ -120,7 +120,7 @@ def _mlx_worker():
             for s, (x, h) in zip(ss, ins):
                 with mx.stream(s):
                     for w_qkv, w_o, w_i, w_u in ws:
-                        outs += [x @ w_qkv.T, x @ w_o.T, x @ w_i.T, h @ w_u.T]
+                        outs += [x @ w_qkv, x @ w_o, x @ w_i, h @ w_u]
             mx.eval(outs)
         return _timed(run, n)
 

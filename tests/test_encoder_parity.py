@@ -109,6 +109,33 @@ def test_folded_projections_equal_the_plain_linears(checkpoint, monkeypatch):
         att.value.bias = old_bias
 
 
+def test_transposed_mlp_weights_equal_the_linears_and_follow_replacement(checkpoint):
+    """The MLP's cached transposed weights (TransformerLayer.mlp_weights) give the Linears'
+    numbers, are rebuilt when a weight is replaced by another array, and give way to a
+    replaced (non-plain) Linear."""
+    import mlx.nn as nn
+    layer = checkpoint.encoder.layers[1]
+    x = mx.array(np.random.default_rng(3).standard_normal((5, 384)).astype(np.float32))
+    w = layer.mlp_weights()
+    assert w[0].shape == (384, 1536) and w[2].shape == (1536, 384)
+    np.testing.assert_allclose(np.array(layer.mlp_in(x)), np.array(layer.intermediate(x)),
+                               rtol=1e-5, atol=1e-5)
+    g = mx.array(np.random.default_rng(4).standard_normal((5, 1536)).astype(np.float32))
+    np.testing.assert_allclose(np.array(layer.mlp_out(g)), np.array(layer.output(g)),
+                               rtol=1e-5, atol=1e-5)
+    old_w, old_lin = layer.intermediate.weight, layer.output
+    try:
+        layer.intermediate.weight = old_w * 2.0  # a new array: the cache must follow
+        assert layer.mlp_weights() is not w
+        np.testing.assert_allclose(np.array(layer.mlp_in(x)), np.array(layer.intermediate(x)),
+                                   rtol=1e-5, atol=1e-5)
+        layer.output = nn.Linear(1536, 384, bias=False)  # not plain: the module itself runs
+        assert layer.mlp_weights() is None
+        np.testing.assert_array_equal(np.array(layer.mlp_out(g)), np.array(layer.output(g)))
+    finally:
+        layer.intermediate.weight, layer.output = old_w, old_lin
+
+
 def test_sanitize_and_config_errors():
     w = {"bert.encoder.layer.0.attention.self.query.weight": 1, "pooler.dense.weight": 2,
          "embeddings.position_ids": 3, "encoder.layer.1.output.LayerNorm.bias": 4}

@@ -107,8 +107,9 @@ def test_b1_heads_and_features_split_over_streams(enc, monkeypatch, L, pad_from)
     real = np.array(mask).astype(bool)
     np.testing.assert_allclose(sharded[real], one[real], rtol=0, atol=2e-6)
     D, F = enc.args.hidden_size, enc.args.intermediate_size
-    # 4 heads of 8 -> 2 per stream: q, k, v rows (3 x 16, D); MLP features 32 per stream
-    assert calls == [[((3 * D // 2, D), (F // 2, D))] * 2] * enc.args.num_hidden_layers
+    # 4 heads of 8 -> 2 per stream: q, k, v columns (D, 3 x 16); MLP features 32 per stream
+    # (weights stored transposed, input features first)
+    assert calls == [[((D, 3 * D // 2), (D, F // 2))] * 2] * enc.args.num_hidden_layers
 
 
 def test_b1_falls_back_to_the_query_split_for_replaced_linears(enc, monkeypatch):
@@ -155,7 +156,7 @@ def test_shards_cover_every_head_and_feature(enc):
     wide = enc.layers[0].shards(16)  # 4 heads: 4 parts, all heads, all features
     assert len(wide) == ARGS.num_attention_heads
     assert sum(p[1].shape[0] for p in wide) == ARGS.hidden_size
-    assert sum(p[3].shape[0] for p in wide) == ARGS.intermediate_size
+    assert sum(p[3].shape[1] for p in wide) == ARGS.intermediate_size
 
 
 def test_one_head_b1_matches_one_stream():

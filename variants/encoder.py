@@ -90,6 +90,11 @@ def _plain_linear(m):
     return type(m) is nn.Linear and "bias" in m
 
 
+def _t(w):
+    """``w`` (out, in) -> its transpose (in, out), contiguous (see :meth:`Attention.folded`)."""
+    return mx.contiguous(w.T)
+
+
 def _keys_first(bias):
     """An additive attention bias laid out for (…, L keys, Lq queries) scores: the last two axes
     swapped; a (L,) key bias becomes (L, 1); None and scalars pass through."""
@@ -125,18 +130,23 @@ class Attention(nn.Module):
         self._folded = _Folded()
 
     def folded(self):
-        """``(w_qkv (3D, D), b_q (D,), b_out (D,))`` for the fused path, or None when any
-        projection is not a plain biased ``nn.Linear``. Rebuilt when a weight is replaced by
-        another array (assignment, ``update``, ``load_weights``, deep copies); an in-place edit
-        of a weight array (``w[...] = v``, ``w *= 2``) keeps the same object and is not seen:
-        assign a new array instead."""
+        """``(w_qkv_t (D, 3D), b_q (D,), b_out (D,), w_out_t (D, D))`` for the fused path, or
+        None when any projection is not a plain biased ``nn.Linear``. The weights are stored
+        transposed (input features first, contiguous): OpenBLAS's sgemm runs ``x @ w_t`` up to
+        ~15% faster than ``x @ w.T`` at the few rows of a short batch (alternated A/B, M = 16:
+        0.81-0.89x the time; M = 64: 0.92-0.96x; M >= 1000: equal). Rebuilt when a weight is
+        replaced by another array (assignment, ``update``, ``load_weights``, deep copies); an
+        in-place edit of a weight array (``w[...] = v``, ``w *= 2``) keeps the same object and
+        is not seen: assign a new array instead."""
         mods = (self.query, self.key, self.value, self.out)
         if not all(_plain_linear(m) for m in mods):
             return None
         sources = tuple(a for m in mods for a in (m.weight, m.bias))
         return self._folded.get(sources, lambda: (
-            mx.concatenate([self.query.weight * self.scale, self.key.weight, self.value.weight]),
-            self.query.bias * self.scale, self.out.bias + self.out.weight @ self.value.bias))
+            _t(mx.concatenate([self.query.weight * self.scale, self.key.weight,
+                               self.value.weight])),
+            self.query.bias * self.scale, self.out.bias + self.out.weight @ self.value.bias,
+            _t(self.out.weight)))
 
     def projections(self, x, kv=None, rows=None):
         """(q, k, v) before the head split: q (..., Lq, D) from ``x``, already scaled by
@@ -148,13 +158,13 @@ class Attention(nn.Module):
         folded = self.folded()
         if folded is None:
             return pick(self.query(x) * self.scale), pick(self.key(kv)), pick(self.value(kv))
-        w, b_q, _ = folded
+        w_t, b_q = folded[:2]
         D = x.shape[-1]
         if kv is x:
-            qkv = pick(x @ w.T)
+            qkv = pick(x @ w_t)
             return qkv[..., :D] + b_q, qkv[..., D:2 * D], qkv[..., 2 * D:]
-        kvp = pick(kv @ w[D:].T)
-        return pick(x @ w[:D].T) + b_q, kvp[..., :D], kvp[..., D:]
+        kvp = pick(kv @ w_t[:, D:])
+        return pick(x @ w_t[:, :D]) + b_q, kvp[..., :D], kvp[..., D:]
 
     def packed_project(self, x, part):
         """(q, k, v) heads on a packed part's (B, part.L) layout (:mod:`variants.packing`) from
@@ -203,7 +213,7 @@ class Attention(nn.Module):
         folded = self.folded()
         if folded is None:
             return self.out(ctx)
-        return mx.addmm(folded[2], ctx, self.out.weight.T)
+        return mx.addmm(folded[2], ctx, folded[3])
 
     def __call__(self, x, bias, return_attention=False, kv=None):
         """Queries from ``x`` (B, Lq, D); keys and values from ``kv`` (B, L, D), default ``x``;
@@ -232,12 +242,38 @@ class TransformerLayer(nn.Module):
         self.output_norm = LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.hidden_act = args.hidden_act  # a name, so the module deep-copies
         self._shards = _Folded()
+        self._mlp = _Folded()
+
+    def mlp_weights(self):
+        """``(w_i_t (D, F), b_i (F,), w_u_t (F, D), b_u (D,))``, the MLP's weights transposed
+        (as :meth:`Attention.folded`), or None when either Linear is not a plain biased
+        ``nn.Linear`` (a variant replaced it)."""
+        if not (_plain_linear(self.intermediate) and _plain_linear(self.output)):
+            return None
+        i, u = self.intermediate, self.output
+        return self._mlp.get((i.weight, i.bias, u.weight, u.bias),
+                             lambda: (_t(i.weight), i.bias, _t(u.weight), u.bias))
+
+    def mlp_in(self, x):
+        """The intermediate Linear, (..., D) -> (..., F), before the activation."""
+        w = self.mlp_weights()
+        return self.intermediate(x) if w is None else mx.addmm(w[1], x, w[0])
+
+    def mlp_out(self, g):
+        """The output Linear, (..., F) -> (..., D)."""
+        w = self.mlp_weights()
+        return self.output(g) if w is None else mx.addmm(w[3], g, w[2])
+
+    def mlp(self, x):
+        """Output Linear of the activation of the intermediate Linear: (..., D) -> (..., D)."""
+        return self.mlp_out(ACTIVATIONS[self.hidden_act](self.mlp_in(x)))
 
     def shards(self, k):
         """Per-stream weight shards for :meth:`forward_sharded`, or None when a projection is
         not a plain biased ``nn.Linear`` or fewer than 2 parts are possible: a list of
-        min(k, heads, intermediate size) tuples (w_qkv, b_q, w_o, w_i, b_i, w_u) — the heads and
-        the intermediate features split in that many contiguous groups."""
+        min(k, heads, intermediate size) tuples (w_qkv_t, b_q, w_o_t, w_i_t, b_i, w_u_t) — the
+        heads and the intermediate features split in that many contiguous groups, each weight
+        transposed (input features first, as :meth:`Attention.folded`)."""
         att = self.attention
         folded = att.folded()
         if folded is None or not (_plain_linear(self.intermediate)
@@ -250,17 +286,18 @@ class TransformerLayer(nn.Module):
                    self.output.weight, k)
 
         def build():
-            w, b_q, _ = folded
+            w_t, b_q = folded[:2]
             D, d = att.out.weight.shape[0], att.head_dim
             parts = []
             for (a, b), (fa, fb) in zip(parallel.bounds(att.n_heads, k),
                                         parallel.bounds(self.intermediate.weight.shape[0], k)):
-                rows = slice(a * d, b * d)
+                cols = slice(a * d, b * d)
                 parts.append((
-                    mx.concatenate([w[rows], w[D:][rows], w[2 * D:][rows]]), b_q[rows],
-                    mx.contiguous(att.out.weight[:, rows]),
-                    self.intermediate.weight[fa:fb], self.intermediate.bias[fa:fb],
-                    mx.contiguous(self.output.weight[:, fa:fb])))
+                    mx.concatenate([w_t[:, cols], w_t[:, D:][:, cols], w_t[:, 2 * D:][:, cols]],
+                                   axis=1), b_q[cols],
+                    _t(att.out.weight[:, cols]),
+                    _t(self.intermediate.weight[fa:fb]), self.intermediate.bias[fa:fb],
+                    _t(self.output.weight[:, fa:fb])))
             return parts
         return self._shards.get(sources, build)
 
@@ -277,17 +314,17 @@ class TransformerLayer(nn.Module):
         for s, (w_qkv, b_q, w_o, _, _, _) in zip(ss, shards):
             with mx.stream(s):
                 n = b_q.shape[0]
-                qkv = x @ w_qkv.T
+                qkv = x @ w_qkv
                 q, k, v = (att.heads(t, B, L) for t in
                            (qkv[..., :n] + b_q, qkv[..., n:2 * n], qkv[..., 2 * n:]))
                 ctx, _ = att.core(q, k, v, bias)
-                parts.append(ctx @ w_o.T)
+                parts.append(ctx @ w_o)
         with mx.stream(ss[0]):
             x = self.attention_norm(x + (sum(parts[1:], parts[0]) + att.folded()[2]))
         parts = []
         for s, (_, _, _, w_i, b_i, w_u) in zip(ss, shards):
             with mx.stream(s):
-                parts.append(ACTIVATIONS[self.hidden_act](mx.addmm(b_i, x, w_i.T)) @ w_u.T)
+                parts.append(ACTIVATIONS[self.hidden_act](mx.addmm(b_i, x, w_i)) @ w_u)
         with mx.stream(ss[0]):
             return self.output_norm(x + (sum(parts[1:], parts[0]) + self.output.bias))
 
@@ -320,12 +357,12 @@ class TransformerLayer(nn.Module):
         part's real tokens -> (n, D); the attention core runs on the part's (B, part.L) layout."""
         att = self.attention
         x = self.attention_norm(x + att.output(att.packed_core(*att.packed_project(x, part), part)))
-        return self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
+        return self.output_norm(x + self.mlp(x))
 
     def _forward(self, x, bias, return_attention=False, kv=None):
         a, attn = self.attention(x, bias, return_attention, kv)
         x = self.attention_norm(x + a)
-        x = self.output_norm(x + self.output(ACTIVATIONS[self.hidden_act](self.intermediate(x))))
+        x = self.output_norm(x + self.mlp(x))
         return x, attn
 
 

@@ -139,9 +139,9 @@ def _segmented_forward(encoder, ids, mask, types, acc):
         ctx = _clock(acc, "attention_core", lambda: each(lambda t, c: core(a, t, c), qkv, ctxs))
         o = _clock(acc, "out_proj", lambda: each(a.output, ctx))
         xs = _clock(acc, "norms", lambda: each(lambda t, u: layer.attention_norm(t + u), xs, o))
-        u = _clock(acc, "mlp_gemm", lambda: each(layer.intermediate, xs))
+        u = _clock(acc, "mlp_gemm", lambda: each(layer.mlp_in, xs))
         g = _clock(acc, "mlp_act", lambda: each(ACTIVATIONS[layer.hidden_act], u))
-        y = _clock(acc, "mlp_gemm", lambda: each(layer.output, g))
+        y = _clock(acc, "mlp_gemm", lambda: each(layer.mlp_out, g))
         xs = _clock(acc, "norms", lambda: each(lambda t, w: layer.output_norm(t + w), xs, y))
     rows = sum(h.shape[0] for h in xs) if plan is not None else int(m.size)
     return _clock(acc, "pooling", lambda: mean_pool(join(xs), mask)), rows
