@@ -13,7 +13,9 @@ change in machine load hits every step alike; the figure per step is the median 
 4. one fused QKV GEMM with the scale and biases folded (``Attention.folded``);
 5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``);
 6. attention scores computed transposed (keys on axis -2), so the softmax's max is a column
-   reduction (``Attention.core``) — shipped.
+   reduction (``Attention.core``);
+7. the fused path's weights stored transposed, input features first (``Attention.folded``,
+   ``TransformerLayer.mlp_weights``): ``x @ w_t`` instead of ``x @ w.T`` — shipped.
 
 Also checks that every step's pooled embeddings equal step 0's to float32 round-off.
 Run: ``python bench/encoder_steps.py [--batch-size 32] [--seq-len 128] [--rounds 5]``.
@@ -33,7 +35,8 @@ from variants.encoder import mean_pool
 
 STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
          "2 + fused exp softmax", "3 + two CPU streams", "4 + folded QKV GEMM",
-         "5 + 1 GB buffer cache", "6 + transposed scores (shipped)")
+         "5 + 1 GB buffer cache", "6 + transposed scores",
+         "7 + transposed weights (shipped)")
 
 
 def _plain_parts(scores, bias=None, total=True, axis=-1):
@@ -51,8 +54,31 @@ def _untransposed_core(self, q, k, v, bias, return_attention=False):
     return (r[..., :d] / r[..., d:]).transpose(0, 2, 1, 3).reshape(B, Lq, h * d), None
 
 
+_UNTRANSPOSED = {}
+
+
+def _untransposed_folded(self):
+    """``Attention.folded`` before step 7: the same tuple, weights as transposed *views* of the
+    (out, in) arrays, so ``x @ w_t`` runs as ``x @ w.T`` did (built once per module)."""
+    if not all(encoder._plain_linear(m) for m in (self.query, self.key, self.value, self.out)):
+        return None
+    if id(self) not in _UNTRANSPOSED:
+        w = mx.concatenate([self.query.weight * self.scale, self.key.weight, self.value.weight])
+        b_out = self.out.bias + self.out.weight @ self.value.bias
+        mx.eval(w, b_out)
+        _UNTRANSPOSED[id(self)] = (w.T, self.query.bias * self.scale, b_out, self.out.weight.T)
+    return _UNTRANSPOSED[id(self)]
+
+
+def _untransposed_mlp(self):
+    """``TransformerLayer.mlp_weights`` before step 7: transposed views, as ``nn.Linear``."""
+    i, u = self.intermediate, self.output
+    return (i.weight.T, i.bias, u.weight.T, u.bias)
+
+
 _SHIPPED = {"gelu": fast_ops.gelu, "parts": fast_ops.softmax_parts,
-            "folded": encoder.Attention.folded, "core": encoder.Attention.core}
+            "folded": encoder.Attention.folded, "core": encoder.Attention.core,
+            "mlp": encoder.TransformerLayer.mlp_weights}
 
 
 def _configure(step):
@@ -62,7 +88,9 @@ def _configure(step):
     fast_ops.softmax_parts = _SHIPPED["parts"] if step >= 2 else _plain_parts
     two = step >= 3 and len(parallel.streams()) > 1
     parallel._set_blas_threads(1 if two else 2)
-    encoder.Attention.folded = _SHIPPED["folded"] if step >= 4 else (lambda self: None)
+    encoder.Attention.folded = (_SHIPPED["folded"] if step >= 7 else _untransposed_folded
+                                if step >= 4 else (lambda self: None))
+    encoder.TransformerLayer.mlp_weights = _SHIPPED["mlp"] if step >= 7 else _untransposed_mlp
     mx.set_cache_limit(parallel.CACHE_LIMIT_BYTES if step >= 5
                        else parallel.info()["mlx_default_cache_limit"])
     encoder.Attention.core = _SHIPPED["core"] if step >= 6 else _untransposed_core

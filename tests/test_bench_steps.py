@@ -21,4 +21,5 @@ def test_every_step_runs_and_matches_step_zero(checkpoint):
     assert fast_ops.softmax_parts is encoder_steps._SHIPPED["parts"]
     assert encoder.Attention.folded is encoder_steps._SHIPPED["folded"]
     assert encoder.Attention.core is encoder_steps._SHIPPED["core"]
+    assert encoder.TransformerLayer.mlp_weights is encoder_steps._SHIPPED["mlp"]
     assert np.isfinite([r["tokens_per_s"] for r in rows]).all()
