@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -12,8 +13,9 @@ import encoder_steps  # noqa: E402
 from variants import encoder, fast_ops  # noqa: E402
 
 
-def test_every_step_runs_and_matches_step_zero(checkpoint):
-    rows = encoder_steps.measure(batch_size=2, seq_len=16, rounds=1)
+@pytest.mark.parametrize("batch_size,seq_len", [(2, 16), (1, 40)])  # (1, 40): B=1 head split
+def test_every_step_runs_and_matches_step_zero(checkpoint, batch_size, seq_len):
+    rows = encoder_steps.measure(batch_size=batch_size, seq_len=seq_len, rounds=1)
     assert [r["step"] for r in rows] == list(encoder_steps.STEPS)
     assert all(r["ms"] > 0 for r in rows)
     assert max(r["max_abs_diff_vs_0"] for r in rows) < 1e-5

@@ -282,8 +282,9 @@ class TransformerLayer(nn.Module):
         k = min(k, att.n_heads, self.intermediate.weight.shape[0])  # no empty part
         if k < 2:
             return None
-        sources = (*att._folded.sources, self.intermediate.weight, self.intermediate.bias,
-                   self.output.weight, k)
+        sources = (*(a for m in (att.query, att.key, att.value, att.out)
+                     for a in (m.weight, m.bias)),
+                   self.intermediate.weight, self.intermediate.bias, self.output.weight, k)
 
         def build():
             w_t, b_q = folded[:2]
