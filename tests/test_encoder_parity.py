@@ -136,6 +136,42 @@ def test_transposed_mlp_weights_equal_the_linears_and_follow_replacement(checkpo
         layer.intermediate.weight, layer.output = old_w, old_lin
 
 
+def test_derived_weight_caches_start_empty_in_deep_copies_and_go_when_unused(checkpoint):
+    """A variant deep-copied from a warmed reference does not carry the reference's folded /
+    transposed / shard arrays (they were ~85 MB of dead weight in a quantised copy), and a
+    layer whose Linear is replaced drops its caches."""
+    import copy
+
+    import mlx.nn as nn
+
+    from variants import parallel
+    enc = checkpoint.encoder
+    tok = checkpoint.tokenizer
+    encs, _ = tok.encode(["warm the caches", "a second, longer text to pad the first one"])
+    ids, mask, types = (mx.array(a) for a in tok.batch(encs))
+    mx.eval(enc(ids, mask, types).last_hidden, enc(ids[:1], mask[:1], types[:1]).last_hidden)
+    layer = enc.layers[0]
+    assert layer.attention._folded.arrays is not None and layer._mlp.arrays is not None
+    two_streams = len(parallel.streams()) > 1
+    if two_streams:
+        long_ids = mx.array(np.arange(1000, 1040, dtype=np.int32)[None])
+        mx.eval(enc(long_ids, mx.ones_like(long_ids)).last_hidden)  # B=1, 40 tokens: shards
+        assert layer._shards.arrays is not None
+    q = copy.deepcopy(enc)
+    for c in q.layers:
+        assert c.attention._folded.arrays is None and c._mlp.arrays is None
+        assert c._shards.arrays is None
+    want = np.array(q(ids, mask, types).last_hidden)  # the copy builds its own, same numbers
+    np.testing.assert_array_equal(want, np.array(enc(ids, mask, types).last_hidden))
+    q.layers[0].output = nn.QuantizedLinear.from_linear(q.layers[0].output, 64, 8)
+    mx.eval(q(ids, mask, types).last_hidden)
+    assert q.layers[0]._mlp.arrays is None and q.layers[0]._mlp.sources is None
+    assert q.layers[1]._mlp.arrays is not None
+    if two_streams:
+        mx.eval(q(long_ids, mx.ones_like(long_ids)).last_hidden)
+        assert q.layers[0]._shards.arrays is None and q.layers[1]._shards.arrays is not None
+
+
 def test_sanitize_and_config_errors():
     w = {"bert.encoder.layer.0.attention.self.query.weight": 1, "pooler.dense.weight": 2,
          "embeddings.position_ids": 3, "encoder.layer.1.output.LayerNorm.bias": 4}

@@ -78,6 +78,16 @@ class _Folded:
     def __init__(self):
         self.sources, self.arrays = None, None
 
+    def __deepcopy__(self, memo):
+        # a deep-copied module starts empty and builds from its own weights on first use: a
+        # variant made by deep-copying a warmed reference and replacing its Linears would
+        # otherwise hold the reference's derived arrays (~85 MB for MiniLM) without using them
+        return _Folded()
+
+    def clear(self):
+        """Drop the cached arrays (and the references to their sources)."""
+        self.sources, self.arrays = None, None
+
     def get(self, sources, build):
         """The cached arrays while ``sources`` are the same array objects, else ``build()``."""
         if self.sources is None or len(sources) != len(self.sources) or any(
@@ -140,6 +150,7 @@ class Attention(nn.Module):
         is not seen: assign a new array instead."""
         mods = (self.query, self.key, self.value, self.out)
         if not all(_plain_linear(m) for m in mods):
+            self._folded.clear()
             return None
         sources = tuple(a for m in mods for a in (m.weight, m.bias))
         return self._folded.get(sources, lambda: (
@@ -249,6 +260,7 @@ class TransformerLayer(nn.Module):
         (as :meth:`Attention.folded`), or None when either Linear is not a plain biased
         ``nn.Linear`` (a variant replaced it)."""
         if not (_plain_linear(self.intermediate) and _plain_linear(self.output)):
+            self._mlp.clear()
             return None
         i, u = self.intermediate, self.output
         return self._mlp.get((i.weight, i.bias, u.weight, u.bias),
@@ -273,21 +285,24 @@ class TransformerLayer(nn.Module):
         not a plain biased ``nn.Linear`` or fewer than 2 parts are possible: a list of
         min(k, heads, intermediate size) tuples (w_qkv_t, b_q, w_o_t, w_i_t, b_i, w_u_t) — the
         heads and the intermediate features split in that many contiguous groups, each weight
-        transposed (input features first, as :meth:`Attention.folded`)."""
+        transposed (input features first, as :meth:`Attention.folded`). ``w_o_t`` and ``w_u_t``
+        are row blocks of the folded / MLP caches (views, no copy); q|k|v and ``w_i_t`` are
+        column blocks, copied once."""
         att = self.attention
         folded = att.folded()
-        if folded is None or not (_plain_linear(self.intermediate)
-                                  and _plain_linear(self.output)):
-            return None
-        k = min(k, att.n_heads, self.intermediate.weight.shape[0])  # no empty part
-        if k < 2:
+        mlp = self.mlp_weights()
+        if folded is not None and mlp is not None:
+            k = min(k, att.n_heads, mlp[0].shape[1])  # no empty part
+        if folded is None or mlp is None or k < 2:
+            self._shards.clear()
             return None
         sources = (*(a for m in (att.query, att.key, att.value, att.out)
                      for a in (m.weight, m.bias)),
                    self.intermediate.weight, self.intermediate.bias, self.output.weight, k)
 
         def build():
-            w_t, b_q = folded[:2]
+            w_t, b_q, _, w_o_t = folded
+            w_i_t, b_i, w_u_t, _ = mlp
             D, d = att.out.weight.shape[0], att.head_dim
             parts = []
             for (a, b), (fa, fb) in zip(parallel.bounds(att.n_heads, k),
@@ -296,9 +311,7 @@ class TransformerLayer(nn.Module):
                 parts.append((
                     mx.concatenate([w_t[:, cols], w_t[:, D:][:, cols], w_t[:, 2 * D:][:, cols]],
                                    axis=1), b_q[cols],
-                    _t(att.out.weight[:, cols]),
-                    _t(self.intermediate.weight[fa:fb]), self.intermediate.bias[fa:fb],
-                    _t(self.output.weight[:, fa:fb])))
+                    w_o_t[cols], mx.contiguous(w_i_t[:, fa:fb]), b_i[fa:fb], w_u_t[fa:fb]))
             return parts
         return self._shards.get(sources, build)
 
