@@ -68,6 +68,53 @@ def test_encoder_splits_a_sorted_batch_by_tokens(enc, monkeypatch):
     assert sorted(set(seen)) == [((0, 2), 28, 16), ((2, 8), 19, 4)]
 
 
+def test_plan_in_longest_first_order_by_hand():
+    """Sequences packed longest first: part layouts, gathers and the unpack back to the batch's
+    own order, by hand."""
+    mask = np.array([[1, 0, 0, 0],   # 1 token
+                     [1, 1, 1, 1],   # 4
+                     [1, 1, 0, 0]])  # 2
+    order = packing.longest_first(mask)
+    assert order.tolist() == [1, 2, 0]
+    bias = attention_bias(mx.array(mask))
+    p = packing.plan(mask, bias, [(0, 1), (1, 3)], order=order)
+    # real tokens, in packed order: sequence 1 (flat 4..7), then 2 (8, 9), then 0 (0)
+    assert np.array(p.real_index).tolist() == [4, 5, 6, 7, 8, 9, 0]
+    assert np.array(p.unpack_index).tolist() == [6, 7, 7, 7, 0, 1, 2, 3, 4, 5, 7, 7]
+    first, second = p.parts
+    assert (first.seqs, first.rows, first.L) == ((0, 1), (0, 4), 4)
+    assert (second.seqs, second.rows, second.L) == ((1, 3), (4, 7), 2)  # lengths 2 and 1
+    assert np.array(second.real_index).tolist() == [0, 1, 2]  # (2, L=2) layout: 1 1 | 1 0
+    # the part's bias follows the permutation: sequence 2 (no padding in L=2), then 0
+    np.testing.assert_array_equal(np.array(second.bias)[:, 0, 0] < -1, [[False, False],
+                                                                         [False, True]])
+    x = mx.array(np.arange(12, dtype=np.float32).reshape(3, 4, 1))
+    xp = p.pack(x)
+    assert np.array(xp).ravel().tolist() == [4, 5, 6, 7, 8, 9, 0]
+    back = np.array(p.unpack(xp))[..., 0]
+    np.testing.assert_array_equal(back, np.where(mask, np.arange(12).reshape(3, 4), 0))
+    with pytest.raises(ValueError, match="permutation of range"):
+        packing.plan(mask, bias, [(0, 3)], order=[0, 0, 1])
+
+
+def test_longest_first_shrinks_the_attention_layout_of_a_mixed_batch():
+    """sum over parts of B_p * L_p^2 (the attention core's positions) for a batch of mixed
+    lengths, cut in two by tokens: in the batch's own order vs longest first."""
+    lengths = np.array([5, 40, 9, 33, 12, 3, 28, 7, 21, 16, 2, 38])
+    mask = (np.arange(40)[None] < lengths[:, None]).astype(np.int32)
+    bias = attention_bias(mx.array(mask))
+
+    def work(order):
+        p = packing.plan(mask, bias, packing.balanced_bounds(lengths[order], 2), order=order)
+        return sum((q.seqs[1] - q.seqs[0]) * q.L ** 2 for q in p.parts)
+    own, longest = work(np.arange(12)), work(packing.longest_first(mask))
+    # own order, 214 tokens cut nearest 107 (after 102): 5 40 9 33 12 3 | 28 7 21 16 2 38
+    assert own == 6 * 40 ** 2 + 6 * 38 ** 2
+    # longest first, cut nearest 107 (after 111): 40 38 33 | 28 21 16 12 9 7 5 3 2
+    assert longest == 3 * 40 ** 2 + 9 * 28 ** 2
+    assert longest < 0.65 * own
+
+
 def test_plan_declines_when_packing_does_not_pay():
     full = np.ones((4, 8), np.int32)
     assert packing.plan(full, attention_bias(mx.array(full)), [(0, 4)]) is None
@@ -104,11 +151,12 @@ def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
     monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
     ids, mask = _batch([16, 3, 10, 4, 8], 16)
     mx.eval(enc(ids, mask).last_hidden)
-    # 2 parts x 2 layers: sequences (0, 2) -> 19 tokens and (2, 5) -> 22 tokens, each part's
-    # whole layer stack on one stream, the two parts on different streams
-    assert sorted((n, seqs) for n, seqs, _ in seen) == [(19, (0, 2))] * 2 + [(22, (2, 5))] * 2
+    # packed longest first (16, 10, 8, 4, 3): 2 parts x 2 layers, sequences (0, 1) -> 16
+    # tokens and (1, 5) -> 25 tokens (cut nearest 20.5), each part's whole layer stack on one
+    # stream, the two parts on different streams
+    assert sorted((n, seqs) for n, seqs, _ in seen) == [(16, (0, 1))] * 2 + [(25, (1, 5))] * 2
     streams = {seqs: {st for _, q, st in seen if q == seqs} for _, seqs, _ in seen}
-    assert all(len(v) == 1 for v in streams.values()) and streams[(0, 2)] != streams[(2, 5)]
+    assert all(len(v) == 1 for v in streams.values()) and streams[(0, 1)] != streams[(1, 5)]
     seen.clear()
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)

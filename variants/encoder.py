@@ -446,8 +446,10 @@ class BertEncoder(nn.Module):
         the streams, when the batch has padding (``bias`` not None) and enough of it, else None."""
         if bias is None or parallel.whole_batches():
             return None
-        return packing.plan(mask, bias,
-                            packing.balanced_bounds(mask.sum(axis=1), self._row_parts(mask)))
+        order = packing.longest_first(mask)
+        return packing.plan(mask, bias, packing.balanced_bounds(mask.sum(axis=1)[order],
+                                                                self._row_parts(mask)),
+                            order=order)
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):

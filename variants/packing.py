@@ -22,7 +22,8 @@ MIN_PADDING = 0.10
 
 @dataclass
 class Part:
-    """One stream's share of a packed batch: sequences ``seqs`` = (a, b), packed rows ``rows``.
+    """One stream's share of a packed batch: sequences ``seqs`` = (a, b) (positions in the
+plan's ``order``), packed rows ``rows``.
 
     ``L``: the part's own padded length (its longest sequence; the attention core runs on
     (b−a, L) and a part of short texts does not pay for the batch's longest);
@@ -103,21 +104,44 @@ def balanced_bounds(lengths, k):
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
-def plan(mask, bias, bounds, *, min_padding=MIN_PADDING):
+def longest_first(mask):
+    """Sequence order for :func:`plan`: longest first (stable), from ``mask`` (B, L) NumPy.
+
+    The encoder packs a batch in this order, so the parts cut from it hold sequences of similar
+    length and each part's attention layout (padded to its own longest sequence) wastes little:
+    the two halves' attention positions sum(B_p · L_p²) fall to 0.65x for the mixed batch of
+    ``tests/test_packing.py``, to 0.71x (0.52-0.87) on batches of 32 random eval texts and to
+    0.83x on the length-sorted batches of bench/torch_peer.py's end-to-end run. Forward time,
+    alternated in one process (2 x 12 rounds): random batches 0.94-0.97x, sorted 0.985-0.99x."""
+    return np.argsort(-np.asarray(mask).astype(bool).sum(axis=1), kind="stable")
+
+
+def plan(mask, bias, bounds, *, order=None, min_padding=MIN_PADDING):
     """A :class:`Plan` for ``mask`` (B, L) 0/1 (NumPy or MLX), or None when packing does not pay.
 
     ``bias`` (B or 1, 1, 1 or L, L): the encoder's additive padding bias, or a per-query one
-    (sliced per part); ``bounds``:
-    the (a, b) sequence ranges, one per stream (:func:`variants.parallel.bounds`). None when
-    fewer than ``min_padding`` of the positions are padding, or a part would hold no real token.
+    (sliced per part); ``order`` (B,) ints: the order sequences are packed in (default the
+    batch's own; :func:`longest_first`), ``bounds``: the (a, b) ranges of that order, one per
+    stream (:func:`balanced_bounds`). :meth:`Plan.unpack` restores the batch's own order. None
+    when fewer than ``min_padding`` of the positions are padding, or a part would hold no real
+    token.
     """
     m = np.asarray(mask).astype(bool)
     B, L = m.shape
     n = int(m.sum())
     if B * L == 0 or 1.0 - n / (B * L) < min_padding:
         return None
-    flat = m.reshape(-1)
-    real = np.flatnonzero(flat).astype(np.int32)
+    if order is not None:
+        order = np.asarray(order, np.int64)
+        if sorted(order.tolist()) != list(range(B)):
+            raise ValueError(f"order must be a permutation of range({B}), got {order.tolist()}")
+        if bias.shape[0] != 1:
+            bias = mx.take(bias, mx.array(order.astype(np.int32)), axis=0)
+        pos = (order[:, None] * L + np.arange(L)[None, :]).reshape(-1)
+        m = m[order]
+        real = pos[m.reshape(-1)].astype(np.int32)
+    else:
+        real = np.flatnonzero(m.reshape(-1)).astype(np.int32)
     unpack = np.full(B * L, n, np.int32)
     unpack[real] = np.arange(n, dtype=np.int32)
     parts, start = [], 0
