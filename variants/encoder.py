@@ -488,7 +488,9 @@ class BertEncoder(nn.Module):
         packed over the streams when enough of it is padding (padded positions of the result
         are then zeros), else ``layer(x, bias)``. For forwards that go layer by layer (token
         pruning, early exit), so they skip padding as the reference does. ``attention_mask``
-        (B, L) 0/1, MLX or NumPy; ``bias`` as :func:`attention_bias` gives (or None)."""
+        (B, L) 0/1, MLX or NumPy; ``bias`` as :func:`attention_bias` gives (or None). The
+        packed path takes the mask as the truth about which keys are real: a bias must mask
+        the same keys (a shared (1, 1, 1, L) bias from another mask is not supported)."""
         p = self._packing_plan(np.array(attention_mask), bias)
         if p is None:
             return layer(x, bias)[0]
