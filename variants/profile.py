@@ -16,7 +16,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from variants import fast_ops, parallel
+from variants import parallel
 from variants.encoder import ACTIVATIONS, attention_bias, mean_pool
 from variants.models.choice import COSINE_SCALE
 
