@@ -112,7 +112,8 @@ def longest_first(mask):
     the two halves' attention positions sum(B_p · L_p²) fall to 0.65x for the mixed batch of
     ``tests/test_packing.py``, to 0.71x (0.52-0.87) on batches of 32 random eval texts and to
     0.83x on the length-sorted batches of bench/torch_peer.py's end-to-end run. Forward time,
-    alternated in one process (2 x 12 rounds): random batches 0.94-0.97x, sorted 0.985-0.99x."""
+    alternated in one process (bench/packing_order.py): random batches 0.94-0.97x, sorted
+    0.985-1.01x (noise)."""
     return np.argsort(-np.asarray(mask).astype(bool).sum(axis=1), kind="stable")
 
 
