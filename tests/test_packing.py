@@ -52,20 +52,28 @@ def test_balanced_bounds_by_hand(lengths, k, want):
     assert packing.balanced_bounds(lengths, k) == want
 
 
-def test_encoder_splits_a_sorted_batch_by_tokens(enc, monkeypatch):
+@pytest.fixture
+def packed_calls(monkeypatch):
+    """Every packed layer call as (part, its token rows, the MLX stream it ran on); needs the
+    two-stream split."""
     if len(parallel.streams()) < 2:
         pytest.skip("single stream configured")
     seen = []
     orig = TransformerLayer._forward_packed
 
     def spy(self, x, part):
-        seen.append((part.seqs, x.shape[0], part.L))
+        seen.append((part, x.shape[0], str(mx.default_stream(mx.cpu))))
         return orig(self, x, part)
 
     monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
+    return seen
+
+
+def test_encoder_splits_a_sorted_batch_by_tokens(enc, packed_calls):
     ids, mask = _batch([16, 12, 4, 4, 3, 3, 3, 2], 16)  # 47 tokens; by count 36 | 11
     mx.eval(enc(ids, mask).last_hidden)
-    assert sorted(set(seen)) == [((0, 2), 28, 16), ((2, 8), 19, 4)]
+    seen = {(p.seqs, n, p.L) for p, n, _ in packed_calls}
+    assert sorted(seen) == [((0, 2), 28, 16), ((2, 8), 19, 4)]
 
 
 def test_plan_in_longest_first_order_by_hand():
@@ -138,29 +146,20 @@ def test_packed_equals_padded_on_real_tokens(enc, lengths, L):
                                np.array(mean_pool(padded, mask)), rtol=0, atol=1e-6)
 
 
-def test_packed_parts_run_on_their_own_streams(enc, monkeypatch):
-    if len(parallel.streams()) < 2:
-        pytest.skip("single stream configured")
-    seen = []
-    orig = TransformerLayer._forward_packed
-
-    def spy(self, x, part):
-        seen.append((x.shape[0], part.seqs, str(mx.default_stream(mx.cpu))))
-        return orig(self, x, part)
-
-    monkeypatch.setattr(TransformerLayer, "_forward_packed", spy)
+def test_packed_parts_run_on_their_own_streams(enc, packed_calls):
     ids, mask = _batch([16, 3, 10, 4, 8], 16)
     mx.eval(enc(ids, mask).last_hidden)
     # packed longest first (16, 10, 8, 4, 3): 2 parts x 2 layers, sequences (0, 1) -> 16
     # tokens and (1, 5) -> 25 tokens (cut nearest 20.5), each part's whole layer stack on one
     # stream, the two parts on different streams
+    seen = [(n, p.seqs, st) for p, n, st in packed_calls]
     assert sorted((n, seqs) for n, seqs, _ in seen) == [(16, (0, 1))] * 2 + [(25, (1, 5))] * 2
     streams = {seqs: {st for _, q, st in seen if q == seqs} for _, seqs, _ in seen}
     assert all(len(v) == 1 for v in streams.values()) and streams[(0, 1)] != streams[(1, 5)]
-    seen.clear()
+    packed_calls.clear()
     with parallel.single_stream():
         mx.eval(enc(ids, mask).last_hidden)
-    assert seen == []  # whole padded batches: no packing at all
+    assert packed_calls == []  # whole padded batches: no packing at all
 
 
 def test_run_layer_packs_like_the_encoder(enc):

@@ -23,7 +23,7 @@ MIN_PADDING = 0.10
 @dataclass
 class Part:
     """One stream's share of a packed batch: sequences ``seqs`` = (a, b) (positions in the
-plan's ``order``), packed rows ``rows``.
+    plan's ``order``), packed rows ``rows``.
 
     ``L``: the part's own padded length (its longest sequence; the attention core runs on
     (b−a, L) and a part of short texts does not pay for the batch's longest);
@@ -132,17 +132,14 @@ def plan(mask, bias, bounds, *, order=None, min_padding=MIN_PADDING):
     n = int(m.sum())
     if B * L == 0 or 1.0 - n / (B * L) < min_padding:
         return None
-    if order is not None:
-        order = np.asarray(order, np.int64)
-        if sorted(order.tolist()) != list(range(B)):
-            raise ValueError(f"order must be a permutation of range({B}), got {order.tolist()}")
-        if bias.shape[0] != 1:
-            bias = mx.take(bias, mx.array(order.astype(np.int32)), axis=0)
-        pos = (order[:, None] * L + np.arange(L)[None, :]).reshape(-1)
-        m = m[order]
-        real = pos[m.reshape(-1)].astype(np.int32)
-    else:
-        real = np.flatnonzero(m.reshape(-1)).astype(np.int32)
+    order = np.arange(B) if order is None else np.asarray(order, np.int64)
+    if sorted(order.tolist()) != list(range(B)):
+        raise ValueError(f"order must be a permutation of range({B}), got {order.tolist()}")
+    if bias.shape[0] != 1 and np.any(order != np.arange(B)):
+        bias = mx.take(bias, mx.array(order.astype(np.int32)), axis=0)
+    m = m[order]
+    # flat (B·L) position of every real token, sequences in ``order``
+    real = (order[:, None] * L + np.arange(L)[None, :])[m].astype(np.int32)
     unpack = np.full(B * L, n, np.int32)
     unpack[real] = np.arange(n, dtype=np.int32)
     parts, start = [], 0
