@@ -46,3 +46,26 @@ def check_labels(labels, n, *, name="labels"):
     if not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{name} must be integers (-1 = unknown), got dtype {labels.dtype}.")
     return labels.astype(np.int64)
+
+
+#: Longest echo of a user's value in an error message (a 50 MB string is cut, not echoed).
+ECHO_LIMIT = 80
+
+
+def short_repr(value, limit=ECHO_LIMIT):
+    """``repr(value)`` cut to at most ``limit`` characters for error messages.
+
+    A longer repr keeps its head and tail around ``...(N chars)...``, so a 50 MB clause string
+    gives one readable line; ``repr`` of huge containers is never built in full for str/bytes.
+    """
+    if isinstance(value, (str, bytes)) and len(value) > 4 * limit:
+        n = len(value)
+        text = repr(value[: 2 * limit] + value[-2 * limit:])  # enough for head and tail, cheap
+        unit = "chars" if isinstance(value, str) else "bytes"
+    else:
+        text = repr(value)
+        n, unit = len(text), "chars"
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 24, 10)
+    return f"{text[: keep - keep // 2]}...({n} {unit})...{text[len(text) - keep // 2:]}"
