@@ -300,7 +300,7 @@ def nll_from_logits(logits, labels, option_mask, *, temperature=1.0):
     if (logp[rows, targets[known]] == -np.inf).any() or (targets >= logp.shape[1]).any():
         raise ValueError("labels point at an option outside option_mask; fix the labels or the mask.")
     out = np.full(logp.shape[0], np.nan)
-    out[rows] = -logp[rows, targets[known]]
+    out[rows] = 0.0 - logp[rows, targets[known]]  # 0.0 - 0.0 is +0.0, not -0.0
     return out
 
 

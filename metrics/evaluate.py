@@ -762,7 +762,10 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
         ``ref_margin``, ``max_abs_logit_diff``, ``kl``, ``abs_score_error``,
         ``action_max_abs_diff``, ``action_agreement``, ``ref_correct``, ``var_correct``,
         ``near_tie``, ``certified``. The four label-dependent bool columns use pandas' nullable
-        ``boolean`` dtype, NA where the label is unknown.
+        ``boolean`` dtype, NA where the label is unknown. ``kl`` (and ``kl_reverse``), like the
+        per-example NLL behind ``nll_*``, are exact from each model's logits at its own
+        temperature where its probabilities are their softmax, from the probabilities elsewhere
+        (:mod:`metrics.from_logits`): no cap, no floor.
 
         ``detail`` columns (``DETAIL_METRICS`` plus ``score_range`` and ``log_ratio_bound``):
         ``epsilon_exceeded`` (max|Δlogit| > ε), ``within_conformal`` (max|Δlogit| <=
