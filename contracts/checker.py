@@ -3,11 +3,15 @@
 A contract is a name, a description, optional ``[settings]`` and a list of ``[[clause]]`` tables;
 each clause names one number of :meth:`metrics.evaluate.Evaluation.value` (``metric``,
 ``stratum``, ``statistic``) and a bound, ``min`` (pass when value >= min) or ``max`` (pass when
-value <= max). With ``compare = "ci"`` the bound applies to the far end of the seeded bootstrap
-interval instead (upper end for ``max``, lower for ``min``): "the upper CI bound must be below". A clause whose value
-is NaN (its stratum has no example on which the metric is defined) is reported with
-``passed=None`` ("no examples") and does not fail the verdict: an absent stratum is not evidence
-against the variant, but the report shows it so a reader can see the clause went untested.
+value <= max). With ``compare = "ci"`` the bound applies to the far end of the value's interval
+instead (upper end for ``max``, lower for ``min``): "the upper CI bound must be below". The
+interval is the exact Clopper–Pearson one for rates and counts of events (bool columns,
+``certified_share``, ``accuracy_*``) and the seeded percentile bootstrap otherwise; each result
+names its method (``interval``). A clause whose value is NaN is reported with ``passed=None`` and
+does not fail the verdict: "no examples" when its stratum has no example on which the metric is
+defined (an absent stratum is not evidence against the variant, but the report shows it so a
+reader can see the clause went untested), or "skipped: <reason>" when the value could not be
+estimated (a temperature refit that ran to a bound or did not converge).
 """
 
 import math
@@ -120,10 +124,15 @@ class ClauseResult:
     value : float
         NaN when the stratum has no example on which the metric is defined.
     passed : bool or None
-        None when ``value`` is NaN ("no examples").
+        None when the compared number is NaN ("no examples", or skipped with ``reason``).
     n : int
         Examples the value was computed over (stratum size less rows where the metric is
         undefined, e.g. unknown labels).
+    interval : str or None
+        Method of ``ci_low``/``ci_high``: "clopper-pearson", "bootstrap-percentile", or None
+        (no interval: the metric has none, or intervals were off).
+    reason : str
+        Why the value is NaN although the stratum has examples ("" otherwise).
     """
 
     id: str
@@ -139,6 +148,8 @@ class ClauseResult:
     ci_low: float = float("nan")
     ci_high: float = float("nan")
     compare: str = "value"
+    interval: str | None = None
+    reason: str = ""
 
     @property
     def compared_value(self):
@@ -149,8 +160,10 @@ class ClauseResult:
 
     @property
     def status(self):
-        """'pass', 'FAIL' or 'no examples'."""
-        return "no examples" if self.passed is None else ("pass" if self.passed else "FAIL")
+        """'pass', 'FAIL', 'no examples' or 'skipped: <reason>'."""
+        if self.passed is None:
+            return f"skipped: {self.reason}" if self.reason else "no examples"
+        return "pass" if self.passed else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -176,7 +189,7 @@ class Verdict:
 
     @property
     def untested(self):
-        """Ids of the clauses with no examples."""
+        """Ids of the clauses with no examples or skipped (``passed is None``)."""
         return [r.id for r in self.results if r.passed is None]
 
     def to_dict(self):
@@ -387,16 +400,17 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
     evaluation : metrics.evaluate.Evaluation
     n_bootstrap, confidence, seed : optional
         Bootstrap resamples, interval level and seed of each clause's CI; default the
-        contract's ``[settings]`` (1000, 0.95, 0). ``n_bootstrap=0`` skips intervals (a clause
-        with ``compare = "ci"`` then has no interval and is reported as "no examples").
+        contract's ``[settings]`` (1000, 0.95, 0). ``n_bootstrap=0`` skips intervals, both
+        methods (a clause with ``compare = "ci"`` then has no interval and is reported as "no
+        examples"); ``confidence`` is also the level of the Clopper–Pearson intervals.
 
     Returns
     -------
     Verdict
         One :class:`ClauseResult` per clause, in contract order. A clause passes when
         ``value >= threshold`` (min) or ``value <= threshold`` (max), with ``value`` the CI's far
-        end when ``compare = "ci"``; ``passed`` is None when that number is NaN (no examples),
-        which does not fail the verdict.
+        end when ``compare = "ci"``; ``passed`` is None when that number is NaN (no examples, or
+        skipped with a ``reason``), which does not fail the verdict.
     """
     settings = dict(contract.settings)
     n_boot = settings["n_bootstrap"] if n_bootstrap is None else int(n_bootstrap)
@@ -408,9 +422,12 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
         value = float(evaluation.value(c.metric, c.stratum, c.statistic))
         n = int(evaluation.support(c.metric, c.stratum))
         low, high = (float("nan"), float("nan"))
+        interval = None
         if n_boot and not math.isnan(value):
             low, high = evaluation.ci(c.metric, c.stratum, c.statistic, n_boot=n_boot,
                                       confidence=level, seed=seed)
+            interval = evaluation.interval_method(c.metric, c.statistic)
+        reason = evaluation.skip_reason(c.metric, c.stratum) if math.isnan(value) else ""
         compared = value if c.compare == "value" else (high if c.op == "<=" else low)
         if math.isnan(compared):
             passed = None
@@ -421,5 +438,6 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
         results.append(ClauseResult(id=c.id, metric=c.metric, stratum=c.stratum,
                                     statistic=c.statistic, value=value, op=c.op,
                                     threshold=c.threshold, passed=passed, n=n, why=c.why,
-                                    ci_low=low, ci_high=high, compare=c.compare))
+                                    ci_low=low, ci_high=high, compare=c.compare,
+                                    interval=interval, reason=reason))
     return Verdict(contract=contract.name, results=tuple(results), settings=settings)

@@ -47,6 +47,20 @@ COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "impor
                       ("peak_memory_bytes", "peak MB", "{:.1f}"))
 
 
+#: What the ``interval`` column of a clause table means (said under every such table).
+INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binomial interval "
+                 "for rates and counts of events (flips, agreement, certified share, accuracy), "
+                 "honest at 0 and n events; `bootstrap-percentile` = seeded percentile bootstrap "
+                 "over examples for every other figure; `—` = none.")
+
+
+def _fit_note(meta, k):
+    """" (at_bound)" after a temperature whose fit did not converge (run.json
+    ``temperature_fits``); "" when it converged or the run predates the record."""
+    status = ((meta.get("temperature_fits") or {}).get(str(k)) or {}).get("status")
+    return "" if status in (None, "converged") else f" ({status})"
+
+
 def _fmt(x, f):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
@@ -256,7 +270,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
         f"(fp32), checkpoint sha256 {meta['checkpoint']['sha256'][:12]}…",
         "- temperatures per option count: "
-        + ", ".join(f"K={k}: {v:.3f}" for k, v in meta["temperatures"].items()),
+        + ", ".join(f"K={k}: {v:.3f}" + _fit_note(meta, k) for k, v in meta["temperatures"].items()),
         f"- wall time of this invocation: {meta['wall_s']:.0f} s"
         + (f" ({len(meta['reused_variants'])} variants reused from an earlier invocation)"
            if meta.get("reused_variants") else ""),
@@ -323,9 +337,10 @@ def render_report(meta, summary, details, contract, extras=None):
             lines += [extras[name], ""]
         frame = verdict.to_frame()
         frame["CI"] = [_ci_text(lo, hi) for lo, hi in zip(frame["ci_low"], frame["ci_high"])]
-        frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "op", "threshold",
-                       "n", "status"]]
-        lines += [frame.to_markdown(index=False, floatfmt=".4g"), ""]
+        frame["interval"] = frame["interval"].fillna("—")
+        frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "interval", "op",
+                       "threshold", "n", "status"]]
+        lines += [frame.to_markdown(index=False, floatfmt=".4g"), "", INTERVAL_NOTE, ""]
         if s.get("certified_flip_ids"):
             lines += ["Certified examples that flipped (ε was exceeded on them): "
                       + ", ".join(s["certified_flip_ids"][:20]), ""]
@@ -525,10 +540,10 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
              "", "====== Clauses ======", ""]
     frame = pd.DataFrame([{
         "clause": r.id, "metric": r.metric, "stratum": r.stratum, "statistic": r.statistic,
-        "value": r.value, "CI": _ci_text(r.ci_low, r.ci_high),
+        "value": r.value, "CI": _ci_text(r.ci_low, r.ci_high), "interval": r.interval or "—",
         "bound": f"{'CI ' if r.compare == 'ci' else ''}{r.op} {r.threshold:g}", "n": r.n,
         "status": r.status} for r in verdict.results])
-    lines += [_md(frame), ""]
+    lines += [_md(frame), "", INTERVAL_NOTE, ""]
 
     # certificate
     lines += ["====== Margin certificate ======", "",

@@ -19,12 +19,14 @@ from metrics.calibration import (
     classwise_calibration_error,
     expected_calibration_error,
     fit_temperature,
+    nll_from_logits,
     nll_loss,
     reliability_diagram,
+    temperature_fit,
 )
 from metrics.conformal import conformal_quantile, coverage, epsilon_by_bucket
 from metrics.distribution import describe
-from metrics.divergence import kl_divergence
+from metrics.divergence import kl_divergence, kl_divergence_from_logits
 from metrics.drift import (
     abs_score_error,
     action_agreement,
@@ -36,12 +38,14 @@ from metrics.drift import (
 )
 from metrics.evaluate import Evaluation, evaluate
 from metrics.flips import agreement, flip, negative_flip, positive_flip, top1
+from metrics.intervals import clopper_pearson
 from metrics.latency import latency_summary, paired_speedup
 from metrics.margin import certified, epsilon_max, max_abs_logit_diff, top2_margin
 from metrics.ties import human_near_tie, human_top2_gap
 
 __all__ = [
     "bootstrap_ci",
+    "clopper_pearson",
     "brier_loss",
     "calibration_error",
     "classwise_calibration_error",
@@ -58,9 +62,11 @@ __all__ = [
     "kl_bound",
     "log_ratio_bound",
     "max_abs_log_ratio",
+    "nll_from_logits",
     "nll_loss",
     "ratio_bounds",
     "reliability_diagram",
+    "temperature_fit",
     "total_variation",
     "tv_bound",
     "Evaluation",
@@ -76,6 +82,7 @@ __all__ = [
     "expected_calibration_error",
     "flip",
     "kl_divergence",
+    "kl_divergence_from_logits",
     "latency_summary",
     "max_abs_logit_diff",
     "negative_flip",

@@ -234,38 +234,78 @@ def brier_loss(probs, labels, option_mask):
     return float(sq.sum(axis=1).mean())
 
 
-#: Probability floor of the NLL (sklearn's log_loss clips at the dtype's eps in the same way).
-NLL_FLOOR = 1e-15
+def nll_loss(probs, labels, option_mask):
+    """Negative log-likelihood of the target option from probabilities, mean over examples, nats.
 
-
-def nll_loss(probs, labels, option_mask, *, floor=NLL_FLOOR):
-    """Negative log-likelihood of the target option, mean over examples, nats.
+    Uncapped: ``-log p`` of the target with no floor, so a target probability of exactly 0 gives
+    inf. Float32 probabilities underflow to 0 below ~1e-45 (an NLL above ~103 nats); when logits
+    exist use :func:`nll_from_logits`, which is exact.
 
     Returns
     -------
     nll : float
-        >= 0, lower is better; NaN when no example has a target.
+        >= 0 (inf when a target has probability 0), lower is better; NaN when no example has a
+        target.
 
     See Also
     --------
-    sklearn.metrics.log_loss : equal when every option is valid (up to its clipping).
+    sklearn.metrics.log_loss : equal when every option is valid and no probability is below its
+        clipping (the dtype's eps).
     """
     probs, mask, targets, known = _check_probs_targets(probs, labels, option_mask)
     if not known.any():
         return float("nan")
     p = probs[np.flatnonzero(known), targets[known]]
-    return float(-np.mean(np.log(np.maximum(p, floor))))
+    with np.errstate(divide="ignore"):
+        return float(-np.mean(np.log(p)))
 
 
-def _nll_of_temperature(logits, mask, targets, t):
-    z = np.where(mask, logits / t, -np.inf)
-    zmax = z.max(axis=1, keepdims=True)
-    lse = np.log(np.sum(np.where(mask, np.exp(z - zmax), 0.0), axis=1)) + zmax[:, 0]
-    return float(np.mean(lse - z[np.arange(len(targets)), targets]))
+def nll_from_logits(logits, labels, option_mask, *, temperature=1.0):
+    """Per-example NLL of the target under ``softmax(logits / T)``, exact, nats.
+
+    ``-log_softmax(logits / T)[target]`` in float64 over valid options: no cap and no underflow
+    (logits [50, 0] with target 1 at T = 1 give ``50 + log1p(exp(-50))``, where a float32
+    probability floored at 1e-15 gives 34.54).
+
+    Parameters
+    ----------
+    logits : array-like of shape (N, K), float
+    labels : array-like of shape (N,), int
+        Target option; negative = unknown.
+    option_mask : array-like of shape (N, K), bool
+    temperature : float or array-like of shape (N,), default=1.0
+        Temperature per example (> 0), the one the probabilities were made with.
+
+    Returns
+    -------
+    nll : ndarray of shape (N,), float64
+        >= 0; NaN where the target is unknown. ``np.nanmean`` of it is the mean NLL.
+
+    Raises
+    ------
+    ValueError
+        If shapes disagree, a row has no valid option, a label points at an invalid option, a
+        temperature is not > 0, or a valid logit is not finite.
+
+    See Also
+    --------
+    sklearn.metrics.log_loss : the same mean on all-valid options, up to its probability clipping.
+    """
+    from metrics.logprobs import log_probs
+
+    logp = log_probs(logits, option_mask, temperature)
+    targets = check_labels(labels, logp.shape[0])
+    known = targets >= 0
+    rows = np.flatnonzero(known)
+    if (logp[rows, targets[known]] == -np.inf).any() or (targets >= logp.shape[1]).any():
+        raise ValueError("labels point at an option outside option_mask; fix the labels or the mask.")
+    out = np.full(logp.shape[0], np.nan)
+    out[rows] = 0.0 - logp[rows, targets[known]]  # 0.0 - 0.0 is +0.0, not -0.0
+    return out
 
 
-def fit_temperature(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
-    """Temperature minimising the NLL of ``softmax(logits / T)`` (optimised over log T).
+def temperature_fit(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
+    """Temperature minimising the NLL of ``softmax(logits / T)``, with its status.
 
     Parameters
     ----------
@@ -279,27 +319,29 @@ def fit_temperature(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
 
     Returns
     -------
-    temperature : float
-        NaN when fewer than 2 examples have a target.
+    metrics.temperature_fit.TemperatureFit
+        ``temperature``, ``status`` ('converged', 'at_bound' or 'not_converged'), ``nll``, ``n``,
+        ``reason``; see :mod:`metrics.temperature_fit` for how the status is decided.
 
     References
     ----------
     C. Guo et al., ICML 2017, Sec. 4.2 (temperature scaling);
     ``scipy.optimize.minimize_scalar(method='bounded')``.
     """
-    from scipy.optimize import minimize_scalar
+    from metrics.temperature_fit import fit_temperature_status
 
     logits = np.asarray(logits, dtype=np.float64)
     mask = check_mask(option_mask, logits.shape)
     targets = check_labels(labels, logits.shape[0])
     known = targets >= 0
-    if known.sum() < 2:
-        return float("nan")
-    lg, mk, tg = logits[known], mask[known], targets[known]
-    res = minimize_scalar(lambda log_t: _nll_of_temperature(lg, mk, tg, np.exp(log_t)),
-                          bounds=(np.log(bounds[0]), np.log(bounds[1])), method="bounded",
-                          options={"xatol": 1e-6})
-    return float(np.exp(res.x))
+    return fit_temperature_status(logits[known], mask[known], targets[known], bounds=bounds)
+
+
+def fit_temperature(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
+    """The temperature of :func:`temperature_fit` (float): the bound when the optimum runs to it,
+    NaN when fewer than 2 examples have a target or the NLL is flat; use
+    :func:`temperature_fit` to see which."""
+    return temperature_fit(logits, labels, option_mask, bounds=bounds).temperature
 
 
 def fit_temperatures_by_bucket(logits, labels, option_mask):
@@ -309,4 +351,15 @@ def fit_temperatures_by_bucket(logits, labels, option_mask):
     labels = np.asarray(labels)
     logits = np.asarray(logits, dtype=np.float64)
     return {int(kk): fit_temperature(logits[k == kk], labels[k == kk], mask[k == kk])
+            for kk in np.unique(k) if kk > 1}
+
+
+def temperature_fits_by_bucket(logits, labels, option_mask):
+    """:func:`temperature_fit` per option-count bucket: ``{K: TemperatureFit}`` (single-option
+    buckets skipped)."""
+    mask = check_mask(option_mask, np.shape(logits))
+    k = mask.sum(axis=1)
+    labels = np.asarray(labels)
+    logits = np.asarray(logits, dtype=np.float64)
+    return {int(kk): temperature_fit(logits[k == kk], labels[k == kk], mask[k == kk])
             for kk in np.unique(k) if kk > 1}

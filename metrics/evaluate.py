@@ -19,15 +19,15 @@ from metrics.accuracy import accuracy, correct
 from metrics.bootstrap import bootstrap_ci
 from metrics.bounds import kl_bound, log_ratio_bound, max_abs_log_ratio, score_range, tv_bound
 from metrics.calibration import (
-    NLL_FLOOR,
     brier_loss,
     calibration_error,
     classwise_calibration_error,
     expected_calibration_error,
-    fit_temperatures_by_bucket,
-    nll_loss,
+    temperature_fits_by_bucket,
 )
-from metrics.divergence import kl_divergence
+from metrics.from_logits import kl_columns, nll_column
+from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, clopper_pearson
+from metrics.temperature_fit import refit_log_ratio
 from metrics.drift import (
     abs_score_error,
     action_agreement,
@@ -72,6 +72,11 @@ SET_METRICS = (
 )
 #: Set metrics without a bootstrap interval (constants of the run, or too costly to resample).
 NO_CI_METRICS = ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal")
+#: Set metrics that are the rate of a bool column (set metric -> column): their interval, like
+#: that of every bool column's ``rate`` and ``count``, is the exact Clopper–Pearson interval.
+BINOMIAL_SET_METRICS = {"certified_share": "certified",
+                        "certified_share_conformal": "certified_conformal",
+                        "accuracy_ref": "ref_correct", "accuracy_variant": "var_correct"}
 #: Per-example columns kept in ``Evaluation.detail`` (``per_example`` keeps the original 20).
 DETAIL_METRICS = (
     "epsilon_exceeded", "within_conformal", "certified_conformal", "bound_violation",
@@ -268,6 +273,8 @@ class Evaluation:
     ref_logits, var_logits : ndarray of shape (N, K), float64
     temperature : ndarray of shape (N,), float64 or None
         Reference temperature per example (None when the outputs have none).
+    var_temperature : ndarray of shape (N,), float64 or None
+        The variant's own temperature per example (None when its outputs have none).
     targets : ndarray of shape (N,), int64
         Calibration target: the label where known, else the reference's top-1 option.
     """
@@ -288,6 +295,7 @@ class Evaluation:
     var_logits: np.ndarray = field(default=None, repr=False)
     temperature: np.ndarray = field(default=None, repr=False)
     targets: np.ndarray = field(default=None, repr=False)
+    var_temperature: np.ndarray = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
 
     # -- rows and columns -------------------------------------------------------------------
@@ -405,18 +413,45 @@ class Evaluation:
             return float("nan")
         return _rate_stat(values, statistic)
 
+    def interval_method(self, metric, statistic=None):
+        """Name of the interval :meth:`ci` gives ``metric``: ``"clopper-pearson"`` (``rate`` and
+        ``count`` of a bool column, and ``BINOMIAL_SET_METRICS``), ``"bootstrap-percentile"``
+        (every other metric) or None (``NO_CI_METRICS``: no interval).
+
+        Raises
+        ------
+        ValueError
+            If the metric or statistic is unknown.
+        """
+        if statistic is None and metric in METRIC_STATISTICS:
+            statistic = METRIC_STATISTICS[metric][0]
+        check_metric_statistic(metric, statistic)
+        if metric in NO_CI_METRICS:
+            return None
+        if metric in BOOL_METRICS or metric in BINOMIAL_SET_METRICS:
+            return CLOPPER_PEARSON
+        return BOOTSTRAP_PERCENTILE
+
     def ci(self, metric, stratum="all", statistic=None, *, n_boot=1000, confidence=0.95, seed=0):
-        """Percentile-bootstrap interval of :meth:`value` (examples of the stratum resampled).
+        """Interval of :meth:`value`, by the method :meth:`interval_method` names.
+
+        Rates of events (``rate`` of a bool column, ``BINOMIAL_SET_METRICS``) get the exact
+        Clopper–Pearson interval of k events in the n examples the value is computed over, and
+        counts n times it: honest at 0 and n events, where a bootstrap gives zero width (0 of 20
+        -> [0, 0.168], not [0, 0]). Everything else gets the percentile bootstrap (examples of
+        the stratum resampled, ``n_boot`` times, ``seed``).
 
         Returns
         -------
         (low, high) : tuple of float
-            ``(nan, nan)`` when the value is NaN, ``n_boot`` is 0, or the metric is in
-            ``NO_CI_METRICS`` (constants of the run such as ε, or the temperature refit).
+            ``(nan, nan)`` when the value is NaN, ``n_boot`` is 0 (no intervals, either method),
+            or the metric is in ``NO_CI_METRICS`` (constants of the run such as ε, or the
+            temperature refit).
 
         References
         ----------
-        B. Efron and R. J. Tibshirani, "An Introduction to the Bootstrap", 1993, Ch. 13.
+        B. Efron and R. J. Tibshirani, "An Introduction to the Bootstrap", 1993, Ch. 13;
+        C. J. Clopper and E. S. Pearson, Biometrika 26 (1934) (:mod:`metrics.intervals`).
         """
         if statistic is None and metric in METRIC_STATISTICS:
             statistic = METRIC_STATISTICS[metric][0]
@@ -425,6 +460,13 @@ class Evaluation:
         if not n_boot or metric in NO_CI_METRICS:
             return nan
         rows = np.flatnonzero(self.rows(stratum))
+        if self.interval_method(metric, statistic) == CLOPPER_PEARSON:
+            events = self._array(BINOMIAL_SET_METRICS.get(metric, metric))[rows]
+            events = events[~np.isnan(events)]
+            if events.size == 0:
+                return nan
+            low, high = clopper_pearson(int(events.sum()), events.size, confidence=confidence)
+            return (low * events.size, high * events.size) if statistic == "count" else (low, high)
         if metric in SET_METRICS:
             return bootstrap_ci(lambda idx: self._set_values_batch(metric, rows[idx]), rows.size,
                                 n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
@@ -438,6 +480,20 @@ class Evaluation:
         return bootstrap_ci(lambda idx: _rate_stat_rows(values[idx], statistic), values.size,
                             n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
 
+    def skip_reason(self, metric, stratum="all"):
+        """Why :meth:`value` of ``metric`` on ``stratum`` is NaN although the stratum has
+        examples, or "" (a number, or an empty stratum: "no examples").
+
+        Today only ``temperature_refit_log_ratio`` has one: a refit that ran to a bound or did
+        not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3 (reference)".
+        """
+        if metric != "temperature_refit_log_ratio":
+            return ""
+        rows = np.flatnonzero(self.rows(stratum))
+        if rows.size == 0 or not np.isnan(self._set_value(metric, rows)):
+            return ""
+        return self._cache[("refit", rows.tobytes())][1]
+
     def _parts(self, which):
         """Per-example pieces of the set-level metrics of ``which`` ('ref' or 'variant'), cached:
         top-label confidence and hit (against ``targets`` and against labels), Brier and NLL
@@ -445,6 +501,8 @@ class Evaluation:
         key = ("parts", which)
         if key not in self._cache:
             p = self.ref_probs if which == "ref" else self.var_probs
+            logits = self.ref_logits if which == "ref" else self.var_logits
+            t = self.temperature if which == "ref" else self.var_temperature
             mask = self.option_mask
             p = np.where(mask, p, 0.0)
             z = np.where(mask, p, -np.inf)
@@ -459,7 +517,7 @@ class Evaluation:
                 "known": (labels >= 0).astype(np.float64),
                 "label_hit": ((pred == labels) & (labels >= 0)).astype(np.float64),
                 "brier": np.where(mask, (p - onehot) ** 2, 0.0).sum(axis=1),
-                "nll": -np.log(np.maximum(p[rows, self.targets], NLL_FLOOR)),
+                "nll": nll_column(p if logits is None else logits, p, self.targets, mask, t),
             }
         return self._cache[key]
 
@@ -544,26 +602,25 @@ class Evaluation:
             return {"ece_ref": ece_ref, "ece_variant": ece_var, "ece_delta": ece_var - ece_ref}[metric]
         targets = self.targets[idx]
         if metric == "temperature_refit_log_ratio":
-            t_ref = fit_temperatures_by_bucket(self.ref_logits[idx], targets, mask)
-            t_var = fit_temperatures_by_bucket(self.var_logits[idx], targets, mask)
             # |n-weighted mean over buckets of log(T_var / T_ref)|: a systematic change of the
             # logit scale moves every bucket alike and survives the mean, while the refit noise
             # of small buckets (e.g. +/-4% at n = 200) averages out instead of deciding alone.
-            k_of_row = mask.sum(axis=1)
-            pairs = [(np.log(t_var[k] / t_ref[k]), int((k_of_row == k).sum())) for k in t_ref
-                     if np.isfinite(t_ref[k]) and np.isfinite(t_var.get(k, np.nan))]
-            if not pairs:
-                return float("nan")
-            logs, weights = np.array(pairs, dtype=float).T
-            return float(abs(np.average(logs, weights=weights)))
+            # NaN (reason in skip_reason) when a refit ran to a bound or did not converge.
+            key = ("refit", idx.tobytes())
+            if key not in self._cache:
+                self._cache[key] = refit_log_ratio(self.ref_logits[idx], self.var_logits[idx],
+                                                   targets, mask)
+            return self._cache[key][0]
         figure, which = metric.rsplit("_", 1)
+        if figure == "nll":
+            ref, var = (self._parts(w)["nll"][idx].mean() for w in ("ref", "variant"))
+            return float({"ref": ref, "variant": var, "delta": var - ref}[which])
         fn = {
             "ece_width": lambda p: calibration_error(p, targets, mask, n_bins=self.n_bins),
             "ece_mass": lambda p: calibration_error(p, targets, mask, n_bins=self.n_bins,
                                                     strategy="quantile"),
             "classwise_ece": lambda p: classwise_calibration_error(p, targets, mask, n_bins=self.n_bins),
             "brier": lambda p: brier_loss(p, targets, mask),
-            "nll": lambda p: nll_loss(p, targets, mask),
         }[figure]
         if which == "ref":
             return fn(self.ref_probs[idx])
@@ -580,12 +637,16 @@ class Evaluation:
         -------
         pandas.DataFrame
             Columns ``n_options``, ``n``, ``T_deployed``, ``T_refit_ref``, ``T_refit_variant``,
-            ``ece_variant``, ``ece_variant_refit`` (equal-width, targets as ``self.targets``).
+            ``ece_variant``, ``ece_variant_refit`` (equal-width, targets as ``self.targets``),
+            ``refit_status_ref``, ``refit_status_variant`` ("converged", "at_bound",
+            "not_converged"; see :mod:`metrics.temperature_fit`).
         """
         rows = []
         k = self.option_mask.sum(axis=1)
-        t_ref = fit_temperatures_by_bucket(self.ref_logits, self.targets, self.option_mask)
-        t_var = fit_temperatures_by_bucket(self.var_logits, self.targets, self.option_mask)
+        fits_ref = temperature_fits_by_bucket(self.ref_logits, self.targets, self.option_mask)
+        fits_var = temperature_fits_by_bucket(self.var_logits, self.targets, self.option_mask)
+        t_ref = {kk: f.temperature for kk, f in fits_ref.items()}
+        t_var = {kk: f.temperature for kk, f in fits_var.items()}
         for kk in sorted(t_ref):
             sel = k == kk
             mask = self.option_mask[sel]
@@ -600,7 +661,9 @@ class Evaluation:
                          "T_refit_ref": t_ref[kk], "T_refit_variant": t_var[kk],
                          "ece_variant": calibration_error(self.var_probs[sel], self.targets[sel],
                                                           mask, n_bins=self.n_bins),
-                         "ece_variant_refit": ece_refit})
+                         "ece_variant_refit": ece_refit,
+                         "refit_status_ref": fits_ref[kk].status,
+                         "refit_status_variant": fits_var[kk].status})
         return pd.DataFrame(rows)
 
     def bounds_table(self, epsilon=None):
@@ -699,7 +762,10 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
         ``ref_margin``, ``max_abs_logit_diff``, ``kl``, ``abs_score_error``,
         ``action_max_abs_diff``, ``action_agreement``, ``ref_correct``, ``var_correct``,
         ``near_tie``, ``certified``. The four label-dependent bool columns use pandas' nullable
-        ``boolean`` dtype, NA where the label is unknown.
+        ``boolean`` dtype, NA where the label is unknown. ``kl`` (and ``kl_reverse``), like the
+        per-example NLL behind ``nll_*``, are exact from each model's logits at its own
+        temperature where its probabilities are their softmax, from the probabilities elsewhere
+        (:mod:`metrics.from_logits`): no cap, no floor.
 
         ``detail`` columns (``DETAIL_METRICS`` plus ``score_range`` and ``log_ratio_bound``):
         ``epsilon_exceeded`` (max|Δlogit| > ε), ``within_conformal`` (max|Δlogit| <=
@@ -769,7 +835,14 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
         return out
 
     max_diff = max_abs_logit_diff(r["logits"], v["logits"], mask)
-    kl = kl_divergence(r["probs"], v["probs"], mask)
+    temperature, var_temperature = _optional(ref, "temperature"), _optional(var, "temperature")
+    if temperature is not None:
+        temperature = temperature.astype(np.float64)
+    if var_temperature is not None:
+        var_temperature = var_temperature.astype(np.float64)
+    # exact from logits / own T where the probabilities are their softmax (metrics.from_logits)
+    kl, kl_rev, _ = kl_columns(r["logits"], v["logits"], r["probs"],
+                               np.where(mask, v["probs"], 0.0), mask, temperature, var_temperature)
     score_err = abs_score_error(r["expected_score"], v["expected_score"])
     df = pd.DataFrame({
         "id": ids,
@@ -795,9 +868,6 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
     })
 
     # -- in-depth columns -------------------------------------------------------------------
-    temperature = _optional(ref, "temperature")
-    if temperature is not None:
-        temperature = temperature.astype(np.float64)
     ref_probs = r["probs"].astype(np.float64)
     var_probs = np.where(mask, v["probs"].astype(np.float64), 0.0)
     log_ratio = max_abs_log_ratio(ref_probs, var_probs, mask)
@@ -829,7 +899,7 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
         "bound_violation": violation,
         "mask_mismatch": (v["option_mask"] != mask).any(axis=1),
         "human_near_tie": human_near_tie(gap, tie_gap=human_tie_gap),
-        "kl_reverse": kl_divergence(var_probs, ref_probs, mask),
+        "kl_reverse": kl_rev,
         "prob_tv": prob_tv,
         "delta_top_prob": dtop,
         "abs_delta_top_prob": np.abs(dtop),
@@ -848,6 +918,7 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=1.0, n_bins=15, epsilon_confo
         alpha=None if alpha is None else float(alpha), human_tie_gap=float(human_tie_gap),
         ref_logits=r["logits"].astype(np.float64), var_logits=v["logits"].astype(np.float64),
         temperature=temperature, targets=np.where(known, labels, ref_pred).astype(np.int64),
+        var_temperature=var_temperature,
     )
     evaluation.summary = _summarise(evaluation)
     return evaluation

@@ -342,6 +342,12 @@ def test_fitted_reference_and_cache(checkpoint, fitted, name):
     again, key2 = fitted_reference(name, checkpoint, tasksets, cache_dir=cache, log=logs2.append)
     assert key2 == key and again is not model
     assert again.temperatures == model.temperatures
+    # each fit's status is recorded (run.json temperature_fits) and survives the head cache
+    assert set(model.temperature_fits) == set(model.temperatures)
+    assert all(f["status"] in ("converged", "at_bound", "not_converged")
+               for f in model.temperature_fits.values())
+    assert {k: f["status"] for k, f in again.temperature_fits.items()} == {
+        k: f["status"] for k, f in model.temperature_fits.items()}
     assert len(logs2) == 1 and "loaded" in logs2[0]
     np.testing.assert_array_equal(again.raw_logits(cal), model.raw_logits(cal))
 
@@ -417,8 +423,10 @@ def test_user_model_calibrate_outputs_and_quant_variant(checkpoint, splits):
     assert checkpoint.args.hidden_size == HIDDEN
     model = RandomProjectionModel(choice.EmbeddingNet(checkpoint.encoder), checkpoint.tokenizer)
     cal = sentiment.make_taskset(splits[1])
-    temps = model.calibrate(cal)
-    assert set(temps) == {3} and temps[3] > 0 and model.temperatures == temps
+    with pytest.warns(UserWarning, match=r"bucket K=3 at bound \(T=1000\)"):
+        temps = model.calibrate(cal)  # a random projection is no better than uniform: T -> 1000
+    assert set(temps) == {3} and temps[3] == 1e3 and model.temperatures == temps
+    assert model.temperature_fits[3]["status"] == "at_bound"
     out = model.outputs(cal)
     np.testing.assert_allclose(out.probs.sum(axis=1), 1.0, rtol=1e-5)
     assert np.all(np.isfinite(out.expected_score)) and np.all(np.abs(out.expected_score) <= 1)

@@ -360,6 +360,12 @@ def test_evaluate_identical_variant_is_perfect_and_accepts_npz(tmp_path):
     for metric, stats in METRIC_STATISTICS.items():
         for stat in stats:
             value = ev.value(metric, "all", stat)
+            if metric == "temperature_refit_log_ratio":
+                # random labels: the 15-row K=2 bucket is no better than uniform, so both refits
+                # run to T = 1000; their ratio (1) is no estimate, the value is NaN with a reason
+                assert np.isnan(value) and ev.skip_reason(metric) == (
+                    "temperature refit at bound (T=1000) on bucket K=2 (reference, variant)")
+                continue
             assert not np.isnan(value), (metric, stat, value)  # ref_margin may be +inf (K_i = 1)
     assert set(SET_METRICS) <= set(METRIC_STATISTICS)
     single = ev.per_example["n_options"] == 1

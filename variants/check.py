@@ -436,7 +436,8 @@ def _check_command(args):
     for name, v in verdicts.items():
         print(f"{name:<{width}}  {'PASS' if v.passed else 'FAIL'}  "
               f"{len(v.results) - len(v.failed) - len(v.untested)}/{len(v.results)} clauses pass"
-              + (f"; failed: {', '.join(v.failed)}" if v.failed else ""))
+              + (f"; failed: {', '.join(v.failed)}" if v.failed else "")
+              + "".join(f"; {r.id} {r.status}" for r in v.results if r.reason))
     print(f"\nreports: {out}/<variant>/report.md, {out}/check.json")
     if args.fail_on_violation and not all(v.passed for v in verdicts.values()):
         return EXIT_VIOLATION

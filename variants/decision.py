@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from variants.outputs import finish_outputs
-from variants.temperature import fit_bucket_temperatures
+from variants.temperature import fit_bucket_temperature_results
 
 
 @dataclass
@@ -48,6 +48,9 @@ class DecisionModel:
         self.module = module
         self.tokenizer = tokenizer
         self.temperatures = dict(temperatures or {})
+        #: {K: {"temperature", "status", "nll", "n", "reason"}} of the last :meth:`calibrate`
+        #: (or the head cache); empty when the temperatures were given.
+        self.temperature_fits = {}
         self.option_texts = []  # unique option wordings seen by prepare()
         self.last_exit_layer = None  # (N,) layers run per example of the last raw_logits call
 
@@ -132,9 +135,13 @@ class DecisionModel:
         return out
 
     def calibrate(self, taskset, batches=None):
-        """Fit one temperature per option count on ``taskset`` (the calibration split)."""
+        """Fit one temperature per option count on ``taskset`` (the calibration split); each fit's
+        status ("converged", "at_bound", "not_converged", warned unless converged) is kept in
+        ``temperature_fits``."""
         logits = self.raw_logits(taskset, batches)
-        self.temperatures = fit_bucket_temperatures(logits, taskset.option_mask, taskset.labels)
+        fits = fit_bucket_temperature_results(logits, taskset.option_mask, taskset.labels)
+        self.temperatures = {k: f.temperature for k, f in fits.items()}
+        self.temperature_fits = {k: f.to_dict() for k, f in fits.items()}
         return self.temperatures
 
     def temperature_of(self, taskset):

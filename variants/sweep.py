@@ -682,6 +682,7 @@ class Sweep:
             },
             "reference_model_bytes": _model_bytes(self.ref_model),
             "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},
+            "temperature_fits": {str(k): v for k, v in getattr(self.ref_model, "temperature_fits", {}).items()},
             "wall_s": breakdown["wall_s"],
             "reused_variants": self.reused,
             "reference_outputs_from_cache": dict(self.ref_outputs_cached),

@@ -3,19 +3,15 @@
 import warnings
 
 import numpy as np
-from scipy.optimize import minimize_scalar
-from scipy.special import log_softmax
 
-LOG_T_BOUNDS = (np.log(1e-3), np.log(1e3))
+from metrics.temperature_fit import BOUNDS, TemperatureFit, fit_temperature_status
 
-
-def _nll(log_t, logits, mask, labels):
-    z = np.where(mask, logits / np.exp(log_t), -np.inf)
-    return -log_softmax(z, axis=1)[np.arange(len(labels)), labels].mean()
+LOG_T_BOUNDS = (np.log(BOUNDS[0]), np.log(BOUNDS[1]))
 
 
-def fit_temperature(logits, mask, labels):
-    """Temperature T > 0 minimising the NLL of softmax(logits / T) on labelled examples.
+def fit_temperature_result(logits, mask, labels, *, bucket=None):
+    """Temperature T > 0 minimising the NLL of softmax(logits / T) on labelled examples, with its
+    status (:class:`metrics.temperature_fit.TemperatureFit`), warning unless it converged.
 
     Parameters
     ----------
@@ -24,17 +20,21 @@ def fit_temperature(logits, mask, labels):
         Valid options.
     labels : ndarray of shape (N,), int
         Gold option; rows with label < 0 are ignored.
+    bucket : int, optional
+        Option count K of these rows, named in the warning.
 
     Returns
     -------
-    float
-        The fitted temperature (bounded search of log T in [log 1e-3, log 1e3], scipy
-        ``minimize_scalar``).
+    TemperatureFit
+        Search of log T in [log 1e-3, log 1e3] (:func:`metrics.temperature_fit.
+        fit_temperature_status`). Its ``temperature`` is always usable: the bound when the fit
+        ran to it (status "at_bound"), 1.0 (no scaling) when the NLL is flat or there is one
+        labelled example (status "not_converged", the reason says which).
 
     Raises
     ------
     ValueError
-        If no example has a label.
+        If no example has a label, or a label points at an invalid option.
     """
     logits = np.asarray(logits, np.float64)
     mask = np.asarray(mask, bool)
@@ -49,19 +49,33 @@ def fit_temperature(logits, mask, labels):
         raise ValueError(f"labels point at invalid options in {int(bad.sum())} rows (e.g. row "
                          f"{int(np.flatnonzero(bad)[0])}); a label must index a True option_mask "
                          "entry")
-    res = minimize_scalar(_nll, bounds=LOG_T_BOUNDS, method="bounded",
-                          args=(logits, mask, labels), options={"xatol": 1e-6})
-    if min(abs(res.x - b) for b in LOG_T_BOUNDS) < 1e-3:
-        warnings.warn(
-            f"temperature fit stopped at its bound T={np.exp(res.x):.3g} on {len(labels)} "
-            "examples: the logits are no better than uniform (or perfectly separating) there; "
-            "use more calibration data or check the model", stacklevel=2)
-    return float(np.exp(res.x))
+    if (mask.sum(axis=1) == 1).all():  # T changes nothing with one option: no fit, no warning
+        return TemperatureFit(1.0, "not_converged", 0.0, len(labels),
+                              "one option per example: T has no effect (T = 1 used)")
+    fit = fit_temperature_status(logits, mask, labels)
+    if fit.status == "not_converged" and not np.isfinite(fit.temperature):
+        fit = TemperatureFit(1.0, fit.status, fit.nll, fit.n, fit.reason + " (T = 1 used)")
+    if not fit.converged:
+        where = "" if bucket is None else f" of bucket K={bucket}"
+        warnings.warn(f"temperature fit{where} {fit.describe()} on {fit.n} examples: {fit.reason}; "
+                      "use more calibration data or check the model", stacklevel=3)
+    return fit
+
+
+def fit_temperature(logits, mask, labels):
+    """The temperature (float) of :func:`fit_temperature_result` (same arguments, warnings and
+    errors); kept for callers that need only T."""
+    return fit_temperature_result(logits, mask, labels).temperature
+
+
+def fit_bucket_temperature_results(logits, mask, labels):
+    """One :func:`fit_temperature_result` per option count K_i: {K: TemperatureFit}."""
+    logits, mask, labels = np.asarray(logits), np.asarray(mask, bool), np.asarray(labels)
+    k = mask.sum(axis=1)
+    return {int(b): fit_temperature_result(logits[k == b], mask[k == b], labels[k == b],
+                                           bucket=int(b)) for b in np.unique(k)}
 
 
 def fit_bucket_temperatures(logits, mask, labels):
     """One temperature per option count K_i. Returns {K: T} (int -> float)."""
-    logits, mask, labels = np.asarray(logits), np.asarray(mask, bool), np.asarray(labels)
-    k = mask.sum(axis=1)
-    return {int(b): fit_temperature(logits[k == b], mask[k == b], labels[k == b])
-            for b in np.unique(k)}
+    return {k: f.temperature for k, f in fit_bucket_temperature_results(logits, mask, labels).items()}

@@ -54,6 +54,9 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
         if hasattr(model, "load_head_state"):
             model.load_head_state({k[5:]: v for k, v in state.items() if k.startswith("head_")})
         model.temperatures = dict(zip(state["t_keys"].tolist(), state["t_values"].tolist()))
+        if "t_status" in state:  # fit statuses (caches written before they were kept lack them)
+            model.temperature_fits = {k: {"temperature": t, "status": str(s)} for k, t, s in zip(
+                state["t_keys"].tolist(), state["t_values"].tolist(), state["t_status"])}
         log(f"loaded fitted head and temperatures from {path}")
         return model, key
     state = {}
@@ -65,5 +68,7 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     temps = model.calibrate(tasksets["calibration"])
     state["t_keys"] = np.array(list(temps), np.int64)
     state["t_values"] = np.array(list(temps.values()), np.float64)
+    state["t_status"] = np.array([model.temperature_fits.get(k, {}).get("status", "unknown")
+                                  for k in temps], dtype=str)
     write_npz(path, state)
     return model, key

@@ -1,0 +1,64 @@
+"""Exact (Clopper–Pearson) intervals for rates and counts of yes/no events, and the names of the
+interval methods a figure can carry.
+
+A percentile bootstrap of a rate with 0 (or n) events in n examples resamples nothing but zeros
+(ones) and gives the zero-width interval [0, 0] ([1, 1]): with 0 flips in 20 examples a clause
+"upper CI bound of the flip rate <= 0.01" would pass. The Clopper–Pearson interval is honest at 0
+and n (its 95% upper bound at 0 of 20 is 1 - 0.025^(1/20) = 0.168) and never undercovers.
+"""
+
+import math
+
+#: Names of the interval methods, as written into verdict.json, report.json and the reports.
+CLOPPER_PEARSON = "clopper-pearson"
+BOOTSTRAP_PERCENTILE = "bootstrap-percentile"
+INTERVAL_METHODS = (CLOPPER_PEARSON, BOOTSTRAP_PERCENTILE)
+
+
+def clopper_pearson(k, n, *, confidence=0.95):
+    """Exact two-sided interval of a binomial proportion from k events in n trials.
+
+    Parameters
+    ----------
+    k : int
+        Events, ``0 <= k <= n``.
+    n : int
+        Trials (examples), ``>= 0``.
+    confidence : float, default=0.95
+        In (0, 1).
+
+    Returns
+    -------
+    (low, high) : tuple of float
+        ``low = Beta.ppf(a/2; k, n-k+1)`` (0 when k = 0) and ``high = Beta.ppf(1-a/2; k+1, n-k)``
+        (1 when k = n), ``a = 1 - confidence``; ``(nan, nan)`` when n = 0.
+
+    Raises
+    ------
+    ValueError
+        If k or n is not a whole number, ``k`` is outside [0, n], or ``confidence`` is outside
+        (0, 1).
+
+    References
+    ----------
+    C. J. Clopper and E. S. Pearson, "The use of confidence or fiducial limits illustrated in the
+    case of the binomial", Biometrika 26 (1934); computed by
+    ``scipy.stats.binomtest(k, n).proportion_ci(confidence, method="exact")``.
+    """
+    from scipy.stats import binomtest
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    if k != int(k) or n != int(n) or not 0 <= k <= n:
+        raise ValueError(f"need whole numbers 0 <= k <= n, got k={k}, n={n}.")
+    k, n = int(k), int(n)
+    if n == 0:
+        return float("nan"), float("nan")
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def clopper_pearson_count(k, n, *, confidence=0.95):
+    """Interval of the event count: ``n`` times :func:`clopper_pearson` (same arguments)."""
+    low, high = clopper_pearson(k, n, confidence=confidence)
+    return (n * low, n * high) if not math.isnan(low) else (low, high)

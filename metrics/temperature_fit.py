@@ -1,0 +1,192 @@
+"""Temperature scaling fits that say whether they found an optimum: converged, at a bound, or not.
+
+One core, :func:`fit_temperature_status`, serves both the reference's calibration temperatures
+(``variants.temperature``) and the evaluation's refit (``temperature_refit_log_ratio``). The NLL
+of ``softmax(logits / T)`` is scanned on a grid of log T over the search interval, the best grid
+cell is refined with scipy's bounded Brent search, and the result is classified:
+
+* ``"at_bound"``: the NLL at a bound is no higher than at the optimum found (within a relative
+  1e-9): the optimum lies at or beyond the bound. Perfectly separable data drive T -> 0 (the NLL
+  keeps falling and is exactly 0 in float64 below some T); logits worse than uniform drive
+  T -> inf. The returned temperature is the bound.
+* ``"not_converged"``: the NLL is flat over the whole interval (constant logits; a single option),
+  so the data do not determine T (temperature NaN), or scipy reported failure.
+* ``"converged"``: an interior minimum.
+
+References
+----------
+C. Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, Sec. 4.2;
+``scipy.optimize.minimize_scalar(method='bounded')``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
+
+#: Search interval of T (the optimisation runs over log T).
+BOUNDS = (1e-3, 1e3)
+STATUSES = ("converged", "at_bound", "not_converged")
+#: Grid points over log T (spacing ln(1e6)/40 = 0.35) and the relative NLL tolerance that decides
+#: "flat" and "indistinguishable from a bound".
+GRID_POINTS = 41
+RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class TemperatureFit:
+    """Outcome of one temperature fit.
+
+    Attributes
+    ----------
+    temperature : float
+        The fitted T; the bound for ``at_bound``; NaN when the objective is flat or there are
+        fewer than 2 examples.
+    status : {'converged', 'at_bound', 'not_converged'}
+    nll : float
+        Mean NLL (nats) at ``temperature`` (at the best T found when NaN).
+    n : int
+        Examples fitted.
+    reason : str
+        Empty when converged, else why (for warnings and reports).
+    """
+
+    temperature: float
+    status: str
+    nll: float
+    n: int
+    reason: str = ""
+
+    @property
+    def converged(self):
+        return self.status == "converged"
+
+    def describe(self):
+        """'converged (T=0.42)', 'at bound (T=1000)' or 'did not converge (<reason>)'."""
+        if self.status == "not_converged":
+            return f"did not converge ({self.reason})"
+        return f"{self.status.replace('_', ' ')} (T={self.temperature:.4g})"
+
+    def to_dict(self):
+        """JSON-ready dict (NaN -> None)."""
+        def num(x):
+            return None if x != x else float(x)
+        return {"temperature": num(self.temperature), "status": self.status,
+                "nll": num(self.nll), "n": int(self.n), "reason": self.reason}
+
+
+def mean_nll(log_t, logits, mask, targets):
+    """Mean NLL (nats) of ``softmax(logits / exp(log_t))`` over valid options, float64."""
+    z = np.where(mask, logits / np.exp(log_t), -np.inf)
+    return float(-log_softmax(z, axis=1)[np.arange(len(targets)), targets].mean())
+
+
+def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
+    """Temperature minimising the NLL, with a status (see the module docstring).
+
+    Parameters
+    ----------
+    logits : ndarray of shape (N, K), float
+        Raw logits of the examples to fit (all with a target).
+    mask : ndarray of shape (N, K), bool
+        Valid options; ``mask[i, targets[i]]`` must be True.
+    targets : ndarray of shape (N,), int
+        Target option of each row (>= 0).
+    bounds : tuple of float, default=(1e-3, 1e3)
+
+    Returns
+    -------
+    TemperatureFit
+        ``not_converged`` with NaN temperature when N < 2.
+
+    Raises
+    ------
+    ValueError
+        If ``bounds`` is not ``0 < low < high``.
+    """
+    lo_t, hi_t = float(bounds[0]), float(bounds[1])
+    if not 0 < lo_t < hi_t:
+        raise ValueError(f"bounds must satisfy 0 < low < high, got {bounds}.")
+    logits = np.asarray(logits, dtype=np.float64)
+    mask, targets = np.asarray(mask, dtype=bool), np.asarray(targets, dtype=np.int64)
+    n = len(targets)
+    if n < 2:
+        return TemperatureFit(float("nan"), "not_converged", float("nan"), n,
+                              f"{n} example(s) with a target; need at least 2")
+    lo, hi = np.log(lo_t), np.log(hi_t)
+    grid = np.linspace(lo, hi, GRID_POINTS)
+    vals = np.array([mean_nll(g, logits, mask, targets) for g in grid])
+    best = int(np.argmin(vals))
+    tol = RTOL * max(1.0, abs(vals[best]))
+    if vals.max() - vals[best] <= tol:
+        return TemperatureFit(float("nan"), "not_converged", float(vals[best]), n,
+                              f"flat NLL ({vals[best]:.4g} nats for every T in "
+                              f"[{lo_t:g}, {hi_t:g}]): the data do not determine T")
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, GRID_POINTS - 1)]
+    res = minimize_scalar(mean_nll, bounds=(a, b), method="bounded",
+                          args=(logits, mask, targets), options={"xatol": 1e-6})
+    x, f = (float(res.x), float(res.fun)) if res.fun <= vals[best] else (grid[best], vals[best])
+    if vals[0] <= f + tol:
+        return TemperatureFit(lo_t, "at_bound", float(vals[0]), n,
+                              f"NLL still falling at the lower bound T={lo_t:g} (separable data)")
+    if vals[-1] <= f + tol:
+        return TemperatureFit(hi_t, "at_bound", float(vals[-1]), n,
+                              f"NLL still falling at the upper bound T={hi_t:g} (logits no "
+                              "better than uniform)")
+    if not res.success:
+        return TemperatureFit(float(np.exp(x)), "not_converged", f, n,
+                              f"scipy: {res.message}")
+    return TemperatureFit(float(np.exp(x)), "converged", f, n)
+
+
+def fits_by_bucket(logits, targets, mask, *, bounds=BOUNDS):
+    """:func:`fit_temperature_status` per option count: ``{K: TemperatureFit}`` over rows with a
+    target (``targets >= 0``), single-option buckets skipped. Inputs as validated arrays."""
+    k = mask.sum(axis=1)
+    known = targets >= 0
+    return {int(kk): fit_temperature_status(logits[(k == kk) & known], mask[(k == kk) & known],
+                                            targets[(k == kk) & known], bounds=bounds)
+            for kk in np.unique(k) if kk > 1}
+
+
+def refit_log_ratio(ref_logits, var_logits, targets, mask):
+    """``|n-weighted mean over buckets of log(T_var / T_ref)|`` of NLL refits, or why not.
+
+    Parameters
+    ----------
+    ref_logits, var_logits : ndarray of shape (N, K), float64
+    targets : ndarray of shape (N,), int64
+        Target option per row (>= 0).
+    mask : ndarray of shape (N, K), bool
+
+    Returns
+    -------
+    (value, reason) : (float, str)
+        ``reason`` is "" when ``value`` is a number. ``value`` is NaN with a reason (e.g.
+        "temperature refit at bound (T=1000) on bucket K=3 (reference)") when a bucket's refit of
+        either model did not converge or ran to a bound: its T is not an estimate, and a ratio
+        of two bounds (1000 / 1000) would read as "no change". Buckets with fewer than 2 rows
+        are left out; NaN with reason "no bucket with 2 or more examples" when none remains.
+    """
+    fits = {w: fits_by_bucket(lg, targets, mask) for w, lg in (("reference", ref_logits),
+                                                              ("variant", var_logits))}
+    k_of_row = mask.sum(axis=1)
+    pairs, problems = [], []
+    for k in sorted(fits["reference"]):
+        pair = {w: fits[w][k] for w in fits}
+        if any(f.n < 2 for f in pair.values()):
+            continue
+        bad = [w for w, f in pair.items() if not f.converged]
+        if bad:
+            problems.append(f"temperature refit {pair[bad[0]].describe()} on bucket K={k} "
+                            f"({', '.join(bad)})")
+            continue
+        pairs.append((np.log(pair["variant"].temperature / pair["reference"].temperature),
+                      int((k_of_row == k).sum())))
+    if problems:
+        return float("nan"), "; ".join(problems)
+    if not pairs:
+        return float("nan"), "no bucket with 2 or more examples"
+    logs, weights = np.array(pairs, dtype=float).T
+    return float(abs(np.average(logs, weights=weights))), ""
