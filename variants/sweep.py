@@ -37,7 +37,7 @@ from variants.check import (check_calibration_size, check_strata, family_extras,
                             resolve_settings)
 from variants.builders.quantize import MODES
 from variants.checkpoint import load_checkpoint
-from variants.io import digest, write_json, write_text
+from variants.io import write_json, write_text
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
 from variants.coldstart import measure_cold_start
@@ -305,6 +305,20 @@ class Sweep:
         if self.root.exists() and not self.root.is_dir():
             raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
         self._check_run_folder()
+        self._check_run_tokenizer()
+
+    def _check_run_tokenizer(self):
+        """A run folder whose run.json records other tokenizer settings (``data.tokenizer``, e.g.
+        another max length) holds variant outputs of other token ids: refuse to resume it."""
+        saved = _read_json(self.out / "run.json")
+        old = saved.get("data", {}) if isinstance(saved, dict) else {}
+        old = old.get("tokenizer") if isinstance(old, dict) else None
+        new = self.checkpoint.tokenizer.settings()
+        if isinstance(old, dict) and old.get("fingerprint") not in (None, new["fingerprint"]):
+            diff = {k: (old.get(k), v) for k, v in json.loads(json.dumps(new)).items()
+                    if old.get(k) != v}
+            raise SweepError(f"{self.out} was swept with other tokenizer settings {diff} (old, "
+                             f"new); choose another --run name or delete {self.out}")
 
     def _write_identity(self):
         """run.json holds the settings from the start, so an interrupted run resumes safely."""
@@ -376,8 +390,8 @@ class Sweep:
         self.ref_outputs = {}
         self.ref_outputs_cached = {}
         for split in ("calibration", "eval"):
-            key = digest(self.checkpoint.sha256, "float32", self.tasksets[split].fingerprint(),
-                         self.ref_model.config())
+            key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
+                                           self.tasksets[split].fingerprint())
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
@@ -679,6 +693,7 @@ class Sweep:
                            for s, ts in self.tasksets.items()},
                 "truncated_texts": self.truncated,
                 "max_tokens": self.checkpoint.tokenizer.max_length,
+                "tokenizer": self.checkpoint.tokenizer.settings(),
             },
             "reference_model_bytes": _model_bytes(self.ref_model),
             "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},

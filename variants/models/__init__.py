@@ -4,7 +4,7 @@ import importlib
 
 import numpy as np
 
-from variants.io import digest, write_npz
+from variants.io import write_npz
 
 MODELS = {
     "minilm-sentiment": "sentiment",
@@ -36,7 +36,8 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     tasksets : dict {"fit": TaskSet, "calibration": TaskSet, ...}
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the
-        checkpoint hash, both data sets and the model's configuration.
+        checkpoint hash, both data sets, the model's configuration and its tokenizer settings
+        (:meth:`variants.decision.DecisionModel.cache_key`).
 
     Returns
     -------
@@ -45,8 +46,8 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     """
     mod = get_module(name)
     model = mod.build(checkpoint)
-    key = digest(checkpoint.sha256, tasksets["fit"].fingerprint(),
-                 tasksets["calibration"].fingerprint(), model.config())
+    key = model.cache_key(checkpoint.sha256, tasksets["fit"].fingerprint(),
+                          tasksets["calibration"].fingerprint())
     path = cache_dir / "heads" / f"{name}-{key}.npz"
     if path.exists():
         with np.load(path) as z:
