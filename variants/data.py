@@ -364,6 +364,33 @@ def sample(df: pd.DataFrame, n: int, *, seed: int = 0) -> pd.DataFrame:
     return df.loc[keep].sort_values("id", kind="stable").reset_index(drop=True)
 
 
+def check_sample_size(df: pd.DataFrame, n: int, *, split: str, flag: str) -> None:
+    """Refuse a sample size larger than the split, before :func:`sample` would quietly return
+    every row while the caller records ``n``.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The split's rows (``split_frame(load_vader(), split)``).
+    n : int
+        Requested examples.
+    split : str
+        Split name for the message, e.g. ``"eval"``.
+    flag : str
+        Command-line flag that set ``n``, e.g. ``"--n-eval"``.
+
+    Raises
+    ------
+    ValueError
+        ``n > len(df)``; one line naming the flag, the requested and the available count and
+        the fix, e.g. "--n-eval 1000000 is more than the 4784 examples of the eval split; pass
+        --n-eval 4784 or less".
+    """
+    if n > len(df):
+        raise ValueError(f"{flag} {n} is more than the {len(df)} examples of the {split} split; "
+                         f"pass {flag} {len(df)} or less")
+
+
 def _domain_order(domain: str) -> tuple[int, str]:
     return (DOMAINS.index(domain) if domain in DOMAINS else len(DOMAINS), str(domain))
 

@@ -4,6 +4,7 @@ import importlib
 
 import numpy as np
 
+from metrics._checks import short_repr
 from variants.io import write_npz
 
 MODELS = {
@@ -21,7 +22,7 @@ def get_module(name):
         If ``name`` is not registered (the message lists the known names).
     """
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {short_repr(name)}; choose one of: {', '.join(MODELS)}")
     return importlib.import_module(f"variants.models.{MODELS[name]}")
 
 
