@@ -164,3 +164,16 @@ def test_short_path_and_short_list():
     listed = short_list([str(i) for i in range(8)])
     assert listed == "0, 1, 2, 3, 4 and 3 more"
     assert len(short_list(["z" * 10_000])) <= 40
+
+
+def test_huge_prune_schedule_and_streams_env_are_cut(monkeypatch):
+    from variants import parallel
+    from variants.builders.prune import parse_schedule
+
+    with pytest.raises(ValueError, match="--prune-schedule 'xxx") as e:
+        parse_schedule(BIG)
+    assert len(str(e.value)) < LINE and "(5000000 chars)" in str(e.value)
+    monkeypatch.setenv("VARIANTS_STREAMS", "s" * 100_000)
+    with pytest.raises(ValueError, match="VARIANTS_STREAMS must be a whole number") as e:
+        parallel.validate_env()
+    assert len(str(e.value)) < LINE

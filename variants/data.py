@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from metrics._checks import short_repr
+
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "vader"
 REGENERATE_HINT = "run `python data/regenerate_vader.py` from the repository root to restore it"
 
@@ -100,7 +102,7 @@ def _parse_rating(value: str, path: Path, line_number: int, what: str) -> float:
     try:
         rating = float(value)
     except ValueError:
-        raise _malformed(path, line_number, f"{what} {value!r} is not a number") from None
+        raise _malformed(path, line_number, f"{what} {short_repr(value)} is not a number") from None
     if not RATING_MIN <= rating <= RATING_MAX:  # also rejects NaN
         raise _malformed(path, line_number, f"{what} {rating} is outside [-4, 4]")
     return rating
@@ -128,7 +130,7 @@ def _parse_groundtruth(path: Path) -> dict[str, tuple[float, str]]:
         if not raw_id:
             raise _malformed(path, line_number, "empty id")
         if raw_id in rows:
-            raise _malformed(path, line_number, f"duplicate id {raw_id!r}")
+            raise _malformed(path, line_number, f"duplicate id {short_repr(raw_id)}")
         if not text:
             raise _malformed(path, line_number, "empty text")
         rows[raw_id] = (_parse_rating(mean, path, line_number, "mean rating"), text)
@@ -147,7 +149,7 @@ def _parse_ratings(path: Path) -> dict[str, tuple[float, tuple[int, ...]]]:
         if not raw_id:
             raise _malformed(path, line_number, "empty id")
         if raw_id in rows:
-            raise _malformed(path, line_number, f"duplicate id {raw_id!r}")
+            raise _malformed(path, line_number, f"duplicate id {short_repr(raw_id)}")
         if not _SCORES_RE.fullmatch(scores_text):
             raise _malformed(
                 path, line_number, f"rater scores {scores_text[:40]!r} are not a list of integers"

@@ -375,7 +375,7 @@ class Sweep:
             new = json.loads(json.dumps(asdict(vcfg)))
             diff = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
             if diff:
-                fields = "; ".join(f"{k}: saved {a!r}, requested {b!r}"
+                fields = "; ".join(f"{k}: saved {short_repr(a)}, requested {short_repr(b)}"
                                    for k, (a, b) in diff.items())
                 raise SweepError(
                     f"variant {vcfg.name}: {build_json} was built with other settings ({fields})"
