@@ -30,6 +30,7 @@ from metrics.evaluate import (
     check_metric_statistic,
     check_stratum,
 )
+from metrics._checks import short_list, short_path, short_repr
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,26 +222,29 @@ def _is_number(x):
 
 def _parse_clause(raw, index, where):
     if not isinstance(raw, dict):
-        raise ContractError(f"{where}: clause #{index + 1} must be a [[clause]] table, got {raw!r}.")
+        raise ContractError(f"{where}: clause #{index + 1} must be a [[clause]] table, got "
+                            f"{short_repr(raw)}.")
     cid = raw.get("id")
     if not isinstance(cid, str) or not cid:
         raise ContractError(f"{where}: clause #{index + 1} needs a non-empty string id = \"...\".")
-    label = f"{where}: clause {cid!r}"
+    label = f"{where}: clause {short_repr(cid)}"
     unknown = sorted(set(raw) - set(CLAUSE_KEYS))
     if unknown:
         raise ContractError(
-            f"{label} has unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(CLAUSE_KEYS)}."
+            f"{label} has unknown key(s) {short_list(unknown)}; allowed keys: {', '.join(CLAUSE_KEYS)}."
         )
     metric = raw.get("metric")
-    if metric not in METRIC_STATISTICS:
-        raise ContractError(f"{label} has unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
+    if not isinstance(metric, str) or metric not in METRIC_STATISTICS:  # a TOML list: unhashable
+        raise ContractError(f"{label} has unknown metric {short_repr(metric)}; use one of "
+                            f"{', '.join(METRICS)}.")
     allowed = METRIC_STATISTICS[metric]
     statistic = raw.get("statistic", allowed[0] if len(allowed) == 1 else None)
     try:
         check_metric_statistic(metric, statistic)
     except ValueError:
         raise ContractError(
-            f"{label} has statistic {statistic!r}, not allowed for metric {metric!r}; use one of "
+            f"{label} has statistic {short_repr(statistic)}, not allowed for metric {metric!r}; "
+            "use one of "
             f"{', '.join(allowed)}."
         ) from None
     stratum = raw.get("stratum", "all")
@@ -248,7 +252,7 @@ def _parse_clause(raw, index, where):
         check_stratum(stratum)
     except ValueError:
         raise ContractError(
-            f"{label} has unknown stratum {stratum!r}; use one of {', '.join(STRATA)} or "
+            f"{label} has unknown stratum {short_repr(stratum)}; use one of {', '.join(STRATA)} or "
             f"'{TASK_STRATUM_PREFIX}<task name>', 'options:<K>', 'margin:<lo>-<hi>'."
         ) from None
     bounds = [k for k in OPS if k in raw]
@@ -258,7 +262,8 @@ def _parse_clause(raw, index, where):
     threshold = raw[bounds[0]]
     if not _is_number(threshold) or not math.isfinite(threshold):
         raise ContractError(
-            f"{label} has {bounds[0]} = {threshold!r}; the bound must be a finite number, e.g. "
+            f"{label} has {bounds[0]} = {short_repr(threshold)}; the bound must be a finite "
+            "number, e.g. "
             f"{bounds[0]} = 0.05."
         )
     why = raw.get("why", "")
@@ -267,8 +272,8 @@ def _parse_clause(raw, index, where):
     compare = raw.get("compare", "value")
     if compare not in COMPARE:
         raise ContractError(
-            f"{label} has compare = {compare!r}; use \"value\" (the point value) or \"ci\" (the "
-            f"upper CI bound for max, the lower for min)."
+            f"{label} has compare = {short_repr(compare)}; use \"value\" (the point value) or "
+            "\"ci\" (the upper CI bound for max, the lower for min)."
         )
     return Clause(id=cid, metric=metric, stratum=stratum, statistic=statistic,
                   op=OPS[bounds[0]], threshold=float(threshold), why=why, compare=compare)
@@ -279,11 +284,12 @@ def _parse_settings(raw, where):
     if raw is None:
         return settings
     if not isinstance(raw, dict):
-        raise ContractError(f"{where}: settings must be a [settings] table, got {raw!r}.")
+        raise ContractError(f"{where}: settings must be a [settings] table, got "
+                            f"{short_repr(raw)}.")
     unknown = sorted(set(raw) - set(SETTINGS))
     if unknown:
         raise ContractError(
-            f"{where}: [settings] has unknown key(s) {', '.join(unknown)}; allowed: "
+            f"{where}: [settings] has unknown key(s) {short_list(unknown)}; allowed: "
             f"{', '.join(SETTINGS)}."
         )
     for key, value in raw.items():
@@ -291,10 +297,10 @@ def _parse_settings(raw, where):
         if isinstance(value, bool) or not isinstance(value, types) or (
                 isinstance(value, float) and not math.isfinite(value)):
             kind = "an integer" if types == (int,) else "a finite number"
-            raise ContractError(f"{where}: [settings] {key} = {value!r} must be {kind}.")
+            raise ContractError(f"{where}: [settings] {key} = {short_repr(value)} must be {kind}.")
         ok, rule = _SETTING_RANGES[key]
         if not ok(value):
-            raise ContractError(f"{where}: [settings] {key} = {value!r} must be {rule}.")
+            raise ContractError(f"{where}: [settings] {key} = {short_repr(value)} must be {rule}.")
         settings[key] = value
     return settings
 
@@ -325,7 +331,7 @@ def contract_from_dict(data, *, source="<dict>"):
     unknown = sorted(set(data) - set(CONTRACT_KEYS))
     if unknown:
         raise ContractError(
-            f"{source}: unknown top-level key(s) {', '.join(unknown)}; allowed: "
+            f"{source}: unknown top-level key(s) {short_list(unknown)}; allowed: "
             f"{', '.join(CONTRACT_KEYS)} (clauses go in [[clause]] tables)."
         )
     raw_clauses = data.get("clause")
@@ -335,7 +341,8 @@ def contract_from_dict(data, *, source="<dict>"):
     seen = set()
     for c in clauses:
         if c.id in seen:
-            raise ContractError(f"{source}: duplicate clause id {c.id!r}; give each clause its own id.")
+            raise ContractError(f"{source}: duplicate clause id {short_repr(c.id)}; give each "
+                            "clause its own id.")
         seen.add(c.id)
     name = data.get("name", Path(source).stem)
     description = data.get("description", "")
@@ -374,7 +381,7 @@ def load_contract(path=None):
         resource = resources.files("contracts").joinpath(fname)
         source, text = f"contracts/{fname}", resource.read_text(encoding="utf-8")
     else:
-        source = str(path)
+        source = short_path(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -383,7 +390,9 @@ def load_contract(path=None):
                 "packaged default."
             ) from None
         except (OSError, UnicodeDecodeError) as e:
-            raise ContractError(f"cannot read contract file {source} ({e}); pass a UTF-8 .toml file.") from None
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e  # no 2nd path echo
+            raise ContractError(f"cannot read contract file {source} ({why}); pass a UTF-8 .toml "
+                                "file.") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

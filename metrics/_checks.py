@@ -69,3 +69,22 @@ def short_repr(value, limit=ECHO_LIMIT):
         return text
     keep = max(limit - 24, 10)
     return f"{text[: keep - keep // 2]}...({n} {unit})...{text[len(text) - keep // 2:]}"
+
+
+def short_path(path, limit=2 * ECHO_LIMIT):
+    """``str(path)`` for an error message, its middle cut when longer than ``limit`` characters
+    (a path that does not exist is not bounded by the file system's limits)."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 24, 10)
+    return f"{text[: keep - keep // 2]}...({len(text)} chars)...{text[len(text) - keep // 2:]}"
+
+
+def short_list(items, most=5, limit=ECHO_LIMIT // 2):
+    """Comma-separated names for an error message: a plain short printable str as is, anything
+    else through :func:`short_repr` (``limit``), at most ``most`` items ("and N more")."""
+    items = list(items)
+    shown = [k if isinstance(k, str) and len(k) <= limit and k.isprintable()
+             else short_repr(k, limit) for k in items[:most]]
+    return ", ".join(shown) + (f" and {len(items) - most} more" if len(items) > most else "")

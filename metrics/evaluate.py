@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from metrics._checks import short_repr
 from metrics.accuracy import accuracy, correct
 from metrics.bootstrap import bootstrap_ci
 from metrics.bounds import kl_bound, log_ratio_bound, max_abs_log_ratio, score_range, tv_bound
@@ -145,7 +146,7 @@ def _get(outputs, name, which):
 def check_stratum(stratum):
     """Raise ValueError unless ``stratum`` is one of ``STRATA`` or ``task:<name>``."""
     if not isinstance(stratum, str):
-        raise ValueError(f"stratum must be a string, got {stratum!r}.")
+        raise ValueError(f"stratum must be a string, got {short_repr(stratum)}.")
     if stratum in STRATA:
         return
     if stratum.startswith(TASK_STRATUM_PREFIX) and len(stratum) > len(TASK_STRATUM_PREFIX):
@@ -156,7 +157,7 @@ def check_stratum(stratum):
     if m and float(m.group(1)) < float(m.group(2)):
         return
     raise ValueError(
-        f"unknown stratum {stratum!r}; use one of {', '.join(STRATA)} or "
+        f"unknown stratum {short_repr(stratum)}; use one of {', '.join(STRATA)} or "
         f"'{TASK_STRATUM_PREFIX}<task name>', '{OPTIONS_STRATUM_PREFIX}<K>', "
         f"'{MARGIN_STRATUM_PREFIX}<lo>-<hi>' (e.g. margin:0-0.5, margin:2-inf)."
     )
@@ -164,12 +165,12 @@ def check_stratum(stratum):
 
 def check_metric_statistic(metric, statistic):
     """Raise ValueError unless ``metric`` is known and ``statistic`` is allowed for it."""
-    if metric not in METRIC_STATISTICS:
-        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
+    if not isinstance(metric, str) or metric not in METRIC_STATISTICS:
+        raise ValueError(f"unknown metric {short_repr(metric)}; use one of {', '.join(METRICS)}.")
     allowed = METRIC_STATISTICS[metric]
     if statistic not in allowed:
         raise ValueError(
-            f"statistic {statistic!r} is not allowed for metric {metric!r}; use one of "
+            f"statistic {short_repr(statistic)} is not allowed for metric {metric!r}; use one of "
             f"{', '.join(allowed)}."
         )
 
@@ -365,8 +366,9 @@ class Evaluation:
         ValueError
             If ``metric`` or ``stratum`` is unknown.
         """
-        if metric not in METRIC_STATISTICS:
-            raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}.")
+        if not isinstance(metric, str) or metric not in METRIC_STATISTICS:
+            raise ValueError(f"unknown metric {short_repr(metric)}; use one of "
+                             f"{', '.join(METRICS)}.")
         rows = self.rows(stratum)
         if metric in ("accuracy_ref", "accuracy_variant", "accuracy_drop", "ece_ref",
                       "ece_variant", "ece_delta"):

@@ -127,6 +127,16 @@ def test_sample_is_deterministic_stratified_and_sorted(vader):
     assert len(D.sample(vader, 0)) == 0
 
 
+def test_check_sample_size_refuses_more_than_the_split(vader):
+    ev = D.split_frame(vader, "eval")
+    assert len(ev) == 4784
+    D.check_sample_size(ev, 4784, split="eval", flag="--n-eval")  # all of it is fine
+    with pytest.raises(ValueError) as e:
+        D.check_sample_size(ev, 4785, split="eval", flag="--n-eval")
+    assert str(e.value) == ("--n-eval 4785 is more than the 4784 examples of the eval split; "
+                            "pass --n-eval 4784 or less")
+
+
 @pytest.mark.parametrize(
     "n_classes, expected",
     [

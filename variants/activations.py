@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
 from variants import parallel
-from variants.io import digest, write_npz
+from variants.io import write_npz
 
 STATS_VERSION = 1  # bump when the accumulation changes: part of the cache key
 
@@ -197,9 +197,10 @@ def collect(model, taskset, *, paths=None, batch_size=32):
 
 
 def stats_key(model, taskset, batch_size=32):
-    """Cache key: module weights, calibration data, model config, batch size, version."""
-    return digest(module_fingerprint(model.module), taskset.fingerprint(), model.config(),
-                  batch_size, "float64", STATS_VERSION)
+    """Cache key: module weights, calibration data, batch size, version, model config and
+    tokenizer settings (:meth:`variants.decision.DecisionModel.cache_key`)."""
+    return model.cache_key(module_fingerprint(model.module), taskset.fingerprint(), batch_size,
+                           "float64", STATS_VERSION)
 
 
 def save_stats(path, stats):

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from metrics._checks import short_list, short_path, short_repr
+
 EXIT_OK, EXIT_VIOLATION, EXIT_USER_ERROR = 0, 1, 2
 OUTPUT_FIELDS = ("ids", "task", "logits", "option_mask", "temperature", "probs", "option_scores",
                  "expected_score", "confidence", "action_probs", "labels", "human_dist")
@@ -143,7 +145,7 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
             st[key] = value
     ci_clauses = [c.id for c in contract.clauses if c.compare == "ci"]
     if ci_clauses and not st["n_bootstrap"]:
-        raise CheckError(f"clauses {', '.join(ci_clauses)} compare a bootstrap CI with their bound, "
+        raise CheckError(f"clauses {short_list(ci_clauses)} compare a bootstrap CI with their bound, "
                          "so n_bootstrap must be > 0; drop --n-bootstrap 0 or those clauses' "
                          "compare = \"ci\"")
     return st
@@ -164,11 +166,13 @@ def check_strata(contract, ref_eval):
     counts = set(np.asarray(ref_eval["option_mask"]).sum(axis=1).astype(int).tolist())
     for c in contract.clauses:
         if c.stratum.startswith("task:") and c.stratum[5:] not in tasks:
-            raise CheckError(f"clause {c.id!r}: stratum {c.stratum!r} matches no example; the "
-                             f"outputs have tasks: {', '.join(sorted(tasks))}")
+            raise CheckError(f"clause {short_repr(c.id)}: stratum {short_repr(c.stratum)} "
+                             f"matches no example; the outputs have tasks: "
+                             f"{', '.join(sorted(tasks))}")
         if c.stratum.startswith("options:") and int(c.stratum[8:]) not in counts:
-            raise CheckError(f"clause {c.id!r}: stratum {c.stratum!r} matches no example; the "
-                             f"outputs have option counts: {', '.join(map(str, sorted(counts)))}")
+            raise CheckError(f"clause {short_repr(c.id)}: stratum {short_repr(c.stratum)} "
+                             f"matches no example; the outputs have option counts: "
+                             f"{', '.join(map(str, sorted(counts)))}")
 
 
 def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=None):
@@ -378,7 +382,7 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise CheckError(f"{run_dir} is not a folder; pass a run folder such as "
+        raise CheckError(f"{short_path(run_dir)} is not a folder; pass a run folder such as "
                          "results/minilm-sentiment-quant-g64.")
     if not (run_dir / "reference" / "outputs.npz").exists():
         raise CheckError(f"{run_dir} has no reference/outputs.npz; pass a folder written by "
@@ -388,7 +392,7 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     if variants:
         unknown = sorted(set(variants) - set(names))
         if unknown:
-            raise CheckError(f"no variant {', '.join(unknown)} in {run_dir}; it has: "
+            raise CheckError(f"no variant {short_list(unknown)} in {run_dir}; it has: "
                              f"{', '.join(names) or 'none'}.")
         names = [n for n in names if n in variants]
     if not names:

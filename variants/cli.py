@@ -150,8 +150,11 @@ def main(argv=None):
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"variants: error: {type(e).__name__}{where}: {e}; check the path and its "
+        from metrics._checks import short_path
+
+        where = f" ({short_path(e.filename)})" if getattr(e, "filename", None) else ""
+        why = getattr(e, "strerror", None) or e  # str(e) repeats the (maybe huge) path
+        print(f"variants: error: {type(e).__name__}{where}: {why}; check the path and its "
               "permissions, or delete the corrupt file and rerun", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from metrics._checks import short_repr
+
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "vader"
 REGENERATE_HINT = "run `python data/regenerate_vader.py` from the repository root to restore it"
 
@@ -100,7 +102,7 @@ def _parse_rating(value: str, path: Path, line_number: int, what: str) -> float:
     try:
         rating = float(value)
     except ValueError:
-        raise _malformed(path, line_number, f"{what} {value!r} is not a number") from None
+        raise _malformed(path, line_number, f"{what} {short_repr(value)} is not a number") from None
     if not RATING_MIN <= rating <= RATING_MAX:  # also rejects NaN
         raise _malformed(path, line_number, f"{what} {rating} is outside [-4, 4]")
     return rating
@@ -128,7 +130,7 @@ def _parse_groundtruth(path: Path) -> dict[str, tuple[float, str]]:
         if not raw_id:
             raise _malformed(path, line_number, "empty id")
         if raw_id in rows:
-            raise _malformed(path, line_number, f"duplicate id {raw_id!r}")
+            raise _malformed(path, line_number, f"duplicate id {short_repr(raw_id)}")
         if not text:
             raise _malformed(path, line_number, "empty text")
         rows[raw_id] = (_parse_rating(mean, path, line_number, "mean rating"), text)
@@ -147,7 +149,7 @@ def _parse_ratings(path: Path) -> dict[str, tuple[float, tuple[int, ...]]]:
         if not raw_id:
             raise _malformed(path, line_number, "empty id")
         if raw_id in rows:
-            raise _malformed(path, line_number, f"duplicate id {raw_id!r}")
+            raise _malformed(path, line_number, f"duplicate id {short_repr(raw_id)}")
         if not _SCORES_RE.fullmatch(scores_text):
             raise _malformed(
                 path, line_number, f"rater scores {scores_text[:40]!r} are not a list of integers"
@@ -362,6 +364,33 @@ def sample(df: pd.DataFrame, n: int, *, seed: int = 0) -> pd.DataFrame:
         rows = np.flatnonzero(df["domain"].to_numpy() == domain)
         keep[rows[np.argsort(key[rows], kind="stable")[:k]]] = True
     return df.loc[keep].sort_values("id", kind="stable").reset_index(drop=True)
+
+
+def check_sample_size(df: pd.DataFrame, n: int, *, split: str, flag: str) -> None:
+    """Refuse a sample size larger than the split, before :func:`sample` would quietly return
+    every row while the caller records ``n``.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The split's rows (``split_frame(load_vader(), split)``).
+    n : int
+        Requested examples.
+    split : str
+        Split name for the message, e.g. ``"eval"``.
+    flag : str
+        Command-line flag that set ``n``, e.g. ``"--n-eval"``.
+
+    Raises
+    ------
+    ValueError
+        ``n > len(df)``; one line naming the flag, the requested and the available count and
+        the fix, e.g. "--n-eval 1000000 is more than the 4784 examples of the eval split; pass
+        --n-eval 4784 or less".
+    """
+    if n > len(df):
+        raise ValueError(f"{flag} {n} is more than the {len(df)} examples of the {split} split; "
+                         f"pass {flag} {len(df)} or less")
 
 
 def _domain_order(domain: str) -> tuple[int, str]:

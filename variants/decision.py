@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from variants.io import digest
 from variants.outputs import finish_outputs
 from variants.temperature import fit_bucket_temperature_results
 
@@ -62,6 +63,16 @@ class DecisionModel:
     def config(self):
         """JSON-able description that identifies this model's outputs (a cache-key part)."""
         return {"name": self.name, "temperatures": self.temperatures}
+
+    def cache_key(self, *parts):
+        """16 hex digits over ``parts`` (weights, data fingerprints, versions: the caller's), this
+        model's :meth:`config` and its tokenizer's ``fingerprint()`` (max length, truncation,
+        padding, special tokens, normalizer, vocabulary). Every cache under ``results/.cache``
+        keys through here, so none can miss a tokenizer setting. A tokenizer without
+        ``fingerprint()`` is keyed by its type name only (give yours one)."""
+        fp = getattr(self.tokenizer, "fingerprint", None)
+        tok = fp() if callable(fp) else type(self.tokenizer).__qualname__
+        return digest(*parts, {"model": self.config(), "tokenizer": tok})
 
     # -- shared machinery -----------------------------------------------------------------
     def replace_module(self, module):

@@ -49,8 +49,10 @@ def _requested():
         try:
             n = int(raw)
         except ValueError:
-            raise ValueError(f"VARIANTS_STREAMS must be a whole number >= 1, got {raw!r}; "
-                             "unset it for the default") from None
+            from metrics._checks import short_repr
+
+            raise ValueError(f"VARIANTS_STREAMS must be a whole number >= 1, got "
+                             f"{short_repr(raw)}; unset it for the default") from None
         if n < 1:
             raise ValueError(f"VARIANTS_STREAMS must be >= 1, got {n}; use 1 to switch the "
                              "two-stream split off")

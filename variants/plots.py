@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from metrics._checks import short_path
 from metrics.evaluate import evaluate
 from metrics.ties import human_near_tie, human_top2_gap
 from variants.io import _atomic
@@ -207,8 +208,8 @@ def load_run(run_dir):
     """
     path = Path(run_dir)
     if not path.is_dir():
-        raise PlotError(f"results folder {path} does not exist; pass a sweep folder such as "
-                        f"results/minilm-sentiment-quant-g64.")
+        raise PlotError(f"results folder {short_path(path)} does not exist; pass a sweep folder "
+                        "such as results/minilm-sentiment-quant-g64.")
     if not (path / "summary.csv").is_file():
         runs = sorted(p.parent.name for p in path.glob("*/summary.csv"))
         hint = (f"it holds the runs {', '.join(runs)}: pass one of them, e.g. {path / runs[0]}"

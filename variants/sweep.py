@@ -36,8 +36,9 @@ from variants.builders import get_family
 from variants.check import (check_calibration_size, check_strata, family_extras, judge_variant,
                             resolve_settings)
 from variants.builders.quantize import MODES
+from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
-from variants.io import digest, write_json, write_text
+from variants.io import write_json, write_text
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
 from variants.coldstart import measure_cold_start
@@ -185,18 +186,20 @@ class SweepConfig:
     def validate(self):
         """Check every field; build the variant configs. Raises SweepError."""
         if self.model not in MODELS:
-            raise SweepError(f"unknown model {self.model!r}; choose one of: {', '.join(MODELS)}")
+            raise SweepError(f"unknown model {short_repr(self.model)}; choose one of: "
+                             f"{', '.join(MODELS)}")
         try:
             family = get_family(self.family)
         except ValueError as e:
             raise SweepError(str(e)) from None
         unknown = sorted(set(self.params) - set(family.PARAMS))
         if unknown:
-            raise SweepError(f"parameters {unknown} do not belong to family {self.family!r} "
-                             f"(its parameters: {', '.join(family.PARAMS)})")
+            raise SweepError(f"parameters {short_repr(unknown)} do not belong to family "
+                             f"{self.family!r} (its parameters: {', '.join(family.PARAMS)})")
         for name, mode in (("quality_mode", self.quality_mode), ("speed_mode", self.speed_mode)):
             if mode not in MODES:
-                raise SweepError(f"{name}={mode!r} is not supported; choose one of {MODES}")
+                raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
+                                 f"{MODES}")
         for name in ("n_fit", "n_calibration", "n_eval"):
             if getattr(self, name) < 10:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
@@ -220,7 +223,8 @@ class SweepConfig:
                              "the minimum cannot be above the rounds requested; lower "
                              "--timing-min-rounds or raise --timing-rounds")
         if self.cold_start not in COLD_START:
-            raise SweepError(f"cold_start={self.cold_start!r}; choose one of {COLD_START}")
+            raise SweepError(f"cold_start={short_repr(self.cold_start)}; choose one of "
+                             f"{COLD_START}")
         if self.seed < 0:
             raise SweepError(f"seed={self.seed} must be >= 0")
         if self.batch_size < 1:
@@ -230,8 +234,11 @@ class SweepConfig:
                              "> 0 (raw logits), e.g. --near-tie-margin 1.0")
         if self.run is not None and (not self.run or self.run.startswith(".")
                                      or "/" in self.run or "\\" in self.run):
-            raise SweepError(f"run name {self.run!r} must be a plain folder name (no '/', not "
-                             "empty, not starting with '.'), e.g. --run my-sweep")
+            raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name (no "
+                             "'/', not empty, not starting with '.'), e.g. --run my-sweep")
+        if self.run is not None and len(self.run.encode("utf-8", "surrogateescape")) > 255:
+            raise SweepError(f"run name {short_repr(self.run)} is longer than a folder name may "
+                             "be (255 bytes); pass a shorter --run")
         if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
             raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
         too_big = sorted({b for b in self.timing_batch_sizes if b > self.n_eval})
@@ -295,8 +302,13 @@ class Sweep:
         frame = data.load_vader()
         module = get_module(cfg.model)
         sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}
-        self.tasksets = {s: module.make_taskset(data.sample(data.split_frame(frame, s), n,
-                                                            seed=cfg.seed))
+        splits = {s: data.split_frame(frame, s) for s in sizes}
+        for s, n in sizes.items():  # a size beyond the split would be recorded but not used
+            try:
+                data.check_sample_size(splits[s], n, split=s, flag=f"--n-{s}")
+            except ValueError as e:
+                raise SweepError(str(e)) from None
+        self.tasksets = {s: module.make_taskset(data.sample(splits[s], n, seed=cfg.seed))
                          for s, n in sizes.items()}
         settings = resolve_settings(self.contract, near_tie_margin=cfg.near_tie_margin)
         check_calibration_size(cfg.n_calibration, settings["alpha"])
@@ -305,6 +317,20 @@ class Sweep:
         if self.root.exists() and not self.root.is_dir():
             raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
         self._check_run_folder()
+        self._check_run_tokenizer()
+
+    def _check_run_tokenizer(self):
+        """A run folder whose run.json records other tokenizer settings (``data.tokenizer``, e.g.
+        another max length) holds variant outputs of other token ids: refuse to resume it."""
+        saved = _read_json(self.out / "run.json")
+        old = saved.get("data", {}) if isinstance(saved, dict) else {}
+        old = old.get("tokenizer") if isinstance(old, dict) else None
+        new = self.checkpoint.tokenizer.settings()
+        if isinstance(old, dict) and old.get("fingerprint") not in (None, new["fingerprint"]):
+            diff = {k: (old.get(k), v) for k, v in json.loads(json.dumps(new)).items()
+                    if old.get(k) != v}
+            raise SweepError(f"{self.out} was swept with other tokenizer settings {diff} (old, "
+                             f"new); choose another --run name or delete {self.out}")
 
     def _write_identity(self):
         """run.json holds the settings from the start, so an interrupted run resumes safely."""
@@ -349,7 +375,7 @@ class Sweep:
             new = json.loads(json.dumps(asdict(vcfg)))
             diff = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
             if diff:
-                fields = "; ".join(f"{k}: saved {a!r}, requested {b!r}"
+                fields = "; ".join(f"{k}: saved {short_repr(a)}, requested {short_repr(b)}"
                                    for k, (a, b) in diff.items())
                 raise SweepError(
                     f"variant {vcfg.name}: {build_json} was built with other settings ({fields})"
@@ -376,8 +402,8 @@ class Sweep:
         self.ref_outputs = {}
         self.ref_outputs_cached = {}
         for split in ("calibration", "eval"):
-            key = digest(self.checkpoint.sha256, "float32", self.tasksets[split].fingerprint(),
-                         self.ref_model.config())
+            key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
+                                           self.tasksets[split].fingerprint())
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
@@ -679,6 +705,7 @@ class Sweep:
                            for s, ts in self.tasksets.items()},
                 "truncated_texts": self.truncated,
                 "max_tokens": self.checkpoint.tokenizer.max_length,
+                "tokenizer": self.checkpoint.tokenizer.settings(),
             },
             "reference_model_bytes": _model_bytes(self.ref_model),
             "temperatures": {str(k): v for k, v in self.ref_model.temperatures.items()},

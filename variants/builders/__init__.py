@@ -6,6 +6,8 @@ config dataclass with a ``name`` property.
 
 import importlib
 
+from metrics._checks import short_repr
+
 FAMILIES = {
     "quant": "quantize",
     "lowrank": "lowrank",
@@ -23,7 +25,8 @@ def get_family(name):
         If ``name`` is not registered (the message lists the known families).
     """
     if name not in FAMILIES:
-        raise ValueError(f"unknown variant family {name!r}; choose one of: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown variant family {short_repr(name)}; choose one of: "
+                         f"{', '.join(FAMILIES)}")
     return importlib.import_module(f"variants.builders.{FAMILIES[name]}")
 
 

@@ -427,8 +427,9 @@ def _head_kind(reference):
                      "choose --family prune or quant for it")
 
 
-_FEATS = OrderedDict()  # (id(module), calibration fingerprint, layers, kind) -> features
-_MEMO = OrderedDict()  # (id(module), cfg without mode, calibration fingerprint) -> fitted state
+# "calibration key" = reference.cache_key(calibration fingerprint): + config, tokenizer settings
+_FEATS = OrderedDict()  # (id(module), calibration key, layers, kind) -> features
+_MEMO = OrderedDict()  # (id(module), cfg without mode, calibration key) -> fitted state
 
 
 def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None, fit=None):
@@ -480,14 +481,15 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
     base, qinfo = module, None
     if cfg.bits is not None:
         base, qinfo = quantize_module(module, QuantConfig(cfg.bits, cfg.group_size), mode)
-    key = (id(module), cfg, calibration.fingerprint())
+    cal_key = reference.cache_key(calibration.fingerprint())
+    key = (id(module), cfg, cal_key)
     state = _MEMO.get(key)
     if state is None or state[0] is not module:
         heads, hinfo = trained_heads(reference, layers, cfg.label_mix, fit=fit,
                                      cache_dir=cache_dir, kind=kind)
         qsim = base if cfg.bits is None or mode == "simulated" else quantize_module(
             module, QuantConfig(cfg.bits, cfg.group_size), "simulated")[0]
-        fkey = (id(qsim), calibration.fingerprint(), layers, kind)
+        fkey = (id(qsim), cal_key, layers, kind)
         hit = _FEATS.get(fkey)
         if hit is not None and hit[0] is qsim:
             cal = hit[1]

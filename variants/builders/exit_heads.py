@@ -13,7 +13,7 @@ Both are distilled on the **fit** split: cross-entropy to the reference's own pr
 (FastBERT §3.3, KL up to a constant), optionally mixed with the labels (``label_mix`` λ:
 (1 − λ)·KL + λ·CE(label)), L2-regularised (towards 0 for ``linear``, towards the ridge start
 for ``cosine``) and solved by L-BFGS (SciPy). Heads are cached keyed by the reference's weights
-+ fit data + kind + layers + label mix + regularisation.
++ fit data + kind + layers + label mix + regularisation + config and tokenizer settings.
 """
 
 import hashlib
@@ -25,7 +25,7 @@ from scipy.optimize import minimize
 
 from variants.builders.exit_rules import masked_probs
 from variants.encoder import mean_pool
-from variants.io import digest, write_npz
+from variants.io import write_npz
 
 KINDS = ("linear", "cosine")
 HEAD_L2 = 1e-3  # L2 strength on head weights (per example)
@@ -266,7 +266,8 @@ def fit_split(reference, fit):
 def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None, kind="linear"):
     """Heads for ``layers`` (list of (W, b) float32), trained on the fit split or loaded from the
     cache ``cache_dir/exit_heads/`` (key: reference weights + fit data + kind + layers + label mix
-    + regularisation + temperatures for cosine heads). Returns (heads, info).
+    + regularisation + temperatures for cosine heads + the reference's config and tokenizer
+    settings, :meth:`~variants.decision.DecisionModel.cache_key`). Returns (heads, info).
 
     Raises
     ------
@@ -277,12 +278,11 @@ def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None, kind="
     if kind not in KINDS:
         raise ValueError(f"head kind {kind!r} is not known; choose one of {KINDS}")
     fit, source = fit_split(reference, fit)
-    # linear heads keep the key of the first release, so existing caches stay valid
     version = (HEAD_L2, "fastbert-kl-v1") if kind == "linear" else (
         "cosine-kl-optspan-v1", MAP_L2, MAP_RIDGE, MAP_MAXITER,
         sorted((int(k), float(v)) for k, v in reference.temperatures.items()))
-    key = digest(module_digest(reference.module), fit.fingerprint(), list(layers), label_mix,
-                 *version)
+    key = reference.cache_key(module_digest(reference.module), fit.fingerprint(), list(layers),
+                              label_mix, *version)
     path = None if cache_dir is None else cache_dir / "exit_heads" / f"{reference.name}-{key}.npz"
     info = {"fit_source": source, "heads_cache_key": key, "n_fit": len(fit), "head_kind": kind}
     if path is not None and path.exists():

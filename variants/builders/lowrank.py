@@ -467,7 +467,7 @@ def run_name(*, rank_rule="params", lowrank_bits=None, **_):
 
 
 # in-process memo: the sweep builds each variant twice (quality, then speed without calibration)
-_STATS = OrderedDict()  # (id(module), calibration fingerprint) -> (module, stats)
+_STATS = OrderedDict()  # (id(module), reference.cache_key(calibration)) -> (module, stats)
 _FACTORED = OrderedDict()  # (id(module), cfg) -> (module, factored module, layers, info extras)
 _MEMO_SIZE = 2
 
@@ -487,7 +487,7 @@ def _memo_put(memo, key, value):
 
 
 def _stats_for(reference, calibration, cache_dir):
-    key = (id(reference.module), calibration.fingerprint())
+    key = (id(reference.module), reference.cache_key(calibration.fingerprint()))
     hit = _memo_get(_STATS, key, reference.module)
     if hit is not None:
         return hit[0]

@@ -31,6 +31,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from metrics._checks import short_repr
 from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
 from variants.builders.quantize import (BITS, GROUP_SIZES, MODES, QuantConfig, check_bits,
                                         quantize_module)
@@ -110,10 +111,10 @@ def parse_schedule(text):
         pairs = tuple((int(a), float(r)) for a, r in
                       (p.split(":") for p in text.split(",") if p.strip()))
     except ValueError:
-        raise ValueError(f"--prune-schedule {text!r} is not 'layer:ratio,layer:ratio', "
+        raise ValueError(f"--prune-schedule {short_repr(text)} is not 'layer:ratio,layer:ratio', "
                          "e.g. 2:0.7,4:0.4") from None
     if not pairs:
-        raise ValueError(f"--prune-schedule {text!r} is empty; e.g. 2:0.7,4:0.4")
+        raise ValueError(f"--prune-schedule {short_repr(text)} is empty; e.g. 2:0.7,4:0.4")
     return pairs
 
 

@@ -4,7 +4,8 @@ import importlib
 
 import numpy as np
 
-from variants.io import digest, write_npz
+from metrics._checks import short_repr
+from variants.io import write_npz
 
 MODELS = {
     "minilm-sentiment": "sentiment",
@@ -21,7 +22,7 @@ def get_module(name):
         If ``name`` is not registered (the message lists the known names).
     """
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {short_repr(name)}; choose one of: {', '.join(MODELS)}")
     return importlib.import_module(f"variants.models.{MODELS[name]}")
 
 
@@ -36,7 +37,8 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     tasksets : dict {"fit": TaskSet, "calibration": TaskSet, ...}
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the
-        checkpoint hash, both data sets and the model's configuration.
+        checkpoint hash, both data sets, the model's configuration and its tokenizer settings
+        (:meth:`variants.decision.DecisionModel.cache_key`).
 
     Returns
     -------
@@ -45,8 +47,8 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     """
     mod = get_module(name)
     model = mod.build(checkpoint)
-    key = digest(checkpoint.sha256, tasksets["fit"].fingerprint(),
-                 tasksets["calibration"].fingerprint(), model.config())
+    key = model.cache_key(checkpoint.sha256, tasksets["fit"].fingerprint(),
+                          tasksets["calibration"].fingerprint())
     path = cache_dir / "heads" / f"{name}-{key}.npz"
     if path.exists():
         with np.load(path) as z:
