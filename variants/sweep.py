@@ -695,7 +695,8 @@ class Sweep:
                 self.log(f"plots: not written ({type(e).__name__}: {e})")
                 plot_paths = []
         with self.clock("metrics_contract_report"):
-            meta = dict(self.metadata(), status="running")  # the breakdown includes the plots
+            # the final status as the report shows it; run.json gets it only after report.md
+            meta = self.metadata()  # the breakdown now includes the plots
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
