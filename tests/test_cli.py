@@ -86,7 +86,7 @@ def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
     args = ["sweep", "--bits", "8", "2", "--results-dir", str(root), "--run", "t",
             "--speed-mode", "simulated", *TINY]
     code = main(args)
-    assert code in (0, 1)  # 1 = some variant failed its contract (2-bit surely does)
+    assert code == 0  # a completed sweep exits 0 although 2-bit fails its contract
     run = root / "t"
     for f in ("run.json", "summary.csv", "report.md", "reference/outputs.npz",
               "q8-g64/outputs.npz", "q8-g64/metrics.json", "q8-g64/verdict.json",

@@ -125,6 +125,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
     assert meta["parallel"]["streams"] >= 1 and "blas_threads_per_call" in meta["parallel"]
     report = (run / "report.md").read_text()
     assert "Variants that failed to build" in report and "`q4-g64`: ValueError: planted" in report
+    assert "(run status `partial`)" in report  # the final status, though run.json gets it last
     assert "CPU streams per encoder layer" in report
 
     # every variant fails: exit 2, run.json says so, no summary of nothing

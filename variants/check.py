@@ -378,7 +378,7 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     """
     from contracts.checker import load_contract
     from contracts.report import REPORT_SCHEMA_VERSION, render_report
-    from variants.io import write_json, write_text
+    from variants.io import write_csv, write_json, write_text
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -415,8 +415,7 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     if meta and all(r is not None for r in rows) and not variants:
         summary = pd.DataFrame(rows)
         out_dir.mkdir(parents=True, exist_ok=True)
-        summary.to_csv(out_dir / "summary.csv.tmp", index=False)
-        (out_dir / "summary.csv.tmp").replace(out_dir / "summary.csv")
+        write_csv(out_dir / "summary.csv", summary)
         meta = dict(meta, contract=contract.name)
         family = meta.get("config", {}).get("family")
         if isinstance(meta.get("extras"), dict):  # the sweep's describe() blocks
@@ -430,11 +429,20 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
 
 # -- command line -----------------------------------------------------------------------------
 def _check_command(args):
-    verdicts = check_run(args.run_dir, contract=args.contract, variants=args.variant,
-                         output_dir=args.output_dir, near_tie_margin=args.near_tie_margin,
-                         alpha=args.alpha, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                         worst_n=_non_negative(args.worst, "--worst"),
-                         log=lambda m: print(m, file=sys.stderr))
+    from contextlib import nullcontext
+
+    from variants import runlock
+
+    # writing into the run folder: hold its lock (a running sweep refuses us, and we it)
+    lock = (runlock.hold(args.run_dir, log=lambda m: print(m, file=sys.stderr),
+                         fix="wait for it to finish, or pass --output-dir to write elsewhere")
+            if args.output_dir is None and Path(args.run_dir).is_dir() else nullcontext())
+    with lock:
+        verdicts = check_run(args.run_dir, contract=args.contract, variants=args.variant,
+                             output_dir=args.output_dir, near_tie_margin=args.near_tie_margin,
+                             alpha=args.alpha, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                             worst_n=_non_negative(args.worst, "--worst"),
+                             log=lambda m: print(m, file=sys.stderr))
     out = Path(args.output_dir or args.run_dir)
     width = max(map(len, verdicts))
     for name, v in verdicts.items():
@@ -458,9 +466,11 @@ def configure_check(sub):
             "2ε certificate and the bounds it implies, calibration with bootstrap CIs, drift, "
             "flips by stratum, and the worst examples of each failing clause. Writes "
             "<variant>/metrics.json, verdict.json, report.md, report.json, and the run's "
-            "summary.csv, report.md and check.json. Exit 0 = done (all pass, or failures "
-            "without --fail-on-violation), 1 = a clause failed with --fail-on-violation, "
-            "2 = usage error."),
+            "summary.csv, report.md and check.json. Without --output-dir it holds the run "
+            "folder's lock, so it refuses (exit 2) while a sweep writes that run. Exit 0 = done "
+            "(all pass, or failures without --fail-on-violation), 1 = a clause failed with "
+            "--fail-on-violation, or an output could not be written, 2 = usage error or the "
+            "run folder in use."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", metavar="RESULTS_DIR", help="run folder, e.g. results/minilm-sentiment-quant-g64")
     p.add_argument("--contract", default=None,

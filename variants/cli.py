@@ -6,7 +6,8 @@ import zipfile
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 
-EXIT_USER_ERROR = 2
+EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR = 0, 1, 2  # 1: a violation (--fail-on-violation) or
+# an output that could not be written (variants.io.WriteError, sweep.RunIncomplete)
 
 
 def configure_sweep(sub):
@@ -27,8 +28,12 @@ def configure_sweep(sub):
             "and measure cold starts in a fresh process. Writes results/<run>/ (run.json, "
             "per-variant outputs/metrics/verdict/timing, summary.csv, report.md) and prints "
             "where the sweep's own wall time went. Rerunning resumes (and times what an older "
-            "run lacks). Exit status: 0 every variant passes its contract, 1 some variant "
-            "fails it, 2 bad input or a variant that could not be built."),
+            "run lacks). One sweep at a time per run folder: a second one on the same run exits "
+            "2 naming the holder (RESULTS_DIR/RUN/.lock). Exit status: 0 the sweep completed "
+            "(whatever the verdicts: they are in summary.csv and report.md), 1 a variant fails "
+            "its contract with --fail-on-violation, or an output could not be written (disk "
+            "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
+            "the run folder in use, or a variant that could not be built."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
@@ -75,6 +80,9 @@ def configure_sweep(sub):
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
+    p.add_argument("--fail-on-violation", action="store_true",
+                   help="exit 1 when any variant fails its contract (for CI gates; without it a "
+                        "completed sweep exits 0)")
     for name in FAMILIES:
         get_family(name).add_arguments(p)
     p.set_defaults(func=_sweep)
@@ -88,7 +96,8 @@ def _sweep(args):
     from variants.builders import FAMILIES, get_family
     from variants.sweep import SweepConfig, VariantsFailed
 
-    kwargs = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    kwargs = {k: v for k, v in vars(args).items()
+              if k not in ("func", "command", "fail_on_violation")}
     family_params = {p for f in FAMILIES for p in get_family(f).PARAMS}
     own = get_family(args.family).PARAMS
     kwargs["params"] = {k: kwargs[k] for k in own}
@@ -107,7 +116,10 @@ def _sweep(args):
     run = kwargs["run"] or cfg.validate().run
     print(format_table(summary).to_string(index=False))
     print(f"\nreport: {args.results_dir}/{run}/report.md")
-    return 0 if (summary["verdict"] == "PASS").all() else 1
+    if args.fail_on_violation and not (summary["verdict"] == "PASS").all():
+        print("variants: some variant fails its contract (--fail-on-violation)", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def _list(args):
@@ -143,9 +155,18 @@ def main(argv=None):
     from contracts.checker import ContractError
     from variants.checkpoint import CheckpointError
 
+    from variants.io import RunIncomplete, WriteError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except WriteError as e:  # disk full, permissions: a runtime failure, not bad input
+        print(f"variants: error: {e}; free space or fix permissions, then rerun the same "
+              "command to finish", file=sys.stderr)
+        return EXIT_FAILURE
+    except RunIncomplete as e:
+        print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
     except (ValueError, FileNotFoundError, CheckpointError, ContractError) as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

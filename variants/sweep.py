@@ -38,7 +38,9 @@ from variants.check import (check_calibration_size, check_strata, family_extras,
 from variants.builders.quantize import MODES
 from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
-from variants.io import write_json, write_text
+from variants import runlock
+from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json,
+                         write_text)
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
 from variants.coldstart import measure_cold_start
@@ -333,10 +335,15 @@ class Sweep:
                              f"new); choose another --run name or delete {self.out}")
 
     def _write_identity(self):
-        """run.json holds the settings from the start, so an interrupted run resumes safely."""
-        if not (self.out / "run.json").exists():
-            write_json(self.out / "run.json", {"identity": self.cfg.identity(),
-                                               "status": "running"})
+        """run.json holds the settings from the start, so an interrupted run resumes safely,
+        and says "running" (a resumed run's earlier content is kept) until the run's end."""
+        prev = self.previous_meta if isinstance(self.previous_meta, dict) else {}
+        # the tokenizer settings from the start too: a run killed before its end and resumed
+        # with other settings is refused (_check_run_tokenizer), not silently mixed
+        data = prev.get("data") if isinstance(prev.get("data"), dict) else {}
+        data = dict(data, tokenizer=self.checkpoint.tokenizer.settings())
+        write_json(self.out / "run.json", dict(prev, identity=self.cfg.identity(), data=data,
+                                               status="running"))
 
     def _check_run_folder(self):
         run_json = self.out / "run.json"
@@ -620,11 +627,55 @@ class Sweep:
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self):
-        cfg = self.cfg
+        """Run the sweep, holding the run folder's lock (:mod:`variants.runlock`) throughout.
+
+        run.json says ``"running"`` from the start until every output is in place (summary.csv,
+        plots/, report.md); only then is its final status written: ``"complete"``, or
+        ``"partial"``/``"failed"`` when variants failed to build. A write that fails (disk full,
+        permission denied) leaves ``"incomplete"`` with ``error`` {file, error} and raises
+        :class:`variants.io.WriteError`; a plotting bug leaves ``"incomplete"`` too (summary.csv
+        and report.md, without plots, are written) and raises :class:`RunIncomplete`. Rerunning
+        the same command finishes such a run. On start, temp files a killed writer left in the
+        run folder (and in the cache, when no other sweep uses it) are removed.
+        """
         self.clock = SweepClock()
         with self.clock("setup"):
             self.prepare()
             self.out.mkdir(parents=True, exist_ok=True)
+        with runlock.hold(self.out, log=self.log), \
+                runlock.cache_lock(self.cache, when_alone=self._clean_cache):
+            try:
+                return self._run_locked()
+            except (WriteError, RunIncomplete) as e:
+                self._mark_incomplete(e)
+                raise
+
+    def _clean_cache(self):
+        removed = remove_temp_files(self.cache)
+        if removed:
+            self.log(f"{self.cache}: removed {len(removed)} leftover temp file(s) of a killed "
+                     "writer")
+
+    def _mark_incomplete(self, error):
+        """run.json: status "incomplete" and the error (best effort: the disk may be full)."""
+        file = getattr(error, "filename", None) or getattr(error, "file", None)
+        meta = _read_json(self.out / "run.json")
+        meta = meta if isinstance(meta, dict) else {}
+        meta.update(identity=self.cfg.identity(), status="incomplete",
+                    error={"file": str(file) if file else None, "error": str(error)})
+        try:
+            write_json(self.out / "run.json", meta)
+        except OSError as e:
+            self.log(f"run.json: cannot record the error either ({e})")
+
+    def _run_locked(self):
+        cfg = self.cfg
+        with self.clock("setup"):
+            self._check_run_folder()  # again, under the lock: another sweep may have written
+            removed = remove_temp_files(self.out)
+            if removed:
+                self.log(f"{self.out}: removed {len(removed)} leftover temp file(s) of a killed "
+                         "writer")
             self.previous_meta = _read_json(self.out / "run.json")
             self._write_identity()
         self.reference()
@@ -658,24 +709,30 @@ class Sweep:
             raise VariantsFailed(self.failed, None, self.out)
         with self.clock("metrics_contract_report"):
             summary = pd.DataFrame(rows)
-            summary.to_csv(self.out / "summary.csv.tmp", index=False)
-            (self.out / "summary.csv.tmp").replace(self.out / "summary.csv")
-            meta = self.metadata()
-            write_json(self.out / "run.json", meta)
+            write_csv(self.out / "summary.csv", summary)
+            # the plots read run.json; its status stays "running" until report.md is written
+            write_json(self.out / "run.json", dict(self.metadata(), status="running"))
         from variants.plots import plot_run, plots_markdown
 
+        plot_error = None
         with self.clock("plots"):
             try:
                 plot_paths = plot_run(self.out)
-            except Exception as e:  # a plotting bug must not lose a finished sweep
+            except WriteError:
+                raise
+            except Exception as e:  # a plotting bug: report.md is still written, without plots
+                plot_error = RunIncomplete(self.out / "plots", f"{type(e).__name__}: {e}")
                 self.log(f"plots: not written ({type(e).__name__}: {e})")
                 plot_paths = []
         with self.clock("metrics_contract_report"):
+            # the final status as the report shows it; run.json gets it only after report.md
             meta = self.metadata()  # the breakdown now includes the plots
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
-        meta = self.metadata()
+        if plot_error is not None:
+            raise plot_error
+        meta = self.metadata()  # the final status, written last
         write_json(self.out / "run.json", meta)
         self.breakdown = meta["sweep_time"]
         for line in format_breakdown(self.breakdown):
