@@ -263,3 +263,64 @@ def test_exit_heads_reader(tmp_path):
     with pytest.raises(CorruptFileError, match="exit heads cache file"):
         _garbage(p)
         read_exit_heads(p, [1])
+
+
+SWEEP = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
+         "--timing-rounds", "1", "--timing-warmup", "0", "--cold-start", "none", "--no-progress",
+         "--bits", "8", "4", "--speed-mode", "simulated"]
+
+
+@pytest.mark.parametrize("rel, corrupt, words", [
+    ("q4-g64/calibration_outputs.npz", _truncate, "is not a valid outputs file (BadZipFile"),
+    ("q8-g64/build.json", _json({"config": [8]}), "is not a valid build file (config is a list"),
+    ("q8-g64/timing.json", _edit_json(lambda d: d["batches"]["1"].update(ref=3)),
+     "is not a valid timing file (batches['1'].ref is an int 3, expected a mapping)"),
+    ("run.json", _json({"identity": "x"}), "is not a valid run file (identity is a str"),
+])
+def test_sweep_resume_refuses_a_corrupt_saved_file_before_writing(tmp_path, capsys, rel,
+                                                                   corrupt, words):
+    """Sweep.prepare reads every saved file a resume would use: a corrupt one exits 2 naming it
+    before anything is written (it used to be rebuilt silently, or to crash)."""
+    root = tmp_path / "r"
+    shutil.copytree(FIXTURE, root / "t")  # the fixture's settings are these SWEEP flags
+    (root / "t" / "q2-g64").rename(root / "t" / "old")  # not asked for: not read
+    _garbage(root / "t" / "old" / "outputs.npz")
+    corrupt(root / "t" / rel)
+    before = snapshot(root)
+    assert main(["sweep", *SWEEP, "--results-dir", str(root), "--run", "t"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"variants: error: {root / 't' / rel} {words}" + err.split(words)[1])
+    assert err.count("\n") == 1 and err.endswith("delete it and rerun: only that part is rebuilt\n")
+    assert snapshot(root) == before
+
+
+def test_sweep_resume_refuses_outputs_of_another_split_size(tmp_path, capsys):
+    root = tmp_path / "r"
+    shutil.copytree(FIXTURE, root / "t")
+    run = json.loads((root / "t" / "run.json").read_text())
+    run["identity"]["n_eval"] = 50  # as if run.json had been deleted and rewritten
+    (root / "t" / "run.json").write_text(json.dumps(run))
+    before = snapshot(root)
+    assert main(["sweep", *SWEEP[:5], "50", *SWEEP[6:], "--results-dir", str(root),
+                 "--run", "t"]) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 't' / 'q8-g64' / 'outputs.npz'} holds 40 eval examples, this sweep uses 50" in err
+    assert snapshot(root) == before
+
+
+def test_family_describe_on_a_build_file_without_its_fields(tmp_path):
+    """family_extras: a build.json lacking a field the family's describe() reads names the file."""
+    from types import SimpleNamespace
+
+    from variants.check import family_extras
+
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "build.json").write_text("{}")
+    (tmp_path / "v" / "timing.json").write_text("{}")
+    family = SimpleNamespace(describe=lambda build, timing: f"threshold {build['threshold']}")
+    with pytest.raises(CorruptFileError, match="exit field missing or of the wrong type: "
+                                               "KeyError 'threshold'") as e:
+        family_extras(tmp_path, "exit", ["v"], family=family)
+    assert e.value.path == tmp_path / "v" / "build.json"
+    (tmp_path / "v" / "build.json").write_text('{"threshold": 0.5}')
+    assert family_extras(tmp_path, "exit", ["v"], family=family) == {"v": "threshold 0.5"}
