@@ -489,4 +489,6 @@ def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
     assert "--worst must be >= 0" in capsys.readouterr().err
     (run / "run.json").write_text("{bad")
     assert main(["check", str(run)]) == 2
-    assert "run.json is not valid JSON" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{run / 'run.json'} is not a valid run file (not JSON: JSONDecodeError: Expecting" in err
+    assert "delete it and rerun" in err

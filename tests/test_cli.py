@@ -145,11 +145,22 @@ def test_results_dir_that_is_a_file_exits_2(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
+def _snapshot(folder):
+    """{relative path: (sha256, mtime_ns)} of every file under ``folder``."""
+    import hashlib
+
+    return {p.relative_to(folder).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(),
+                                               p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow
-def test_interrupted_run_refuses_other_settings_and_rebuilds_corrupt_outputs(
+def test_interrupted_run_refuses_other_settings_and_corrupt_files(
         tmp_path, capsys, monkeypatch):
     """Regression (break-it report): run.json was written only at the end, so a rerun after an
-    interruption reused outputs computed with other settings; corrupt outputs crashed resume."""
+    interruption reused outputs computed with other settings; corrupt outputs crashed resume.
+    Issue 14: a corrupt saved file or cache file is no longer rebuilt silently: exit 2 with one
+    line naming it, nothing in the run folder modified; deleted, the rerun rebuilds that part."""
     from variants.sweep import Sweep
 
     root = tmp_path / "results"
@@ -169,8 +180,31 @@ def test_interrupted_run_refuses_other_settings_and_rebuilds_corrupt_outputs(
     monkeypatch.setattr(Sweep, "variant", real_variant)
     assert main(args) in (0, 1)
     capsys.readouterr()
-    # a corrupt outputs file is rebuilt, not a traceback
-    (run / "q8-g64" / "outputs.npz").write_bytes(b"not a zip")
-    assert main(args) in (0, 1)
-    assert "rebuilding this variant" in capsys.readouterr().err
+    cache = root / ".cache"
+    (head,) = (cache / "heads").glob("*.npz")
+    (ref_eval,) = (cache / "reference").glob("*-eval-*.npz")
+    for bad, kind, rebuilt in [(run / "q8-g64" / "outputs.npz", "outputs file", "variant"),
+                               (run / "q8-g64" / "timing.json", "timing file", "variant"),
+                               (head, "head cache file", "head"),
+                               (ref_eval, "reference outputs cache file", "reference")]:
+        bad.write_bytes(b"[]" if bad.suffix == ".json" else b"not a zip")
+        before = _snapshot(run)
+        assert main(args) == 2, bad
+        err = capsys.readouterr().err
+        (line,) = [x for x in err.splitlines() if "error" in x]  # after progress lines
+        assert line.startswith(f"variants: error: {bad} is not a valid {kind} ("), err
+        assert line.endswith("delete it and rerun: only that part is rebuilt")
+        assert _snapshot(run) == before, f"{bad.name}: run folder modified"
+        bad.unlink()
+        assert main(args) in (0, 1)
+        err = capsys.readouterr().err
+        meta = json.loads((run / "run.json").read_text())
+        counts = meta["sweep_time"]["counts"]
+        # only that part is rebuilt
+        assert counts["variants_built"] == (rebuilt == "variant"), bad
+        assert ("fitting temperatures" in err) == (rebuilt == "head"), bad
+        if rebuilt != "head":  # a refitted head keeps its temperatures, so may hit too
+            assert meta["reference_outputs_from_cache"] == {
+                "calibration": True, "eval": rebuilt != "reference"}, bad
+        assert bad.exists()
     assert (run / "q8-g64" / "outputs.npz").stat().st_mode & 0o044  # readable by others (umask)

@@ -12,7 +12,7 @@ from variants.builders import exit_heads, exit_rules
 from variants.builders.early_exit import ExitConfig
 from variants.cli import main
 from variants.models import choice, sentiment
-from variants.outputs import DecisionOutputs
+from variants.outputs import DecisionOutputs, finish_outputs
 
 
 @pytest.fixture(scope="module")
@@ -510,10 +510,16 @@ def test_run_report_and_plot_read_eval_exit_layer(tmp_path):
     (run / "reference").mkdir(parents=True)
     (run / "v").mkdir()
     (run / "run.json").write_text(json.dumps({"config": {"near_tie_margin": 1.0}}))
-    pd.DataFrame({"variant": ["v"], "family": ["exit"]}).to_csv(run / "summary.csv", index=False)
+    pd.DataFrame({"variant": ["v"], "family": ["exit"], "verdict": ["PASS"]}).to_csv(
+        run / "summary.csv", index=False)
     logits = np.array([[5.0, 0.0], [0.2, 0.0], [0.1, 0.5], [4.0, 0.0]], np.float32)
-    np.savez(run / "reference" / "outputs.npz", logits=logits, option_mask=np.ones((4, 2), bool))
-    np.savez(run / "v" / "outputs.npz", logits=logits, exit_layer=np.array([1, 6, 6, 2]))
+    # complete outputs files (the plots' reader validates every DecisionOutputs field)
+    common = dict(option_mask=np.ones((4, 2), bool), temperature=np.ones(4),
+                  option_scores=np.full((4, 2), np.nan), action_map=np.eye(2)[None].repeat(4, 0),
+                  ids=[f"e{i}" for i in range(4)], task=["t"] * 4, labels=[0, 0, 1, 0],
+                  human_dist=np.full((4, 2), np.nan))
+    finish_outputs(logits, **common).save(run / "reference" / "outputs.npz")
+    finish_outputs(logits, **common, exit_layer=[1, 6, 6, 2]).save(run / "v" / "outputs.npz")
     (run / "v" / "build.json").write_text(json.dumps({"n_layers": 6, "exit_layers": [1, 2, 3]}))
     s = plots.exit_summaries(plots.load_run(run))["v"]
     assert s["exit_histogram"] == {1: 1, 2: 1, 3: 0, 6: 2} and s["n_near_tie"] == 2

@@ -213,15 +213,13 @@ def save_stats(path, stats):
     return write_npz(path, arrays)
 
 
-def load_stats(path):
-    """Read what :func:`save_stats` wrote."""
-    out = {}
-    with np.load(path) as z:
-        sites = sorted({k.rsplit("|", 1)[0] for k in z.files})
-        for site in sites:
-            out[site] = LinearStats(z[f"{site}|gram"], z[f"{site}|abs_sum"],
-                                    int(z[f"{site}|count"]))
-    return out
+def load_stats(path, sites=None):
+    """Read what :func:`save_stats` wrote ({site: LinearStats}); ``sites`` must all be there.
+    Raises ``variants.runfiles.CorruptFileError`` naming the file when it is not valid."""
+    from variants.runfiles import read_activation_stats
+
+    return {site: LinearStats(g, a, c)
+            for site, (g, a, c) in read_activation_stats(path, sites).items()}
 
 
 def cached_collect(model, taskset, *, cache_dir=None, batch_size=32, log=None):
@@ -236,7 +234,7 @@ def cached_collect(model, taskset, *, cache_dir=None, batch_size=32, log=None):
     if path.exists():
         if log:
             log(f"activation statistics loaded from {path}")
-        return load_stats(path)
+        return load_stats(path, {input_site(p) for p in target_linears(model.module)})
     stats = collect(model, taskset, batch_size=batch_size)
     save_stats(path, stats)
     if log:

@@ -9,7 +9,6 @@ the clause meant to catch each one fails while the unperturbed copy passes every
 """
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import replace
@@ -20,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from metrics._checks import short_list, short_path, short_repr
+from variants.runfiles import (OUTPUT_FIELDS, CorruptFileError, read_build, read_outputs,
+                               read_run_json, read_timing)
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USER_ERROR = 0, 1, 2
-OUTPUT_FIELDS = ("ids", "task", "logits", "option_mask", "temperature", "probs", "option_scores",
-                 "expected_score", "confidence", "action_probs", "labels", "human_dist")
 DEFAULT_NEAR_TIE_MARGIN = 1.0
 
 
@@ -38,19 +37,15 @@ def load_outputs(path):
     Raises
     ------
     CheckError
-        If the file is missing or not an npz of outputs.
+        If the file is missing.
+    variants.runfiles.CorruptFileError
+        If it is not an npz of outputs (:func:`variants.runfiles.read_outputs`).
     """
     path = Path(path)
     if not path.exists():
         raise CheckError(f"{path} not found; run `variants sweep` first or pass the run folder.")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in OUTPUT_FIELDS if k in z.files}
-    except (OSError, ValueError) as e:
-        raise CheckError(f"cannot read {path} ({e}); it should be an outputs .npz of a sweep.") from None
-    if "logits" not in out:
-        raise CheckError(f"{path} has no 'logits'; it is not a DecisionOutputs file.")
-    return out
+    out = read_outputs(path)
+    return {k: out[k] for k in OUTPUT_FIELDS}
 
 
 def list_variants(run_dir):
@@ -77,14 +72,27 @@ def _non_negative(value, flag):
 
 
 def read_run(run_dir):
-    """run.json as a dict ({} when absent, e.g. a hand-made folder)."""
+    """run.json as a dict ({} when absent, e.g. a hand-made folder); CorruptFileError when it is
+    not a valid run file (:func:`variants.runfiles.read_run_json`)."""
     path = Path(run_dir) / "run.json"
     if not path.exists():
         return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckError(f"{path} is not valid JSON ({e}); rerun the sweep to rewrite it") from None
+    return read_run_json(path)
+
+
+def variant_files(run_dir, name):
+    """Read and validate what judging variant ``name`` reads (outputs of the reference and of the
+    variant, build.json and timing.json where present), before anything is written.
+
+    Raises CheckError (a file missing) or CorruptFileError (a file unreadable or wrong-shaped).
+    """
+    run_dir = Path(run_dir)
+    for d in ("reference", name):
+        for f in ("calibration_outputs.npz", "outputs.npz"):
+            load_outputs(run_dir / d / f)
+    for f, read in (("build.json", read_build), ("timing.json", read_timing)):
+        if (run_dir / name / f).exists():
+            read(run_dir / name / f)
 
 
 @lru_cache(maxsize=2)
@@ -273,8 +281,8 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
         raise CheckError(f"{vdir}: {e}") from None
     row = None
     if (vdir / "build.json").exists() and (vdir / "timing.json").exists():
-        build = json.loads((vdir / "build.json").read_text())
-        timing = json.loads((vdir / "timing.json").read_text())
+        build = read_build(vdir / "build.json")
+        timing = read_timing(vdir / "timing.json")
         row = summary_row(name, build, ev.summary, verdict, timing)
     if write:
         if texts is None:
@@ -320,8 +328,13 @@ def family_extras(run_dir, family_name, names, family=None):
     for name in names:
         vdir = run_dir / name
         if (vdir / "build.json").exists() and (vdir / "timing.json").exists():
-            out[name] = family.describe(json.loads((vdir / "build.json").read_text()),
-                                        json.loads((vdir / "timing.json").read_text()))
+            build = read_build(vdir / "build.json")
+            try:
+                out[name] = family.describe(build, read_timing(vdir / "timing.json"))
+            except (KeyError, TypeError, IndexError) as e:  # a field the family wrote is absent
+                raise CorruptFileError(vdir / "build.json", "build file",
+                                       f"{family_name} field missing or of the wrong type: "
+                                       f"{type(e).__name__} {e}") from None
     return out
 
 
@@ -398,6 +411,9 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     if not names:
         raise CheckError(f"{run_dir} holds no variant with outputs.npz and calibration_outputs.npz.")
     out_dir = Path(output_dir) if output_dir is not None else run_dir
+    read_run(run_dir)  # every file judged is read and validated before anything is written
+    for name in names:
+        variant_files(run_dir, name)
     rows, details, verdicts = [], {}, {}
     for name in names:
         row, ev, verdict = judge_variant(run_dir, name, contract, output_dir=out_dir, **kwargs)

@@ -63,7 +63,6 @@ def run_spec(spec, spawned_at=None, main_at=None):
     t0 = _now()
     import mlx.core as mx
     import mlx.nn  # noqa: F401
-    import numpy as np
 
     from variants.checkpoint import load_checkpoint
     from variants.models import get_module
@@ -90,8 +89,9 @@ def run_spec(spec, spawned_at=None, main_at=None):
     model = module.build(ck)
     head = spec.get("head_path")
     if head:
-        with np.load(head) as z:
-            state = {k: z[k] for k in z.files}
+        from variants.runfiles import read_head_cache
+
+        state = read_head_cache(head)
         if hasattr(model, "load_head_state"):
             model.load_head_state({k[5:]: v for k, v in state.items() if k.startswith("head_")})
         model.temperatures = dict(zip(state["t_keys"].tolist(), state["t_values"].tolist()))

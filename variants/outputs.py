@@ -85,13 +85,19 @@ class DecisionOutputs:
         return write_npz(path, arrays)
 
     @classmethod
-    def load(cls, path):
-        """Read a DecisionOutputs written by :meth:`save` (optional fields absent -> None)."""
-        with np.load(path, allow_pickle=False) as z:
-            out = cls(**{f.name: z[f.name] for f in fields(cls)})
-            for name in OPTIONAL_FIELDS:
-                if name in z.files:
-                    setattr(out, name, z[name])
+    def load(cls, path, kind="outputs file"):
+        """Read a DecisionOutputs written by :meth:`save` (optional fields absent -> None).
+
+        Raises ``variants.runfiles.CorruptFileError`` (a ValueError naming the file, ``kind``
+        in its message) when the file is not such an npz (:func:`variants.runfiles.read_outputs`).
+        """
+        from variants.runfiles import read_outputs
+
+        z = read_outputs(path, kind)
+        out = cls(**{f.name: z[f.name] for f in fields(cls)})
+        for name in OPTIONAL_FIELDS:
+            if name in z:
+                setattr(out, name, z[name])
         return out
 
 

@@ -8,7 +8,6 @@ atomically (temp file + rename). Per-example quantities come from :func:`metrics
 """
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -26,6 +25,8 @@ from metrics._checks import short_path
 from metrics.evaluate import evaluate
 from metrics.ties import human_near_tie, human_top2_gap
 from variants.io import _atomic
+from variants.runfiles import (CorruptFileError, read_build, read_metrics, read_outputs,
+                               read_run_json, read_summary, read_timing, read_verdict)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,9 @@ class SkipPlot(Exception):
 # Reading a run folder
 # ---------------------------------------------------------------------------------------------
 
-def _read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+#: The validating reader of each per-variant JSON file :meth:`Run.json` reads.
+JSON_READERS = {"build.json": read_build, "metrics.json": read_metrics,
+                "verdict.json": read_verdict, "timing.json": read_timing}
 
 
 class Run:
@@ -94,6 +95,7 @@ class Run:
         self.meta = meta
         self.summary = summary
         self._outputs = {}
+        self._json = {}
         self._evaluations = {}
 
     @property
@@ -127,7 +129,9 @@ class Run:
     def outputs(self, name, split="eval"):
         """Arrays of ``<name>/outputs.npz`` (``split='eval'``) or ``calibration_outputs.npz``.
 
-        ``name`` is a variant or ``"reference"``. Returns a dict of ndarrays (cached).
+        ``name`` is a variant or ``"reference"``. Returns a dict of ndarrays (cached); raises
+        PlotError when the file is missing, ``variants.runfiles.CorruptFileError`` when it is not
+        a valid outputs file.
         """
         key = (name, split)
         if key not in self._outputs:
@@ -135,14 +139,32 @@ class Run:
             path = self.path / name / file
             if not path.is_file():
                 raise PlotError(f"{path} is missing; rerun the sweep to complete {self.path}.")
-            with np.load(path, allow_pickle=False) as z:
-                self._outputs[key] = {k: z[k] for k in z.files}
+            self._outputs[key] = read_outputs(path)
         return self._outputs[key]
 
     def json(self, name, file):
-        """``<name>/<file>`` (e.g. ``build.json``) as a dict; {} when absent."""
-        path = self.path / name / file
-        return _read_json(path) if path.is_file() else {}
+        """``<name>/<file>`` (a key of ``JSON_READERS``, e.g. ``build.json``) as a dict, read and
+        validated once; {} when absent. Raises CorruptFileError when it is not valid."""
+        key = (name, file)
+        if key not in self._json:
+            path = self.path / name / file
+            self._json[key] = JSON_READERS[file](path) if path.is_file() else {}
+        return self._json[key]
+
+    def read_all(self):
+        """Read and validate every file the plots use (outputs, metrics, verdict and build of
+        each variant; the reference's outputs), so a corrupt one stops :func:`plot_run` before
+        any PNG is written. Raises PlotError or CorruptFileError."""
+        ref = self.outputs("reference")
+        for name in self.variants:
+            o = self.outputs(name)
+            if len(o["ids"]) != len(ref["ids"]) or o["logits"].shape != ref["logits"].shape:
+                raise CorruptFileError(
+                    self.path / name / "outputs.npz", "outputs file",
+                    f"logits {o['logits'].shape}, the reference's {ref['logits'].shape}")
+            for file in ("verdict.json", "build.json"):
+                self.json(name, file)
+            self.evaluation(name)
 
     def evaluation(self, name):
         """:func:`metrics.evaluate.evaluate` of variant ``name`` against the reference, with the
@@ -205,6 +227,8 @@ def load_run(run_dir):
     PlotError
         If the folder is missing, is not a finished sweep (no ``summary.csv``/``run.json``), or
         its ``summary.csv`` lists no variant. The message says what to pass instead.
+    variants.runfiles.CorruptFileError
+        If ``run.json`` or ``summary.csv`` does not parse or has the wrong shape.
     """
     path = Path(run_dir)
     if not path.is_dir():
@@ -217,14 +241,11 @@ def load_run(run_dir):
         raise PlotError(f"{path} has no summary.csv, so it is not a finished sweep; {hint}.")
     if not (path / "run.json").is_file():
         raise PlotError(f"{path} has summary.csv but no run.json; rerun the sweep to finish it.")
-    try:
-        summary = pd.read_csv(path / "summary.csv")
-    except pd.errors.EmptyDataError:
-        summary = pd.DataFrame(columns=["variant"])
+    summary = read_summary(path / "summary.csv")
     if summary.empty:
         raise PlotError(f"{path}/summary.csv lists no variant, so there is nothing to plot; run "
                         f"a sweep with at least one variant (e.g. --bits 4).")
-    return Run(path, _read_json(path / "run.json"), summary)
+    return Run(path, read_run_json(path / "run.json"), summary)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -744,8 +765,11 @@ def plot_run(run_dir, *, dpi=110):
     ------
     PlotError
         If the folder is missing, not a finished sweep, or lists no variant.
+    variants.runfiles.CorruptFileError
+        If a file the plots read is corrupt; raised before any PNG is written.
     """
     run = load_run(run_dir)
+    run.read_all()
     if len(run.variants) == 1:
         log.warning("%s holds a single variant (%s): plots show it against the reference only",
                     run.path, run.variants[0])
@@ -810,7 +834,7 @@ def main(args):
     try:
         with lock:
             paths = plot_run(args.results_dir, dpi=args.dpi)
-    except (PlotError, runlock.RunLocked) as e:
+    except (PlotError, CorruptFileError, runlock.RunLocked) as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     for p in paths:

@@ -14,7 +14,6 @@ printed at the end and written to run.json (``sweep_time``).
 import inspect
 import json
 import math
-import zipfile
 import platform
 import shutil
 import time
@@ -43,6 +42,7 @@ from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv
                          write_text)
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
+from variants.runfiles import CorruptFileError, read_build, read_outputs, read_run_json, read_timing
 from variants.coldstart import measure_cold_start
 from variants.timing import (DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP,
                              TIMED_REGIONS, end_to_end_call, split_regions, time_alternating)
@@ -348,11 +348,7 @@ class Sweep:
     def _check_run_folder(self):
         run_json = self.out / "run.json"
         if run_json.exists():
-            try:
-                old = json.loads(run_json.read_text()).get("identity", {})
-            except json.JSONDecodeError as e:
-                raise SweepError(f"{run_json} is not valid JSON ({e}); delete {self.out} or "
-                                 "choose another --run name") from None
+            old = read_run_json(run_json).get("identity", {})  # CorruptFileError: exit 2
             new = json.loads(json.dumps(self.cfg.identity()))
             diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
             if diff:
@@ -362,21 +358,32 @@ class Sweep:
         self._check_variant_folders()
 
     def _check_variant_folders(self):
-        """A variant folder about to be resumed must hold the variant this sweep asks for.
+        """A variant folder about to be resumed must hold the variant this sweep asks for, in
+        files that are not corrupt.
 
+        Every saved file the resume reads (outputs.npz, calibration_outputs.npz, build.json,
+        timing.json) is read with its validating reader (:mod:`variants.runfiles`) here, before
+        anything is written: a corrupt one raises CorruptFileError naming it (delete it and
+        rerun; only that variant is rebuilt), outputs of another split size raise SweepError.
         Folder names encode a variant's parameters only approximately (an exit threshold of
         0.1234 and one of 0.1231 both give ``t0.123``), so the config its build.json recorded
         (``config``, the variant dataclass as built) is compared with the requested one. Fields
         only one side has (an older build.json, a field added since) are not compared.
         """
         for vcfg in self.cfg.variants:
-            build_json = self.out / vcfg.name / "build.json"
+            vdir = self.out / vcfg.name
+            for f, split in (("outputs.npz", "eval"), ("calibration_outputs.npz", "calibration")):
+                if (vdir / f).exists():
+                    n, want = len(read_outputs(vdir / f)["ids"]), len(self.tasksets[split])
+                    if n != want:
+                        raise SweepError(f"{vdir / f} holds {n} {split} examples, this sweep "
+                                         f"uses {want}; delete {vdir} or choose another --run")
+            if (vdir / "timing.json").exists():
+                read_timing(vdir / "timing.json")
+            build_json = vdir / "build.json"
             if not build_json.exists():
                 continue
-            try:
-                old = json.loads(build_json.read_text()).get("config")
-            except (OSError, ValueError):
-                continue  # unreadable: the variant is rebuilt (Sweep._loadable)
+            old = read_build(build_json).get("config")
             if not isinstance(old, dict):
                 continue
             new = json.loads(json.dumps(asdict(vcfg)))
@@ -415,13 +422,14 @@ class Sweep:
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
                 if path.exists():
-                    outputs = DecisionOutputs.load(path)
+                    outputs = DecisionOutputs.load(path, "reference outputs cache file")
                 else:
                     outputs = self._outputs(self.ref_model, split, "reference")
                     self.clock.counts["reference_output_batches"] += len(self.batches[split])
                     outputs.save(path)
-                outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
             self.ref_outputs[split] = outputs
+        for split, outputs in self.ref_outputs.items():  # both read (or computed) first
+            outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
         return self.ref_model
 
     def _outputs(self, model, split, what):
@@ -535,12 +543,12 @@ class Sweep:
         vdir = self.out / vcfg.name
         files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
                                        "timing.json")}
-        reusable = all(f.exists() for f in files.values()) and self._loadable(files)
+        reusable = all(f.exists() for f in files.values())  # validated in prepare()
         if reusable:
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
             self.reused.append(vcfg.name)
             self.clock.counts["variants_reused"] += 1
-            timing = json.loads(files["timing.json"].read_text())
+            timing = read_timing(files["timing.json"])
             sizes = list(dict.fromkeys(cfg.timing_batch_sizes))
             missing = [b for b in sizes if str(b) not in timing.get("batches", {})
                        or str(b) not in timing.get("end_to_end", {})]
@@ -569,6 +577,8 @@ class Sweep:
         else:
             try:
                 return self._build_variant(family, vcfg, timing_sets, files)
+            except CorruptFileError:  # a corrupt cache file: exit 2 naming it, nothing removed
+                raise
             except ValueError:
                 # nothing of a variant that failed stays behind (no half folder to resume)
                 shutil.rmtree(vdir, ignore_errors=True)
@@ -607,19 +617,6 @@ class Sweep:
             write_json(files["timing.json"], timing)
         with self.clock("metrics_contract_report"):
             return self.judge(vcfg.name)
-
-    def _loadable(self, files):
-        """False (and a log line) when a saved file of a finished variant is corrupt."""
-        try:
-            for f in ("outputs.npz", "calibration_outputs.npz"):
-                DecisionOutputs.load(files[f])
-            for f in ("build.json", "timing.json"):
-                json.loads(files[f].read_text())
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            self.log(f"{files['outputs.npz'].parent.name}: saved files unreadable "
-                     f"({type(e).__name__}); rebuilding this variant")
-            return False
-        return True
 
     def judge(self, name):
         """Recompute metrics, verdict and the variant's own report from its saved outputs."""
@@ -689,6 +686,8 @@ class Sweep:
                          disable=not cfg.progress):
             try:
                 row, ev, verdict = self.variant(family, vcfg, timing_sets)
+            except CorruptFileError:  # not this variant's failure: the whole sweep stops
+                raise
             except ValueError as e:
                 # this variant only (e.g. a fixed exit threshold that fires on no calibration
                 # example, detectable at build time alone): log it, go on with the others
@@ -787,11 +786,9 @@ def _model_bytes(model):
 
 
 def _read_json(path):
-    """A JSON file as a dict; {} when missing or unreadable (checked elsewhere)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
+    """run.json as a dict; {} when missing (CorruptFileError when corrupt, see prepare())."""
+    path = Path(path)
+    return read_run_json(path) if path.exists() else {}
 
 
 def run_sweep(log=print, **kwargs):

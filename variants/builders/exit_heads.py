@@ -286,8 +286,9 @@ def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None, kind="
     path = None if cache_dir is None else cache_dir / "exit_heads" / f"{reference.name}-{key}.npz"
     info = {"fit_source": source, "heads_cache_key": key, "n_fit": len(fit), "head_kind": kind}
     if path is not None and path.exists():
-        with np.load(path) as z:
-            return [(z[f"w{l}"], z[f"b{l}"]) for l in layers], {**info, "heads_cached": True}
+        from variants.runfiles import read_exit_heads  # CorruptFileError names the file
+
+        return read_exit_heads(path, layers), {**info, "heads_cached": True}
     s = split_features(reference, reference.module, fit, layers, kind)
     soft = masked_probs(s["logits"], s["mask"], s["temperature"])
     labels = np.asarray(fit.labels)

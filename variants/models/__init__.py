@@ -51,8 +51,10 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
                           tasksets["calibration"].fingerprint())
     path = cache_dir / "heads" / f"{name}-{key}.npz"
     if path.exists():
-        with np.load(path) as z:
-            state = {k: z[k] for k in z.files}
+        from variants.runfiles import read_head_cache  # CorruptFileError names the file
+
+        state = read_head_cache(path, {k: np.shape(v) for k, v in model.head_state().items()}
+                                if hasattr(model, "head_state") else None)
         if hasattr(model, "load_head_state"):
             model.load_head_state({k[5:]: v for k, v in state.items() if k.startswith("head_")})
         model.temperatures = dict(zip(state["t_keys"].tolist(), state["t_values"].tolist()))
