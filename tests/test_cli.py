@@ -174,7 +174,11 @@ def test_interrupted_run_refuses_other_settings_and_corrupt_files(
 
     monkeypatch.setattr(Sweep, "variant", interrupted)
     assert main(args) == 130
-    assert json.loads((run / "run.json").read_text())["status"] == "running"
+    started = json.loads((run / "run.json").read_text())
+    assert started["status"] == "running"
+    # the tokenizer settings are in run.json from the start (a resume with others is refused)
+    assert started["data"]["tokenizer"]["max_length"] == 128
+    assert len(started["data"]["tokenizer"]["fingerprint"]) == 16
     assert main([*args, "--n-fit", "80"]) == 2  # other settings: refused before computing
     assert "other settings" in capsys.readouterr().err
     monkeypatch.setattr(Sweep, "variant", real_variant)

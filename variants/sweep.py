@@ -428,9 +428,13 @@ class Sweep:
                     self.clock.counts["reference_output_batches"] += len(self.batches[split])
                     outputs.save(path)
             self.ref_outputs[split] = outputs
-        for split, outputs in self.ref_outputs.items():  # both read (or computed) first
-            outputs.save(self.out / "reference" / f"{'outputs' if split == 'eval' else 'calibration_outputs'}.npz")
         return self.ref_model
+
+    def save_reference(self):
+        """Copy the reference's outputs (both splits, read or computed first) into the run."""
+        for split, outputs in self.ref_outputs.items():
+            name = "outputs" if split == "eval" else "calibration_outputs"
+            outputs.save(self.out / "reference" / f"{name}.npz")
 
     def _outputs(self, model, split, what):
         ts = self.tasksets[split]
@@ -626,7 +630,8 @@ class Sweep:
     def run(self):
         """Run the sweep, holding the run folder's lock (:mod:`variants.runlock`) throughout.
 
-        run.json says ``"running"`` from the start until every output is in place (summary.csv,
+        run.json says ``"running"`` from the first write into the run folder (after the
+        reference's cache files were read and validated) until every output is in place (summary.csv,
         plots/, report.md); only then is its final status written: ``"complete"``, or
         ``"partial"``/``"failed"`` when variants failed to build. A write that fails (disk full,
         permission denied) leaves ``"incomplete"`` with ``error`` {file, error} and raises
@@ -674,8 +679,12 @@ class Sweep:
                 self.log(f"{self.out}: removed {len(removed)} leftover temp file(s) of a killed "
                          "writer")
             self.previous_meta = _read_json(self.out / "run.json")
-            self._write_identity()
+        # the reference's cache files are read (and validated) before the run folder changes:
+        # a corrupt cache file stops the sweep with nothing in the folder rewritten
         self.reference()
+        with self.clock("setup"):
+            self._write_identity()
+            self.save_reference()
         family = get_family(cfg.family)
         with self.clock("setup"):
             timing_sets = self._timing_batches()
