@@ -299,6 +299,14 @@ def check_outputs(arrays, path, kind="outputs file", required=OUTPUT_FIELDS):
         fail(f"{n} rows of {k} options: empty")
     if "option_mask" in arrays and not arrays["option_mask"].any(axis=1).all():
         fail("a row of option_mask has no valid option")
+    if "option_mask" in arrays:  # values on valid options: what every metric reads
+        m = arrays["option_mask"]
+        for f in ("logits", "probs"):
+            if f in arrays and not np.isfinite(arrays[f][m]).all():
+                row = int(np.flatnonzero(~np.isfinite(np.where(m, arrays[f], 0)).all(axis=1))[0])
+                fail(f"{f} has NaN or inf on a valid option (row {row})")
+        if "probs" in arrays and not ((arrays["probs"][m] >= 0) & (arrays["probs"][m] <= 1)).all():
+            fail("probs has a value outside [0, 1] on a valid option")
     if "temperature" in arrays:
         t = arrays["temperature"]
         if not (np.isfinite(t).all() and (t > 0).all()):
@@ -312,7 +320,8 @@ def read_outputs(path, kind="outputs file", required=OUTPUT_FIELDS):
     Returns {field: ndarray} of the ``OUTPUT_FIELDS`` and optional ``exit_layer`` present
     (other arrays are dropped). Checked: the ``required`` fields are present; ids/task 1-D str;
     logits, probs, option_scores, human_dist (N, K) float; option_mask (N, K) bool with a valid
-    option per row; temperature (N,) finite > 0; expected_score, confidence (N,) float;
+    option per row; logits and probs finite on valid options, probs there in [0, 1]; temperature
+    (N,) finite > 0; expected_score, confidence (N,) float;
     action_probs (N, A) float; labels, exit_layer (N,) int; N, K >= 1.
 
     Raises

@@ -37,6 +37,7 @@ from variants.check import (check_calibration_size, check_strata, family_extras,
 from variants.builders.quantize import MODES
 from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
+from variants.decision import prepared_digest
 from variants import runlock
 from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json,
                          write_text)
@@ -417,7 +418,8 @@ class Sweep:
         self.ref_outputs_cached = {}
         for split in ("calibration", "eval"):
             key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
-                                           self.tasksets[split].fingerprint())
+                                           self.tasksets[split].fingerprint(),
+                                           prepared_digest(self.batches[split]))
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
