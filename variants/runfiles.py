@@ -211,8 +211,9 @@ def read_verdict(path):
 
 def read_summary(path):
     """``summary.csv`` as a DataFrame with the ``SUMMARY_COLUMNS`` and, per timed batch size
-    ``b<B>_speedup``, its ``_ci_low``/``_ci_high`` numeric columns. An empty file gives an empty
-    frame with a ``variant`` column. Raises CorruptFileError."""
+    ``b<B>_speedup``, its ``_ci_low``/``_ci_high`` numeric columns; every row has a variant
+    (each once), family and verdict. An empty file gives an empty frame with a ``variant``
+    column. Raises CorruptFileError."""
     import pandas as pd
 
     path = Path(path)
@@ -231,6 +232,15 @@ def read_summary(path):
     if missing:
         raise CorruptFileError(path, kind, f"no column {', '.join(missing)}; it has "
                                f"{short_repr(', '.join(map(str, df.columns)))}")
+    for col in SUMMARY_COLUMNS:  # a short or cut row leaves these empty (NaN)
+        empty = df[col].isna().to_numpy() | (df[col].astype(str).str.strip() == "").to_numpy()
+        if empty.any():
+            raise CorruptFileError(path, kind, f"row {int(np.flatnonzero(empty)[0]) + 1} has no "
+                                   f"{col} (a cut or short row)")
+    twice = df["variant"][df["variant"].duplicated()]
+    if len(twice):
+        raise CorruptFileError(path, kind, f"variant {short_repr(str(twice.iloc[0]))} is listed "
+                               "twice")
     for col in df.columns:
         if re.fullmatch(r"(e2e_)?b\d+_speedup(_ci_low|_ci_high)?", col):
             if not pd.api.types.is_numeric_dtype(df[col]):
