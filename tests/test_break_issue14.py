@@ -94,3 +94,22 @@ def test_reference_outputs_cached_at_batch_32_are_not_reused_at_batch_4(checkpoi
     a, b = first.ref_outputs["eval"].logits, small.ref_outputs["eval"].logits
     np.testing.assert_allclose(a, b, atol=1e-4)  # same numbers up to float rounding ...
     assert len(list((tmp_path / ".cache" / "reference").iterdir())) == 4  # ... cached apart
+
+
+def test_a_huge_or_multiline_clause_id_or_contract_name_is_refused_in_one_short_line():
+    from contracts.checker import MAX_LABEL, ContractError, contract_from_dict
+
+    def contract(cid="a", name="c"):
+        return {"name": name, "clause": [{"id": cid, "metric": "flip", "statistic": "rate",
+                                          "max": 0.1}]}
+
+    assert contract_from_dict(contract("x" * MAX_LABEL)).clauses[0].id == "x" * MAX_LABEL
+    assert contract_from_dict(contract(name="n" * MAX_LABEL)).name == "n" * MAX_LABEL
+    # before: a 50 MB id was accepted and printed twice per variant (100 MB on stdout)
+    for bad in (contract("x" * 5_000_000), contract("two\nlines"), contract(name="n" * 5_000_000),
+                contract(name="a\x1b[2Jb")):
+        with pytest.raises(ContractError) as e:
+            contract_from_dict(bad, source="c.toml")
+        msg = str(e.value)
+        assert len(msg) < 400 and "\n" not in msg and msg.startswith("c.toml: ")
+        assert f"at most {MAX_LABEL} characters" in msg
