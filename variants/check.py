@@ -92,7 +92,17 @@ def variant_files(run_dir, name):
             load_outputs(run_dir / d / f)
     for f, read in (("build.json", read_build), ("timing.json", read_timing)):
         if (run_dir / name / f).exists():
-            read(run_dir / name / f)
+            d = read(run_dir / name / f)
+            if f == "build.json" and (run_dir / name / "timing.json").exists():
+                require_family(run_dir / name / f, d)
+
+
+def require_family(path, build):
+    """Raise CorruptFileError unless ``build`` (build.json at ``path``, as read) names its family:
+    summary.csv's family column comes from it, and a row without one is corrupt."""
+    if not (isinstance(build.get("family"), str) and build["family"].strip()):
+        raise CorruptFileError(path, "build file", f"family is {short_repr(build.get('family'))}, "
+                               "expected the family's name, e.g. 'quant'")
 
 
 @lru_cache(maxsize=2)

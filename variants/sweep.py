@@ -33,7 +33,7 @@ from contracts.report import render_report
 from variants import BLAS_INFO, __version__, data, parallel
 from variants.builders import get_family
 from variants.check import (check_calibration_size, check_strata, family_extras, judge_variant,
-                            resolve_settings)
+                            require_family, resolve_settings)
 from variants.builders.quantize import MODES
 from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
@@ -384,7 +384,10 @@ class Sweep:
             build_json = vdir / "build.json"
             if not build_json.exists():
                 continue
-            old = read_build(build_json).get("config")
+            build = read_build(build_json)
+            if (vdir / "timing.json").exists():
+                require_family(build_json, build)
+            old = build.get("config")
             if not isinstance(old, dict):
                 continue
             new = json.loads(json.dumps(asdict(vcfg)))
