@@ -113,3 +113,41 @@ def test_a_huge_or_multiline_clause_id_or_contract_name_is_refused_in_one_short_
         msg = str(e.value)
         assert len(msg) < 400 and "\n" not in msg and msg.startswith("c.toml: ")
         assert f"at most {MAX_LABEL} characters" in msg
+
+
+def test_accuracy_drop_interval_is_honest_with_no_flip_either_way():
+    """Strict's `accuracy-drop` clause compares the upper CI bound with 0.02: with identical
+    outputs on 20 labelled examples the bootstrap gave [0, 0] and it passed; the exact
+    difference interval (each flip rate Clopper-Pearson at 97.5%) gives +-0.197 and it fails."""
+    from scipy.stats import beta
+
+    from contracts.checker import check, contract_from_dict
+    from metrics.evaluate import evaluate
+    from metrics.intervals import clopper_pearson_difference
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(20, 3))
+    probs = softmax(z, axis=1)
+    out = {"ids": np.array([f"e{i}" for i in range(20)]), "task": np.array(["t"] * 20),
+           "logits": z.astype(np.float32), "option_mask": np.ones((20, 3), bool),
+           "probs": probs.astype(np.float32), "temperature": np.ones(20, np.float32),
+           "expected_score": np.full(20, np.nan, np.float32),
+           "action_probs": np.stack([probs[:, 0], 1 - probs[:, 0]], 1).astype(np.float32),
+           "labels": rng.integers(0, 3, size=20)}
+    ev = evaluate(out, out, epsilon=0.0)
+    upper = beta.ppf(1 - 0.0125, 1, 20)  # 1 - 0.0125^(1/20)
+    assert upper == pytest.approx(1 - 0.0125 ** (1 / 20), rel=1e-12)
+    assert ev.value("accuracy_drop") == 0.0
+    assert ev.ci("accuracy_drop") == (pytest.approx(-upper, rel=1e-9), pytest.approx(upper, rel=1e-9))
+    assert ev.interval_method("accuracy_drop") == "clopper-pearson-difference"
+    contract = contract_from_dict({"name": "c", "clause": [
+        {"id": "accuracy-drop", "metric": "accuracy_drop", "max": 0.02, "compare": "ci"}]})
+    r = check(contract, ev, n_bootstrap=200).results[0]
+    assert r.passed is False and r.interval == "clopper-pearson-difference"
+    # b = 3 negative and c = 1 positive flips of 40: far ends of the two 97.5% CP intervals
+    lo, hi = clopper_pearson_difference(3, 1, 40)
+    assert lo == pytest.approx(beta.ppf(0.0125, 3, 38) - beta.ppf(0.9875, 2, 39), rel=1e-9)
+    assert hi == pytest.approx(beta.ppf(0.9875, 4, 37) - beta.ppf(0.0125, 1, 40), rel=1e-9)
+    assert lo < 2 / 40 < hi
+    with pytest.raises(ValueError):
+        clopper_pearson_difference(30, 20, 40)
