@@ -100,6 +100,10 @@ CASES = {
     "outputs probs above 1": ("q8-g64/outputs.npz",
                               _edit_npz(lambda a: a["probs"].__setitem__((0, 0), 1.5)),
                               ("check", "plot"), "probs has a value outside [0, 1]"),
+    "outputs rows reordered": ("q8-g64/outputs.npz",
+                               _edit_npz(lambda a: a.update({k: np.roll(v, 1, axis=0)
+                                                             for k, v in a.items()})),
+                               ("check", "plot"), "its ids differ from the reference's at"),
     "outputs without labels": ("q8-g64/outputs.npz", _edit_npz(lambda a: a.pop("labels")),
                                ("check", "plot"), "no labels array"),
     "run.json a list": ("run.json", _json([]), ("check", "plot"),

@@ -426,3 +426,19 @@ def read_exit_heads(path, layers):
             raise CorruptFileError(path, kind, f"layer {layer} holds non-finite weights")
         heads.append((w, b))
     return heads
+
+
+def check_same_ids(path, ids, ref_ids, what="the reference's"):
+    """Raise CorruptFileError naming ``path`` unless ``ids`` (its outputs' example ids, (N,) str)
+    equal ``ref_ids`` row for row: metrics pair row i of a variant with row i of the reference,
+    so outputs of other or reordered examples would be judged against the wrong answers."""
+    ids, ref_ids = np.asarray(ids).astype(str), np.asarray(ref_ids).astype(str)
+    if ids.shape != ref_ids.shape:
+        raise CorruptFileError(path, "outputs file", f"{ids.size} examples, {what} has "
+                               f"{ref_ids.size}")
+    bad = np.flatnonzero(ids != ref_ids)
+    if bad.size:
+        i = int(bad[0])
+        raise CorruptFileError(path, "outputs file", f"its ids differ from {what} at {bad.size} "
+                               f"row(s), first row {i}: {short_repr(str(ids[i]))} vs "
+                               f"{short_repr(str(ref_ids[i]))}")

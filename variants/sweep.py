@@ -43,7 +43,8 @@ from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv
                          write_text)
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
-from variants.runfiles import CorruptFileError, read_build, read_outputs, read_run_json, read_timing
+from variants.runfiles import (CorruptFileError, check_same_ids, read_build, read_outputs,
+                               read_run_json, read_timing)
 from variants.coldstart import measure_cold_start
 from variants.timing import (DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP,
                              TIMED_REGIONS, end_to_end_call, split_regions, time_alternating)
@@ -375,10 +376,13 @@ class Sweep:
             vdir = self.out / vcfg.name
             for f, split in (("outputs.npz", "eval"), ("calibration_outputs.npz", "calibration")):
                 if (vdir / f).exists():
-                    n, want = len(read_outputs(vdir / f)["ids"]), len(self.tasksets[split])
+                    ids = read_outputs(vdir / f)["ids"]
+                    n, want = len(ids), len(self.tasksets[split])
                     if n != want:
                         raise SweepError(f"{vdir / f} holds {n} {split} examples, this sweep "
                                          f"uses {want}; delete {vdir} or choose another --run")
+                    check_same_ids(vdir / f, ids, self.tasksets[split].ids,
+                                   f"this sweep's {split} split")
             if (vdir / "timing.json").exists():
                 read_timing(vdir / "timing.json")
             build_json = vdir / "build.json"
