@@ -130,8 +130,9 @@ class ClauseResult:
         Examples the value was computed over (stratum size less rows where the metric is
         undefined, e.g. unknown labels).
     interval : str or None
-        Method of ``ci_low``/``ci_high``: "clopper-pearson", "bootstrap-percentile", or None
-        (no interval: the metric has none, or intervals were off).
+        Method of ``ci_low``/``ci_high``: "clopper-pearson", "clopper-pearson-difference"
+        (accuracy drop), "bootstrap-percentile", or None (no interval: the metric has none, or
+        intervals were off).
     reason : str
         Why the value is NaN although the stratum has examples ("" otherwise).
     """
@@ -220,6 +221,15 @@ def _is_number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+#: Longest clause id and contract name: they are echoed in terminal lines and report headings.
+MAX_LABEL = 100
+
+
+def _short_label(text):
+    """True when ``text`` (str) is at most ``MAX_LABEL`` characters with no control character."""
+    return len(text) <= MAX_LABEL and text.isprintable()
+
+
 def _parse_clause(raw, index, where):
     if not isinstance(raw, dict):
         raise ContractError(f"{where}: clause #{index + 1} must be a [[clause]] table, got "
@@ -227,6 +237,10 @@ def _parse_clause(raw, index, where):
     cid = raw.get("id")
     if not isinstance(cid, str) or not cid:
         raise ContractError(f"{where}: clause #{index + 1} needs a non-empty string id = \"...\".")
+    if not _short_label(cid):
+        raise ContractError(f"{where}: clause #{index + 1} has id {short_repr(cid)}; an id is one "
+                            f"line of at most {MAX_LABEL} characters (it is printed in every "
+                            "verdict line), e.g. id = \"negative-flips\".")
     label = f"{where}: clause {short_repr(cid)}"
     unknown = sorted(set(raw) - set(CLAUSE_KEYS))
     if unknown:
@@ -348,6 +362,9 @@ def contract_from_dict(data, *, source="<dict>"):
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
         raise ContractError(f"{source}: name and description must be strings.")
+    if not _short_label(name):
+        raise ContractError(f"{source}: name = {short_repr(name)} must be one line of at most "
+                            f"{MAX_LABEL} characters, e.g. name = \"strict\".")
     settings = _parse_settings(data.get("settings"), source)
     return Contract(name=name, description=description, clauses=tuple(clauses), source=source,
                     settings=settings)

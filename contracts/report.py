@@ -50,7 +50,10 @@ COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "impor
 #: What the ``interval`` column of a clause table means (said under every such table).
 INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binomial interval "
                  "for rates and counts of events (flips, agreement, certified share, accuracy), "
-                 "honest at 0 and n events; `bootstrap-percentile` = seeded percentile bootstrap "
+                 "honest at 0 and n events; `clopper-pearson-difference` = the accuracy drop's "
+                 "interval, negative minus positive flip rate, each Clopper-Pearson at half the "
+                 "error (honest with no flip either way); `bootstrap-percentile` = seeded "
+                 "percentile bootstrap "
                  "over examples for every other figure; `—` = none.")
 
 

@@ -27,7 +27,8 @@ from metrics.calibration import (
     temperature_fits_by_bucket,
 )
 from metrics.from_logits import kl_columns, nll_column
-from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, clopper_pearson
+from metrics.intervals import (BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE,
+                               clopper_pearson, clopper_pearson_difference)
 from metrics.temperature_fit import refit_log_ratio
 from metrics.drift import (
     abs_score_error,
@@ -417,7 +418,8 @@ class Evaluation:
 
     def interval_method(self, metric, statistic=None):
         """Name of the interval :meth:`ci` gives ``metric``: ``"clopper-pearson"`` (``rate`` and
-        ``count`` of a bool column, and ``BINOMIAL_SET_METRICS``), ``"bootstrap-percentile"``
+        ``count`` of a bool column, and ``BINOMIAL_SET_METRICS``), ``"clopper-pearson-difference"``
+        (``accuracy_drop``: negative minus positive flip rate), ``"bootstrap-percentile"``
         (every other metric) or None (``NO_CI_METRICS``: no interval).
 
         Raises
@@ -432,6 +434,8 @@ class Evaluation:
             return None
         if metric in BOOL_METRICS or metric in BINOMIAL_SET_METRICS:
             return CLOPPER_PEARSON
+        if metric == "accuracy_drop":
+            return CLOPPER_PEARSON_DIFFERENCE
         return BOOTSTRAP_PERCENTILE
 
     def ci(self, metric, stratum="all", statistic=None, *, n_boot=1000, confidence=0.95, seed=0):
@@ -469,6 +473,13 @@ class Evaluation:
                 return nan
             low, high = clopper_pearson(int(events.sum()), events.size, confidence=confidence)
             return (low * events.size, high * events.size) if statistic == "count" else (low, high)
+        if metric == "accuracy_drop":  # negative minus positive flips, over labelled rows
+            neg, pos = (self._array(c)[rows] for c in ("negative_flip", "positive_flip"))
+            known = ~np.isnan(neg)
+            if not known.any():
+                return nan
+            return clopper_pearson_difference(int(neg[known].sum()), int(pos[known].sum()),
+                                              int(known.sum()), confidence=confidence)
         if metric in SET_METRICS:
             return bootstrap_ci(lambda idx: self._set_values_batch(metric, rows[idx]), rows.size,
                                 n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)

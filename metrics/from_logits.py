@@ -70,5 +70,5 @@ def nll_column(logits, probs, targets, mask, temperature):
         nll = -np.log(np.asarray(probs, dtype=np.float64)[rows, targets])
     logp, ok = _usable_log_probs(logits, probs, mask, temperature)
     if ok.any():
-        nll = np.where(ok, -logp[rows, targets], nll)
+        nll = np.where(ok, 0.0 - logp[rows, targets], nll)  # 0.0 - 0.0 is +0.0, not -0.0
     return nll

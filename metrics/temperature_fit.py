@@ -98,7 +98,7 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     Returns
     -------
     TemperatureFit
-        ``not_converged`` with NaN temperature when N < 2.
+        ``not_converged`` with NaN temperature when N < 2 or a valid logit is NaN or inf.
 
     Raises
     ------
@@ -114,6 +114,9 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     if n < 2:
         return TemperatureFit(float("nan"), "not_converged", float("nan"), n,
                               f"{n} example(s) with a target; need at least 2")
+    if not np.isfinite(logits[mask]).all():
+        return TemperatureFit(float("nan"), "not_converged", float("nan"), n,
+                              "logits have NaN or inf on valid options: no NLL to minimise")
     lo, hi = np.log(lo_t), np.log(hi_t)
     grid = np.linspace(lo, hi, GRID_POINTS)
     vals = np.array([mean_nll(g, logits, mask, targets) for g in grid])

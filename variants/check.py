@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from metrics._checks import short_list, short_path, short_repr
-from variants.runfiles import (OUTPUT_FIELDS, CorruptFileError, read_build, read_outputs,
-                               read_run_json, read_timing)
+from variants.runfiles import (OUTPUT_FIELDS, CorruptFileError, check_same_ids, read_build,
+                               read_outputs, read_run_json, read_timing)
 
 EXIT_OK, EXIT_VIOLATION, EXIT_USER_ERROR = 0, 1, 2
 DEFAULT_NEAR_TIE_MARGIN = 1.0
@@ -87,12 +87,22 @@ def variant_files(run_dir, name):
     Raises CheckError (a file missing) or CorruptFileError (a file unreadable or wrong-shaped).
     """
     run_dir = Path(run_dir)
-    for d in ("reference", name):
-        for f in ("calibration_outputs.npz", "outputs.npz"):
-            load_outputs(run_dir / d / f)
+    for f in ("calibration_outputs.npz", "outputs.npz"):
+        ref = load_outputs(run_dir / "reference" / f)
+        check_same_ids(run_dir / name / f, load_outputs(run_dir / name / f)["ids"], ref["ids"])
     for f, read in (("build.json", read_build), ("timing.json", read_timing)):
         if (run_dir / name / f).exists():
-            read(run_dir / name / f)
+            d = read(run_dir / name / f)
+            if f == "build.json" and (run_dir / name / "timing.json").exists():
+                require_family(run_dir / name / f, d)
+
+
+def require_family(path, build):
+    """Raise CorruptFileError unless ``build`` (build.json at ``path``, as read) names its family:
+    summary.csv's family column comes from it, and a row without one is corrupt."""
+    if not (isinstance(build.get("family"), str) and build["family"].strip()):
+        raise CorruptFileError(path, "build file", f"family is {short_repr(build.get('family'))}, "
+                               "expected the family's name, e.g. 'quant'")
 
 
 @lru_cache(maxsize=2)

@@ -31,6 +31,23 @@ class PreparedBatch:
     extra: dict = field(default_factory=dict)
 
 
+def prepared_digest(batches):
+    """16 hex digits over the prepared tensors of ``batches`` (list of :class:`PreparedBatch`):
+    each batch's ``index``, ``input_ids``, ``attention_mask``, ``token_type_ids`` and
+    ``option_index`` (bytes, shape and dtype), in order. A cache-key part for outputs computed
+    from these batches: it changes with the batch size (padding to each batch's longest, which
+    moves logits by ~1e-6) and with any tokenizer setting, whether or not the setting is named."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in batches:
+        for a in (b.index, b.input_ids, b.attention_mask, b.token_type_ids, b.option_index):
+            a = np.asarray(a)
+            h.update(repr((a.shape, a.dtype.str)).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
 class DecisionModel:
     """Base class: subclasses implement ``forward(batch) -> (B, K) logits``.
 

@@ -25,8 +25,9 @@ from metrics._checks import short_path
 from metrics.evaluate import evaluate
 from metrics.ties import human_near_tie, human_top2_gap
 from variants.io import _atomic
-from variants.runfiles import (CorruptFileError, read_build, read_metrics, read_outputs,
-                               read_run_json, read_summary, read_timing, read_verdict)
+from variants.runfiles import (CorruptFileError, check_same_ids, read_build, read_metrics,
+                               read_outputs, read_run_json, read_summary, read_timing,
+                               read_verdict)
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class Run:
                 raise CorruptFileError(
                     self.path / name / "outputs.npz", "outputs file",
                     f"logits {o['logits'].shape}, the reference's {ref['logits'].shape}")
+            check_same_ids(self.path / name / "outputs.npz", o["ids"], ref["ids"])
             for file in ("verdict.json", "build.json"):
                 self.json(name, file)
             self.evaluation(name)

@@ -211,8 +211,9 @@ def read_verdict(path):
 
 def read_summary(path):
     """``summary.csv`` as a DataFrame with the ``SUMMARY_COLUMNS`` and, per timed batch size
-    ``b<B>_speedup``, its ``_ci_low``/``_ci_high`` numeric columns. An empty file gives an empty
-    frame with a ``variant`` column. Raises CorruptFileError."""
+    ``b<B>_speedup``, its ``_ci_low``/``_ci_high`` numeric columns; every row has a variant
+    (each once), family and verdict. An empty file gives an empty frame with a ``variant``
+    column. Raises CorruptFileError."""
     import pandas as pd
 
     path = Path(path)
@@ -231,6 +232,15 @@ def read_summary(path):
     if missing:
         raise CorruptFileError(path, kind, f"no column {', '.join(missing)}; it has "
                                f"{short_repr(', '.join(map(str, df.columns)))}")
+    for col in SUMMARY_COLUMNS:  # a short or cut row leaves these empty (NaN)
+        empty = df[col].isna().to_numpy() | (df[col].astype(str).str.strip() == "").to_numpy()
+        if empty.any():
+            raise CorruptFileError(path, kind, f"row {int(np.flatnonzero(empty)[0]) + 1} has no "
+                                   f"{col} (a cut or short row)")
+    twice = df["variant"][df["variant"].duplicated()]
+    if len(twice):
+        raise CorruptFileError(path, kind, f"variant {short_repr(str(twice.iloc[0]))} is listed "
+                               "twice")
     for col in df.columns:
         if re.fullmatch(r"(e2e_)?b\d+_speedup(_ci_low|_ci_high)?", col):
             if not pd.api.types.is_numeric_dtype(df[col]):
@@ -299,6 +309,14 @@ def check_outputs(arrays, path, kind="outputs file", required=OUTPUT_FIELDS):
         fail(f"{n} rows of {k} options: empty")
     if "option_mask" in arrays and not arrays["option_mask"].any(axis=1).all():
         fail("a row of option_mask has no valid option")
+    if "option_mask" in arrays:  # values on valid options: what every metric reads
+        m = arrays["option_mask"]
+        for f in ("logits", "probs"):
+            if f in arrays and not np.isfinite(arrays[f][m]).all():
+                row = int(np.flatnonzero(~np.isfinite(np.where(m, arrays[f], 0)).all(axis=1))[0])
+                fail(f"{f} has NaN or inf on a valid option (row {row})")
+        if "probs" in arrays and not ((arrays["probs"][m] >= 0) & (arrays["probs"][m] <= 1)).all():
+            fail("probs has a value outside [0, 1] on a valid option")
     if "temperature" in arrays:
         t = arrays["temperature"]
         if not (np.isfinite(t).all() and (t > 0).all()):
@@ -312,7 +330,8 @@ def read_outputs(path, kind="outputs file", required=OUTPUT_FIELDS):
     Returns {field: ndarray} of the ``OUTPUT_FIELDS`` and optional ``exit_layer`` present
     (other arrays are dropped). Checked: the ``required`` fields are present; ids/task 1-D str;
     logits, probs, option_scores, human_dist (N, K) float; option_mask (N, K) bool with a valid
-    option per row; temperature (N,) finite > 0; expected_score, confidence (N,) float;
+    option per row; logits and probs finite on valid options, probs there in [0, 1]; temperature
+    (N,) finite > 0; expected_score, confidence (N,) float;
     action_probs (N, A) float; labels, exit_layer (N,) int; N, K >= 1.
 
     Raises
@@ -407,3 +426,19 @@ def read_exit_heads(path, layers):
             raise CorruptFileError(path, kind, f"layer {layer} holds non-finite weights")
         heads.append((w, b))
     return heads
+
+
+def check_same_ids(path, ids, ref_ids, what="the reference's"):
+    """Raise CorruptFileError naming ``path`` unless ``ids`` (its outputs' example ids, (N,) str)
+    equal ``ref_ids`` row for row: metrics pair row i of a variant with row i of the reference,
+    so outputs of other or reordered examples would be judged against the wrong answers."""
+    ids, ref_ids = np.asarray(ids).astype(str), np.asarray(ref_ids).astype(str)
+    if ids.shape != ref_ids.shape:
+        raise CorruptFileError(path, "outputs file", f"{ids.size} examples, {what} has "
+                               f"{ref_ids.size}")
+    bad = np.flatnonzero(ids != ref_ids)
+    if bad.size:
+        i = int(bad[0])
+        raise CorruptFileError(path, "outputs file", f"its ids differ from {what} at {bad.size} "
+                               f"row(s), first row {i}: {short_repr(str(ids[i]))} vs "
+                               f"{short_repr(str(ref_ids[i]))}")

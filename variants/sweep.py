@@ -33,16 +33,18 @@ from contracts.report import render_report
 from variants import BLAS_INFO, __version__, data, parallel
 from variants.builders import get_family
 from variants.check import (check_calibration_size, check_strata, family_extras, judge_variant,
-                            resolve_settings)
+                            require_family, resolve_settings)
 from variants.builders.quantize import MODES
 from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
+from variants.decision import prepared_digest
 from variants import runlock
 from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json,
                          write_text)
 from variants.models import MODELS, fitted_reference, get_module
 from variants.outputs import DecisionOutputs
-from variants.runfiles import CorruptFileError, read_build, read_outputs, read_run_json, read_timing
+from variants.runfiles import (CorruptFileError, check_same_ids, read_build, read_outputs,
+                               read_run_json, read_timing)
 from variants.coldstart import measure_cold_start
 from variants.timing import (DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP,
                              TIMED_REGIONS, end_to_end_call, split_regions, time_alternating)
@@ -374,16 +376,22 @@ class Sweep:
             vdir = self.out / vcfg.name
             for f, split in (("outputs.npz", "eval"), ("calibration_outputs.npz", "calibration")):
                 if (vdir / f).exists():
-                    n, want = len(read_outputs(vdir / f)["ids"]), len(self.tasksets[split])
+                    ids = read_outputs(vdir / f)["ids"]
+                    n, want = len(ids), len(self.tasksets[split])
                     if n != want:
                         raise SweepError(f"{vdir / f} holds {n} {split} examples, this sweep "
                                          f"uses {want}; delete {vdir} or choose another --run")
+                    check_same_ids(vdir / f, ids, self.tasksets[split].ids,
+                                   f"this sweep's {split} split")
             if (vdir / "timing.json").exists():
                 read_timing(vdir / "timing.json")
             build_json = vdir / "build.json"
             if not build_json.exists():
                 continue
-            old = read_build(build_json).get("config")
+            build = read_build(build_json)
+            if (vdir / "timing.json").exists():
+                require_family(build_json, build)
+            old = build.get("config")
             if not isinstance(old, dict):
                 continue
             new = json.loads(json.dumps(asdict(vcfg)))
@@ -417,7 +425,8 @@ class Sweep:
         self.ref_outputs_cached = {}
         for split in ("calibration", "eval"):
             key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
-                                           self.tasksets[split].fingerprint())
+                                           self.tasksets[split].fingerprint(),
+                                           prepared_digest(self.batches[split]))
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
