@@ -12,7 +12,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR = 0, 1, 2  # 1: a violation (--fail-on-vi
 
 def configure_sweep(sub):
     from variants.builders import FAMILIES, get_family
-    from variants.builders.quantize import MODES
+    from variants.builders.quant_family import MODES
     from variants.models import MODELS
     from variants.sweep import SweepConfig
 
@@ -98,8 +98,8 @@ def _sweep(args):
 
     kwargs = {k: v for k, v in vars(args).items()
               if k not in ("func", "command", "fail_on_violation")}
-    family_params = {p for f in FAMILIES for p in get_family(f).PARAMS}
-    own = get_family(args.family).PARAMS
+    family_params = {p for f in FAMILIES for p in get_family(f).params}
+    own = get_family(args.family).params
     kwargs["params"] = {k: kwargs[k] for k in own}
     for k in family_params:
         kwargs.pop(k, None)
@@ -124,7 +124,7 @@ def _sweep(args):
 
 def _list(args):
     from variants.builders import FAMILIES
-    from variants.builders.quantize import BITS, GROUP_SIZES
+    from variants.builders.quant_family import BITS, GROUP_SIZES
     from variants.models import MODELS
 
     print("models:   " + ", ".join(MODELS))

@@ -11,7 +11,6 @@ forwards, timing, cold starts, metrics/contract/report, plots and the rest; the 
 printed at the end and written to run.json (``sweep_time``).
 """
 
-import inspect
 import json
 import math
 import platform
@@ -32,9 +31,10 @@ from contracts.checker import load_contract
 from contracts.report import render_report
 from variants import BLAS_INFO, __version__, data, parallel
 from variants.builders import get_family
+from variants.builders.family import BuildInputs
 from variants.check import (check_calibration_size, check_strata, family_extras, judge_variant,
                             resolve_settings)
-from variants.builders.quantize import MODES
+from variants.builders.quant_family import MODES
 from metrics._checks import short_repr
 from variants.checkpoint import load_checkpoint
 from variants import runlock
@@ -194,10 +194,10 @@ class SweepConfig:
             family = get_family(self.family)
         except ValueError as e:
             raise SweepError(str(e)) from None
-        unknown = sorted(set(self.params) - set(family.PARAMS))
+        unknown = sorted(set(self.params) - set(family.params))
         if unknown:
             raise SweepError(f"parameters {short_repr(unknown)} do not belong to family "
-                             f"{self.family!r} (its parameters: {', '.join(family.PARAMS)})")
+                             f"{self.family!r} (its parameters: {', '.join(family.params)})")
         for name, mode in (("quality_mode", self.quality_mode), ("speed_mode", self.speed_mode)):
             if mode not in MODES:
                 raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
@@ -294,13 +294,10 @@ class Sweep:
         self.contract = load_contract(cfg.contract)
         self.checkpoint = load_checkpoint()
         family = get_family(cfg.family)
-        if hasattr(family, "check_model"):  # family checks that need the model's shapes
-            try:
-                extra = ({"model": cfg.model} if "model" in
-                         inspect.signature(family.check_model).parameters else {})
-                family.check_model(self.checkpoint.encoder, cfg.variants, **extra)
-            except ValueError as e:
-                raise SweepError(str(e)) from None
+        try:  # family checks that need the model's shapes
+            family.check_model(self.checkpoint.encoder, cfg.variants, model=cfg.model)
+        except ValueError as e:
+            raise SweepError(str(e)) from None
         frame = data.load_vader()
         module = get_module(cfg.model)
         sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}
@@ -449,11 +446,10 @@ class Sweep:
                 "head_path": str((self.cache / "heads" / f"{self.cfg.model}-{self.head_key}.npz")
                                  .resolve())}
         if vcfg is not None:
-            params = inspect.signature(family.build).parameters
             spec.update(family=self.cfg.family, params=dict(self.cfg.params), variant=vcfg.name,
                         mode=self.cfg.speed_mode, calibration=self.tasksets["calibration"],
                         cache_dir=str(self.cache.resolve()),
-                        fit=self.tasksets["fit"] if "fit" in params else None)
+                        fit=self.tasksets["fit"] if "fit" in family.inputs else None)
         return spec
 
     def _cold_start(self, spec, what):
@@ -495,13 +491,10 @@ class Sweep:
             out[b] = (sub, int(batches[0].input_ids.shape[1]))
         return out
 
-    def _build_kwargs(self, family):
-        """Optional keywords a family's build accepts (today: cache_dir for activation stats)."""
-        params = inspect.signature(family.build).parameters
-        kw = {"cache_dir": self.cache} if "cache_dir" in params else {}
-        if "fit" in params:  # families that train something (early-exit heads)
-            kw["fit"] = self.tasksets["fit"]
-        return kw
+    def _inputs(self, family):
+        """The :class:`BuildInputs` of ``family``'s build: the ones its ``inputs`` names."""
+        return BuildInputs(calibration=self.tasksets["calibration"], fit=self.tasksets["fit"],
+                           cache_dir=self.cache).only(family.inputs)
 
     def _time_variant(self, family, vcfg, timing_sets):
         """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
@@ -509,9 +502,8 @@ class Sweep:
         calls gives both regions (``batches`` = forward, ``end_to_end``)."""
         cfg = self.cfg
         with self.clock("variant_build"):
-            var_model, _ = family.build(self.ref_model, vcfg, mode=cfg.speed_mode,
-                                        calibration=self.tasksets["calibration"],
-                                        **self._build_kwargs(family))
+            var_model, _ = family.build(self.ref_model, vcfg, self._inputs(family),
+                                        mode=cfg.speed_mode)
             mx.eval(var_model.module.parameters())
         result = {"schema_version": TIMING_SCHEMA_VERSION,
                   "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
@@ -595,9 +587,8 @@ class Sweep:
         cfg = self.cfg
         t0 = time.perf_counter()
         with self.clock("variant_build"):
-            var_model, info = family.build(self.ref_model, vcfg, mode=cfg.quality_mode,
-                                           calibration=self.tasksets["calibration"],
-                                           **self._build_kwargs(family))
+            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
+                                           mode=cfg.quality_mode)
         self.clock.counts["variants_built"] += 1
         info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
                     speed_mode=cfg.speed_mode)
@@ -707,7 +698,8 @@ class Sweep:
             rows.append(row)
             details[vcfg.name] = (ev, verdict)
             with self.clock("metrics_contract_report"):
-                extras.update(family_extras(self.out, cfg.family, [vcfg.name], family=family))
+                extras.update({k: v for k, v in family_extras(
+                    self.out, cfg.family, [vcfg.name], family=family).items() if v is not None})
             self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
                      + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
         self.extras = extras
