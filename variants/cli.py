@@ -1,163 +1,64 @@
-"""Command line: ``variants sweep`` (and ``variants list``). Each subcommand has --help."""
+"""Command line: the ``variants`` entry point, routing each verb to its own module lazily.
+
+``VERBS`` maps a verb to the ``module:function`` that adds its subparser; only the verb being
+run is configured (the others get a bare placeholder), so ``variants check``, ``plot``,
+``selftest`` and ``list`` never import MLX or the model side. Each subcommand has --help.
+"""
 
 import argparse
+import importlib
 import sys
 import zipfile
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
+from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR  # noqa: F401
 
-EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR = 0, 1, 2  # 1: a violation (--fail-on-violation) or
-# an output that could not be written (variants.io.WriteError, sweep.RunIncomplete)
-
-
-def configure_sweep(sub):
-    from variants.builders import FAMILIES, get_family
-    from variants.builders.quantize import MODES
-    from variants.models import MODELS
-    from variants.sweep import SweepConfig
-
-    d = SweepConfig()
-    p = sub.add_parser(
-        "sweep", help="build variants of a real decision model, judge each against a contract",
-        description=(
-            "Compute the reference model's outputs once (cached), then for each variant build it, "
-            "run it on the calibration and eval splits of the bundled VADER data, compute the "
-            "contract metrics, check the contract and time it against the reference (strict "
-            "alternation, batch sizes 1 and 32, two timed regions: forward = prepared token ids "
-            "-> logits, and end to end = texts -> tokenisation -> forward -> decision outputs), "
-            "and measure cold starts in a fresh process. Writes results/<run>/ (run.json, "
-            "per-variant outputs/metrics/verdict/timing, summary.csv, report.md) and prints "
-            "where the sweep's own wall time went. Rerunning resumes (and times what an older "
-            "run lacks). One sweep at a time per run folder: a second one on the same run exits "
-            "2 naming the holder (RESULTS_DIR/RUN/.lock). Exit status: 0 the sweep completed "
-            "(whatever the verdicts: they are in summary.csv and report.md), 1 a variant fails "
-            "its contract with --fail-on-violation, or an output could not be written (disk "
-            "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
-            "the run folder in use, or a variant that could not be built."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
-    p.add_argument("--family", choices=list(FAMILIES), default=d.family,
-                   help="variant family; its own flags are listed in its group below")
-    p.add_argument("--contract", default=None,
-                   help="contract TOML file, or a packaged one by name: default | strict | "
-                        "lenient (None = default)")
-    p.add_argument("--run", default=None,
-                   help="run name: results go to RESULTS_DIR/RUN (None = <model>-<family>-<params>,"
-                        " e.g. minilm-sentiment-quant-g64)")
-    p.add_argument("--results-dir", default=d.results_dir, help="where run folders are written")
-    p.add_argument("--n-fit", type=int, default=d.n_fit, help="fit-split examples (head fitting)")
-    p.add_argument("--n-calibration", type=int, default=d.n_calibration,
-                   help="calibration-split examples (temperatures and ε)")
-    p.add_argument("--n-eval", type=int, default=d.n_eval, help="eval-split examples (metrics)")
-    p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
-                   help="how quality is evaluated: simulated = dequantized dense weights")
-    p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
-                   help="what is timed: native = MLX quantized kernels")
-    p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
-                   help="alternated timing rounds wanted per batch size (seed analysis: 50); "
-                        "fewer run when --timing-budget-s runs out (timing.json records rounds "
-                        "requested, run and why it stopped)")
-    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
-                   help="untimed warm-up calls of each model per batch size (seed analysis: 5; "
-                        "after the first, warm-ups stop once they used a quarter of the budget)")
-    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
-                   help="wall-clock seconds per measurement (one batch size, warm-ups included) "
-                        "after which no new round starts, once --timing-min-rounds ran")
-    p.add_argument("--timing-min-rounds", type=int, default=d.timing_min_rounds,
-                   help="rounds run even past the budget (None = 3, or --timing-rounds when "
-                        "that is fewer; must not exceed --timing-rounds)")
-    p.add_argument("--cold-start", choices=("none", "reference", "all"), default=d.cold_start,
-                   help="cold starts measured in a fresh process (import, weight load, build, "
-                        "first forward at the smallest timed batch size): none, the reference "
-                        "only (run.json), or also every variant (timing.json; about 3 s each "
-                        "for quant, more for families whose build reads calibration data)")
-    p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes),
-                   metavar="B", help="batch sizes timed (one real eval batch each)")
-    p.add_argument("--near-tie-margin", type=float, default=d.near_tie_margin,
-                   help="reference top-2 logit margin below which an example is a near tie")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="batch size for the quality runs")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bars")
-    p.add_argument("--fail-on-violation", action="store_true",
-                   help="exit 1 when any variant fails its contract (for CI gates; without it a "
-                        "completed sweep exits 0)")
-    for name in FAMILIES:
-        get_family(name).add_arguments(p)
-    p.set_defaults(func=_sweep)
-    return p
+#: verb -> "module:function(subparsers)" adding its parser (imported only when the verb runs)
+VERBS = {
+    "sweep": "variants.commands.sweep:configure",
+    "check": "variants.check:configure_check",
+    "selftest": "variants.check:configure_selftest",
+    "plot": "variants.plots:configure_parser",
+    "list": "variants.commands.listing:configure",
+}
 
 
-def _sweep(args):
-    from variants.sweep import run_sweep
-    from contracts.report import format_table
-
-    from variants.builders import FAMILIES, get_family
-    from variants.sweep import SweepConfig, VariantsFailed
-
-    kwargs = {k: v for k, v in vars(args).items()
-              if k not in ("func", "command", "fail_on_violation")}
-    family_params = {p for f in FAMILIES for p in get_family(f).PARAMS}
-    own = get_family(args.family).PARAMS
-    kwargs["params"] = {k: kwargs[k] for k in own}
-    for k in family_params:
-        kwargs.pop(k, None)
-    kwargs["timing_batch_sizes"] = tuple(kwargs["timing_batch_sizes"])
-    cfg = SweepConfig(**kwargs)
-    try:
-        summary = run_sweep(log=lambda m: print(m, file=sys.stderr), **kwargs)
-    except VariantsFailed as e:  # some variants failed to build; the others are written
-        if e.summary is not None and not e.summary.empty:
-            print(format_table(e.summary).to_string(index=False))
-            print(f"\nreport: {e.out}/report.md")
-        print(f"variants: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    run = kwargs["run"] or cfg.validate().run
-    print(format_table(summary).to_string(index=False))
-    print(f"\nreport: {args.results_dir}/{run}/report.md")
-    if args.fail_on_violation and not (summary["verdict"] == "PASS").all():
-        print("variants: some variant fails its contract (--fail-on-violation)", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+def _configure(verb, sub):
+    module, function = VERBS[verb].split(":")
+    return getattr(importlib.import_module(module), function)(sub)
 
 
-def _list(args):
-    from variants.builders import FAMILIES
-    from variants.builders.quantize import BITS, GROUP_SIZES
-    from variants.models import MODELS
-
-    print("models:   " + ", ".join(MODELS))
-    print("families: " + ", ".join(FAMILIES))
-    print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}")
-    return 0
-
-
-def build_parser():
+def build_parser(argv=None):
+    """The ``variants`` parser. With ``argv`` naming a verb (its first word not starting with
+    ``-``), only that verb's module is imported and its parser built; otherwise (``--help``, no
+    or an unknown verb) every verb's is, so the help and the error list them all."""
     parser = argparse.ArgumentParser(
         prog="variants",
         description="mlx-variants: build approximate variants of an MLX decision model and judge "
                     "each against a written contract, next to measured speed.")
     sub = parser.add_subparsers(dest="command", required=True)
-    configure_sweep(sub)
-    from variants.check import configure_check, configure_selftest  # imports no mlx
-    from variants.plots import configure_parser as configure_plot
-
-    configure_check(sub)
-    configure_selftest(sub)
-    configure_plot(sub)
-    sub.add_parser("list", help="list models and variant families").set_defaults(func=_list)
+    verb = next((a for a in (argv or []) if not a.startswith("-")), None)
+    for name in VERBS:
+        if verb in VERBS and name != verb:
+            sub.add_parser(name)  # a placeholder: never parsed, never shown
+        else:
+            _configure(name, sub)
     return parser
+
+
+def _loaded(module, name):
+    """(``module.name``,) when ``module`` is already imported, else (): an exception class of a
+    module this command never imported cannot have been raised."""
+    m = sys.modules.get(module)
+    return (getattr(m, name),) if m is not None else ()
 
 
 def main(argv=None):
     """Entry point of the ``variants`` console script. Returns the exit code."""
     from contracts.checker import ContractError
-    from variants.checkpoint import CheckpointError
-
     from variants.io import RunIncomplete, WriteError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return args.func(args)
     except WriteError as e:  # disk full, permissions: a runtime failure, not bad input
@@ -167,7 +68,8 @@ def main(argv=None):
     except RunIncomplete as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
-    except (ValueError, FileNotFoundError, CheckpointError, ContractError) as e:
+    except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoint",
+                                                                   "CheckpointError")) as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files

@@ -104,16 +104,12 @@ def run_spec(spec, spawned_at=None, main_at=None):
         if spec["variant"] not in by_name:
             raise ValueError(f"variant {spec['variant']!r} is not in family {spec['family']!r} "
                              f"with these parameters; it has {sorted(by_name)}")
-        import inspect
+        from variants.builders.family import BuildInputs
 
-        params = inspect.signature(family.build).parameters
-        kw = {}
-        if "cache_dir" in params and spec.get("cache_dir"):
-            kw["cache_dir"] = Path(spec["cache_dir"])
-        if "fit" in params and spec.get("fit") is not None:
-            kw["fit"] = spec["fit"]
-        model, _ = family.build(model, by_name[spec["variant"]], mode=spec.get("mode", "native"),
-                                calibration=spec.get("calibration"), **kw)
+        inputs = BuildInputs(calibration=spec.get("calibration"), fit=spec.get("fit"),
+                             cache_dir=Path(spec["cache_dir"]) if spec.get("cache_dir") else None)
+        model, _ = family.build(model, by_name[spec["variant"]], inputs.only(family.inputs),
+                                mode=spec.get("mode", "native"))
         mx.eval(model.module.parameters())
         out["build_s"] = _now() - t0
     else:

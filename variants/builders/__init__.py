@@ -1,7 +1,9 @@
-"""Registry of variant families: name -> builder module (one file per family, one line here).
+"""Registry of variant families: name -> the module (in this package) holding its ``FAMILY``.
 
-A builder module defines ``build(reference, cfg, mode, calibration) -> (variant, info)`` and a
-config dataclass with a ``name`` property.
+A family is one :class:`variants.builders.family.Family` value, defined without MLX in
+``<name>_family.py`` next to its MLX builder module: adding a family = one file (or a pair) +
+one line in ``FAMILIES``. Reading the registry imports no MLX; only ``Family.build`` and
+``Family.check_model`` import the builder.
 """
 
 import importlib
@@ -9,15 +11,15 @@ import importlib
 from metrics._checks import short_repr
 
 FAMILIES = {
-    "quant": "quantize",
-    "lowrank": "lowrank",
-    "prune": "prune",
-    "exit": "early_exit",
+    "quant": "quant_family",
+    "lowrank": "lowrank_family",
+    "prune": "prune_family",
+    "exit": "exit_family",
 }
 
 
 def get_family(name):
-    """The builder module of family ``name``.
+    """The :class:`variants.builders.family.Family` registered as ``name`` (imports no MLX).
 
     Raises
     ------
@@ -27,7 +29,7 @@ def get_family(name):
     if name not in FAMILIES:
         raise ValueError(f"unknown variant family {short_repr(name)}; choose one of: "
                          f"{', '.join(FAMILIES)}")
-    return importlib.import_module(f"variants.builders.{FAMILIES[name]}")
+    return importlib.import_module(f"variants.builders.{FAMILIES[name]}").FAMILY
 
 
 def realised_speed_lines(timing, ideal_speedup):

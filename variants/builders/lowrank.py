@@ -22,78 +22,21 @@ ranks are rounded down to a multiple of the group size so the second factor quan
 import copy
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
-from scipy.linalg import solve_triangular
 from threadpoolctl import threadpool_limits
 
 from variants import activations
-from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
-from variants.builders.quantize import (BITS, GROUP_SIZES, MODES, QuantConfig, check_bits,
-                                        quantize_module)
-
-METHODS = ("plain", "whitened", "scaled")
-RULES = ("params", "energy", "rank")
-DEFAULT_RATIOS = (0.9, 0.7, 0.5, 0.3, 0.1)
-DEFAULT_METHODS = ("whitened", "plain")
-LAMBDA_START = 1e-8  # first λ / mean diag(G) tried when Cholesky(G) fails
-LAMBDA_MAX = 1e-1  # beyond this the statistics matrix is declared singular
-ABS_FLOOR = 1e-6  # ASVD: channels with mean |x| below this (relative to the max) are clipped
-
-
-# ---------------------------------------------------------------------------------------------
-# configuration
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LowRankConfig:
-    """Parameters of one low-rank variant (validated on creation).
-
-    ``rule`` picks the per-layer rank: ``params`` keeps ``ratio`` of each layer's break-even
-    rank mn/(m+n), i.e. ``ratio`` of its parameters; ``energy`` the smallest rank retaining
-    ``energy`` of the (weighted) squared singular values; ``rank`` the same rank ``rank`` in
-    every layer. Fields of the other rules are ignored (and not in the name).
-    """
-
-    method: str = "whitened"
-    rule: str = "params"
-    ratio: float = 0.5
-    energy: float = 0.95
-    rank: int = 64
-    alpha: float = 0.5
-    bits: int | None = None
-    group_size: int = 64
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r} is not known; choose one of {METHODS}")
-        if self.rule not in RULES:
-            raise ValueError(f"rank rule {self.rule!r} is not known; choose one of {RULES}")
-        if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1):
-            raise ValueError(f"ratio={self.ratio} is outside (0, 1]; pass e.g. --ratios 0.9 0.5")
-        if not 0 < self.energy <= 1:
-            raise ValueError(f"energy={self.energy} is outside (0, 1]; pass e.g. --energies 0.99")
-        if int(self.rank) != self.rank or self.rank < 1:
-            raise ValueError(f"rank={self.rank} must be a positive integer")
-        if not (math.isfinite(self.alpha) and 0 <= self.alpha <= 2):
-            raise ValueError(f"alpha={self.alpha} is outside [0, 2] (ASVD uses 0.5)")
-        check_bits(self.bits, self.group_size, "")
-
-    @property
-    def name(self):
-        method = (f"{self.method}-a{name_number(self.alpha, '.2f')}" if self.method == "scaled"
-                  else self.method)
-        rule = {"params": "p" + name_number(self.ratio, ".2f"),
-                "energy": "e" + name_number(self.energy, ".3f"), "rank": f"r{self.rank}"}[self.rule]
-        quant = ""
-        if self.bits is not None:
-            quant = f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
-        return f"lr-{method}-{rule}{quant}"
-
+from variants.builders.lowrank_family import (DEFAULT_METHODS, DEFAULT_RATIOS,  # noqa: F401
+                                              METHODS, PARAMS, RULES, LowRankConfig,
+                                              add_arguments, describe, ladder, run_name)
+from variants.builders.lowrank_math import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START,  # noqa: F401
+                                            Decomposition, _weighted_norm, break_even,
+                                            choose_rank, cost_model, decompose, whitening)
+from variants.builders.quantize import MODES, QuantConfig, quantize_module
 
 # ---------------------------------------------------------------------------------------------
 # the factorised layer and the factorisation
@@ -124,165 +67,6 @@ class LowRankLinear(nn.Module):
 
     def __call__(self, x):
         return self.up(self.down(x))
-
-
-def whitening(second_moment, *, site="layer"):
-    """Lower Cholesky factor S of G + λI (G = E[x xᵀ]) in float64, with the λ that was needed.
-
-    Parameters
-    ----------
-    second_moment : ndarray of shape (n, n)
-    site : str
-        Named in errors.
-
-    Returns
-    -------
-    S : ndarray of shape (n, n), float64, lower triangular, S Sᵀ = G + λI
-    lam : float
-        λ actually added (0.0 when G itself factorised).
-
-    Raises
-    ------
-    ValueError
-        Non-finite or all-zero G, or no λ ≤ LAMBDA_MAX · mean diag(G) makes it positive definite.
-    """
-    g = np.asarray(second_moment, np.float64)
-    if g.ndim != 2 or g.shape[0] != g.shape[1]:
-        raise ValueError(f"statistics matrix at {site} must be square, got shape {g.shape}")
-    if not np.isfinite(g).all():
-        raise ValueError(f"statistics matrix at {site} has non-finite entries; "
-                         "recompute the activation statistics")
-    scale = float(np.mean(np.diag(g)))
-    if not scale > 0:
-        raise ValueError(f"statistics matrix at {site} is singular (zero diagonal): "
-                         "no calibration token reached this layer")
-    g = (g + g.T) / 2
-    lam = 0.0
-    while True:
-        try:
-            return np.linalg.cholesky(g + lam * np.eye(len(g))), lam
-        except np.linalg.LinAlgError:
-            lam = LAMBDA_START * scale if lam == 0 else lam * 10
-            if lam > LAMBDA_MAX * scale:
-                raise ValueError(f"statistics matrix at {site} is singular: Cholesky failed up to "
-                                 f"λ = {LAMBDA_MAX:g}·mean diag; use more calibration data") from None
-
-
-@dataclass
-class Decomposition:
-    """SVD of W T for a right transform T (I, S or D): W T = U diag(sv) Vt."""
-
-    u: np.ndarray
-    sv: np.ndarray
-    vt: np.ndarray
-    method: str
-    right: np.ndarray | None = None  # T (None: identity)
-    lam: float = 0.0
-
-    def factors(self, k):
-        """(W_u (m, k), W_v (k, n)) float64 with W_u W_v = U_k Σ_k V_kᵀ T⁻¹."""
-        if not 1 <= k <= len(self.sv):
-            raise ValueError(f"rank {k} is outside [1, {len(self.sv)}] = [1, min(m, n)]")
-        root = np.sqrt(self.sv[:k])
-        w_u = self.u[:, :k] * root
-        z = root[:, None] * self.vt[:k]  # (k, n): Σ_k^{1/2} V_kᵀ
-        if self.right is None:
-            w_v = z
-        elif self.right.ndim == 1:  # diagonal D
-            w_v = z / self.right
-        else:  # lower-triangular S: W_v = Z S⁻¹  <=>  Sᵀ W_vᵀ = Zᵀ
-            w_v = solve_triangular(self.right, z.T, lower=True, trans="T").T
-        return w_u, w_v
-
-    def retained(self, k):
-        """Share of Σ σ_j² kept by the first k triplets."""
-        e = self.sv ** 2
-        return float(e[:k].sum() / e.sum()) if e.sum() > 0 else 1.0
-
-
-def decompose(weight, method, stats=None, *, alpha=0.5, site="layer"):
-    """Decompose ``weight`` (m, n) for ``method`` in float64.
-
-    Parameters
-    ----------
-    weight : array of shape (m, n)
-    method : {'plain', 'whitened', 'scaled'}
-    stats : variants.activations.LinearStats, optional
-        Required by ``whitened`` and ``scaled``.
-    alpha : float, default=0.5
-        ASVD exponent of the mean |x| scaling.
-
-    Returns
-    -------
-    Decomposition
-
-    Raises
-    ------
-    ValueError
-        Unknown method, missing statistics, bad statistics (see :func:`whitening`).
-
-    References
-    ----------
-    Wang et al. 2024, "SVD-LLM: Truncation-aware Singular Value Decomposition for LLM
-    Compression", §3.1; Yuan et al. 2023, "ASVD: Activation-aware Singular Value Decomposition
-    for Compressing Large Language Models", §3.2.
-    """
-    w = np.asarray(weight, np.float64)
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not known; choose one of {METHODS}")
-    if not np.isfinite(w).all():
-        raise ValueError(f"weight at {site} has non-finite entries")
-    if method != "plain" and stats is None:
-        raise ValueError(f"method {method!r} needs activation statistics: no calibration data")
-    right, lam = None, 0.0
-    if method == "whitened":
-        right, lam = whitening(stats.second_moment, site=site)
-        a = w @ right
-    elif method == "scaled":
-        mean_abs = np.asarray(stats.mean_abs, np.float64)
-        if not np.isfinite(mean_abs).all():
-            raise ValueError(f"mean |x| at {site} has non-finite entries")
-        top = mean_abs.max()
-        if not top > 0:
-            raise ValueError(f"mean |x| at {site} is all zero: no calibration token reached it")
-        right = np.maximum(mean_abs, ABS_FLOOR * top) ** alpha
-        a = w * right
-    else:
-        a = w
-    u, sv, vt = np.linalg.svd(a, full_matrices=False)
-    return Decomposition(u, sv, vt, method, right, lam)
-
-
-def break_even(m, n):
-    """Rank mn/(m+n) at which k(m+n) factor weights equal the mn dense ones."""
-    return m * n / (m + n)
-
-
-def choose_rank(dec, shape, cfg):
-    """Rank of one layer under ``cfg``'s rule (before the break-even test).
-
-    Raises ValueError when ``cfg.rank`` exceeds min(m, n)."""
-    m, n = shape
-    if cfg.rule == "params":
-        k = int(math.floor(cfg.ratio * break_even(m, n) + 1e-9))
-    elif cfg.rule == "energy":
-        cum = np.cumsum(dec.sv ** 2) / max(float(np.sum(dec.sv ** 2)), 1e-300)
-        k = int(np.searchsorted(cum, cfg.energy - 1e-12) + 1)
-    elif cfg.rule == "rank":
-        if cfg.rank > min(m, n):
-            raise ValueError(f"rank={cfg.rank} is larger than min(m, n) = {min(m, n)} of a "
-                             f"{m}x{n} layer; choose --ranks <= {min(m, n)}")
-        k = int(cfg.rank)
-    else:
-        raise ValueError(f"rank rule {cfg.rule!r} is not known; choose one of {RULES}")
-    if cfg.bits is not None:  # the up factor's input (k) must be a multiple of the group size
-        k = max(cfg.group_size, k // cfg.group_size * cfg.group_size)
-    return max(1, min(k, min(m, n)))
-
-
-def _weighted_norm(e, g):
-    """√tr(E G Eᵀ): the Frobenius norm of E X over calibration tokens (G = E[x xᵀ])."""
-    return math.sqrt(max(float(((e @ g) * e).sum()), 0.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,82 +151,6 @@ def _factorize_into(new, paths, cfg, stats):
     return layers
 
 
-def cost_model(layers, *, seq_len, hidden_size=None, n_layers=None):
-    """Encoder FLOPs per example at ``seq_len`` tokens, dense vs factorised.
-
-    Counts 2·L·(weights) for every listed Linear (dense mn or factorised k(m+n)) plus, when
-    ``hidden_size`` and ``n_layers`` are given, the attention products 4·L²·D per layer
-    (QKᵀ and AV). Embeddings, LayerNorm, GELU, softmax and the head are excluded.
-
-    Returns
-    -------
-    dict
-        ``flops_dense``, ``flops_lowrank``, ``linear_flop_ratio`` (factorised / dense Linear FLOPs),
-        ``ideal_speedup`` (dense / factorised, attention products included when given).
-    """
-    dense = sum(2 * seq_len * r["shape"][0] * r["shape"][1] for r in layers)
-    low = sum(2 * seq_len * (r["shape"][0] * r["shape"][1] if r["dense"]
-                             else r["rank"] * (r["shape"][0] + r["shape"][1])) for r in layers)
-    attn = 4 * seq_len ** 2 * hidden_size * n_layers if hidden_size and n_layers else 0
-    return {"seq_len": int(seq_len), "flops_dense": int(dense + attn),
-            "flops_lowrank": int(low + attn), "linear_flop_ratio": low / dense,
-            "ideal_speedup": (dense + attn) / (low + attn)}
-
-
-# ---------------------------------------------------------------------------------------------
-# the family's registry interface
-# ---------------------------------------------------------------------------------------------
-
-PARAMS = ("methods", "ratios", "rank_rule", "energies", "ranks", "alpha", "lowrank_bits",
-          "lowrank_group_size")
-
-
-def add_arguments(parser):
-    """This family's ``variants sweep`` flags (dests are PARAMS)."""
-    g = parser.add_argument_group("lowrank family (--family lowrank)")
-    g.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
-                   help="factorisations: whitened (SVD-LLM), plain (truncated SVD, the control), "
-                        "scaled (ASVD)")
-    g.add_argument("--ratios", type=float, nargs="+", default=list(DEFAULT_RATIOS), metavar="R",
-                   help="--rank-rule params: share (0, 1] of each layer's parameters kept")
-    g.add_argument("--rank-rule", choices=RULES, default="params",
-                   help="per-layer rank: params = ratio of parameters, energy = retained "
-                        "(weighted) energy, rank = one fixed rank")
-    g.add_argument("--energies", type=float, nargs="+", default=[0.9, 0.99], metavar="E",
-                   help="--rank-rule energy: retained share of squared singular values")
-    g.add_argument("--ranks", type=int, nargs="+", default=[64], metavar="K",
-                   help="--rank-rule rank: the rank of every factorised layer")
-    g.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent of mean |x| (scaled)")
-    g.add_argument("--lowrank-bits", type=int, nargs="+", default=None, metavar="B",
-                   help=f"quantize the factors afterwards with these bit widths {BITS}")
-    g.add_argument("--lowrank-group-size", type=int, default=64, choices=GROUP_SIZES,
-                   help="group size when --lowrank-bits is given")
-
-
-def ladder(*, methods=DEFAULT_METHODS, ratios=DEFAULT_RATIOS, rank_rule="params",
-           energies=(0.9, 0.99), ranks=(64,), alpha=0.5, lowrank_bits=None,
-           lowrank_group_size=64):
-    """The variant configs of one sweep: method × rule values × bits (ValueError if bad)."""
-    if not methods:
-        raise ValueError("no methods given; pass e.g. --methods whitened plain")
-    values = {"params": ratios, "energy": energies, "rank": ranks}.get(rank_rule)
-    if values is None:
-        raise ValueError(f"rank rule {rank_rule!r} is not known; choose one of {RULES}")
-    if not values:
-        raise ValueError(f"no values for --rank-rule {rank_rule}; pass e.g. --ratios 0.5")
-    field = {"params": "ratio", "energy": "energy", "rank": "rank"}[rank_rule]
-    out = []
-    for method in dict.fromkeys(methods):
-        for v in dict.fromkeys(values):
-            for bits in (lowrank_bits or [None]):
-                out.append(LowRankConfig(method=method, rule=rank_rule, alpha=float(alpha),
-                                         bits=bits, group_size=lowrank_group_size,
-                                         **{field: v}))
-    return unique_by_name(out, {"method": "--methods", "ratio": "--ratios",
-                                "energy": "--energies", "rank": "--ranks", "alpha": "--alpha",
-                                "bits": "--lowrank-bits", "group_size": "--lowrank-group-size"})
-
-
 def check_model(module, cfgs):
     """Reject, before a sweep writes anything, a fixed rank no encoder Linear can hold.
 
@@ -459,11 +167,6 @@ def check_model(module, cfgs):
         if cfg.rule == "rank" and cfg.rank > limit:
             raise ValueError(f"rank={cfg.rank} is larger than min(m, n) = {limit} of the model's "
                              f"smallest Linear; pass --ranks at most {limit}")
-
-
-def run_name(*, rank_rule="params", lowrank_bits=None, **_):
-    """Default run-folder suffix for these parameters."""
-    return f"{rank_rule}" + ("" if not lowrank_bits else "-q" + "-".join(map(str, lowrank_bits)))
 
 
 # in-process memo: the sweep builds each variant twice (quality, then speed without calibration)
@@ -593,39 +296,3 @@ def _info(module, factored, layers, extra, args):
         "max_lambda_rel": max((r["lambda_rel"] for r in layers), default=0.0),
         **extra,
     }
-
-
-def _f(x, spec):
-    return "—" if x is None else format(x, spec)
-
-
-def describe(info, timing=None):
-    """Markdown: the per-layer table of one variant's ``build.json`` info (+ speed if given).
-
-    ``timing`` is the variant's timing.json dict; with it the realised / ideal speed-up ratio
-    is shown per batch size.
-    """
-    lines = [
-        f"- factorised layers: {info['factorised_layers']} of {len(info['layers'])}; "
-        f"parameters of these layers {info['params_dense']:,} → {info['params_lowrank']:,} "
-        f"({info['param_ratio']:.3f}×); model {info['reference_bytes'] / 1e6:.1f} MB → "
-        f"{info['model_bytes'] / 1e6:.1f} MB",
-        f"- cost model: Linear FLOPs × {info['cost']['linear_flop_ratio']:.3f}; ideal speed-up "
-        f"{info['ideal_speedup']:.2f}× ({info['ideal_speedup_note']})",
-    ]
-    if info.get("max_lambda_rel"):
-        lines.append(f"- Cholesky needed λ up to {info['max_lambda_rel']:.1e}·mean diag(XᵀX/N)")
-    lines += realised_speed_lines(timing, info["ideal_speedup"])
-    dense = [r for r in info["layers"] if r["dense"]]
-    if dense:
-        lines.append(f"- kept dense (break-even): {len(dense)} layers, e.g. {dense[0]['reason']}")
-    lines += ["", "| layer | shape | rank | retained energy | predicted rel. err | "
-                  "weighted rel. err | plain rel. err | λ (rel) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in info["layers"]:
-        rank = "dense" if r["dense"] else str(r["rank"])
-        lines.append(f"| {r['path'].removeprefix('encoder.')} | {r['shape'][0]}×{r['shape'][1]} | "
-                     f"{rank} | {_f(r['retained_energy'], '.4f')} | "
-                     f"{_f(r['predicted_rel_error'], '.4f')} | {_f(r['weighted_rel_error'], '.4f')} | "
-                     f"{_f(r['plain_rel_error'], '.4f')} | {_f(r['lambda_rel'], '.0e')} |")
-    return "\n".join(lines) + "\n"

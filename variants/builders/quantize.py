@@ -11,45 +11,14 @@ mlx-lm's ``convert.py``. Two execution modes:
 """
 
 import copy
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-BITS = (2, 3, 4, 6, 8)
-GROUP_SIZES = (32, 64, 128)
-MODES = ("native", "simulated")
-
-
-def check_bits(bits, group_size, prefix=""):
-    """Raise ValueError unless ``bits`` (None = not quantized) is in ``BITS`` and ``group_size``
-    in ``GROUP_SIZES``; ``prefix`` names the family's parameters (``exit_`` -> ``exit_bits``)."""
-    if bits is not None and bits not in BITS:
-        raise ValueError(f"{prefix}bits={bits} is not supported; choose one of {BITS}")
-    if group_size not in GROUP_SIZES:
-        raise ValueError(f"{prefix}group_size={group_size} is not supported; "
-                         f"choose one of {GROUP_SIZES}")
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """Parameters of one quantized variant (validated on creation)."""
-
-    bits: int = 4
-    group_size: int = 64
-    quantize_embeddings: bool = False
-    quantize_head: bool = False
-
-    def __post_init__(self):
-        if self.bits is None:
-            raise ValueError(f"bits=None is not supported; choose one of {BITS}")
-        check_bits(self.bits, self.group_size)
-
-    @property
-    def name(self):
-        extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
-        return f"q{self.bits}-g{self.group_size}{extra}"
+from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  # noqa: F401
+                                            QuantConfig, add_arguments, check_bits, ladder,
+                                            run_name)
 
 
 def _is_head(path):
@@ -144,35 +113,6 @@ def quantize_module(module, cfg, mode="simulated"):
             m.weight = mx.dequantize(q, s, b, group_size=cfg.group_size, bits=cfg.bits).astype(w.dtype)
     mx.eval(sim.parameters())
     return sim, info
-
-
-PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head")
-
-
-def add_arguments(parser):
-    """This family's ``variants sweep`` flags (dests are PARAMS)."""
-    g = parser.add_argument_group("quant family (--family quant)")
-    g.add_argument("--bits", type=int, nargs="+", default=list(BITS), metavar="B",
-                   help=f"bit widths to sweep, from {BITS}")
-    g.add_argument("--group-size", type=int, default=64,
-                   help=f"weights per quantization group, one of {GROUP_SIZES}")
-    g.add_argument("--quantize-embeddings", action="store_true",
-                   help="also quantize the embedding tables (kept fp32 by default)")
-    g.add_argument("--quantize-head", action="store_true",
-                   help="also quantize the decision head (kept fp32 by default)")
-
-
-def ladder(*, bits=BITS, group_size=64, quantize_embeddings=False, quantize_head=False):
-    """The variant configs of one sweep: one QuantConfig per bit width (ValueError if bad)."""
-    if not bits:
-        raise ValueError("no bit widths given; pass e.g. --bits 4 8")
-    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head)
-            for b in dict.fromkeys(bits)]
-
-
-def run_name(*, group_size=64, **_):
-    """Default run-folder suffix for these parameters."""
-    return f"g{group_size}"
 
 
 def build(reference, cfg, mode="simulated", calibration=None):

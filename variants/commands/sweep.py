@@ -1,0 +1,126 @@
+"""``variants sweep``: its parser (every family's flags) and the command."""
+
+import argparse
+import sys
+
+from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR
+
+
+def configure(sub):
+    """Add the ``sweep`` subcommand (with every family's flag group) to ``sub``; returns it."""
+    from variants.builders import FAMILIES, get_family
+    from variants.builders.quant_family import MODES
+    from variants.models import MODELS
+    from variants.sweep_config import SweepConfig
+
+    d = SweepConfig()
+    p = sub.add_parser(
+        "sweep", help="build variants of a real decision model, judge each against a contract",
+        description=(
+            "Compute the reference model's outputs once (cached), then for each variant build it, "
+            "run it on the calibration and eval splits of the bundled VADER data, compute the "
+            "contract metrics, check the contract and time it against the reference (strict "
+            "alternation, batch sizes 1 and 32, two timed regions: forward = prepared token ids "
+            "-> logits, and end to end = texts -> tokenisation -> forward -> decision outputs), "
+            "and measure cold starts in a fresh process. Writes results/<run>/ (run.json, "
+            "per-variant outputs/metrics/verdict/timing, summary.csv, report.md) and prints "
+            "where the sweep's own wall time went. Rerunning resumes (and times what an older "
+            "run lacks). One sweep at a time per run folder: a second one on the same run exits "
+            "2 naming the holder (RESULTS_DIR/RUN/.lock). Exit status: 0 the sweep completed "
+            "(whatever the verdicts: they are in summary.csv and report.md), 1 a variant fails "
+            "its contract with --fail-on-violation, or an output could not be written (disk "
+            "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
+            "the run folder in use, or a variant that could not be built."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
+    p.add_argument("--family", choices=list(FAMILIES), default=d.family,
+                   help="variant family; its own flags are listed in its group below")
+    p.add_argument("--contract", default=None,
+                   help="contract TOML file, or a packaged one by name: default | strict | "
+                        "lenient (None = default)")
+    p.add_argument("--run", default=None,
+                   help="run name: results go to RESULTS_DIR/RUN (None = <model>-<family>-<params>,"
+                        " e.g. minilm-sentiment-quant-g64)")
+    p.add_argument("--results-dir", default=d.results_dir, help="where run folders are written")
+    p.add_argument("--n-fit", type=int, default=d.n_fit, help="fit-split examples (head fitting)")
+    p.add_argument("--n-calibration", type=int, default=d.n_calibration,
+                   help="calibration-split examples (temperatures and ε)")
+    p.add_argument("--n-eval", type=int, default=d.n_eval, help="eval-split examples (metrics)")
+    p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
+                   help="how quality is evaluated: simulated = dequantized dense weights")
+    p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
+                   help="what is timed: native = MLX quantized kernels")
+    p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
+                   help="alternated timing rounds wanted per batch size (seed analysis: 50); "
+                        "fewer run when --timing-budget-s runs out (timing.json records rounds "
+                        "requested, run and why it stopped)")
+    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
+                   help="untimed warm-up calls of each model per batch size (seed analysis: 5; "
+                        "after the first, warm-ups stop once they used a quarter of the budget)")
+    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
+                   help="wall-clock seconds per measurement (one batch size, warm-ups included) "
+                        "after which no new round starts, once --timing-min-rounds ran")
+    p.add_argument("--timing-min-rounds", type=int, default=d.timing_min_rounds,
+                   help="rounds run even past the budget (None = 3, or --timing-rounds when "
+                        "that is fewer; must not exceed --timing-rounds)")
+    p.add_argument("--cold-start", choices=("none", "reference", "all"), default=d.cold_start,
+                   help="cold starts measured in a fresh process (import, weight load, build, "
+                        "first forward at the smallest timed batch size): none, the reference "
+                        "only (run.json), or also every variant (timing.json; about 3 s each "
+                        "for quant, more for families whose build reads calibration data)")
+    p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes),
+                   metavar="B", help="batch sizes timed (one real eval batch each)")
+    p.add_argument("--near-tie-margin", type=float, default=d.near_tie_margin,
+                   help="reference top-2 logit margin below which an example is a near tie")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="batch size for the quality runs")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars")
+    p.add_argument("--fail-on-violation", action="store_true",
+                   help="exit 1 when any variant fails its contract (for CI gates; without it a "
+                        "completed sweep exits 0)")
+    for name in FAMILIES:
+        get_family(name).add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def config_from_args(args):
+    """The validated :class:`variants.sweep_config.SweepConfig` of parsed ``sweep`` arguments:
+    the chosen family's flags go to ``params``, the other families' are dropped (built and
+    validated once per command). Raises SweepError on bad input."""
+    from variants.builders import FAMILIES, get_family
+    from variants.sweep_config import SweepConfig
+
+    kwargs = {k: v for k, v in vars(args).items()
+              if k not in ("func", "command", "fail_on_violation")}
+    family_params = {p for f in FAMILIES for p in get_family(f).params}
+    own = get_family(args.family).params
+    kwargs["params"] = {k: kwargs[k] for k in own}
+    for k in family_params:
+        kwargs.pop(k, None)
+    kwargs["timing_batch_sizes"] = tuple(kwargs["timing_batch_sizes"])
+    return SweepConfig(**kwargs).validate()
+
+
+def run(args):
+    """``variants sweep``: run it, print the summary table and where report.md is."""
+    from contracts.report import format_table
+    from variants.sweep import Sweep, VariantsFailed
+
+    cfg = config_from_args(args)
+    try:
+        summary = Sweep(cfg, log=lambda m: print(m, file=sys.stderr)).run()
+    except VariantsFailed as e:  # some variants failed to build; the others are written
+        if e.summary is not None and not e.summary.empty:
+            print(format_table(e.summary).to_string(index=False))
+            print(f"\nreport: {e.out}/report.md")
+        print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(format_table(summary).to_string(index=False))
+    print(f"\nreport: {args.results_dir}/{cfg.run}/report.md")
+    if args.fail_on_violation and not (summary["verdict"] == "PASS").all():
+        print("variants: some variant fails its contract (--fail-on-violation)", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK

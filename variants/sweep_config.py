@@ -1,0 +1,157 @@
+"""What defines a sweep (:class:`SweepConfig`, one field per ``variants sweep`` flag), its
+validation (one pass, :meth:`SweepConfig.validate`, building the variant ladder) and the sweep's
+input errors."""
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metrics._checks import short_repr
+from variants import parallel
+from variants.builders import get_family
+from variants.builders.quant_family import MODES
+from variants.models import MODELS
+from variants.timing import DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP
+
+RESULTS_DIR = Path("results")
+TIMING_BATCH_SIZES = (1, 32)
+COLD_START = ("none", "reference", "all")
+
+
+class SweepError(ValueError):
+    """Bad sweep input; the message names the problem and the fix."""
+
+
+class VariantsFailed(SweepError):
+    """Raised at the end of a sweep in which some (or all) variants failed to build.
+
+    The others were built, judged and written (``summary`` is their summary.csv table, None
+    when none succeeded); run.json records ``status`` ("partial" or "failed") and
+    ``failed_variants`` {name: error}.
+    """
+
+    def __init__(self, failed, summary, out):
+        self.failed, self.summary, self.out = dict(failed), summary, out
+        errors = "; ".join(f"{n}: {e}" for n, e in self.failed.items())
+        if summary is None:
+            msg = (f"every variant failed to build ({errors}); nothing but run.json was written "
+                   f"to {out}")
+        else:
+            msg = (f"{len(self.failed)} variant(s) failed to build and were left out ({errors}); "
+                   f"summary.csv and report.md in {out} cover the other {len(summary)}")
+        super().__init__(msg)
+
+
+@dataclass
+class SweepConfig:
+    """Everything that defines a sweep (CLI flags map one to one onto these fields)."""
+
+    model: str = "minilm-sentiment"
+    family: str = "quant"
+    params: dict = field(default_factory=dict)  # the family's own parameters (its PARAMS)
+    contract: str | None = None
+    run: str | None = None
+    results_dir: str = str(RESULTS_DIR)
+    n_fit: int = 2000
+    n_calibration: int = 800
+    n_eval: int = 800
+    quality_mode: str = "simulated"
+    speed_mode: str = "native"
+    timing_rounds: int = DEFAULT_ROUNDS
+    timing_warmup: int = DEFAULT_WARMUP
+    timing_budget_s: float = DEFAULT_BUDGET_S
+    # None = DEFAULT_MIN_ROUNDS, or timing_rounds when fewer; an explicit value above
+    # timing_rounds is refused by validate()
+    timing_min_rounds: int | None = None
+    timing_batch_sizes: tuple = TIMING_BATCH_SIZES
+    cold_start: str = "all"
+    near_tie_margin: float = 1.0
+    batch_size: int = 32
+    seed: int = 0
+    progress: bool = True
+    variants: list = field(default_factory=list)  # filled by validate()
+
+    # fields whose change makes earlier outputs in the same run folder invalid
+    # (a variant's folder name encodes its own parameters, so family parameters are not here)
+    IDENTITY = ("model", "n_fit", "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed",
+                "batch_size")
+
+    def validate(self):
+        """Check every field; build the variant configs. Raises SweepError."""
+        if self.model not in MODELS:
+            raise SweepError(f"unknown model {short_repr(self.model)}; choose one of: "
+                             f"{', '.join(MODELS)}")
+        try:
+            family = get_family(self.family)
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        unknown = sorted(set(self.params) - set(family.params))
+        if unknown:
+            raise SweepError(f"parameters {short_repr(unknown)} do not belong to family "
+                             f"{self.family!r} (its parameters: {', '.join(family.params)})")
+        for name, mode in (("quality_mode", self.quality_mode), ("speed_mode", self.speed_mode)):
+            if mode not in MODES:
+                raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
+                                 f"{MODES}")
+        for name in ("n_fit", "n_calibration", "n_eval"):
+            if getattr(self, name) < 10:
+                raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
+        if self.timing_rounds < 1:
+            raise SweepError(f"timing_rounds={self.timing_rounds} (--timing-rounds) must be >= 1, "
+                             "e.g. --timing-rounds 50")
+        if self.timing_warmup < 0:
+            raise SweepError(f"timing_warmup={self.timing_warmup} (--timing-warmup) must be >= 0, "
+                             "e.g. --timing-warmup 5")
+        if not (math.isfinite(self.timing_budget_s) and self.timing_budget_s > 0):
+            raise SweepError(f"timing_budget_s={self.timing_budget_s:g} (--timing-budget-s) must "
+                             "be a finite number of seconds > 0, e.g. --timing-budget-s 20")
+        if self.timing_min_rounds is None:
+            self.timing_min_rounds = min(DEFAULT_MIN_ROUNDS, self.timing_rounds)
+        if self.timing_min_rounds < 1:
+            raise SweepError(f"timing_min_rounds={self.timing_min_rounds} must be >= 1, "
+                             "e.g. --timing-min-rounds 3")
+        if self.timing_min_rounds > self.timing_rounds:
+            raise SweepError(f"timing_min_rounds={self.timing_min_rounds} (--timing-min-rounds) "
+                             f"exceeds timing_rounds={self.timing_rounds} (--timing-rounds): "
+                             "the minimum cannot be above the rounds requested; lower "
+                             "--timing-min-rounds or raise --timing-rounds")
+        if self.cold_start not in COLD_START:
+            raise SweepError(f"cold_start={short_repr(self.cold_start)}; choose one of "
+                             f"{COLD_START}")
+        if self.seed < 0:
+            raise SweepError(f"seed={self.seed} must be >= 0")
+        if self.batch_size < 1:
+            raise SweepError(f"batch_size={self.batch_size} must be >= 1, e.g. --batch-size 32")
+        if not (math.isfinite(self.near_tie_margin) and self.near_tie_margin > 0):
+            raise SweepError(f"near_tie_margin={self.near_tie_margin} must be a finite number "
+                             "> 0 (raw logits), e.g. --near-tie-margin 1.0")
+        if self.run is not None and (not self.run or self.run.startswith(".")
+                                     or "/" in self.run or "\\" in self.run):
+            raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name (no "
+                             "'/', not empty, not starting with '.'), e.g. --run my-sweep")
+        if self.run is not None and len(self.run.encode("utf-8", "surrogateescape")) > 255:
+            raise SweepError(f"run name {short_repr(self.run)} is longer than a folder name may "
+                             "be (255 bytes); pass a shorter --run")
+        if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
+            raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
+        too_big = sorted({b for b in self.timing_batch_sizes if b > self.n_eval})
+        if too_big:
+            raise SweepError(
+                f"--timing-batch-sizes {' '.join(map(str, too_big))} exceed the eval set "
+                f"(--n-eval {self.n_eval}): a timed batch is drawn from the eval texts, so it "
+                f"would hold only {self.n_eval}; pass batch sizes <= {self.n_eval} or raise "
+                "--n-eval")
+        try:
+            parallel.validate_env()
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        try:
+            self.variants = family.ladder(**self.params)
+        except ValueError as e:
+            raise SweepError(str(e)) from None
+        if self.run is None:
+            self.run = f"{self.model}-{self.family}-{family.run_name(**self.params)}"
+        return self
+
+    def identity(self):
+        return {k: getattr(self, k) for k in self.IDENTITY}

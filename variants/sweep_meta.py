@@ -1,0 +1,64 @@
+"""run.json's content: what a sweep ran, with which versions and settings, and how it ended."""
+
+import platform
+from dataclasses import asdict
+
+import mlx.core as mx
+
+from variants import BLAS_INFO, __version__, parallel
+from variants.sweep_timing import model_bytes
+
+
+def _versions():
+    import numpy
+    import sklearn
+    import tokenizers
+
+    return {"mlx": mx.__version__, "numpy": numpy.__version__, "sklearn": sklearn.__version__,
+            "tokenizers": tokenizers.__version__, "python": platform.python_version(),
+            "mlx_variants": __version__, "platform": platform.platform()}
+
+
+def run_metadata(sweep):
+    """run.json's content for a :class:`variants.sweep.Sweep` that has prepared its inputs and
+    reference: identity, config (with the variant names), contract, versions, device, checkpoint,
+    data splits and tokenizer, reference size and temperatures, status ("complete", "partial" or
+    "failed" by the variants that failed to build), the family's report blocks (``extras``) and
+    the sweep's time breakdown (:meth:`variants.sweep_clock.SweepClock.breakdown`, taken now).
+    Documented in results/README.md."""
+    cfg = sweep.cfg
+    d = asdict(cfg)
+    d["variants"] = [v.name for v in cfg.variants]
+    breakdown = sweep.clock.breakdown()
+    failed = dict(getattr(sweep, "failed", {}))
+    return {
+        "identity": cfg.identity(),
+        "config": d,
+        "contract": sweep.contract.name,
+        "versions": _versions(),
+        "blas": dict(BLAS_INFO),
+        "device": str(mx.default_device()),
+        "dtype": "float32",
+        "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},
+        "data": {
+            "source": "VADER ICWSM 2014 ground truth (data/vader, MIT)",
+            "splits": {s: {"n": len(ts), "fingerprint": ts.fingerprint()}
+                       for s, ts in sweep.tasksets.items()},
+            "truncated_texts": sweep.truncated,
+            "max_tokens": sweep.checkpoint.tokenizer.max_length,
+            "tokenizer": sweep.checkpoint.tokenizer.settings(),
+        },
+        "reference_model_bytes": model_bytes(sweep.ref_model),
+        "temperatures": {str(k): v for k, v in sweep.ref_model.temperatures.items()},
+        "temperature_fits": {str(k): v for k, v in getattr(sweep.ref_model, "temperature_fits", {}).items()},
+        "wall_s": breakdown["wall_s"],
+        "reused_variants": sweep.reused,
+        "reference_outputs_from_cache": dict(sweep.ref_outputs_cached),
+        "cold_start": sweep.cold_start,
+        "parallel": parallel.info(),
+        "status": ("complete" if not failed else
+                   "partial" if len(failed) < len(cfg.variants) else "failed"),
+        "failed_variants": failed,
+        "extras": dict(getattr(sweep, "extras", {})),
+        "sweep_time": breakdown,
+    }

@@ -1,0 +1,94 @@
+"""Resume checks: before a sweep writes anything, the run folder it would resume must hold the
+same sweep (identity, tokenizer settings) and each variant folder the same variant, in files
+that are not corrupt (read with the validating readers of :mod:`variants.runfiles`)."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from metrics._checks import short_repr
+from variants.check import require_family
+from variants.runfiles import check_same_ids, read_build, read_outputs, read_run_json, read_timing
+from variants.sweep_config import SweepError
+
+
+def read_json(path):
+    """run.json as a dict; {} when missing (CorruptFileError when corrupt, see prepare())."""
+    path = Path(path)
+    return read_run_json(path) if path.exists() else {}
+
+
+def check_run_tokenizer(out, settings):
+    """Refuse to resume ``out`` when its run.json records other tokenizer settings
+    (``data.tokenizer``, e.g. another max length) than ``settings``
+    (:meth:`variants.checkpoint.TextTokenizer.settings`): its variant outputs hold other token
+    ids. Raises SweepError naming the settings that differ."""
+    saved = read_json(out / "run.json")
+    old = saved.get("data", {}) if isinstance(saved, dict) else {}
+    old = old.get("tokenizer") if isinstance(old, dict) else None
+    new = settings
+    if isinstance(old, dict) and old.get("fingerprint") not in (None, new["fingerprint"]):
+        diff = {k: (old.get(k), v) for k, v in json.loads(json.dumps(new)).items()
+                if old.get(k) != v}
+        raise SweepError(f"{out} was swept with other tokenizer settings {diff} (old, "
+                         f"new); choose another --run name or delete {out}")
+
+
+def check_run_folder(out, cfg, tasksets):
+    """Refuse to resume ``out`` when its run.json's identity (:meth:`SweepConfig.identity`)
+    differs from ``cfg``'s, or a variant folder holds another variant
+    (:func:`check_variant_folders`). Raises SweepError (CorruptFileError for a corrupt file)."""
+    run_json = out / "run.json"
+    if run_json.exists():
+        old = read_run_json(run_json).get("identity", {})  # CorruptFileError: exit 2
+        new = json.loads(json.dumps(cfg.identity()))
+        diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        if diff:
+            raise SweepError(
+                f"{out} holds a sweep with other settings {diff} (old, new); "
+                f"choose another --run name or delete {out}")
+    check_variant_folders(out, cfg.variants, tasksets)
+
+def check_variant_folders(out, variants, tasksets):
+    """Each of ``variants``' folders in ``out`` about to be resumed must hold the variant this sweep asks for, in
+    files that are not corrupt.
+
+    Every saved file the resume reads (outputs.npz, calibration_outputs.npz, build.json,
+    timing.json) is read with its validating reader (:mod:`variants.runfiles`) here, before
+    anything is written: a corrupt one raises CorruptFileError naming it (delete it and
+    rerun; only that variant is rebuilt), outputs of another split size raise SweepError.
+    Folder names encode a variant's parameters only approximately (an exit threshold of
+    0.1234 and one of 0.1231 both give ``t0.123``), so the config its build.json recorded
+    (``config``, the variant dataclass as built) is compared with the requested one. Fields
+    only one side has (an older build.json, a field added since) are not compared.
+    """
+    for vcfg in variants:
+        vdir = out / vcfg.name
+        for f, split in (("outputs.npz", "eval"), ("calibration_outputs.npz", "calibration")):
+            if (vdir / f).exists():
+                ids = read_outputs(vdir / f)["ids"]
+                n, want = len(ids), len(tasksets[split])
+                if n != want:
+                    raise SweepError(f"{vdir / f} holds {n} {split} examples, this sweep "
+                                     f"uses {want}; delete {vdir} or choose another --run")
+                check_same_ids(vdir / f, ids, tasksets[split].ids, f"this sweep's {split} split")
+        if (vdir / "timing.json").exists():
+            read_timing(vdir / "timing.json")
+        build_json = vdir / "build.json"
+        if not build_json.exists():
+            continue
+        build = read_build(build_json)
+        if (vdir / "timing.json").exists():
+            require_family(build_json, build)
+        old = build.get("config")
+        if not isinstance(old, dict):
+            continue
+        new = json.loads(json.dumps(asdict(vcfg)))
+        diff = {k: (old[k], v) for k, v in new.items() if k in old and old[k] != v}
+        if diff:
+            fields = "; ".join(f"{k}: saved {short_repr(a)}, requested {short_repr(b)}"
+                               for k, (a, b) in diff.items())
+            raise SweepError(
+                f"variant {vcfg.name}: {build_json} was built with other settings ({fields})"
+                f"; resuming would reuse the wrong variant. Choose another --run name or "
+                f"delete {build_json.parent}")
