@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 
 from metrics.bounds import kl_bound, log_ratio_bound, tv_bound
-from metrics.calibration import calibration_error, temperature_fits_by_bucket
+from metrics.calibration import calibration_error
 from metrics.softmax import masked_softmax
+from metrics.temperature_fit import fits_by_bucket
 
 #: Tolerances of the bound check: an observed value counts as above its bound only beyond
 #: ``bound + BOUND_ATOL + BOUND_RTOL * bound`` (float32 outputs carry ~1e-7 relative round-off,
@@ -33,8 +34,8 @@ class EvaluationTables:
         """
         rows = []
         k = self.option_mask.sum(axis=1)
-        fits_ref = temperature_fits_by_bucket(self.ref_logits, self.targets, self.option_mask)
-        fits_var = temperature_fits_by_bucket(self.var_logits, self.targets, self.option_mask)
+        fits_ref = fits_by_bucket(self.ref_logits, self.option_mask, self.targets)
+        fits_var = fits_by_bucket(self.var_logits, self.option_mask, self.targets)
         t_ref = {kk: f.temperature for kk, f in fits_ref.items()}
         t_var = {kk: f.temperature for kk, f in fits_var.items()}
         for kk in sorted(t_ref):

@@ -27,7 +27,6 @@ from metrics.calibration import (
     calibration_error,
     classwise_calibration_error,
     expected_calibration_error,
-    fit_temperature,
     nll_loss,
     reliability_diagram,
 )
@@ -38,6 +37,7 @@ from metrics.drift import confidence_drift, delta_top_prob, entropy_confidence, 
 from metrics.evaluate import NO_CI_METRICS, SET_METRICS, evaluate
 from metrics.flips import top1
 from metrics.margin import certified, max_abs_logit_diff, top2_margin
+from metrics.temperature_fit import fit_temperature
 from metrics.ties import human_near_tie, human_top2_gap
 from variants.check import CheckError, judge_outputs, judge_variant, main, resolve_settings
 from variants.io import write_json, write_npz
@@ -191,8 +191,9 @@ def test_fit_temperature_recovers_the_generating_temperature():
     mask = np.ones((n, k), bool)
     p = _softmax(logits, mask, t)
     y = np.array([rng.choice(k, p=row) for row in p])
-    assert fit_temperature(logits, y, mask) == pytest.approx(t, rel=0.08)
-    assert fit_temperature(logits * 1.05, y, mask) == pytest.approx(1.05 * fit_temperature(logits, y, mask), rel=1e-4)
+    assert fit_temperature(logits, mask, y).temperature == pytest.approx(t, rel=0.08)
+    assert fit_temperature(logits * 1.05, mask, y).temperature == pytest.approx(
+        1.05 * fit_temperature(logits, mask, y).temperature, rel=1e-4)
 
 
 # --- drift, ties, summaries, bootstrap ---------------------------------------------------------

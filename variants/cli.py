@@ -6,8 +6,9 @@ import zipfile
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 
-EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR = 0, 1, 2  # 1: a violation (--fail-on-violation) or
-# an output that could not be written (variants.io.WriteError, sweep.RunIncomplete)
+# EXIT_FAILURE (1): a violation (--fail-on-violation) or an output that could not be written
+# (variants.io.WriteError, sweep.RunIncomplete)
+from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION as EXIT_FAILURE
 
 
 def configure_sweep(sub):
