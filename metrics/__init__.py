@@ -39,6 +39,7 @@ from metrics.flips import agreement, flip, negative_flip, positive_flip, top1
 from metrics.intervals import clopper_pearson
 from metrics.latency import latency_summary, paired_speedup
 from metrics.margin import certified, epsilon_max, max_abs_logit_diff, top2_margin
+from metrics.registry import REGISTRY, MetricSpec
 from metrics.softmax import masked_softmax
 from metrics.temperature_fit import fit_calibration_temperature, fit_temperature, fits_by_bucket
 from metrics.ties import human_near_tie, human_top2_gap
@@ -60,6 +61,8 @@ __all__ = [
     "fit_temperature",
     "fits_by_bucket",
     "masked_softmax",
+    "MetricSpec",
+    "REGISTRY",
     "human_near_tie",
     "human_top2_gap",
     "kl_bound",
