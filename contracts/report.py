@@ -351,6 +351,8 @@ def render_report(meta, summary, details, contract, extras=None):
 
 
 # -- per-variant in-depth report (``variants check``) -------------------------------------------
+from metrics.defaults import N_BINS  # noqa: E402  (the per-variant part's imports start here)
+
 #: Version of the JSON written by :func:`variant_report_json` (``<variant>/report.json``) and of
 #: ``check.json``; bump on any change of keys or meaning. Documented in results/README.md.
 REPORT_SCHEMA_VERSION = 1
@@ -366,7 +368,7 @@ DRIFT_ROWS = (
     ("action_tv", "action total variation"),
     ("max_abs_logit_diff", "max |Δlogit| (raw)"),
 )
-CALIBRATION_ROWS = (("ece_width", "ECE, 15 equal-width bins"), ("ece_mass", "ECE, equal-mass bins"),
+CALIBRATION_ROWS = (("ece_width", f"ECE, {N_BINS} equal-width bins"), ("ece_mass", "ECE, equal-mass bins"),
                     ("classwise_ece", "classwise ECE"), ("brier", "Brier score"),
                     ("nll", "NLL, nats"))
 EXCERPT_CHARS = 90
@@ -425,10 +427,11 @@ def flip_table(ev):
 def drift_table(ev):
     """llama.cpp-style summary (mean ± SE, RMS, max … min) of each :data:`DRIFT_ROWS` column."""
     from metrics.distribution import describe
+    from metrics.registry import spec
 
     rows = []
     for col, label in DRIFT_ROWS:
-        frame = ev.detail if col in ev.detail else ev.per_example
+        frame = ev.detail if spec(col).detail else ev.per_example
         rows.append({"quantity": label, "column": col,
                      **describe(frame[col].to_numpy(dtype=np.float64))})
     return pd.DataFrame(rows)
@@ -475,16 +478,14 @@ def worst_examples(ev, result, *, texts=None, n=5):
         ``id``, ``excerpt``, ``ref_top2`` and ``var_top2`` ("#k p" pairs), ``metric`` (the
         clause's per-example value; for a set-level metric the example's KL), ``label``.
     """
-    from metrics.evaluate import BOOL_METRICS, SET_METRICS
+    from metrics.registry import SET, spec
 
     rows = np.flatnonzero(ev.rows(result.stratum))
     metric = result.metric
-    if metric in SET_METRICS:
+    if spec(metric).kind == SET:
         metric = "kl"
     values = ev._array(metric)[rows]
-    lower_is_worse = metric in BOOL_METRICS and result.op == ">="
-    if metric not in BOOL_METRICS and result.op == ">=":
-        lower_is_worse = True
+    lower_is_worse = result.op == ">="  # a min bound: the lowest values drive the clause
     key = np.where(np.isnan(values), -np.inf, -values if lower_is_worse else values)
     # tie-break by KL so that among equal bools the most drifted rows come first
     kl = ev._array("kl")[rows]

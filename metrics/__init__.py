@@ -18,11 +18,9 @@ from metrics.calibration import (
     calibration_error,
     classwise_calibration_error,
     expected_calibration_error,
-    fit_temperature,
     nll_from_logits,
     nll_loss,
     reliability_diagram,
-    temperature_fit,
 )
 from metrics.conformal import conformal_quantile, coverage, epsilon_by_bucket
 from metrics.distribution import describe
@@ -41,6 +39,9 @@ from metrics.flips import agreement, flip, negative_flip, positive_flip, top1
 from metrics.intervals import clopper_pearson
 from metrics.latency import latency_summary, paired_speedup
 from metrics.margin import certified, epsilon_max, max_abs_logit_diff, top2_margin
+from metrics.registry import REGISTRY, MetricSpec
+from metrics.softmax import masked_softmax
+from metrics.temperature_fit import fit_calibration_temperature, fit_temperature, fits_by_bucket
 from metrics.ties import human_near_tie, human_top2_gap
 
 __all__ = [
@@ -56,7 +57,12 @@ __all__ = [
     "describe",
     "entropy_confidence",
     "epsilon_by_bucket",
+    "fit_calibration_temperature",
     "fit_temperature",
+    "fits_by_bucket",
+    "masked_softmax",
+    "MetricSpec",
+    "REGISTRY",
     "human_near_tie",
     "human_top2_gap",
     "kl_bound",
@@ -66,7 +72,6 @@ __all__ = [
     "nll_loss",
     "ratio_bounds",
     "reliability_diagram",
-    "temperature_fit",
     "total_variation",
     "tv_bound",
     "Evaluation",

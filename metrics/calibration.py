@@ -7,6 +7,7 @@ Naming rule: ``*_score`` is higher-is-better, ``*_loss``/``*_error`` lower-is-be
 import numpy as np
 
 from metrics._checks import check_labels, check_mask
+from metrics.defaults import N_BINS
 
 
 def _bin_index(confidence, n_bins):
@@ -15,7 +16,7 @@ def _bin_index(confidence, n_bins):
     return np.clip(np.digitize(confidence, edges, right=True) - 1, 0, n_bins - 1)
 
 
-def expected_calibration_error(probs, labels, option_mask, *, n_bins=15):
+def expected_calibration_error(probs, labels, option_mask, *, n_bins=N_BINS):
     """Top-label expected calibration error with equal-width confidence bins.
 
     Confidence is the largest probability among valid options, the prediction its option. With
@@ -30,7 +31,7 @@ def expected_calibration_error(probs, labels, option_mask, *, n_bins=15):
         Gold option index; negative (-1) = unknown, excluded.
     option_mask : array-like of shape (N, K), bool
         True for valid options; every row needs at least one.
-    n_bins : int, default=15
+    n_bins : int, default=N_BINS (15, :mod:`metrics.defaults`)
         Number of equal-width bins on [0, 1].
 
     Returns
@@ -105,7 +106,7 @@ def _bins(confidence, n_bins, strategy):
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
 
 
-def reliability_diagram(probs, labels, option_mask, *, n_bins=15, strategy="uniform"):
+def reliability_diagram(probs, labels, option_mask, *, n_bins=N_BINS, strategy="uniform"):
     """Data of a top-label reliability diagram: per bin its confidence, accuracy and count.
 
     Parameters
@@ -114,7 +115,7 @@ def reliability_diagram(probs, labels, option_mask, *, n_bins=15, strategy="unif
     labels : array-like of shape (N,), int
         Target option; negative = unknown (excluded).
     option_mask : array-like of shape (N, K), bool
-    n_bins : int, default=15
+    n_bins : int, default=N_BINS (15, :mod:`metrics.defaults`)
     strategy : {'uniform', 'quantile'}, default='uniform'
         Equal-width bins on [0, 1], or equal-mass bins (each holds N/M examples, ±1).
 
@@ -157,7 +158,7 @@ def reliability_diagram(probs, labels, option_mask, *, n_bins=15, strategy="unif
             "count": count.astype(np.int64)}
 
 
-def calibration_error(probs, labels, option_mask, *, n_bins=15, strategy="uniform"):
+def calibration_error(probs, labels, option_mask, *, n_bins=N_BINS, strategy="uniform"):
     """Top-label ECE with equal-width (``'uniform'``) or equal-mass (``'quantile'``) bins.
 
     ``strategy='uniform'`` equals :func:`expected_calibration_error`. Equal-mass bins follow
@@ -176,7 +177,7 @@ def calibration_error(probs, labels, option_mask, *, n_bins=15, strategy="unifor
     return float(np.sum(d["count"] / n * np.abs(gap)))
 
 
-def classwise_calibration_error(probs, labels, option_mask, *, n_bins=15):
+def classwise_calibration_error(probs, labels, option_mask, *, n_bins=N_BINS):
     """Classwise ECE: the equal-width ECE of each option's probability, averaged over options.
 
     For option k, over examples with a target where k is valid: confidence ``p_k``, outcome
@@ -302,64 +303,3 @@ def nll_from_logits(logits, labels, option_mask, *, temperature=1.0):
     out = np.full(logp.shape[0], np.nan)
     out[rows] = 0.0 - logp[rows, targets[known]]  # 0.0 - 0.0 is +0.0, not -0.0
     return out
-
-
-def temperature_fit(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
-    """Temperature minimising the NLL of ``softmax(logits / T)``, with its status.
-
-    Parameters
-    ----------
-    logits : array-like of shape (N, K), float
-        Raw logits.
-    labels : array-like of shape (N,), int
-        Target option; negative = unknown (excluded).
-    option_mask : array-like of shape (N, K), bool
-    bounds : tuple of float, default=(1e-3, 1e3)
-        Search interval for T.
-
-    Returns
-    -------
-    metrics.temperature_fit.TemperatureFit
-        ``temperature``, ``status`` ('converged', 'at_bound' or 'not_converged'), ``nll``, ``n``,
-        ``reason``; see :mod:`metrics.temperature_fit` for how the status is decided.
-
-    References
-    ----------
-    C. Guo et al., ICML 2017, Sec. 4.2 (temperature scaling);
-    ``scipy.optimize.minimize_scalar(method='bounded')``.
-    """
-    from metrics.temperature_fit import fit_temperature_status
-
-    logits = np.asarray(logits, dtype=np.float64)
-    mask = check_mask(option_mask, logits.shape)
-    targets = check_labels(labels, logits.shape[0])
-    known = targets >= 0
-    return fit_temperature_status(logits[known], mask[known], targets[known], bounds=bounds)
-
-
-def fit_temperature(logits, labels, option_mask, *, bounds=(1e-3, 1e3)):
-    """The temperature of :func:`temperature_fit` (float): the bound when the optimum runs to it,
-    NaN when fewer than 2 examples have a target or the NLL is flat; use
-    :func:`temperature_fit` to see which."""
-    return temperature_fit(logits, labels, option_mask, bounds=bounds).temperature
-
-
-def fit_temperatures_by_bucket(logits, labels, option_mask):
-    """:func:`fit_temperature` per option-count bucket: ``{K: T}`` (single-option buckets skipped)."""
-    mask = check_mask(option_mask, np.shape(logits))
-    k = mask.sum(axis=1)
-    labels = np.asarray(labels)
-    logits = np.asarray(logits, dtype=np.float64)
-    return {int(kk): fit_temperature(logits[k == kk], labels[k == kk], mask[k == kk])
-            for kk in np.unique(k) if kk > 1}
-
-
-def temperature_fits_by_bucket(logits, labels, option_mask):
-    """:func:`temperature_fit` per option-count bucket: ``{K: TemperatureFit}`` (single-option
-    buckets skipped)."""
-    mask = check_mask(option_mask, np.shape(logits))
-    k = mask.sum(axis=1)
-    labels = np.asarray(labels)
-    logits = np.asarray(logits, dtype=np.float64)
-    return {int(kk): temperature_fit(logits[k == kk], labels[k == kk], mask[k == kk])
-            for kk in np.unique(k) if kk > 1}

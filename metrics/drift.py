@@ -144,10 +144,17 @@ def confidence_drift(ref_confidence, var_confidence):
     return np.abs(var - ref)
 
 
+#: Floor under ``log p`` in the entropy (only ``p > 0`` terms count; a term below it is < 1e-297).
+LOG_FLOOR = 1e-300
+
+
 def entropy_confidence(probs, option_mask):
     """Entropy confidence ``1 - H(p)/log K_i`` (1 for single-option rows), per example.
 
-    The definition of ``DecisionOutputs.confidence``; used when saved outputs lack the field.
+    The definition of ``DecisionOutputs.confidence`` (the evaluation uses it when saved outputs
+    lack the field). ``probs`` (N, K) float, ``option_mask``
+    (N, K) bool; entries off the mask are ignored. ValueError if the mask's shape differs or a row
+    has no valid option.
 
     Returns
     -------
@@ -159,6 +166,6 @@ def entropy_confidence(probs, option_mask):
     p = np.asarray(probs, dtype=np.float64)
     mask = check_mask(option_mask, p.shape)
     p = np.where(mask, p, 0.0)
-    h = -np.sum(np.where(p > 0, p * np.log(np.maximum(p, 1e-300)), 0.0), axis=1)
+    h = -np.sum(np.where(p > 0, p * np.log(np.maximum(p, LOG_FLOOR)), 0.0), axis=1)
     k = mask.sum(axis=1)
     return np.clip(np.where(k > 1, 1.0 - h / np.log(np.maximum(k, 2)), 1.0), 0.0, 1.0)

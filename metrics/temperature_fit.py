@@ -1,7 +1,10 @@
 """Temperature scaling fits that say whether they found an optimum: converged, at a bound, or not.
 
 One core, :func:`fit_temperature_status`, serves both the reference's calibration temperatures
-(``variants.temperature``) and the evaluation's refit (``temperature_refit_log_ratio``). The NLL
+(:func:`fit_calibration_temperature`, which falls back to T = 1 and warns) and the evaluation's
+refit (:func:`fit_temperature`, ``temperature_refit_log_ratio``); :func:`fits_by_bucket` runs
+either per option count. Every public function takes ``(logits, mask, labels)`` in that order.
+The NLL
 of ``softmax(logits / T)`` is scanned on a grid of log T over the search interval, the best grid
 cell is refined with scipy's bounded Brent search, and the result is classified:
 
@@ -19,11 +22,14 @@ C. Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, Sec. 4.2;
 ``scipy.optimize.minimize_scalar(method='bounded')``.
 """
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
+
+from metrics._checks import check_labels, check_mask
 
 #: Search interval of T (the optimisation runs over log T).
 BOUNDS = (1e-3, 1e3)
@@ -143,13 +149,108 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     return TemperatureFit(float(np.exp(x)), "converged", f, n)
 
 
-def fits_by_bucket(logits, targets, mask, *, bounds=BOUNDS):
-    """:func:`fit_temperature_status` per option count: ``{K: TemperatureFit}`` over rows with a
-    target (``targets >= 0``), single-option buckets skipped. Inputs as validated arrays."""
-    k = mask.sum(axis=1)
+def fit_temperature(logits, mask, labels, *, bounds=BOUNDS):
+    """Temperature minimising the NLL of ``softmax(logits / T)`` on the labelled rows, with its
+    status: the evaluation's refit (no fallback: T is NaN when the data do not determine it).
+
+    Parameters
+    ----------
+    logits : array-like of shape (N, K), float
+        Raw logits.
+    mask : array-like of shape (N, K), bool
+        Valid options.
+    labels : array-like of shape (N,), int
+        Target option; negative = unknown (excluded).
+    bounds : tuple of float, default=(1e-3, 1e3)
+        Search interval for T.
+
+    Returns
+    -------
+    TemperatureFit
+        ``temperature``, ``status`` ('converged', 'at_bound' or 'not_converged'), ``nll``, ``n``,
+        ``reason`` (module docstring).
+
+    Raises
+    ------
+    ValueError
+        If shapes disagree or ``bounds`` is not ``0 < low < high``.
+
+    References
+    ----------
+    C. Guo et al., ICML 2017, Sec. 4.2 (temperature scaling);
+    ``scipy.optimize.minimize_scalar(method='bounded')``.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    mask = check_mask(mask, logits.shape)
+    targets = check_labels(labels, logits.shape[0])
     known = targets >= 0
-    return {int(kk): fit_temperature_status(logits[(k == kk) & known], mask[(k == kk) & known],
-                                            targets[(k == kk) & known], bounds=bounds)
+    return fit_temperature_status(logits[known], mask[known], targets[known], bounds=bounds)
+
+
+def fit_calibration_temperature(logits, mask, labels, *, bucket=None):
+    """The deployed temperature of one option-count bucket: :func:`fit_temperature_status` on the
+    labelled rows, always usable, warning unless it converged.
+
+    Parameters
+    ----------
+    logits, mask, labels :
+        As :func:`fit_temperature`.
+    bucket : int, optional
+        Option count K of these rows, named in the warning.
+
+    Returns
+    -------
+    TemperatureFit
+        Its ``temperature`` is the bound when the fit ran to it (status "at_bound"), 1.0 (no
+        scaling) when the NLL is flat, there is one labelled example or every row has one option
+        (status "not_converged", the reason says which).
+
+    Raises
+    ------
+    ValueError
+        If no example has a label, or a label points at an invalid option.
+    """
+    logits = np.asarray(logits, np.float64)
+    mask = np.asarray(mask, bool)
+    labels = np.asarray(labels)
+    keep = labels >= 0
+    if not keep.any():
+        raise ValueError("fit_temperature needs at least one labelled example (label >= 0)")
+    logits, mask, labels = logits[keep], mask[keep], labels[keep]
+    bad = labels >= logits.shape[1]
+    bad[~bad] = ~mask[np.flatnonzero(~bad), labels[~bad]]
+    if bad.any():
+        raise ValueError(f"labels point at invalid options in {int(bad.sum())} rows (e.g. row "
+                         f"{int(np.flatnonzero(bad)[0])}); a label must index a True option_mask "
+                         "entry")
+    if (mask.sum(axis=1) == 1).all():  # T changes nothing with one option: no fit, no warning
+        return TemperatureFit(1.0, "not_converged", 0.0, len(labels),
+                              "one option per example: T has no effect (T = 1 used)")
+    fit = fit_temperature_status(logits, mask, labels)
+    if fit.status == "not_converged" and not np.isfinite(fit.temperature):
+        fit = TemperatureFit(1.0, fit.status, fit.nll, fit.n, fit.reason + " (T = 1 used)")
+    if not fit.converged:
+        where = "" if bucket is None else f" of bucket K={bucket}"
+        warnings.warn(f"temperature fit{where} {fit.describe()} on {fit.n} examples: {fit.reason}; "
+                      "use more calibration data or check the model", stacklevel=3)
+    return fit
+
+
+def fits_by_bucket(logits, mask, labels, *, calibration=False):
+    """One fit per option count K: ``{K: TemperatureFit}``.
+
+    With ``calibration=False`` (the evaluation's refit) :func:`fit_temperature` per bucket,
+    single-option buckets skipped; with ``calibration=True`` (the deployed temperatures)
+    :func:`fit_calibration_temperature` per bucket, every bucket (T = 1 for single-option ones).
+    Arguments and errors as those functions.
+    """
+    logits, mask, labels = np.asarray(logits, dtype=np.float64), np.asarray(mask, bool), \
+        np.asarray(labels)
+    k = mask.sum(axis=1)
+    if calibration:
+        return {int(b): fit_calibration_temperature(logits[k == b], mask[k == b], labels[k == b],
+                                                    bucket=int(b)) for b in np.unique(k)}
+    return {int(kk): fit_temperature(logits[k == kk], mask[k == kk], labels[k == kk])
             for kk in np.unique(k) if kk > 1}
 
 
@@ -172,7 +273,7 @@ def refit_log_ratio(ref_logits, var_logits, targets, mask):
         of two bounds (1000 / 1000) would read as "no change". Buckets with fewer than 2 rows
         are left out; NaN with reason "no bucket with 2 or more examples" when none remains.
     """
-    fits = {w: fits_by_bucket(lg, targets, mask) for w, lg in (("reference", ref_logits),
+    fits = {w: fits_by_bucket(lg, mask, targets) for w, lg in (("reference", ref_logits),
                                                               ("variant", var_logits))}
     k_of_row = mask.sum(axis=1)
     pairs, problems = [], []

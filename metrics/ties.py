@@ -7,6 +7,7 @@ Naming rule: ``*_score`` is higher-is-better, ``*_loss``/``*_error`` lower-is-be
 import numpy as np
 
 from metrics._checks import check_mask
+from metrics.defaults import HUMAN_TIE_GAP
 
 
 def human_top2_gap(human_dist, option_mask):
@@ -33,14 +34,14 @@ def human_top2_gap(human_dist, option_mask):
     return np.where(rated, gap, np.nan)
 
 
-def human_near_tie(gap, *, tie_gap=0.2):
+def human_near_tie(gap, *, tie_gap=HUMAN_TIE_GAP):
     """Items whose raters split: ``gap <= tie_gap`` (False where there are no raters).
 
     Parameters
     ----------
     gap : array-like of shape (N,), float
         :func:`human_top2_gap`.
-    tie_gap : float, default=0.2
+    tie_gap : float, default=HUMAN_TIE_GAP (0.2, :mod:`metrics.defaults`)
         In [0, 1].
 
     References

@@ -27,7 +27,6 @@ from metrics.calibration import (
     calibration_error,
     classwise_calibration_error,
     expected_calibration_error,
-    fit_temperature,
     nll_loss,
     reliability_diagram,
 )
@@ -38,6 +37,7 @@ from metrics.drift import confidence_drift, delta_top_prob, entropy_confidence, 
 from metrics.evaluate import NO_CI_METRICS, SET_METRICS, evaluate
 from metrics.flips import top1
 from metrics.margin import certified, max_abs_logit_diff, top2_margin
+from metrics.temperature_fit import fit_temperature
 from metrics.ties import human_near_tie, human_top2_gap
 from variants.check import CheckError, judge_outputs, judge_variant, main, resolve_settings
 from variants.io import write_json, write_npz
@@ -191,8 +191,9 @@ def test_fit_temperature_recovers_the_generating_temperature():
     mask = np.ones((n, k), bool)
     p = _softmax(logits, mask, t)
     y = np.array([rng.choice(k, p=row) for row in p])
-    assert fit_temperature(logits, y, mask) == pytest.approx(t, rel=0.08)
-    assert fit_temperature(logits * 1.05, y, mask) == pytest.approx(1.05 * fit_temperature(logits, y, mask), rel=1e-4)
+    assert fit_temperature(logits, mask, y).temperature == pytest.approx(t, rel=0.08)
+    assert fit_temperature(logits * 1.05, mask, y).temperature == pytest.approx(
+        1.05 * fit_temperature(logits, mask, y).temperature, rel=1e-4)
 
 
 # --- drift, ties, summaries, bootstrap ---------------------------------------------------------
@@ -228,15 +229,55 @@ def test_bootstrap_is_seeded_and_vectorised_form_agrees():
     assert a[0] < v.mean() < a[1]
 
 
-def test_set_metric_batches_equal_one_by_one_values():
+def _one_set(e, m, i):
+    """Set metric ``m`` on rows ``i`` by the one-set functions of metrics.calibration and
+    metrics.accuracy (independent of the registry's vectorised definitions)."""
+    from metrics.accuracy import accuracy
+    from metrics.calibration import nll_from_logits
+
+    df, mask, t = e.per_example, e.option_mask[i], e.targets[i]
+    labels = df["label"].to_numpy()[i]
+    if m in ("certified_share", "certified_share_conformal"):
+        col = "certified" if m == "certified_share" else "certified_conformal"
+        return (df[col] if col in df else e.detail[col]).to_numpy(dtype=bool)[i].mean()
+    if m.startswith("accuracy_"):
+        a = {w: accuracy(df[f"{w}_pred"].to_numpy()[i], labels) for w in ("ref", "var")}
+        return {"accuracy_ref": a["ref"], "accuracy_variant": a["var"],
+                "accuracy_drop": a["ref"] - a["var"]}[m]
+    figure, which = m.rsplit("_", 1)
+    fn = {"ece": lambda p, z, T: expected_calibration_error(p, labels, mask, n_bins=e.n_bins),
+          "ece_width": lambda p, z, T: calibration_error(p, t, mask, n_bins=e.n_bins),
+          "ece_mass": lambda p, z, T: calibration_error(p, t, mask, n_bins=e.n_bins,
+                                                        strategy="quantile"),
+          "classwise_ece": lambda p, z, T: classwise_calibration_error(p, t, mask, n_bins=e.n_bins),
+          "brier": lambda p, z, T: brier_loss(p, t, mask),
+          "nll": lambda p, z, T: nll_from_logits(z, t, mask, temperature=T).mean()}[figure]
+    ref = fn(e.ref_probs[i], e.ref_logits[i], e.temperature[i])
+    var = fn(e.var_probs[i], e.var_logits[i], e.var_temperature[i])
+    return {"ref": ref, "variant": var, "delta": var - ref}[which]
+
+
+def test_set_metric_definitions_equal_the_one_set_functions():
+    """Each set metric has one vectorised definition (metrics.registry); on bootstrap resamples it
+    equals the one-set functions of metrics.calibration / metrics.accuracy row by row, and its
+    point value on the stratum's rows equals them too."""
+    from metrics.registry import REGISTRY
+
     cal, ev = synthetic_outputs(n=300)
     _, var = FAULTS["logit-noise"].apply(cal, ev, np.random.default_rng(0))
     e = evaluate(ev, var, epsilon=0.1)
     idx = np.random.default_rng(2).integers(0, 300, size=(5, 300))
+    checked = 0
     for m in SET_METRICS:
         if m not in NO_CI_METRICS:
-            np.testing.assert_allclose(e._set_values_batch(m, idx),
-                                       [e._set_value(m, i) for i in idx], rtol=1e-9, atol=1e-12)
+            want = [_one_set(e, m, i) for i in idx]
+            np.testing.assert_allclose(REGISTRY[m].compute(e, idx), want, rtol=1e-9, atol=1e-12)
+            for stratum in ("all", "near_tie", "labeled"):
+                rows = np.flatnonzero(e.rows(stratum))
+                assert e.value(m, stratum) == pytest.approx(_one_set(e, m, rows), rel=1e-12,
+                                                            abs=1e-15, nan_ok=True)
+            checked += 1
+    assert checked == len(SET_METRICS) - 3
 
 
 # --- evaluate: in-depth columns and strata -----------------------------------------------------

@@ -18,7 +18,7 @@ from variants.builders.quantize import QuantConfig
 from variants.decision import DecisionModel
 from variants.models import choice, fitted_reference, sentiment
 from variants.outputs import DecisionOutputs, finish_outputs
-from variants.temperature import fit_bucket_temperatures, fit_temperature
+from metrics.temperature_fit import fit_calibration_temperature, fits_by_bucket
 
 NEG_BIG = 1e6  # a huge logit on a masked option must change nothing
 
@@ -180,7 +180,7 @@ def _draw(rng, n, k, t0, k_valid=None):
 def test_fit_temperature_recovers_known_temperature():
     t0 = 0.3
     z, mask, labels = _draw(np.random.default_rng(1), 20000, 4, t0)
-    t = fit_temperature(z, mask, labels)
+    t = fit_calibration_temperature(z, mask, labels).temperature
     assert abs(t - t0) / t0 < 0.05
     nll = _nll(z, mask, labels, t)
     for other in (t0, t0 * 1.2, t0 / 1.2, t * 1.001, t / 1.001):
@@ -190,20 +190,21 @@ def test_fit_temperature_recovers_known_temperature():
 def test_fit_temperature_ignores_unlabelled_rows_and_masked_options():
     rng = np.random.default_rng(2)
     z, mask, labels = _draw(rng, 3000, 4, 1.5, k_valid=3)
-    t = fit_temperature(z, mask, labels)
+    t = fit_calibration_temperature(z, mask, labels).temperature
     # masked column: any value; unlabelled rows: absurd logits that would dominate the NLL
     z2 = z.copy()
     z2[:, 3] = 1e6
     junk = rng.normal(0, 100, (500, 4))
-    t2 = fit_temperature(np.vstack([z2, junk]), np.vstack([mask, np.ones((500, 4), bool)]),
-                         np.concatenate([labels, np.full(500, -1)]))
+    t2 = fit_calibration_temperature(np.vstack([z2, junk]),
+                                     np.vstack([mask, np.ones((500, 4), bool)]),
+                                     np.concatenate([labels, np.full(500, -1)])).temperature
     assert t2 == pytest.approx(t, rel=1e-9)
     assert abs(t - 1.5) / 1.5 < 0.15
 
 
 def test_fit_temperature_needs_labels():
     with pytest.raises(ValueError, match="at least one labelled example"):
-        fit_temperature(np.zeros((3, 2)), np.ones((3, 2), bool), np.full(3, -1))
+        fit_calibration_temperature(np.zeros((3, 2)), np.ones((3, 2), bool), np.full(3, -1))
 
 
 def test_fit_bucket_temperatures_one_per_option_count():
@@ -215,12 +216,13 @@ def test_fit_bucket_temperatures_one_per_option_count():
     mask = np.vstack([m4, m3, m2])
     labels = np.concatenate([y4, y3, y2])
     perm = rng.permutation(len(labels))
-    temps = fit_bucket_temperatures(logits[perm], mask[perm], labels[perm])
+    fits = fits_by_bucket(logits[perm], mask[perm], labels[perm], calibration=True)
+    temps = {k: f.temperature for k, f in fits.items()}
     assert set(temps) == {2, 3, 4}
     assert all(type(k) is int and type(v) is float for k, v in temps.items())
     for k, t0 in ((4, 0.5), (3, 2.0), (2, 1.0)):
         assert abs(temps[k] - t0) / t0 < 0.1, (k, temps[k])
-    assert temps[3] == pytest.approx(fit_temperature(z3, m3, y3), rel=1e-9)
+    assert temps[3] == pytest.approx(fit_calibration_temperature(z3, m3, y3).temperature, rel=1e-9)
 
 
 # ================================ TaskSets from real data ======================================

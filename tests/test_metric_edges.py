@@ -11,12 +11,11 @@ from sklearn.metrics import log_loss
 
 from contracts.checker import check, contract_from_dict
 from contracts.report import render_variant_report
-from metrics.calibration import nll_from_logits, nll_loss, temperature_fit
+from metrics.calibration import nll_from_logits, nll_loss
 from metrics.divergence import kl_divergence, kl_divergence_from_logits
 from metrics.evaluate import evaluate
 from metrics.intervals import clopper_pearson, clopper_pearson_count
-from metrics.temperature_fit import mean_nll
-from variants.temperature import fit_temperature_result
+from metrics.temperature_fit import fit_calibration_temperature, fit_temperature, mean_nll
 
 
 def outputs(logits, labels, *, temperature=1.0, mask=None):
@@ -192,30 +191,30 @@ def test_separable_data_run_to_the_lower_bound_in_both_fitters():
     z = np.array([[3.0, 0.0], [0.0, 2.0], [5.0, 1.0], [1.0, 4.0]])
     y = np.array([0, 1, 0, 1])  # every label is the top logit: NLL -> 0 as T -> 0
     m = np.ones_like(z, bool)
-    fit = temperature_fit(z, y, m)
+    fit = fit_temperature(z, m, y)
     assert (fit.status, fit.temperature) == ("at_bound", 1e-3)
     with pytest.warns(UserWarning, match=r"at bound \(T=0.001\)"):
-        assert fit_temperature_result(z, m, y).status == "at_bound"
+        assert fit_calibration_temperature(z, m, y).status == "at_bound"
 
 
 def test_hopeless_and_flat_data_do_not_pass_as_converged():
     z, y, m = _ordinary(n=300)
     worst = np.argmin(z, axis=1)  # labels on the lowest logit: worse than uniform at every T
-    fit = temperature_fit(z, worst, m)
+    fit = fit_temperature(z, m, worst)
     assert (fit.status, fit.temperature) == ("at_bound", 1e3)
-    flat = temperature_fit(np.zeros_like(z), y, m)  # constant logits: NLL = log 3 for every T
+    flat = fit_temperature(np.zeros_like(z), m, y)  # constant logits: NLL = log 3 for every T
     assert flat.status == "not_converged" and np.isnan(flat.temperature)
     assert flat.nll == pytest.approx(np.log(3), rel=1e-12) and "flat NLL" in flat.reason
     with pytest.warns(UserWarning, match="did not converge"):
-        res = fit_temperature_result(np.zeros_like(z), m, y)
+        res = fit_calibration_temperature(np.zeros_like(z), m, y)
     assert res.status == "not_converged" and res.temperature == 1.0  # usable: no scaling
     with pytest.warns(UserWarning, match=r"at bound \(T=1000\)"):
-        assert fit_temperature_result(z, m, worst).temperature == 1e3
+        assert fit_calibration_temperature(z, m, worst).temperature == 1e3
 
 
 def test_ordinary_fit_converges_to_the_brute_force_minimum():
     z, y, m = _ordinary()
-    fit = temperature_fit(z, y, m)
+    fit = fit_temperature(z, m, y)
     assert fit.status == "converged" and fit.reason == ""
     coarse = np.linspace(np.log(0.01), np.log(100), 2001)
     best = coarse[np.argmin([mean_nll(g, z, m, y) for g in coarse])]
@@ -225,7 +224,7 @@ def test_ordinary_fit_converges_to_the_brute_force_minimum():
     assert fit.temperature == pytest.approx(0.4, rel=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a converged fit does not warn
-        assert fit_temperature_result(z, m, y).temperature == pytest.approx(fit.temperature, rel=1e-6)
+        assert fit_calibration_temperature(z, m, y).temperature == pytest.approx(fit.temperature, rel=1e-6)
 
 
 def test_refit_at_a_bound_skips_the_clause_with_its_reason():

@@ -22,8 +22,8 @@ from metrics._checks import short_list, short_path, short_repr
 from variants.runfiles import (OUTPUT_FIELDS, CorruptFileError, check_same_ids, read_build,
                                read_outputs, read_run_json, read_timing)
 
-EXIT_OK, EXIT_VIOLATION, EXIT_USER_ERROR = 0, 1, 2
-DEFAULT_NEAR_TIE_MARGIN = 1.0
+from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION  # noqa: F401
+from metrics.defaults import NEAR_TIE_MARGIN as DEFAULT_NEAR_TIE_MARGIN
 
 
 class CheckError(ValueError):

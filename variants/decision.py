@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from metrics.temperature_fit import fits_by_bucket
 from variants.io import digest
 from variants.outputs import finish_outputs
-from variants.temperature import fit_bucket_temperature_results
 
 
 @dataclass
@@ -167,7 +167,7 @@ class DecisionModel:
         status ("converged", "at_bound", "not_converged", warned unless converged) is kept in
         ``temperature_fits``."""
         logits = self.raw_logits(taskset, batches)
-        fits = fit_bucket_temperature_results(logits, taskset.option_mask, taskset.labels)
+        fits = fits_by_bucket(logits, taskset.option_mask, taskset.labels, calibration=True)
         self.temperatures = {k: f.temperature for k, f in fits.items()}
         self.temperature_fits = {k: f.to_dict() for k, f in fits.items()}
         return self.temperatures

@@ -31,14 +31,14 @@ from variants.runfiles import (CorruptFileError, check_same_ids, read_build, rea
 
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
+from contracts.exit_codes import EXIT_USER_ERROR  # noqa: E402
 #: Equal-width confidence bins of the reliability diagrams (as ``metrics.calibration``'s ECE).
-N_BINS = 15
+from metrics.defaults import N_BINS  # noqa: E402
 #: Reference top-2 margin bins (raw-logit units) of the flip-strata plot.
 MARGIN_BINS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
 #: An example is a *human* near tie when its two most chosen options' rater shares differ by at
 #: most this much (share units, 0..1; ``metrics.ties.human_near_tie``'s default).
-HUMAN_NEAR_TIE_GAP = 0.2
+from metrics.defaults import HUMAN_TIE_GAP as HUMAN_NEAR_TIE_GAP  # noqa: E402
 #: Pareto panels: (summary column, axis label, higher is better, reference value column or number).
 PARETO_METRICS = (
     ("agreement", "agreement (share of eval examples)", True, 1.0),

@@ -15,6 +15,9 @@ temperature because its raw 20·cos logits are not probabilities). Used by the b
 
 import numpy as np
 
+from metrics.defaults import NEAR_TIE_MARGIN
+from metrics.softmax import masked_softmax
+
 RULES = ("entropy", "margin", "patience")
 N_CANDIDATES = 400  # thresholds tried per rule on the calibration split
 
@@ -32,15 +35,7 @@ def masked_probs(logits, mask=None, temperature=None):
     -------
     ndarray (n, K) float64, 0 at invalid options.
     """
-    z = np.asarray(logits, np.float64)
-    if temperature is not None:
-        z = z / np.asarray(temperature, np.float64)[:, None]
-    if mask is not None:
-        mask = np.asarray(mask, bool)
-        z = np.where(mask, z, -np.inf)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    return masked_softmax(logits, mask, temperature)
 
 
 def predictions(logits, mask=None):
@@ -161,7 +156,7 @@ def fit_threshold(head_logits, final_logits, ref_pred, rule, target, layers, n_l
     return best if best is not None else closest
 
 
-def exit_summary(exit_layer, n_layers, ref_logits=None, option_mask=None, near_tie_margin=1.0,
+def exit_summary(exit_layer, n_layers, ref_logits=None, option_mask=None, near_tie_margin=NEAR_TIE_MARGIN,
                  layers=None):
     """Histogram, expected cost and near-tie behaviour of per-example exit layers.
 

@@ -2,5 +2,7 @@
 entry point :mod:`variants.cli` imports a verb's module only when that verb runs. Imports no
 MLX."""
 
-EXIT_OK, EXIT_FAILURE, EXIT_USER_ERROR = 0, 1, 2  # 1: a violation (--fail-on-violation) or
-# an output that could not be written (variants.io.WriteError, sweep.RunIncomplete)
+# EXIT_FAILURE (1): a violation (--fail-on-violation) or an output that could not be written
+# (variants.io.WriteError, sweep.RunIncomplete); one place for the codes: contracts.exit_codes
+from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR  # noqa: F401
+from contracts.exit_codes import EXIT_VIOLATION as EXIT_FAILURE  # noqa: F401

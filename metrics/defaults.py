@@ -1,0 +1,13 @@
+"""Default settings of the metrics, in one place (the contract's ``[settings]``, :func:`evaluate`,
+the ECE functions, the plots and the sweep read them from here).
+
+- ``NEAR_TIE_MARGIN`` (raw-logit units): an example is a near tie when the reference's top-two
+  margin is below this.
+- ``N_BINS``: confidence bins of the expected calibration errors (Guo et al., ICML 2017, use 15).
+- ``HUMAN_TIE_GAP`` (rater-share units, 0..1): an item is a human near tie when its two most
+  chosen options' shares differ by at most this.
+"""
+
+NEAR_TIE_MARGIN = 1.0
+N_BINS = 15
+HUMAN_TIE_GAP = 0.2

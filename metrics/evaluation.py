@@ -1,0 +1,246 @@
+"""The result of :func:`metrics.evaluate.evaluate`: per-example columns plus what is needed to
+recompute any registered metric on any stratum, with its interval.
+
+Which metrics exist, their statistics and interval methods: :mod:`metrics.registry`; strata:
+:mod:`metrics.strata`; set-level computations: :mod:`metrics.set_metrics`.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from metrics.bootstrap import bootstrap_ci
+from metrics.defaults import HUMAN_TIE_GAP
+from metrics.evaluation_tables import EvaluationTables
+from metrics.intervals import (CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE, clopper_pearson,
+                               clopper_pearson_difference)
+from metrics.registry import BOOL, SET, resolve_statistic, spec
+from metrics.statistics import column_statistic, column_statistic_rows
+from metrics.strata import stratum_rows
+
+
+@dataclass
+class Evaluation(EvaluationTables):
+    """Result of :func:`metrics.evaluate.evaluate`.
+
+    Attributes
+    ----------
+    per_example : pandas.DataFrame
+        One row per example (columns listed in :func:`metrics.evaluate.evaluate`).
+    summary : dict
+        Named numbers for reports (see :func:`metrics.evaluate.evaluate`).
+    epsilon : float
+        The certificate's ε (raw-logit units).
+    near_tie_margin : float
+        Reference top-two margin below which an example is a near tie.
+    n_bins : int
+        ECE bins.
+    ref_probs, var_probs : ndarray of shape (N, K), float64
+        Option probabilities, kept to recompute ECE on a stratum.
+    option_mask : ndarray of shape (N, K), bool
+    detail : pandas.DataFrame
+        The in-depth per-example columns (``DETAIL_METRICS``), same rows as ``per_example``.
+    epsilon_conformal : float
+        Split-conformal ε (raw-logit units); equals ``epsilon`` unless given.
+    alpha : float or None
+        Miscoverage level of ``epsilon_conformal``.
+    human_tie_gap : float
+        Rater top-two share gap at or below which an item is a human near tie.
+    ref_logits, var_logits : ndarray of shape (N, K), float64
+    temperature : ndarray of shape (N,), float64 or None
+        Reference temperature per example (None when the outputs have none).
+    var_temperature : ndarray of shape (N,), float64 or None
+        The variant's own temperature per example (None when its outputs have none).
+    targets : ndarray of shape (N,), int64
+        Calibration target: the label where known, else the reference's top-1 option.
+    """
+
+    per_example: pd.DataFrame
+    summary: dict
+    epsilon: float
+    near_tie_margin: float
+    n_bins: int
+    ref_probs: np.ndarray = field(repr=False)
+    var_probs: np.ndarray = field(repr=False)
+    option_mask: np.ndarray = field(repr=False)
+    detail: pd.DataFrame = field(default=None, repr=False)
+    epsilon_conformal: float = float("nan")
+    alpha: float | None = None
+    human_tie_gap: float = HUMAN_TIE_GAP
+    ref_logits: np.ndarray = field(default=None, repr=False)
+    var_logits: np.ndarray = field(default=None, repr=False)
+    temperature: np.ndarray = field(default=None, repr=False)
+    targets: np.ndarray = field(default=None, repr=False)
+    var_temperature: np.ndarray = field(default=None, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # -- rows and columns -------------------------------------------------------------------
+    def rows(self, stratum="all"):
+        """Bool mask of shape (N,) selecting ``stratum`` (see ``STRATA``; ``task:<name>``,
+        ``options:<K>``, ``margin:<lo>-<hi>``).
+
+        Raises
+        ------
+        ValueError
+            If ``stratum`` is unknown.
+        """
+        return stratum_rows(self, stratum)
+
+    def _array(self, metric):
+        """Per-example column as float64 (bool as 0/1, missing as NaN), cached."""
+        if metric not in self._cache:
+            s = spec(metric)
+            col = (self.detail if s.detail else self.per_example)[metric]
+            if s.kind == BOOL:
+                values = col.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+            else:
+                values = col.to_numpy(dtype=np.float64)
+            self._cache[metric] = values
+        return self._cache[metric]
+
+    def _column(self, metric, rows):
+        """Defined (non-missing) values of a per-example column on ``rows``."""
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
+        return values.astype(bool) if spec(metric).kind == BOOL else values
+
+    def support(self, metric, stratum="all"):
+        """Number of examples ``value(metric, stratum, ...)`` is computed over.
+
+        The stratum's size, less rows where the metric is undefined (``MetricSpec.undefined``:
+        unknown label for ``negative_flip``/``positive_flip``/``*_correct``/``accuracy_*``/
+        ``ece_*``; no score for ``abs_score_error``).
+
+        Raises
+        ------
+        ValueError
+            If ``metric`` or ``stratum`` is unknown.
+        """
+        s = spec(metric)
+        rows = self.rows(stratum)
+        if s.kind == SET and s.needs_labels:
+            return int((rows & (self.per_example["label"].to_numpy() >= 0)).sum())
+        if s.kind == SET:
+            return int(rows.sum())
+        return int(np.sum(~np.isnan(self._array(metric)[rows])))
+
+    def value(self, metric, stratum="all", statistic=None):
+        """One number: ``statistic`` of ``metric`` over the examples of ``stratum``.
+
+        Parameters
+        ----------
+        metric : str
+            One of ``METRICS`` (:mod:`metrics.registry`).
+        stratum : str, default='all'
+            One of ``STRATA``, ``'task:<name>'``, ``'options:<K>'`` or ``'margin:<lo>-<hi>'``.
+        statistic : str, optional
+            One of ``METRIC_STATISTICS[metric]``; default its first entry (``rate`` for bool
+            columns, ``mean`` for float columns, ``value`` for set-level metrics). Percentiles
+            interpolate linearly, as ``numpy.percentile`` (and stay inf, not NaN, between infs).
+
+        Returns
+        -------
+        value : float
+            NaN when the stratum has no example on which the metric is defined.
+
+        Raises
+        ------
+        ValueError
+            If the metric, statistic or stratum is unknown, or the statistic does not apply.
+        """
+        statistic = resolve_statistic(metric, statistic)
+        rows = self.rows(stratum)
+        if not rows.any():
+            return float("nan")
+        s = spec(metric)
+        if s.kind == SET:
+            return s.value(self, np.flatnonzero(rows))
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return float("nan")
+        return column_statistic(values, statistic)
+
+    def interval_method(self, metric, statistic=None):
+        """Name of the interval :meth:`ci` gives ``metric`` (``MetricSpec.interval``):
+        ``"clopper-pearson"`` (``rate`` and ``count`` of a bool column, and set metrics that are
+        a rate of one), ``"clopper-pearson-difference"`` (``accuracy_drop``: negative minus
+        positive flip rate), ``"bootstrap-percentile"`` (every other metric) or None.
+
+        Raises
+        ------
+        ValueError
+            If the metric or statistic is unknown.
+        """
+        resolve_statistic(metric, statistic)
+        return spec(metric).interval
+
+    def ci(self, metric, stratum="all", statistic=None, *, n_boot=1000, confidence=0.95, seed=0):
+        """Interval of :meth:`value`, by the method :meth:`interval_method` names.
+
+        Rates of events (``rate`` of a bool column, set metrics with ``MetricSpec.events``) get
+        the exact Clopper–Pearson interval of k events in the n examples the value is computed
+        over, and counts n times it: honest at 0 and n events, where a bootstrap gives zero width
+        (0 of 20 -> [0, 0.168], not [0, 0]). Everything else gets the percentile bootstrap
+        (examples of the stratum resampled, ``n_boot`` times, ``seed``); a set metric is
+        recomputed on all resamples at once by its one vectorised definition.
+
+        Returns
+        -------
+        (low, high) : tuple of float
+            ``(nan, nan)`` when the value is NaN, ``n_boot`` is 0 (no intervals, either method),
+            or the metric has no interval (constants of the run such as ε, or the temperature
+            refit).
+
+        References
+        ----------
+        B. Efron and R. J. Tibshirani, "An Introduction to the Bootstrap", 1993, Ch. 13;
+        C. J. Clopper and E. S. Pearson, Biometrika 26 (1934) (:mod:`metrics.intervals`).
+        """
+        statistic = resolve_statistic(metric, statistic)
+        s = spec(metric)
+        nan = (float("nan"), float("nan"))
+        if not n_boot or s.interval is None:
+            return nan
+        rows = np.flatnonzero(self.rows(stratum))
+        if s.interval == CLOPPER_PEARSON:
+            events = self._array(s.events or metric)[rows]
+            events = events[~np.isnan(events)]
+            if events.size == 0:
+                return nan
+            low, high = clopper_pearson(int(events.sum()), events.size, confidence=confidence)
+            return (low * events.size, high * events.size) if statistic == "count" else (low, high)
+        if s.interval == CLOPPER_PEARSON_DIFFERENCE:  # e.g. negative minus positive flips
+            b, c = (self._array(col)[rows] for col in s.difference_of)
+            known = ~np.isnan(b)
+            if not known.any():
+                return nan
+            return clopper_pearson_difference(int(b[known].sum()), int(c[known].sum()),
+                                              int(known.sum()), confidence=confidence)
+        if s.kind == SET:
+            return bootstrap_ci(lambda idx: s.compute(self, rows[idx]), rows.size,
+                                n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+        values = self._array(metric)[rows]
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return nan
+        if statistic in ("max", "min") or np.isinf(values).any():
+            return bootstrap_ci(lambda i: column_statistic(values[i], statistic), values.size,
+                                n_boot=n_boot, confidence=confidence, seed=seed)
+        return bootstrap_ci(lambda idx: column_statistic_rows(values[idx], statistic), values.size,
+                            n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+
+    def skip_reason(self, metric, stratum="all"):
+        """Why :meth:`value` of ``metric`` on ``stratum`` is NaN although the stratum has
+        examples, or "" (a number, or an empty stratum: "no examples").
+
+        Today only ``temperature_refit_log_ratio`` has one: a refit that ran to a bound or did
+        not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3 (reference)".
+        """
+        if metric != "temperature_refit_log_ratio":
+            return ""
+        rows = np.flatnonzero(self.rows(stratum))
+        if rows.size == 0 or not np.isnan(self.value(metric, stratum)):
+            return ""
+        return self._cache[("refit", rows.tobytes())][1]
