@@ -27,6 +27,7 @@ from contracts.contract import (  # re-exported (__all__)
     CLAUSE_KEYS,
     COMPARE,
     CONTRACT_KEYS,
+    MAX_LABEL,
     DEFAULT_CONTRACT,
     OPS,
     PACKAGED,
@@ -41,7 +42,7 @@ from contracts.contract import (  # re-exported (__all__)
 
 SCHEMA_VERSION = 2
 
-__all__ = ["CLAUSE_KEYS", "COMPARE", "CONTRACT_KEYS", "DEFAULT_CONTRACT", "OPS", "PACKAGED",
+__all__ = ["CLAUSE_KEYS", "COMPARE", "CONTRACT_KEYS", "MAX_LABEL", "DEFAULT_CONTRACT", "OPS", "PACKAGED",
            "SCHEMA_VERSION", "SETTINGS", "Clause", "ClauseResult", "Contract", "ContractError",
            "Verdict", "check", "contract_from_dict", "default_settings", "load_contract"]
 

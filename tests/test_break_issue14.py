@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from metrics.calibration import fit_temperature, temperature_fit
 from metrics.from_logits import nll_column
-from metrics.temperature_fit import fit_temperature_status
+from metrics.temperature_fit import fit_temperature, fit_temperature_status
 from variants.temperature import fit_temperature_result
 
 FINITE = np.array([[3.0, 0.0], [0.0, 2.0], [1.0, 4.0], [2.0, 1.0]])
@@ -26,7 +25,8 @@ def test_temperature_fit_on_non_finite_logits_is_not_a_number(bad):
     # before: T = 0.001 ("converged"-looking number from a NaN objective, or "separable data")
     assert fit.status == "not_converged" and math.isnan(fit.temperature)
     assert "NaN or inf" in fit.reason
-    assert math.isnan(fit_temperature(z, LABELS, m)) and temperature_fit(z, LABELS, m).n == 4
+    refit = fit_temperature(z, m, LABELS)
+    assert math.isnan(refit.temperature) and refit.n == 4
     with pytest.warns(UserWarning, match="NaN or inf"):
         res = fit_temperature_result(z, m, LABELS)
     assert res.temperature == 1.0 and "T = 1 used" in res.reason
