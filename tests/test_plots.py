@@ -58,7 +58,7 @@ def test_plot_run_does_not_import_mlx():
 def test_single_variant_folder_says_so(run_copy, caplog):
     run_dir = run_copy()
     _keep_only(run_dir, ["q4-g64"])
-    with caplog.at_level(logging.INFO, logger="variants.plots"):
+    with caplog.at_level(logging.INFO, logger="runs.plots"):
         paths = plot_run(run_dir, dpi=40)
     assert len(paths) == 5 and all(p.stat().st_size > 0 for p in paths)
     assert "single variant (q4-g64)" in caplog.text
@@ -112,7 +112,7 @@ def test_family_plot_skips_when_columns_absent(run_copy, caplog):
     s.to_csv(run_dir / "summary.csv", index=False)
     with pytest.raises(SkipPlot, match="no keep_ratio"):
         FAMILY_PLOTS["prune"](load_run(run_dir), "prune")
-    with caplog.at_level(logging.INFO, logger="variants.plots"):
+    with caplog.at_level(logging.INFO, logger="runs.plots"):
         stems = [p.stem for p in plot_run(run_dir, dpi=40)]
     assert "family_prune" not in stems and "pareto_b1" in stems
     assert "skipped family_prune.png" in caplog.text
