@@ -134,3 +134,48 @@ def test_fixture_is_a_complete_small_sweep():
         s = pd.read_csv(FIXTURES / name / "summary.csv")
         assert meta["config"]["variants"] == s["variant"].tolist()
         assert sum(f.stat().st_size for f in (FIXTURES / name).rglob("*") if f.is_file()) < 1e6
+
+
+#: The per-example columns the plots read from an evaluation (margin vs drift, flip strata).
+PLOTTED_COLUMNS = ["ref_margin", "max_abs_logit_diff", "flip", "negative_flip", "positive_flip",
+                   "label", "n_options"]
+
+
+@pytest.mark.parametrize("name", ["sweep_small_choice", "sweep_small_exit"])
+def test_the_judges_evaluations_draw_the_same_plots(name):
+    """plot_run(evaluations=...) (the sweep hands the judge's over) plots the same numbers as
+    the plots' own evaluate() from metrics.json's ε and run.json's near-tie margin (issue 15)."""
+    from contracts.checker import load_contract
+    from runs.folder import RunFolder
+    from runs.judge import judge_variant
+
+    folder = RunFolder(FIXTURES / name)
+    contract = load_contract(None)
+    handed = {n: judge_variant(folder, n, contract, write=False)[1] for n in folder.variants()}
+    own, given = load_run(FIXTURES / name), load_run(folder, evaluations=handed)
+    assert given.evaluation(own.variants[0]) is handed[own.variants[0]]
+    for n in own.variants:
+        assert given.evaluation(n).epsilon == own.evaluation(n).epsilon
+        pd.testing.assert_frame_equal(given.evaluation(n).per_example[PLOTTED_COLUMNS],
+                                      own.evaluation(n).per_example[PLOTTED_COLUMNS])
+    pd.testing.assert_frame_equal(given.per_example(), own.per_example()[given.per_example().columns])
+
+
+def test_family_captions_are_the_plot_docstrings():
+    """report.md's family-plot captions (kept in a table so the report needs no matplotlib) are
+    the first docstring line of each family plot."""
+    from runs.plots.markdown import FAMILY_CAPTIONS
+
+    assert set(FAMILY_CAPTIONS) == set(FAMILY_PLOTS)
+    for family, fn in FAMILY_PLOTS.items():
+        assert FAMILY_CAPTIONS[family] == fn.__doc__.strip().splitlines()[0].rstrip(".")
+
+
+def test_report_section_imports_no_matplotlib():
+    code = ("import sys\nfrom runs.plots.markdown import report_tail\n"
+            f"t = report_tail({str(FIXTURES / 'sweep_small_exit')!r}, "
+            f"{str(FIXTURES / 'sweep_small_exit')!r})\n"
+            "print('matplotlib' in sys.modules, 'Early exit on the eval split' in t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
