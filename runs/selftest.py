@@ -13,7 +13,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from runs.judge import judge_outputs
 from runs.outputs import finish_outputs
+from runs.settings import resolve_settings
 
 
 @dataclass(frozen=True)
@@ -221,8 +223,6 @@ def run_selftest(run_dir=None, *, contract=None, seed=0, faults=None):
         clause failed; for the clean copy, nothing failed).
     """
     from contracts.checker import load_contract
-    from runs.judge import judge_outputs
-    from runs.settings import resolve_settings
 
     contract = load_contract(None) if contract is None else contract
     if run_dir is None:

@@ -76,3 +76,44 @@ def test_check_command_never_imports_mlx(tmp_path):
     assert (tmp_path / "report.md").is_file()
     # the family blocks came from the variants' family.md, without importing the builder
     assert "- rule `entropy`, threshold" in (tmp_path / "report.md").read_text()
+
+
+def _imports(path, package):
+    """Modules of ``package`` that the file at ``path`` imports anywhere (also inside
+    functions), as dotted names."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.split(".")[0] == package}
+
+
+@pytest.mark.parametrize("package", LAYERS[:-1])
+def test_no_import_loop(package):
+    """No cycle among a package's modules, counting imports inside functions too (the loop
+    variants.check <-> variants.selftest hid itself that way before issue 15)."""
+    modules = {m: ROOT / (m.replace(".", "/") + ".py") for m in _modules(package)}
+    modules = {m: (p if p.exists() else p.with_suffix("") / "__init__.py")
+               for m, p in modules.items()}
+    graph = {m: {d for d in _imports(p, package) if d in modules and d != m}
+             for m, p in modules.items()}
+    state, cycle = {}, []
+
+    def visit(m, stack):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                cycle.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycle, cycle

@@ -11,8 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from variants.plots import (FAMILY_PLOTS, PlotError, SkipPlot, configure_parser, load_run,
-                            plot_run, plots_markdown)
+from runs.commands.plot import configure_parser
+from runs.plots.data import PlotError, SkipPlot, load_run
+from runs.plots.family import FAMILY_PLOTS
+from runs.plots.markdown import plots_markdown
+from runs.plots.render import plot_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNS = ("sweep_small", "sweep_small_choice")
@@ -50,7 +53,7 @@ def test_plot_run_writes_every_plot(run_copy, name):
 
 
 def test_plot_run_does_not_import_mlx():
-    code = ("import sys; from variants.plots import plot_run; "
+    code = ("import sys; from runs.plots.render import plot_run; "
             "assert not any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules), 'mlx imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

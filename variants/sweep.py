@@ -797,8 +797,9 @@ def _model_bytes(model):
 
 def _read_json(path):
     """run.json as a dict; {} when missing (CorruptFileError when corrupt, see prepare())."""
-    path = Path(path)
-    return read_run_json(path) if path.exists() else {}
+    from runs.folder import RunFolder  # the one reader of a run folder
+
+    return RunFolder(Path(path).parent).meta
 
 
 def run_sweep(log=print, **kwargs):
