@@ -39,9 +39,12 @@ from metrics.flips import top1
 from metrics.margin import certified, max_abs_logit_diff, top2_margin
 from metrics.temperature_fit import fit_temperature
 from metrics.ties import human_near_tie, human_top2_gap
-from variants.check import CheckError, judge_outputs, judge_variant, main, resolve_settings
-from variants.io import write_json, write_npz
-from variants.selftest import FAULTS, run_selftest, synthetic_outputs
+from runs.commands.check import main
+from runs.folder import CheckError
+from runs.io import write_json, write_npz
+from runs.judge import judge_outputs, judge_variant
+from runs.selftest import FAULTS, run_selftest, synthetic_outputs
+from runs.settings import resolve_settings
 
 
 def _softmax(logits, mask, t):
@@ -477,7 +480,7 @@ def test_check_and_selftest_load_no_model(tmp_path, synthetic):
     import sys
 
     run = _run_dir(tmp_path, synthetic, variants=("clean",))
-    code = ("import sys; from variants.check import main; "
+    code = ("import sys; from runs.commands.check import main; "
             f"assert main(['check', {str(run)!r}, '--n-bootstrap', '20']) == 0; "
             "assert main(['selftest']) == 0; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'); assert not bad, bad")

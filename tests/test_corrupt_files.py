@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from variants.cli import main
-from variants.runfiles import (CorruptFileError, read_activation_stats, read_build,
-                               read_exit_heads, read_head_cache, read_metrics, read_outputs,
-                               read_run_json, read_summary, read_timing, read_verdict)
+from runs.npz_readers import read_activation_stats, read_exit_heads, read_head_cache, read_outputs
+from runs.readers import (CorruptFileError, read_build, read_metrics, read_run_json, read_summary,
+                          read_timing, read_verdict)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep_small"
 
@@ -26,7 +26,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "sweep_small"
 @pytest.fixture(scope="module")
 def plotted_run(tmp_path_factory):
     """The fixture sweep with its plots written (plots/*.png), built once per module."""
-    from variants.plots import plot_run
+    from runs.plots.render import plot_run
 
     run = tmp_path_factory.mktemp("finished") / "run"
     shutil.copytree(FIXTURE, run)
@@ -336,7 +336,7 @@ def test_family_describe_on_a_build_file_without_its_fields(tmp_path):
     """family_extras: a build.json lacking a field the family's describe() reads names the file."""
     from types import SimpleNamespace
 
-    from variants.check import family_extras
+    from runs.family_text import family_extras
 
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "build.json").write_text("{}")

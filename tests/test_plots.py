@@ -11,8 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from variants.plots import (FAMILY_PLOTS, PlotError, SkipPlot, configure_parser, load_run,
-                            plot_run, plots_markdown)
+from runs.commands.plot import configure_parser
+from runs.plots.data import PlotError, SkipPlot, load_run
+from runs.plots.family import FAMILY_PLOTS
+from runs.plots.markdown import plots_markdown
+from runs.plots.render import plot_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNS = ("sweep_small", "sweep_small_choice")
@@ -50,7 +53,7 @@ def test_plot_run_writes_every_plot(run_copy, name):
 
 
 def test_plot_run_does_not_import_mlx():
-    code = ("import sys; from variants.plots import plot_run; "
+    code = ("import sys; from runs.plots.render import plot_run; "
             "assert not any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules), 'mlx imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -58,7 +61,7 @@ def test_plot_run_does_not_import_mlx():
 def test_single_variant_folder_says_so(run_copy, caplog):
     run_dir = run_copy()
     _keep_only(run_dir, ["q4-g64"])
-    with caplog.at_level(logging.INFO, logger="variants.plots"):
+    with caplog.at_level(logging.INFO, logger="runs.plots"):
         paths = plot_run(run_dir, dpi=40)
     assert len(paths) == 5 and all(p.stat().st_size > 0 for p in paths)
     assert "single variant (q4-g64)" in caplog.text
@@ -112,7 +115,7 @@ def test_family_plot_skips_when_columns_absent(run_copy, caplog):
     s.to_csv(run_dir / "summary.csv", index=False)
     with pytest.raises(SkipPlot, match="no keep_ratio"):
         FAMILY_PLOTS["prune"](load_run(run_dir), "prune")
-    with caplog.at_level(logging.INFO, logger="variants.plots"):
+    with caplog.at_level(logging.INFO, logger="runs.plots"):
         stems = [p.stem for p in plot_run(run_dir, dpi=40)]
     assert "family_prune" not in stems and "pareto_b1" in stems
     assert "skipped family_prune.png" in caplog.text
@@ -134,3 +137,48 @@ def test_fixture_is_a_complete_small_sweep():
         s = pd.read_csv(FIXTURES / name / "summary.csv")
         assert meta["config"]["variants"] == s["variant"].tolist()
         assert sum(f.stat().st_size for f in (FIXTURES / name).rglob("*") if f.is_file()) < 1e6
+
+
+#: The per-example columns the plots read from an evaluation (margin vs drift, flip strata).
+PLOTTED_COLUMNS = ["ref_margin", "max_abs_logit_diff", "flip", "negative_flip", "positive_flip",
+                   "label", "n_options"]
+
+
+@pytest.mark.parametrize("name", ["sweep_small_choice", "sweep_small_exit"])
+def test_the_judges_evaluations_draw_the_same_plots(name):
+    """plot_run(evaluations=...) (the sweep hands the judge's over) plots the same numbers as
+    the plots' own evaluate() from metrics.json's ε and run.json's near-tie margin (issue 15)."""
+    from contracts.checker import load_contract
+    from runs.folder import RunFolder
+    from runs.judge import judge_variant
+
+    folder = RunFolder(FIXTURES / name)
+    contract = load_contract(None)
+    handed = {n: judge_variant(folder, n, contract, write=False)[1] for n in folder.variants()}
+    own, given = load_run(FIXTURES / name), load_run(folder, evaluations=handed)
+    assert given.evaluation(own.variants[0]) is handed[own.variants[0]]
+    for n in own.variants:
+        assert given.evaluation(n).epsilon == own.evaluation(n).epsilon
+        pd.testing.assert_frame_equal(given.evaluation(n).per_example[PLOTTED_COLUMNS],
+                                      own.evaluation(n).per_example[PLOTTED_COLUMNS])
+    pd.testing.assert_frame_equal(given.per_example(), own.per_example()[given.per_example().columns])
+
+
+def test_family_captions_are_the_plot_docstrings():
+    """report.md's family-plot captions (kept in a table so the report needs no matplotlib) are
+    the first docstring line of each family plot."""
+    from runs.plots.markdown import FAMILY_CAPTIONS
+
+    assert set(FAMILY_CAPTIONS) == set(FAMILY_PLOTS)
+    for family, fn in FAMILY_PLOTS.items():
+        assert FAMILY_CAPTIONS[family] == fn.__doc__.strip().splitlines()[0].rstrip(".")
+
+
+def test_report_section_imports_no_matplotlib():
+    code = ("import sys\nfrom runs.plots.markdown import report_tail\n"
+            f"t = report_tail({str(FIXTURES / 'sweep_small_exit')!r}, "
+            f"{str(FIXTURES / 'sweep_small_exit')!r})\n"
+            "print('matplotlib' in sys.modules, 'Early exit on the eval split' in t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]

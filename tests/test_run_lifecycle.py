@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 import variants
-from variants import io, runlock
+from runs import io, lock as runlock
 from variants.cli import main
 
 ARGS = ["sweep", "--bits", "8", "2", "--speed-mode", "simulated", "--run", "t", "--n-fit", "60",
@@ -101,7 +101,7 @@ def test_completed_sweep_with_a_failing_variant_exits_0_and_is_complete(base):
 def test_fail_on_violation_exits_1_and_0_when_all_pass(copy, tmp_path, capsys, monkeypatch):
     import variants.plots
 
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run: [])
+    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
     assert sweep(copy, "--fail-on-violation") == 1
     assert "fails its contract (--fail-on-violation)" in capsys.readouterr().err
     assert status(copy / "t") == "complete"  # the sweep itself finished
@@ -164,7 +164,7 @@ def test_a_full_disk_is_an_error_and_the_run_is_not_complete(copy, capsys, monke
 def test_a_plotting_bug_leaves_the_run_incomplete_with_its_report(copy, capsys, monkeypatch):
     import variants.plots
 
-    def buggy(run):
+    def buggy(run, **kw):
         raise TypeError("planted plotting bug")
 
     monkeypatch.setattr(variants.plots, "plot_run", buggy)
@@ -274,7 +274,7 @@ def test_cache_temp_files_are_removed_only_when_no_other_sweep_uses_the_cache(tm
 def test_resume_removes_leftover_temp_files_and_takes_over_a_stale_lock(copy, capsys, monkeypatch):
     import variants.plots
 
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run: [])
+    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
     run = copy / "t"
     planted = [run / ".run.json.a1b2c3d4.tmp", run / "summary.csv.tmp",
                run / "q8-g64" / ".outputs.npz.zz99_x0y.tmp", run / "reference" / ".outputs.npz.k2j3h4g5.tmp",

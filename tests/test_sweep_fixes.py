@@ -109,7 +109,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
         return real_build(reference, cfg, *a, **k)
 
     monkeypatch.setattr(quantize, "build", build)
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run: [])
+    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
     root = tmp_path / "r"
     args = ["sweep", "--bits", "8", "4", "--speed-mode", "simulated", "--results-dir", str(root),
             "--run", "t", *TINY]

@@ -38,7 +38,7 @@ def test_rerun_skips_reference_forwards_and_resume_fills_old_timing(tmp_path, mo
     monkeypatch.setattr(SentimentNet, "__call__", counted(real_call))
     monkeypatch.setattr(SentimentNet, "embed", counted(real_embed))
     monkeypatch.setattr(sweep_mod, "measure_cold_start", fake_cold)
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run: [])
+    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
     args = [*TINY, "--results-dir", str(tmp_path / "r")]
     run = tmp_path / "r" / "t"
 

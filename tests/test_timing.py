@@ -145,7 +145,7 @@ def _legacy_timing():
 
 
 def test_old_timing_json_still_renders():
-    from contracts.report import cold_start_table, format_table, summary_row, timing_table
+    from runs.report import cold_start_table, format_table, summary_row, timing_table
 
     row = summary_row("q8", {"family": "quant", "config": {}, "model_bytes": 5e7,
                              "bits_per_weight": 9.0}, {"agreement": 1.0, "ece_ref": 0.03}, _Verdict(),

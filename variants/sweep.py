@@ -353,7 +353,8 @@ class Sweep:
         plot_error = None
         with self.clock("plots"):
             try:
-                plot_paths = plot_run(self.out)
+                # the judge's evaluations: the plots do not evaluate the variants again
+                plot_paths = plot_run(self.out, evaluations={n: ev for n, (ev, _) in details.items()})
             except WriteError:
                 raise
             except Exception as e:  # a plotting bug: report.md is still written, without plots

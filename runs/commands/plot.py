@@ -1,0 +1,51 @@
+"""``variants plot RESULTS_DIR``: write the PNG plots of a finished sweep folder (no MLX)."""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from runs.commands import EXIT_USER_ERROR
+from runs.plots.data import PlotError, log
+from runs.readers import CorruptFileError
+
+
+def main(args):
+    """``variants plot RESULTS_DIR``: write the plots; returns the exit code (2 on bad input)."""
+    logging.basicConfig(level=logging.INFO, format="variants plot: %(message)s",
+                        stream=sys.stderr)
+    from contextlib import nullcontext
+
+    from runs import lock as runlock
+    from runs.plots.render import plot_run
+
+    # plot_run writes into the folder: hold its lock, so a running sweep refuses us and we it
+    lock = (runlock.hold(args.results_dir, log=log.info,
+                         fix="wait for it to finish (the sweep writes the plots itself)")
+            if Path(args.results_dir).is_dir() else nullcontext())
+    try:
+        with lock:
+            paths = plot_run(args.results_dir, dpi=args.dpi)
+    except (PlotError, CorruptFileError, runlock.RunLocked) as e:
+        print(f"variants: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    for p in paths:
+        print(p)
+    return 0
+
+
+def configure_parser(subparsers):
+    """Add the ``plot`` subcommand to an argparse ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "plot", help="write PNG plots of a finished sweep folder to RESULTS_DIR/plots/",
+        description="Read a sweep folder (run.json, summary.csv, per-variant outputs and metrics; "
+                    "no model is loaded) and write plots/*.png: Pareto view per timed batch size, "
+                    "reliability diagrams, margin vs drift, flip strata, and per-family views. "
+                    "It holds the folder's lock while writing: while a sweep writes that run it "
+                    "refuses (exit 2, naming the sweep).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("results_dir", metavar="RESULTS_DIR",
+                   help="a sweep folder, e.g. results/minilm-sentiment-quant-g64")
+    p.add_argument("--dpi", type=int, default=110, help="resolution of the PNG files")
+    p.set_defaults(func=main)
+    return p

@@ -1,0 +1,279 @@
+"""The judge: metrics, verdict and reports of each variant from a run folder's saved outputs.
+
+:func:`judge_outputs` is pure (arrays in, evaluation and verdict out); :func:`judge_variant`
+reads one variant of a :class:`runs.folder.RunFolder` and writes its metrics.json, verdict.json,
+report.md and report.json; :func:`check_run` (``variants check``) judges every variant and
+rewrites the run's summary.csv, report.md and check.json. The sweep judges through
+:func:`judge_variant` too, so ``variants sweep`` and ``variants check`` write identical files.
+No model is loaded and no builder imported: what a family says about a variant is read from
+``<variant>/family.md`` (:mod:`runs.family_text`).
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+from metrics._checks import short_list, short_path, short_repr
+from runs.family_text import family_extras  # noqa: F401  (re-exported: the sweep's name)
+from runs.folder import REFERENCE, CheckError, RunFolder
+from runs.npz_readers import OUTPUT_FIELDS, check_same_ids, read_outputs
+from runs.readers import CorruptFileError
+from runs.settings import (DEFAULT_NEAR_TIE_MARGIN, check_calibration_size,  # noqa: F401
+                           check_strata, resolve_settings)
+from runs.texts import example_texts
+
+
+def _folder(run_dir):
+    return run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+
+
+def load_outputs(path):
+    """Saved outputs (.npz) as a dict of the ``DecisionOutputs`` fields (``exit_layer`` dropped).
+
+    Raises
+    ------
+    CheckError
+        If the file is missing.
+    runs.readers.CorruptFileError
+        If it is not an npz of outputs (:func:`runs.npz_readers.read_outputs`).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise RunFolder(path.parent.parent).missing(path)
+    return _fields(read_outputs(path))
+
+
+def _fields(out):
+    return {k: out[k] for k in OUTPUT_FIELDS}
+
+
+def list_variants(run_dir):
+    """Names of the variant folders of a run (those holding both outputs files), sorted
+    (:meth:`runs.folder.RunFolder.variants`)."""
+    return _folder(run_dir).variants()
+
+
+def read_run(run_dir):
+    """run.json as a dict ({} when absent); CorruptFileError when it is not a valid run file."""
+    return _folder(run_dir).meta
+
+
+def variant_files(run_dir, name):
+    """Read and validate what judging variant ``name`` reads (outputs of the reference and of the
+    variant, build.json and timing.json where present), before anything is written.
+
+    Raises CheckError (a file missing) or CorruptFileError (a file unreadable or wrong-shaped).
+    """
+    run = _folder(run_dir)
+    for split, file in (("calibration", "calibration_outputs.npz"), ("eval", "outputs.npz")):
+        ref = run.outputs(REFERENCE, split)
+        check_same_ids(run.path / name / file, run.outputs(name, split)["ids"], ref["ids"])
+    build = run.json(name, "build.json")
+    run.json(name, "timing.json")
+    if (run.path / name / "build.json").is_file() and (run.path / name / "timing.json").is_file():
+        require_family(run.path / name / "build.json", build)
+
+
+def require_family(path, build):
+    """Raise CorruptFileError unless ``build`` (build.json at ``path``, as read) names its family:
+    summary.csv's family column comes from it, and a row without one is corrupt."""
+    if not (isinstance(build.get("family"), str) and build["family"].strip()):
+        raise CorruptFileError(path, "build file", f"family is {short_repr(build.get('family'))}, "
+                               "expected the family's name, e.g. 'quant'")
+
+
+def _json_safe(summary):
+    """NaN → None (null), so metrics.json is strict JSON and two writes compare equal."""
+    def clean(v):
+        if isinstance(v, float) and v != v:
+            return None
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+    return {k: clean(v) for k, v in summary.items()}
+
+
+def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=None):
+    """Metrics and verdict of one variant from its and the reference's outputs (pure, no files).
+
+    Parameters
+    ----------
+    ref_cal, ref_eval, var_cal, var_eval : mapping of arrays
+        ``DecisionOutputs`` fields on the calibration and eval splits.
+    contract : contracts.checker.Contract
+    settings : dict, optional
+        As :func:`resolve_settings`; default the contract's (near-tie margin 1.0 if unset).
+
+    Returns
+    -------
+    ev : metrics.evaluate.Evaluation
+    verdict : contracts.checker.Verdict
+    epsilons : dict
+        :func:`metrics.conformal.epsilon_by_bucket` on the calibration split, plus ``alpha``.
+    """
+    from contracts.checker import check
+    from metrics.conformal import epsilon_by_bucket
+    from metrics.evaluate import evaluate
+    from metrics.margin import epsilon_max, max_abs_logit_diff
+
+    st = resolve_settings(contract) if settings is None else settings
+    cal_diff = max_abs_logit_diff(ref_cal["logits"], var_cal["logits"], ref_cal["option_mask"])
+    check_calibration_size(len(cal_diff), st["alpha"])
+    check_strata(contract, ref_eval)
+    eps = epsilon_max(cal_diff)
+    epsilons = epsilon_by_bucket(cal_diff, ref_cal["option_mask"].sum(axis=1), alpha=st["alpha"])
+    epsilons["alpha"] = st["alpha"]
+    ev = evaluate(ref_eval, var_eval, epsilon=eps, near_tie_margin=st["near_tie_margin"],
+                  n_bins=st["n_bins"], epsilon_conformal=epsilons["all"]["epsilon_conformal"],
+                  alpha=st["alpha"], human_tie_gap=st["human_tie_gap"])
+    verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
+                    seed=st["seed"])
+    verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force
+    return ev, verdict, epsilons
+
+
+def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, n_bootstrap=None,
+                  seed=None, output_dir=None, texts=None, worst_n=5, write=True):
+    """Recompute metrics, verdict and reports of variant ``name`` of a run from saved outputs.
+
+    This is the sweep's judging step (``Sweep.judge`` calls it), so ``variants sweep`` and
+    ``variants check`` write identical files.
+
+    Parameters
+    ----------
+    run_dir : path-like or runs.folder.RunFolder
+        ``results/<run>`` with ``reference/`` and ``<name>/`` (outputs.npz,
+        calibration_outputs.npz; build.json and timing.json are used when present). Pass a
+        RunFolder to share its reads between variants.
+    name : str
+        Variant folder name.
+    contract : contracts.checker.Contract
+    near_tie_margin, alpha, n_bootstrap, seed : optional
+        Override the contract's ``[settings]`` (near_tie_margin falls back to run.json).
+    output_dir : path-like, optional
+        Where ``<name>/metrics.json``, ``verdict.json``, ``report.md`` and ``report.json`` go;
+        default ``run_dir`` (in place).
+    texts : mapping of id -> str, optional
+        Example texts for the worst-examples listing; default looked up in the VADER data.
+    worst_n : int, default=5
+    write : bool, default=True
+
+    Returns
+    -------
+    row : dict or None
+        :func:`runs.report.summary_row` (None when build.json or timing.json is missing).
+    ev : metrics.evaluate.Evaluation
+    verdict : contracts.checker.Verdict
+
+    Raises
+    ------
+    CheckError
+        If an outputs file is missing or reference and variant outputs do not describe the same
+        examples.
+    runs.readers.CorruptFileError
+        If a file read is not valid.
+    """
+    from contracts.report import render_variant_report, variant_report_json
+    from runs.io import write_json, write_text
+    from runs.report import summary_row
+
+    run = _folder(run_dir)
+    out_dir = Path(output_dir) if output_dir is not None else run.path
+    vdir = run.path / name
+    ref_cal, ref_eval = (_fields(run.outputs(REFERENCE, s)) for s in ("calibration", "eval"))
+    var_cal, var_eval = (_fields(run.outputs(name, s)) for s in ("calibration", "eval"))
+    st = resolve_settings(contract, run.meta, near_tie_margin=near_tie_margin, alpha=alpha,
+                          n_bootstrap=n_bootstrap, seed=seed)
+    try:
+        ev, verdict, epsilons = judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract,
+                                              settings=st)
+    except ValueError as e:
+        raise CheckError(f"{vdir}: {e}") from None
+    row = None
+    if run.has(name, "build.json") and run.has(name, "timing.json"):
+        row = summary_row(name, run.json(name, "build.json"), ev.summary, verdict,
+                          run.json(name, "timing.json"))
+    if write:
+        if texts is None:
+            texts = example_texts(ev.per_example["id"])
+        odir = out_dir / name
+        write_json(odir / "metrics.json", _json_safe(ev.summary))
+        write_json(odir / "verdict.json", verdict.to_dict())
+        write_text(odir / "report.md", render_variant_report(name, ev, verdict, contract, epsilons,
+                                                             texts=texts, worst_n=worst_n))
+        write_json(odir / "report.json", variant_report_json(name, ev, verdict, contract, epsilons,
+                                                             texts=texts, worst_n=worst_n))
+    return row, ev, verdict
+
+
+def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=None, **kwargs):
+    """``variants check``: judge every (or the named) variant of a run; rewrite the sweep files.
+
+    Writes per variant what :func:`judge_variant` writes, and per run ``summary.csv`` and
+    ``report.md`` (when every variant has build.json and timing.json and run.json exists) and
+    ``check.json`` (verdict per variant, schema ``REPORT_SCHEMA_VERSION``). The report's plot
+    section reuses the evaluations just made (no second read or evaluation).
+
+    Returns
+    -------
+    verdicts : dict of str -> contracts.checker.Verdict
+
+    Raises
+    ------
+    CheckError
+        A folder that is not a run, an unknown ``variants`` name, a missing file.
+    runs.readers.CorruptFileError
+        A file that does not parse; raised before anything is written.
+    """
+    import pandas as pd
+
+    from contracts.checker import load_contract
+    from contracts.report import REPORT_SCHEMA_VERSION
+    from runs.io import write_csv, write_json, write_text
+    from runs.plots.markdown import report_tail
+    from runs.report import render_report
+
+    run = _folder(run_dir)
+    run_dir = run.path
+    if not run_dir.is_dir():
+        raise CheckError(f"{short_path(run_dir)} is not a folder; pass a run folder such as "
+                         "results/minilm-sentiment-quant-g64.")
+    if not (run_dir / REFERENCE / "outputs.npz").exists():
+        raise CheckError(f"{run_dir} has no reference/outputs.npz; pass a folder written by "
+                         "`variants sweep`.")
+    contract = load_contract(contract) if contract is None or isinstance(contract, (str, Path)) else contract
+    names = run.variants()
+    if variants:
+        unknown = sorted(set(variants) - set(names))
+        if unknown:
+            raise CheckError(f"no variant {short_list(unknown)} in {run_dir}; it has: "
+                             f"{', '.join(names) or 'none'}.")
+        names = [n for n in names if n in variants]
+    if not names:
+        raise CheckError(f"{run_dir} holds no variant with outputs.npz and calibration_outputs.npz.")
+    out_dir = Path(output_dir) if output_dir is not None else run_dir
+    run.meta  # every file judged is read and validated before anything is written
+    for name in names:
+        variant_files(run, name)
+    rows, details, verdicts = [], {}, {}
+    for name in names:
+        row, ev, verdict = judge_variant(run, name, contract, output_dir=out_dir, **kwargs)
+        verdicts[name] = verdict
+        details[name] = (ev, verdict)
+        rows.append(row)
+        if log:
+            log(f"{name}: {'PASS' if verdict.passed else 'FAIL'}"
+                + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+    write_json(out_dir / "check.json", {
+        "schema_version": REPORT_SCHEMA_VERSION, "run": str(run_dir), "contract": contract.name,
+        "passed": all(v.passed for v in verdicts.values()),
+        "variants": {n: v.to_dict() for n, v in verdicts.items()}})
+    meta = run.meta
+    if meta and all(r is not None for r in rows) and not variants:
+        summary = pd.DataFrame(rows)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(out_dir / "summary.csv", summary)
+        meta = dict(meta, contract=contract.name)
+        extras = run.family_texts(names)  # <variant>/family.md, else run.json's extras
+        write_text(out_dir / "report.md", render_report(meta, summary, details, contract, extras)
+                   + report_tail(run, out_dir))
+    return verdicts

@@ -1,0 +1,111 @@
+"""Pareto view: measured speed-up against the key contract figures, one point per variant."""
+
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from runs.plots.data import SkipPlot
+from runs.plots.style import (VERDICT_MARKERS, _contract_threshold, _figure, _palette,
+                              _style)
+
+#: Pareto panels: (summary column, axis label, higher is better, reference value column or number).
+PARETO_METRICS = (
+    ("agreement", "agreement (share of eval examples)", True, 1.0),
+    ("certified_share", "certified share (ref. margin > 2ε)", True, 1.0),
+    ("ece_variant", "ECE (top label, 15 bins)", False, "ece_ref"),
+    ("action_max_abs_diff_max", "max action drift |Δp| (probability)", False, 0.0),
+)
+
+
+def _pareto_front(x, y, higher):
+    """Indices of points not dominated (higher x better; y higher or lower better), by x."""
+    order = np.argsort(-x, kind="stable")
+    front, best = [], -np.inf
+    for i in order:
+        v = y[i] if higher else -y[i]
+        if v > best:
+            front.append(i)
+            best = v
+    return np.array(sorted(front, key=lambda i: x[i]))
+
+
+def pareto_view(run, batch_size):
+    """Speed-up at ``batch_size`` (x, with its 95% CI) against the key contract figures.
+
+    One point per variant, coloured by family, marker by verdict; the reference is a star at
+    speed-up 1; the Pareto front (variants + reference) is drawn as a step line; a contract
+    threshold on the same metric over all examples is a dashed line.
+
+    Raises
+    ------
+    SkipPlot
+        If ``batch_size`` was not timed.
+    """
+    col = f"b{batch_size}_speedup"
+    s = run.summary
+    if col not in s.columns:
+        raise SkipPlot(f"batch size {batch_size} was not timed (no {col} column)")
+    families = sorted(s["family"].astype(str).unique())
+    colors = _palette(families)
+    with _style():
+        fig = _figure(run, f"Pareto view at batch size {batch_size} "
+                           f"({run.summary.get('speed_mode', pd.Series(['?'])).iloc[0]} speed)",
+                      2, 2, width=5.0, height=3.4)
+        axes = fig.subplots(2, 2).ravel()
+        for ax, (metric, ylabel, higher, ref_value) in zip(axes, PARETO_METRICS):
+            if metric not in s.columns:
+                ax.set_axis_off()
+                ax.set_title(f"{metric}: not in summary.csv", fontsize=9)
+                continue
+            ref_y = float(s[ref_value].iloc[0]) if isinstance(ref_value, str) else ref_value
+            x = np.append(s[col].to_numpy(float), 1.0)
+            y = np.append(s[metric].to_numpy(float), ref_y)
+            ok = np.isfinite(x) & np.isfinite(y)
+            if ok.sum() >= 2:
+                f = np.flatnonzero(ok)[_pareto_front(x[ok], y[ok], higher)]
+                ax.step(x[f], y[f], where="post" if higher else "pre", color="0.2", lw=1.6,
+                        ls="-.", alpha=0.7, zorder=1, label="Pareto front")
+            lo = s[f"b{batch_size}_speedup_ci_low"].to_numpy(float)
+            hi = s[f"b{batch_size}_speedup_ci_high"].to_numpy(float)
+            side = np.empty(len(s), dtype=int)  # labels alternate right / left, by y order
+            side[np.argsort(y[:-1], kind="stable")] = np.arange(len(s)) % 2
+            for i, r in enumerate(s.itertuples(index=False)):
+                c = colors[str(r.family)]
+                ax.errorbar(x[i], y[i], xerr=[[x[i] - lo[i]], [hi[i] - x[i]]], fmt="none",
+                            ecolor=c, alpha=0.5, lw=1, zorder=2)
+                ax.scatter(x[i], y[i], color=c, marker=VERDICT_MARKERS.get(r.verdict, "o"),
+                           s=60, edgecolor="k", linewidth=0.5, zorder=3)
+                ax.annotate(r.variant, (x[i], y[i]), textcoords="offset points",
+                            xytext=(-6, 3) if side[i] else (6, 3),
+                            ha="right" if side[i] else "left", fontsize=7)
+            ax.scatter([1.0], [ref_y], marker="*", s=160, color="gold", edgecolor="k",
+                       zorder=4)
+            ax.axvline(1.0, color="0.7", ls=":", lw=1)
+            thr = _contract_threshold(run, metric)
+            if thr and thr[1] is not None:
+                ax.axhline(thr[1], color="crimson", ls="--", lw=1,
+                           label=f"contract: {metric} {thr[0]} {thr[1]:g}")
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.margins(x=0.1)
+            ax.set_xlabel(f"speed-up vs reference at B={batch_size} (log scale, 95% CI)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{ylabel.split(' (')[0]} ({'higher' if higher else 'lower'} is better)",
+                         fontsize=9)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="best", framealpha=0.8)
+        handles = [Line2D([], [], marker="s", ls="", color=colors[f], label=f"family: {f}")
+                   for f in families]
+        handles.append(Line2D([], [], marker="*", ls="", color="gold", markeredgecolor="k",
+                              markersize=12, label="reference (speed-up 1)"))
+        handles += [Line2D([], [], marker=m, ls="", color="0.3", label=f"variant {v}")
+                    for v, m in VERDICT_MARKERS.items()]
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8,
+                   frameon=False)
+        if len(s) == 1:
+            fig.text(0.5, 0.005, "Only one variant in this run: no trade-off to compare beyond "
+                     "the reference.", ha="center", fontsize=8, color="crimson")
+    return fig

@@ -1,0 +1,349 @@
+"""The run-level report of a sweep: summary.csv rows, the main and timing tables, cold starts,
+where the sweep's time went and report.md (no MLX; its plots section is
+:func:`runs.plots.markdown.report_tail`).
+
+Each variant's own report (report.md/report.json in its folder) is
+:mod:`contracts.report`'s; this module assembles the run's report.md from every variant's
+evaluation and verdict, the rows of summary.csv, run.json, the family blocks
+(``<variant>/family.md``) and the plots.
+"""
+
+import math
+
+import pandas as pd
+
+from contracts.report import INTERVAL_NOTE, _ci_text
+
+# Quality columns of the report's main table: (summary column, header, format); timing columns
+# follow, one pair per timed batch size.
+TABLE = (
+    ("variant", "variant", "{}"),
+    ("bits_per_weight", "bits/w", "{:.2f}"),
+    ("model_bytes", "model MB", "{:.1f}"),
+    ("agreement", "agree", "{:.4f}"),
+    ("certified_share", "certified", "{:.3f}"),
+    ("certified_flips", "cert. flips", "{:.0f}"),
+    ("ece_variant", "ECE (ref {ece_ref:.3f})", "{:.4f}"),
+    ("score_abs_err_max", "max Δscore", "{:.4f}"),
+    ("action_max_abs_diff_max", "max Δaction", "{:.4f}"),
+)
+
+
+def _batch_sizes(summary, prefix="b"):
+    """Timed batch sizes of ``summary``: forward columns ``b<B>_var_p50_ms`` (prefix "b") or
+    end-to-end columns ``e2e_b<B>_var_p50_ms`` (prefix "e2e_b")."""
+    out = set()
+    for c in summary.columns:
+        if c.startswith(prefix) and c.endswith("_var_p50_ms"):
+            head = c[len(prefix):].split("_")[0]
+            if head.isdigit():
+                out.add(int(head))
+    return sorted(out)
+
+
+def _present(r, col):
+    """True when row ``r`` has a non-missing value in ``col``."""
+    v = r.get(col) if hasattr(r, "get") else None
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+#: Cold-start stages shown in the report: (key in the cold_start dict, header, format).
+COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "import s", "{:.2f}"),
+                      ("weight_load_s", "weights s", "{:.2f}"), ("build_s", "build s", "{:.2f}"),
+                      ("first_forward_ms", "1st forward ms", "{:.0f}"),
+                      ("second_forward_ms", "2nd forward ms", "{:.0f}"),
+                      ("total_s", "total s", "{:.2f}"), ("model_bytes", "model MB", "{:.1f}"),
+                      ("peak_memory_bytes", "peak MB", "{:.1f}"))
+
+
+def _fit_note(meta, k):
+    """" (at_bound)" after a temperature whose fit did not converge (run.json
+    ``temperature_fits``); "" when it converged or the run predates the record."""
+    status = ((meta.get("temperature_fits") or {}).get(str(k)) or {}).get("status")
+    return "" if status in (None, "converged") else f" ({status})"
+
+
+def _fmt(x, f):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f.format(x)
+
+
+def summary_row(name, build, summary, verdict, timing):
+    """One flat row (dict) of summary.csv for variant ``name``."""
+    row = {"variant": name, "family": build.get("family"), **build.get("config", {}),
+           "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
+           "bits_per_weight_note": build.get("bits_per_weight_note", "bits per quantized weight"),
+           "ideal_speedup": build.get("ideal_speedup"), "param_ratio": build.get("param_ratio"),
+           "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode")}
+    for k, v in summary.items():
+        if not isinstance(v, (list, tuple, dict)):
+            row[k] = v
+    regions = (("b", timing.get("batches", {})), ("e2e_b", timing.get("end_to_end", {})))
+    for prefix, entries in regions:
+        for b, t in entries.items():
+            p = f"{prefix}{b}_"
+            row.update({p + "seq_len": t["seq_len"], p + "rounds": t["rounds"],
+                        p + "rounds_requested": t.get("rounds_requested"),
+                        p + "stopped_by": t.get("stopped_by"),
+                        p + "ref_p50_ms": t["ref"]["p50_ms"], p + "ref_p95_ms": t["ref"]["p95_ms"],
+                        p + "var_p50_ms": t["var"]["p50_ms"], p + "var_p95_ms": t["var"]["p95_ms"],
+                        p + "speedup": t["speedup"]["speedup_median"],
+                        p + "speedup_ci_low": t["speedup"]["speedup_ci_low"],
+                        p + "speedup_ci_high": t["speedup"]["speedup_ci_high"],
+                        p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
+                        p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
+                        p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
+                        p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes")})
+    mb = timing.get("model_bytes") or {}
+    row["timed_model_bytes"] = mb.get("variant")
+    row["timed_ref_model_bytes"] = mb.get("reference")
+    cold = timing.get("cold_start") or {}
+    if cold and "error" not in cold:
+        row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
+        row["cold_start_s"] = cold.get("total_s")
+    row["verdict"] = "PASS" if verdict.passed else "FAIL"
+    row["failed_clauses"] = ";".join(verdict.failed)
+    return row
+
+
+def format_table(summary):
+    """The main table as a DataFrame of strings (for Markdown and the terminal)."""
+    out = []
+    sizes = _batch_sizes(summary)
+    for _, r in summary.iterrows():
+        cells = {}
+        for col, head, f in TABLE:
+            head = head.format(**r) if "{" in head else head
+            value = r.get(col)
+            if col == "model_bytes" and value is not None:
+                value = value / 1e6
+            cells[head] = _fmt(value, f)
+        for b in sizes:
+            p = f"b{b}_"
+            cells[f"p50/p95 ms B={b} (ref p50)"] = (
+                f"{_fmt(r[p + 'var_p50_ms'], '{:.1f}')} / {_fmt(r[p + 'var_p95_ms'], '{:.1f}')}"
+                f" ({_fmt(r[p + 'ref_p50_ms'], '{:.1f}')})")
+            cells[f"speed-up B={b}"] = (
+                f"{_fmt(r[p + 'speedup'], '{:.2f}')}× [{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
+                f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]")
+        for b in _batch_sizes(summary, "e2e_b"):
+            p = f"e2e_b{b}_"
+            cells[f"end-to-end B={b}"] = (
+                f"{_fmt(r.get(p + 'speedup'), '{:.2f}')}×" if _present(r, p + "speedup") else "—")
+        cells["verdict"] = r["verdict"]
+        out.append(cells)
+    return pd.DataFrame(out)
+
+
+def timing_table(summary):
+    """Per variant, batch size and timed region: p50/p95 of both models, the paired speed-up
+    with its CI, rounds run / requested (and why timing stopped) and peak memory.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        summary.csv's table (:func:`summary_row` rows); end-to-end columns may be absent (runs
+        written before they existed), then only the forward rows appear.
+
+    Returns
+    -------
+    pandas.DataFrame of str
+    """
+    out = []
+    regions = (("forward", "b"), ("end to end", "e2e_b"))
+    for _, r in summary.iterrows():
+        for region, prefix in regions:
+            for b in _batch_sizes(summary, prefix):
+                p = f"{prefix}{b}_"
+                if not _present(r, p + "var_p50_ms"):
+                    continue
+                req = r.get(p + "rounds_requested")
+                stop = r.get(p + "stopped_by")
+                rounds = _fmt(r[p + "rounds"], "{:.0f}") + (
+                    f" / {_fmt(req, '{:.0f}')}" if _present(r, p + "rounds_requested") else "")
+                if isinstance(stop, str):
+                    rounds += f" ({stop})"
+                out.append({
+                    "variant": r["variant"], "region": region, "B": b,
+                    "L": _fmt(r.get(p + "seq_len"), "{:.0f}"),
+                    "ref p50 / p95 ms": f"{_fmt(r[p + 'ref_p50_ms'], '{:.1f}')} / "
+                                        f"{_fmt(r[p + 'ref_p95_ms'], '{:.1f}')}",
+                    "variant p50 / p95 ms": f"{_fmt(r[p + 'var_p50_ms'], '{:.1f}')} / "
+                                            f"{_fmt(r[p + 'var_p95_ms'], '{:.1f}')}",
+                    "speed-up [95% CI]": f"{_fmt(r[p + 'speedup'], '{:.2f}')}× "
+                                         f"[{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
+                                         f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]",
+                    "rounds run / requested": rounds,
+                    "peak MB variant (ref)": f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
+                                             f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})",
+                    "call's own MB variant (ref)": (
+                        f"{r[p + 'var_peak_over_active_bytes'] / 1e6:.1f} "
+                        f"({r[p + 'ref_peak_over_active_bytes'] / 1e6:.1f})"
+                        if _present(r, p + "var_peak_over_active_bytes") else "—"),
+                })
+    return pd.DataFrame(out)
+
+
+def cold_start_table(meta, summary):
+    """Cold start (fresh process) of the reference (run.json ``cold_start``) and of each variant
+    (summary ``cold_*`` columns, from timing.json); empty when none was measured."""
+    rows = []
+    ref = meta.get("cold_start") or {}
+
+    def cells(name, d):
+        row = {"model": name}
+        for key, head, f in COLD_START_COLUMNS:
+            v = d.get(key)
+            if v is not None and key.endswith("_bytes"):
+                v = v / 1e6
+            row[head] = _fmt(v, f)
+        return row
+
+    if ref and "error" not in ref:
+        rows.append(cells("reference", ref))
+    for _, r in summary.iterrows():
+        if _present(r, "cold_start_s"):
+            rows.append(cells(r["variant"], {k: (r.get(f"cold_{k}") if _present(r, f"cold_{k}")
+                                                 else None) for k, _, _ in COLD_START_COLUMNS}))
+    return pd.DataFrame(rows)
+
+
+def sweep_time_lines(meta):
+    """Report lines for run.json's ``sweep_time`` breakdown (none for older runs)."""
+    b = meta.get("sweep_time")
+    if not b:
+        return []
+    frame = pd.DataFrame([{"part": k, "seconds": f"{v:.1f}", "share": f"{b['share'][k]:.1%}"}
+                          for k, v in b["seconds"].items()])
+    share = b["outside_forward_share"]
+    c = b.get("counts", {})
+    return ["====== Where this sweep's time went ======", "",
+            frame.to_markdown(index=False), "",
+            f"Outside model forwards ({', '.join(b['forward_categories'])} excluded): "
+            f"{share:.1%} of {b['wall_s']:.0f} s (target ≤ {b['target_outside_share']:.0%}). "
+            f"Reference output batches run: {c.get('reference_output_batches', '—')} (0 = from "
+            f"the cache); variants built {c.get('variants_built', '—')}, reused "
+            f"{c.get('variants_reused', '—')}.", ""]
+
+
+def _parallel_text(par):
+    """"; N CPU streams per layer, BLAS threads per GEMM call …" from run.json ``parallel``
+    (:func:`variants.parallel.info`); "" when absent (runs before it was recorded)."""
+    if not par:
+        return ""
+    threads = par.get("blas_threads_per_call")
+    return (f"; CPU streams per encoder layer: {par.get('streams')} (VARIANTS_STREAMS), BLAS "
+            "threads per GEMM call: " + (str(threads) if threads is not None
+                                         else "as configured (not changed)"))
+
+
+def render_report(meta, summary, details, contract, extras=None):
+    """report.md text: run facts, the main table, then each variant's clauses."""
+    cfg = meta["config"]
+    data = meta["data"]
+    lines = [
+        f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} ("
+        + ", ".join(f"{k} {v if v is not None else 'default'}"
+                    for k, v in cfg.get("params", {}).items()) + ")",
+        "",
+        "====== Run ======",
+        "",
+        f"- contract: `{meta['contract']}` ({len(contract.clauses)} clauses); "
+        f"verdict per variant below",
+        f"- data: {data['source']}; eval n={data['splits']['eval']['n']}, calibration "
+        f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
+        f"texts truncated at {data['max_tokens']} tokens: "
+        + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items()),
+        f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
+        f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
+        + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
+        + _parallel_text(meta.get("parallel")),
+        "- timing: two timed regions, both warm, reference and variant in strict alternation "
+        "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
+        "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
+        "texts → tokenisation → forward → decision outputs (probabilities, score, actions); "
+        "speed-up = median of per-round ratios [95% bootstrap CI]"
+        + (f"; {cfg['timing_warmup']} warm-ups and {cfg['timing_rounds']} rounds requested per "
+           f"batch size, at most {cfg['timing_budget_s']:g} s each (at least "
+           f"{cfg.get('timing_min_rounds', 3)} rounds)" if "timing_rounds" in cfg else ""),
+        f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
+        f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
+        f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
+        f"(fp32), checkpoint sha256 {meta['checkpoint']['sha256'][:12]}…",
+        "- temperatures per option count: "
+        + ", ".join(f"K={k}: {v:.3f}" + _fit_note(meta, k) for k, v in meta["temperatures"].items()),
+        f"- wall time of this invocation: {meta['wall_s']:.0f} s"
+        + (f" ({len(meta['reused_variants'])} variants reused from an earlier invocation)"
+           if meta.get("reused_variants") else ""),
+        "",
+        "====== Variants ======",
+        "",
+        format_table(summary).to_markdown(index=False),
+        "",
+    ]
+    tt = timing_table(summary)
+    if not tt.empty:
+        lines += ["====== Timing: forward vs end to end ======", "",
+                  "Rounds run / requested (why timing stopped: `rounds` = all ran, `budget` = the "
+                  "wall-clock budget ran out); peak memory = `mx.get_peak_memory`, reset before "
+                  "every call, max over rounds: it includes every array alive, i.e. both models' "
+                  "weights; the call's own MB = peak minus the bytes active just before the call "
+                  "(activations and workspace).", "", tt.to_markdown(index=False), ""]
+    ct = cold_start_table(meta, summary)
+    if not ct.empty:
+        lines += ["====== Cold start (fresh process) ======", "",
+                  "Start-up = interpreter + `import variants`; import = mlx and the package "
+                  "modules; weights = checkpoint → evaluated arrays + fitted head; build = the "
+                  "variant's builder; 1st forward = first call on one batch (2nd = warm).", "",
+                  ct.to_markdown(index=False), ""]
+    lines += sweep_time_lines(meta)
+    if cfg["speed_mode"] == "native" and "cpu" in meta["device"].lower():
+        lines += ["Speed-ups below 1 are real: on MLX's CPU backend `mx.quantized_matmul` is a plain "
+                  "kernel (no BLAS), tens of times slower than the fp32 OpenBLAS GEMM at batch 32. "
+                  "Quantization here buys memory (model MB), not CPU speed; run on Apple silicon "
+                  "(Metal) for the speed side.", ""]
+    failed = meta.get("failed_variants") or {}
+    if failed:
+        lines += ["====== Variants that failed to build ======", "",
+                  f"Left out of every table above and below (run status "
+                  f"`{meta.get('status', 'partial')}`); fix the setting and rerun the same "
+                  "command to add them:", ""]
+        lines += [f"- `{n}`: {str(e).replace(chr(10), ' ')}" for n, e in failed.items()] + [""]
+    rows = {r["variant"]: r for _, r in summary.iterrows()}
+    for name, (ev, verdict) in details.items():
+        s = ev.summary
+        r = rows[name]
+        memory = "; ".join(
+            f"B={b}: peak {r[f'b{b}_var_peak_memory_bytes'] / 1e6:.1f} MB "
+            f"(ref {r[f'b{b}_ref_peak_memory_bytes'] / 1e6:.1f} MB), {r[f'b{b}_rounds']:.0f} "
+            f"rounds at L={r[f'b{b}_seq_len']:.0f}" for b in _batch_sizes(summary))
+        lines += [
+            f"====== {name}: {'PASS' if verdict.passed else 'FAIL'} ======",
+            "",
+            f"ε = {s['epsilon']:.4g}, certified {s['certified_share']:.1%}, agreement "
+            f"{s['agreement']:.4f}, accuracy {s['accuracy_ref']:.4f} → {s['accuracy_variant']:.4f}, "
+            f"KL mean {s['kl_mean']:.2e} / p95 {s['kl_p95']:.2e} / max {s['kl_max']:.2e}, "
+            f"flips −{s['negative_flips']:.0f} +{s['positive_flips']:.0f}, "
+            f"near-tie flip rate {_fmt(s['near_tie_flip_rate'], '{:.3f}')} "
+            f"(n={s['n_near_tie']:.0f})",
+            "",
+            f"Build: {_fmt(r['bits_per_weight'], '{:.2f}')} {r.get('bits_per_weight_note')}, model "
+            f"{_fmt(r['model_bytes'] / 1e6 if _present(r, 'model_bytes') else None, '{:.1f}')} MB"
+            + (f" ({r['timed_model_bytes'] / 1e6:.1f} MB as timed)"
+               if _present(r, "timed_model_bytes") else "")
+            + f"; timing ({r['speed_mode']} mode): {memory}",
+            "",
+        ]
+        if extras and extras.get(name):
+            lines += [extras[name], ""]
+        frame = verdict.to_frame()
+        frame["CI"] = [_ci_text(lo, hi) for lo, hi in zip(frame["ci_low"], frame["ci_high"])]
+        frame["interval"] = frame["interval"].fillna("—")
+        frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "interval", "op",
+                       "threshold", "n", "status"]]
+        lines += [frame.to_markdown(index=False, floatfmt=".4g"), "", INTERVAL_NOTE, ""]
+        if s.get("certified_flip_ids"):
+            lines += ["Certified examples that flipped (ε was exceeded on them): "
+                      + ", ".join(s["certified_flip_ids"][:20]), ""]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""Judging settings in force and the checks on them that need the outputs (no MLX).
+
+Precedence: explicit arguments (``variants check --alpha``...), else the contract's
+``[settings]``, else run.json (``near_tie_margin`` only), else the defaults.
+"""
+
+import math
+
+import numpy as np
+
+from metrics._checks import short_list, short_repr
+from runs.folder import CheckError
+
+#: Reference top-2 logit margin (raw-logit units) below which an example is a near tie, when
+#: neither the contract, the command line nor run.json says otherwise.
+from metrics.defaults import NEAR_TIE_MARGIN as DEFAULT_NEAR_TIE_MARGIN  # noqa: E402
+
+
+def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n_bootstrap=None,
+                     seed=None):
+    """Settings in force: explicit arguments, else the contract's ``[settings]``, else run.json
+    (``near_tie_margin``), else the defaults.
+
+    Parameters
+    ----------
+    contract : contracts.checker.Contract
+    meta : dict, optional
+        run.json (``config.near_tie_margin`` is read).
+    near_tie_margin, alpha, n_bootstrap, seed : optional
+        Overrides (None = not given).
+
+    Returns
+    -------
+    dict
+        The contract's settings with the overrides applied.
+
+    Raises
+    ------
+    CheckError
+        If a clause compares a bootstrap CI with its bound and ``n_bootstrap`` is 0.
+    """
+    st = dict(contract.settings)
+    if near_tie_margin is not None:
+        st["near_tie_margin"] = float(near_tie_margin)
+    elif st.get("near_tie_margin") is None:
+        st["near_tie_margin"] = float((meta or {}).get("config", {}).get(
+            "near_tie_margin", DEFAULT_NEAR_TIE_MARGIN))
+    for key, value in (("alpha", alpha), ("n_bootstrap", n_bootstrap), ("seed", seed)):
+        if value is not None:
+            st[key] = value
+    ci_clauses = [c.id for c in contract.clauses if c.compare == "ci"]
+    if ci_clauses and not st["n_bootstrap"]:
+        raise CheckError(f"clauses {short_list(ci_clauses)} compare a bootstrap CI with their bound, "
+                         "so n_bootstrap must be > 0; drop --n-bootstrap 0 or those clauses' "
+                         "compare = \"ci\"")
+    return st
+
+
+def check_calibration_size(n_calibration, alpha):
+    """Raise CheckError when ``n_calibration`` examples cannot give a finite split-conformal ε
+    (it needs ⌈1/α⌉ − 1 of them; Angelopoulos & Bates 2021, §1)."""
+    need = math.ceil(1.0 / alpha) - 1
+    if n_calibration < need:
+        raise CheckError(
+            f"alpha={alpha} needs at least {need} calibration examples for the split-conformal ε, "
+            f"got {n_calibration}: raise --n-calibration or alpha (contract [settings] or --alpha)")
+
+
+def check_strata(contract, ref_eval):
+    """A task:/options: stratum naming something absent from the outputs is a contract error.
+
+    ``ref_eval`` is a mapping with ``task`` (N,) str and ``option_mask`` (N, K) bool. Raises
+    CheckError naming the clause, its stratum and what the outputs have."""
+    tasks = set(np.asarray(ref_eval["task"]).astype(str).tolist())
+    counts = set(np.asarray(ref_eval["option_mask"]).sum(axis=1).astype(int).tolist())
+    for c in contract.clauses:
+        if c.stratum.startswith("task:") and c.stratum[5:] not in tasks:
+            raise CheckError(f"clause {short_repr(c.id)}: stratum {short_repr(c.stratum)} "
+                             f"matches no example; the outputs have tasks: "
+                             f"{', '.join(sorted(tasks))}")
+        if c.stratum.startswith("options:") and int(c.stratum[8:]) not in counts:
+            raise CheckError(f"clause {short_repr(c.id)}: stratum {short_repr(c.stratum)} "
+                             f"matches no example; the outputs have option counts: "
+                             f"{', '.join(map(str, sorted(counts)))}")
