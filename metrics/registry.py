@@ -16,7 +16,7 @@ signed quantity, no direction).
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from metrics import set_metrics as sm
+import metrics.set_metrics as sm
 from metrics._checks import short_repr
 from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE
 from metrics.statistics import BOOL_STATISTICS, FLOAT_STATISTICS, SET_STATISTICS
