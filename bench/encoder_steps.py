@@ -62,12 +62,19 @@ def _untransposed_folded(self):
     (out, in) arrays, so ``x @ w_t`` runs as ``x @ w.T`` did (built once per module)."""
     if not all(encoder._plain_linear(m) for m in (self.query, self.key, self.value, self.out)):
         return None
-    if id(self) not in _UNTRANSPOSED:
+    # keyed by the module's id *and* checked against its own weight arrays: an id can be reused
+    # by a later module once this one is garbage-collected (a stale entry gave another model's
+    # weights, max |diff| 0.17, in one full test run)
+    sources = tuple(a for m in (self.query, self.key, self.value, self.out)
+                    for a in (m.weight, m.bias))
+    cached = _UNTRANSPOSED.get(id(self))
+    if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
         w = mx.concatenate([self.query.weight * self.scale, self.key.weight, self.value.weight])
         b_out = self.out.bias + self.out.weight @ self.value.bias
         mx.eval(w, b_out)
-        _UNTRANSPOSED[id(self)] = (w.T, self.query.bias * self.scale, b_out, self.out.weight.T)
-    return _UNTRANSPOSED[id(self)]
+        cached = (sources, (w.T, self.query.bias * self.scale, b_out, self.out.weight.T))
+        _UNTRANSPOSED[id(self)] = cached
+    return cached[1]
 
 
 def _untransposed_mlp(self):

@@ -21,8 +21,8 @@ def write_family_text(run_dir, name, family_name, describe):
         Variant folder (holding build.json and timing.json).
     family_name : str
         For the error message.
-    describe : callable(dict, dict) -> str
-        The family's report block (Markdown).
+    describe : callable(dict, dict) -> str or None
+        The family's report block (Markdown); None writes no file (and returns None).
 
     Raises
     ------
@@ -37,6 +37,8 @@ def write_family_text(run_dir, name, family_name, describe):
         raise CorruptFileError(run.path / name / "build.json", "build file",
                                f"{family_name} field missing or of the wrong type: "
                                f"{type(e).__name__} {e}") from None
+    if text is None:  # the family has nothing to say about this variant (e.g. quant)
+        return None
     write_text(run.path / name / FAMILY_TEXT, text)
     return text
 
