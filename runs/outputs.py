@@ -4,10 +4,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from metrics.drift import entropy_confidence
+from metrics.softmax import masked_softmax
+
 from runs.io import write_npz
 from runs.npz_readers import read_outputs
 
-_LOG_FLOOR = 1e-30
 #: Per-example arrays a DecisionOutputs may carry besides its dataclass fields.
 OPTIONAL_FIELDS = ("exit_layer",)
 
@@ -142,15 +144,10 @@ def finish_outputs(logits, option_mask, temperature, option_scores, action_map, 
         if exit_layer.shape != (logits.shape[0],):
             raise ValueError(f"exit_layer must have shape ({logits.shape[0]},), got "
                              f"{exit_layer.shape}")
-    z = np.where(mask, logits / temperature[:, None], -np.inf)
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.where(mask, np.exp(z), 0.0)
-    probs = e / e.sum(axis=1, keepdims=True)
+    probs = masked_softmax(logits, mask, temperature)
     scores = np.asarray(option_scores, dtype=np.float64)
     expected = np.where(np.isnan(scores).all(axis=1), np.nan, np.nansum(probs * scores, axis=1))
-    k = mask.sum(axis=1)
-    entropy = -np.sum(np.where(probs > 0, probs * np.log(np.maximum(probs, _LOG_FLOOR)), 0.0), axis=1)
-    confidence = np.where(k > 1, 1.0 - entropy / np.log(np.maximum(k, 2)), 1.0)
+    confidence = entropy_confidence(probs, mask)
     actions = np.einsum("nk,nka->na", probs, np.asarray(action_map, dtype=np.float64))
     f32 = np.float32
     out = DecisionOutputs(
