@@ -26,7 +26,7 @@ import variants  # must come before `import mlx`: it preloads OpenBLAS (variants
 import mlx.core as mx
 import numpy as np
 
-from variants.io import write_json
+from runs.io import write_json
 
 # (label, M, K, N): A (M, K) @ B (K, N). MiniLM: hidden 384, FFN 1536; B=32 x L=128 -> M=4096.
 SHAPES = (

@@ -1,14 +1,15 @@
 """Per-variant reports (Markdown and JSON) from an evaluation and a verdict.
 
 The run-level report (summary table, timing, cold start, report.md of a sweep) is in
-:mod:`runs.report`; its names are still reachable here for old imports (lazily, so this module
-imports nothing above ``contracts``).
+:mod:`runs.report`.
 """
 
 import math
 
 import numpy as np
 import pandas as pd
+
+from metrics.defaults import N_BINS
 
 #: What the ``interval`` column of a clause table means (said under every such table).
 INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binomial interval "
@@ -19,22 +20,7 @@ INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binom
                  "percentile bootstrap "
                  "over examples for every other figure; `—` = none.")
 
-
-_MOVED_TO_RUNS_REPORT = ("TABLE", "COLD_START_COLUMNS", "summary_row", "format_table",
-                        "timing_table", "cold_start_table", "sweep_time_lines", "render_report")
-
-
-def __getattr__(name):  # shim (issue 15): the run-level report moved to runs.report
-    if name in _MOVED_TO_RUNS_REPORT:
-        import importlib
-
-        return getattr(importlib.import_module("runs.report"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # -- per-variant in-depth report (``variants check``) -------------------------------------------
-from metrics.defaults import N_BINS  # noqa: E402  (the per-variant part's imports start here)
-
 #: Version of the JSON written by :func:`variant_report_json` (``<variant>/report.json``) and of
 #: ``check.json``; bump on any change of keys or meaning. Documented in results/README.md.
 REPORT_SCHEMA_VERSION = 1

@@ -4,7 +4,7 @@ Naming rule: ``*_score`` is higher-is-better; ``*_loss`` and ``*_error`` are low
 Everything else (``agreement``, ``flip``, ``kl_divergence``, ``top2_margin``...) is named after the
 quantity it returns, and its docstring says which direction is good.
 
-Per-example functions take arrays with the field names of ``variants.outputs.DecisionOutputs``
+Per-example functions take arrays with the field names of ``runs.outputs.DecisionOutputs``
 (``logits`` (N, K), ``option_mask`` (N, K), ``probs`` (N, K), ``expected_score`` (N,),
 ``action_probs`` (N, A), ``labels`` (N,) with -1 = unknown) and return (N,) arrays. This package
 never imports ``mlx`` or ``variants``.

@@ -53,7 +53,7 @@ __all__ = [
     "check_stratum", "evaluate",
 ]
 
-#: Fields each outputs mapping must provide (names of ``variants.outputs.DecisionOutputs``).
+#: Fields each outputs mapping must provide (names of ``runs.outputs.DecisionOutputs``).
 REQUIRED_FIELDS = ("ids", "task", "logits", "option_mask", "probs", "expected_score",
                    "action_probs", "labels")
 

@@ -5,7 +5,7 @@ Float32 probabilities cap what can be measured: an option below ~1e-45 is 0, so 
 capped (at -log 1e-15 = 34.5 before) and a KL needed a floor. From ``log_softmax(logits / T)`` in
 float64 (:mod:`metrics.logprobs`) both are exact: identical rows give KL exactly 0, an NLL of 50
 stays 50. A row uses its logits when its saved probabilities of both models agree with them to
-``metrics.logprobs.PROBS_ATOL`` (outputs written by ``variants.outputs.finish_outputs`` always
+``metrics.logprobs.PROBS_ATOL`` (outputs written by ``runs.outputs.finish_outputs`` always
 do); otherwise, e.g. a variant whose option mask differs or outputs without a temperature, the
 probabilities are used: KL by :func:`metrics.divergence.kl_divergence` (its floor keeps a
 dropped option finite; the ``mask_mismatch`` column is what flags it) and NLL as ``-log p``

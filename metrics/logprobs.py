@@ -3,7 +3,7 @@
 Saved probabilities are float32: an option below ~1e-45 is exactly 0 there and its log is -inf,
 while ``log_softmax(logits / T)`` in float64 keeps it finite (e.g. -100 nats). KL and NLL are
 therefore computed from the logits wherever the saved probabilities are the softmax of the saved
-logits at the saved temperature (``variants.outputs.finish_outputs`` writes them so), and from
+logits at the saved temperature (``runs.outputs.finish_outputs`` writes them so), and from
 the probabilities only where they are not (hand-made outputs, a mask that differs).
 """
 

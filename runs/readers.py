@@ -19,12 +19,12 @@ from metrics._checks import short_repr
 
 FIX = "delete it and rerun: only that part is rebuilt"
 #: Fields of one timing.json entry (``batches`` / ``end_to_end`` per batch size) that
-#: ``contracts.report.summary_row`` reads: (path, required).
+#: ``runs.report.summary_row`` reads: (path, required).
 TIMING_ENTRY_FIELDS = (("seq_len",), ("rounds",), ("ref", "p50_ms"), ("ref", "p95_ms"),
                        ("var", "p50_ms"), ("var", "p95_ms"), ("speedup", "speedup_median"),
                        ("speedup", "speedup_ci_low"), ("speedup", "speedup_ci_high"),
                        ("ref_peak_memory_bytes",), ("var_peak_memory_bytes",))
-#: Columns every summary.csv has (``contracts.report.summary_row``).
+#: Columns every summary.csv has (``runs.report.summary_row``).
 SUMMARY_COLUMNS = ("variant", "family", "verdict")
 
 _MISSING_OK = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)

@@ -9,8 +9,7 @@ import pytest
 from scipy.special import softmax
 
 from metrics.from_logits import nll_column
-from metrics.temperature_fit import fit_temperature, fit_temperature_status
-from variants.temperature import fit_temperature_result
+from metrics.temperature_fit import fit_calibration_temperature, fit_temperature, fit_temperature_status
 
 FINITE = np.array([[3.0, 0.0], [0.0, 2.0], [1.0, 4.0], [2.0, 1.0]])
 LABELS = np.array([0, 1, 0, 1])
@@ -28,7 +27,7 @@ def test_temperature_fit_on_non_finite_logits_is_not_a_number(bad):
     refit = fit_temperature(z, m, LABELS)
     assert math.isnan(refit.temperature) and refit.n == 4
     with pytest.warns(UserWarning, match="NaN or inf"):
-        res = fit_temperature_result(z, m, LABELS)
+        res = fit_calibration_temperature(z, m, LABELS)
     assert res.temperature == 1.0 and "T = 1 used" in res.reason
     # a non-finite logit outside the mask is ignored: same fit as the finite logits
     m2 = m.copy()

@@ -231,7 +231,7 @@ def test_reference_outputs_cached_at_128_are_not_reused_at_256(checkpoint, tmp_p
 def test_a_run_folder_swept_with_other_tokenizer_settings_is_not_resumed(checkpoint, tmp_path):
     """Variant outputs in a run folder are a cache too: run.json's ``data.tokenizer`` from a
     sweep at max length 256 makes a resume at 128 a SweepError naming the setting."""
-    from variants.io import write_json
+    from runs.io import write_json
     from variants.sweep import Sweep, SweepConfig, SweepError
 
     cfg = SweepConfig(results_dir=str(tmp_path), run="r", progress=False).validate()

@@ -17,7 +17,7 @@ from variants.builders import get_family
 from variants.builders.quantize import QuantConfig
 from variants.decision import DecisionModel
 from variants.models import choice, fitted_reference, sentiment
-from variants.outputs import DecisionOutputs, finish_outputs
+from runs.outputs import DecisionOutputs, finish_outputs
 from metrics.temperature_fit import fit_calibration_temperature, fits_by_bucket
 
 NEG_BIG = 1e6  # a huge logit on a masked option must change nothing

@@ -12,7 +12,7 @@ from variants.builders import exit_heads, exit_rules
 from variants.builders.early_exit import ExitConfig
 from variants.cli import main
 from variants.models import choice, sentiment
-from variants.outputs import DecisionOutputs, finish_outputs
+from runs.outputs import DecisionOutputs, finish_outputs
 
 
 @pytest.fixture(scope="module")
@@ -504,7 +504,7 @@ def test_run_report_and_plot_read_eval_exit_layer(tmp_path):
 
     import pandas as pd
 
-    from variants import plots
+    from runs import plots
 
     run = tmp_path / "run"
     (run / "reference").mkdir(parents=True)

@@ -49,6 +49,16 @@ def test_a_family_without_describe_writes_nothing(tmp_path):
     assert not (run / "v" / "family.md").exists()
 
 
+def test_a_describe_returning_none_writes_nothing(tmp_path):
+    """The family interface's default ``describe`` (quant) returns None: no family.md, no
+    block (the sweep used to write ``None`` and die with TypeError)."""
+    run = _variant(tmp_path, {"bits": 8})
+    family = type("F", (), {"describe": staticmethod(lambda build, timing: None)})()
+    assert write_family_text(run, "v", "quant", family.describe) is None
+    assert family_extras(run, "quant", ["v"], family=family) == {}
+    assert not (run / "v" / "family.md").exists() and list((run / "v").glob(".*.tmp")) == []
+
+
 def test_describe_missing_a_field_names_the_build_file(tmp_path):
     run = _variant(tmp_path, {})
     with pytest.raises(CorruptFileError, match="prune field missing or of the wrong type: "

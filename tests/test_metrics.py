@@ -407,7 +407,7 @@ def test_metrics_package_imports_neither_mlx_nor_variants():
 
 def test_evaluate_accepts_decision_outputs_objects():
     """The real producer's dataclass works as input (attribute access, float32 fields)."""
-    from variants.outputs import finish_outputs
+    from runs.outputs import finish_outputs
 
     rng = np.random.default_rng(6)
     n, k = 30, 3

@@ -23,7 +23,7 @@ from metrics.registry import (
     names,
     spec,
 )
-from variants.selftest import FAULTS, synthetic_outputs
+from runs.selftest import FAULTS, synthetic_outputs
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def copy(base, tmp_path):
 
 def holder_process(folder, exit_at_once=False):
     """A Python process that takes ``folder``'s lock and sleeps (or dies holding it)."""
-    code = ("import os, sys, time\nfrom variants import runlock\n"
+    code = ("import os, sys, time\nfrom runs import lock as runlock\n"
             "with runlock.hold(sys.argv[1], command='planted holder'):\n"
             "    print('ready', flush=True)\n"
             + ("    os._exit(0)\n" if exit_at_once else "    time.sleep(120)\n"))
@@ -99,9 +99,9 @@ def test_completed_sweep_with_a_failing_variant_exits_0_and_is_complete(base):
 
 @pytest.mark.slow
 def test_fail_on_violation_exits_1_and_0_when_all_pass(copy, tmp_path, capsys, monkeypatch):
-    import variants.plots
+    import runs.plots.render
 
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
+    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
     assert sweep(copy, "--fail-on-violation") == 1
     assert "fails its contract (--fail-on-violation)" in capsys.readouterr().err
     assert status(copy / "t") == "complete"  # the sweep itself finished
@@ -136,15 +136,12 @@ def _failing_atomic(real, target, exc):
 @pytest.mark.parametrize("target", ["t/plots/pareto_b1.png", "t/report.md", "t/summary.csv",
                                     "t/q8-g64/metrics.json"])
 def test_a_full_disk_is_an_error_and_the_run_is_not_complete(copy, capsys, monkeypatch, target):
-    import variants.plots
-
     run = copy / "t"
     for f in ("report.md", "summary.csv"):
         (run / f).unlink()
     shutil.rmtree(run / "plots")
+    # the PNGs go through runs.io too (runs.plots.render: rio.atomic_write -> _atomic)
     monkeypatch.setattr(io, "_atomic", _failing_atomic(io._atomic, target, ENOSPC))
-    monkeypatch.setattr(variants.plots, "_atomic",
-                        _failing_atomic(variants.plots._atomic, target, ENOSPC))
     assert sweep(copy) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
@@ -162,12 +159,12 @@ def test_a_full_disk_is_an_error_and_the_run_is_not_complete(copy, capsys, monke
 
 @pytest.mark.slow
 def test_a_plotting_bug_leaves_the_run_incomplete_with_its_report(copy, capsys, monkeypatch):
-    import variants.plots
+    import runs.plots.render
 
     def buggy(run, **kw):
         raise TypeError("planted plotting bug")
 
-    monkeypatch.setattr(variants.plots, "plot_run", buggy)
+    monkeypatch.setattr(runs.plots.render, "plot_run", buggy)
     assert sweep(copy) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "plots not written (TypeError: planted plotting bug)" in err
@@ -184,7 +181,6 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
     """Killed (KeyboardInterrupt) while writing each output in turn, or just before the final
     run.json: run.json still says running; the previous run's report is gone (deleted here), so
     a "complete" would be a lie. The rerun completes it."""
-    import variants.plots
     import variants.sweep
 
     run = copy / "t"
@@ -202,8 +198,6 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
             m.setattr(variants.sweep, "write_json", write_json)
         else:
             m.setattr(io, "_atomic", _failing_atomic(io._atomic, where, KeyboardInterrupt()))
-            m.setattr(variants.plots, "_atomic",
-                      _failing_atomic(variants.plots._atomic, where, KeyboardInterrupt()))
         assert sweep(copy) == 130
     assert status(run) == "running"
     assert not assert_complete_means_written(run)
@@ -272,9 +266,9 @@ def test_cache_temp_files_are_removed_only_when_no_other_sweep_uses_the_cache(tm
 
 @pytest.mark.slow
 def test_resume_removes_leftover_temp_files_and_takes_over_a_stale_lock(copy, capsys, monkeypatch):
-    import variants.plots
+    import runs.plots.render
 
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
+    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
     run = copy / "t"
     planted = [run / ".run.json.a1b2c3d4.tmp", run / "summary.csv.tmp",
                run / "q8-g64" / ".outputs.npz.zz99_x0y.tmp", run / "reference" / ".outputs.npz.k2j3h4g5.tmp",

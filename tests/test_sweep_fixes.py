@@ -7,7 +7,7 @@ import json
 import pytest
 
 from variants.cli import main
-from variants.io import write_json
+from runs.io import write_json
 
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
         "--timing-rounds", "1", "--timing-warmup", "0", "--cold-start", "none", "--no-progress"]
@@ -98,7 +98,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
     the sweep: the others are built, summary.csv/report.md written, the failure listed, exit 2."""
     import pandas as pd
 
-    import variants.plots
+    import runs.plots.render
     from variants.builders import quantize
 
     real_build = quantize.build
@@ -109,7 +109,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
         return real_build(reference, cfg, *a, **k)
 
     monkeypatch.setattr(quantize, "build", build)
-    monkeypatch.setattr(variants.plots, "plot_run", lambda run, **kw: [])
+    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
     root = tmp_path / "r"
     args = ["sweep", "--bits", "8", "4", "--speed-mode", "simulated", "--results-dir", str(root),
             "--run", "t", *TINY]

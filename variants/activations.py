@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
 from variants import parallel
-from variants.io import write_npz
+from runs.io import write_npz
 
 STATS_VERSION = 1  # bump when the accumulation changes: part of the cache key
 
@@ -215,8 +215,8 @@ def save_stats(path, stats):
 
 def load_stats(path, sites=None):
     """Read what :func:`save_stats` wrote ({site: LinearStats}); ``sites`` must all be there.
-    Raises ``variants.runfiles.CorruptFileError`` naming the file when it is not valid."""
-    from variants.runfiles import read_activation_stats
+    Raises ``runs.readers.CorruptFileError`` naming the file when it is not valid."""
+    from runs.npz_readers import read_activation_stats
 
     return {site: LinearStats(g, a, c)
             for site, (g, a, c) in read_activation_stats(path, sites).items()}

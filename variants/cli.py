@@ -16,9 +16,9 @@ from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR  # noqa: F4
 #: verb -> "module:function(subparsers)" adding its parser (imported only when the verb runs)
 VERBS = {
     "sweep": "variants.commands.sweep:configure",
-    "check": "variants.check:configure_check",
-    "selftest": "variants.check:configure_selftest",
-    "plot": "variants.plots:configure_parser",
+    "check": "runs.commands.check:configure_check",
+    "selftest": "runs.commands.check:configure_selftest",
+    "plot": "runs.commands.plot:configure_parser",
     "list": "variants.commands.listing:configure",
 }
 
@@ -56,7 +56,7 @@ def _loaded(module, name):
 def main(argv=None):
     """Entry point of the ``variants`` console script. Returns the exit code."""
     from contracts.checker import ContractError
-    from variants.io import RunIncomplete, WriteError
+    from runs.io import RunIncomplete, WriteError
 
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:

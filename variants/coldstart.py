@@ -89,7 +89,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     model = module.build(ck)
     head = spec.get("head_path")
     if head:
-        from variants.runfiles import read_head_cache
+        from runs.npz_readers import read_head_cache
 
         state = read_head_cache(head)
         if hasattr(model, "load_head_state"):

@@ -3,7 +3,7 @@
 A subclass sets ``module`` (the ``nn.Module`` that builders transform) and implements
 :meth:`DecisionModel.forward`: one prepared batch in, raw option logits out. The base class
 tokenises, batches, applies one temperature per option count and derives every output in
-:class:`variants.outputs.DecisionOutputs`.
+:class:`runs.outputs.DecisionOutputs`.
 """
 
 import copy
@@ -13,8 +13,8 @@ import mlx.core as mx
 import numpy as np
 
 from metrics.temperature_fit import fits_by_bucket
-from variants.io import digest
-from variants.outputs import finish_outputs
+from runs.io import digest
+from runs.outputs import finish_outputs
 
 
 @dataclass
@@ -182,7 +182,7 @@ class DecisionModel:
         return np.array([self.temperatures[int(x)] for x in k], np.float32)
 
     def outputs(self, taskset, batches=None, progress=None):
-        """All :class:`~variants.outputs.DecisionOutputs` for ``taskset`` (with ``exit_layer``
+        """All :class:`~runs.outputs.DecisionOutputs` for ``taskset`` (with ``exit_layer``
         when the module reports one, see :meth:`raw_logits`)."""
         logits = self.raw_logits(taskset, batches, progress)
         return finish_outputs(

@@ -22,26 +22,24 @@ from tqdm.auto import tqdm
 
 import mlx.core as mx
 
-from contracts.report import render_report
-from variants import runlock
+from runs import lock as runlock
+from runs.family_text import family_extras
+from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
+from runs.judge import judge_variant
+from runs.outputs import DecisionOutputs
+from runs.readers import CorruptFileError, read_timing
+from runs.report import render_report
 from variants.builders import get_family
 from variants.builders.family import BuildInputs
-from variants.check import family_extras, judge_variant
 from variants.coldstart import measure_cold_start
 from variants.decision import prepared_digest
-from variants.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json,
-                         write_text)
 from variants.models import fitted_reference
-from variants.outputs import DecisionOutputs
-from variants.runfiles import CorruptFileError, read_timing
-from variants.sweep_clock import OUTSIDE_FORWARD_TARGET, SweepClock, format_breakdown  # noqa: F401
-from variants.sweep_config import (COLD_START, RESULTS_DIR, TIMING_BATCH_SIZES,  # noqa: F401
-                                   SweepConfig, SweepError, VariantsFailed)
+from variants.sweep_clock import SweepClock, format_breakdown
+from variants.sweep_config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep_meta import run_metadata
 from variants.sweep_resume import check_run_folder, check_run_tokenizer, read_json
 from variants.sweep_inputs import load_inputs
-from variants.sweep_timing import (TIMING_SCHEMA_VERSION, cold_start_spec,  # noqa: F401
-                                   time_pair, timing_batches)
+from variants.sweep_timing import cold_start_spec, time_pair, timing_batches
 
 
 class Sweep:
@@ -98,8 +96,7 @@ class Sweep:
             for split in ("calibration", "eval"):
                 self.batches[split], self.truncated[split] = self.ref_model.prepare(
                     self.tasksets[split], cfg.batch_size)
-        self.ref_outputs = {}
-        self.ref_outputs_cached = {}
+        self.ref_outputs, self.ref_outputs_cached = {}, {}
         for split in ("calibration", "eval"):
             key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
                                            self.tasksets[split].fingerprint(),
@@ -254,14 +251,14 @@ class Sweep:
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self):
-        """Run the sweep, holding the run folder's lock (:mod:`variants.runlock`) throughout.
+        """Run the sweep, holding the run folder's lock (:mod:`runs.lock`) throughout.
 
         run.json says ``"running"`` from the first write into the run folder (after the
         reference's cache files were read and validated) until every output is in place (summary.csv,
         plots/, report.md); only then is its final status written: ``"complete"``, or
         ``"partial"``/``"failed"`` when variants failed to build. A write that fails (disk full,
         permission denied) leaves ``"incomplete"`` with ``error`` {file, error} and raises
-        :class:`variants.io.WriteError`; a plotting bug leaves ``"incomplete"`` too (summary.csv
+        :class:`runs.io.WriteError`; a plotting bug leaves ``"incomplete"`` too (summary.csv
         and report.md, without plots, are written) and raises :class:`RunIncomplete`. Rerunning
         the same command finishes such a run. On start, temp files a killed writer left in the
         run folder (and in the cache, when no other sweep uses it) are removed.
@@ -281,8 +278,7 @@ class Sweep:
     def _clean_cache(self):
         removed = remove_temp_files(self.cache)
         if removed:
-            self.log(f"{self.cache}: removed {len(removed)} leftover temp file(s) of a killed "
-                     "writer")
+            self.log(f"{self.cache}: removed {len(removed)} leftover temp file(s) of a killed writer")
 
     def _mark_incomplete(self, error):
         """run.json: status "incomplete" and the error (best effort: the disk may be full)."""
@@ -348,7 +344,8 @@ class Sweep:
             write_csv(self.out / "summary.csv", summary)
             # the plots read run.json; its status stays "running" until report.md is written
             write_json(self.out / "run.json", dict(self.metadata(), status="running"))
-        from variants.plots import plot_run, plots_markdown
+        from runs.plots.markdown import plots_markdown
+        from runs.plots.render import plot_run
 
         plot_error = None
         with self.clock("plots"):

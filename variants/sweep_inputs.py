@@ -5,7 +5,7 @@ contract's needs of them (calibration size, strata)."""
 from contracts.checker import load_contract
 from variants import data
 from variants.builders import get_family
-from variants.check import check_calibration_size, check_strata, resolve_settings
+from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoint import load_checkpoint
 from variants.models import get_module
 from variants.sweep_config import SweepError

@@ -1,14 +1,16 @@
 """Resume checks: before a sweep writes anything, the run folder it would resume must hold the
 same sweep (identity, tokenizer settings) and each variant folder the same variant, in files
-that are not corrupt (read with the validating readers of :mod:`variants.runfiles`)."""
+that are not corrupt (read with the validating readers of :mod:`runs.readers` and
+:mod:`runs.npz_readers`)."""
 
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 from metrics._checks import short_repr
-from variants.check import require_family
-from variants.runfiles import check_same_ids, read_build, read_outputs, read_run_json, read_timing
+from runs.judge import require_family
+from runs.npz_readers import check_same_ids, read_outputs
+from runs.readers import read_build, read_run_json, read_timing
 from variants.sweep_config import SweepError
 
 
@@ -54,9 +56,10 @@ def check_variant_folders(out, variants, tasksets):
     files that are not corrupt.
 
     Every saved file the resume reads (outputs.npz, calibration_outputs.npz, build.json,
-    timing.json) is read with its validating reader (:mod:`variants.runfiles`) here, before
-    anything is written: a corrupt one raises CorruptFileError naming it (delete it and
-    rerun; only that variant is rebuilt), outputs of another split size raise SweepError.
+    timing.json) is read with its validating reader (:mod:`runs.readers`,
+    :mod:`runs.npz_readers`) here, before anything is written: a corrupt one raises
+    CorruptFileError naming it (delete it and rerun; only that variant is rebuilt), outputs
+    of another split size raise SweepError.
     Folder names encode a variant's parameters only approximately (an exit threshold of
     0.1234 and one of 0.1231 both give ``t0.123``), so the config its build.json recorded
     (``config``, the variant dataclass as built) is compared with the requested one. Fields

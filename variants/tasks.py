@@ -4,7 +4,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from variants.io import digest
+from runs.io import digest
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from metrics.latency import latency_summary, paired_speedup, relative_trend
-from variants.outputs import finish_outputs
+from runs.outputs import finish_outputs
 
 TIMED_REGIONS = {
     "forward": "forward: prepared token ids -> option logits, mx.eval inside the timed region "
@@ -66,7 +66,7 @@ def end_to_end_call(model, taskset):
     Stages: ``tokenise`` (``model.prepare``: texts -> one PreparedBatch of all ``len(taskset)``
     texts, padded to the longest), ``forward`` (``model.raw_logits`` on that batch:
     ``model.forward`` + ``mx.eval`` + a copy of the (N, K) logits to NumPy; the forward-only
-    region) and ``postprocess`` (:func:`variants.outputs.finish_outputs`: temperature,
+    region) and ``postprocess`` (:func:`runs.outputs.finish_outputs`: temperature,
     probabilities, expected score, confidence, action probabilities). Peak memory is reset before each stage.
 
     Parameters
@@ -79,7 +79,7 @@ def end_to_end_call(model, taskset):
     Returns
     -------
     callable () -> Staged
-        ``Staged.result`` is the :class:`~variants.outputs.DecisionOutputs` of the call.
+        ``Staged.result`` is the :class:`~runs.outputs.DecisionOutputs` of the call.
 
     Raises
     ------

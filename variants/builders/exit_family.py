@@ -183,7 +183,7 @@ def describe(info, timing=None, eval_summary=None):
     ``eval_summary`` (an :func:`exit_rules.exit_summary` dict of the eval split, or
     ``info['eval_exit']`` when present) the eval-split histogram, cost and near ties too. (The
     sweep calls ``describe(build.json, timing.json)``; the eval lines of a finished run are also
-    written by :func:`variants.plots.exit_markdown` from the saved ``exit_layer`` arrays.)"""
+    written by :func:`runs.plots.markdown.exit_markdown` from the saved ``exit_layer`` arrays.)"""
     thr = info["threshold"]
     lines = [f"- rule `{info['rule']}`, threshold {thr:.4g} ({info['threshold_fitted_on']}"
              + (f", target agreement {info['target']}" if info.get("target") else "") + "); "

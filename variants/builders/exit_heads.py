@@ -25,7 +25,7 @@ from scipy.optimize import minimize
 
 from variants.builders.exit_rules import masked_probs
 from variants.encoder import mean_pool
-from variants.io import write_npz
+from runs.io import write_npz
 
 KINDS = ("linear", "cosine")
 HEAD_L2 = 1e-3  # L2 strength on head weights (per example)
@@ -286,7 +286,7 @@ def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None, kind="
     path = None if cache_dir is None else cache_dir / "exit_heads" / f"{reference.name}-{key}.npz"
     info = {"fit_source": source, "heads_cache_key": key, "n_fit": len(fit), "head_kind": kind}
     if path is not None and path.exists():
-        from variants.runfiles import read_exit_heads  # CorruptFileError names the file
+        from runs.npz_readers import read_exit_heads  # CorruptFileError names the file
 
         return read_exit_heads(path, layers), {**info, "heads_cached": True}
     s = split_features(reference, reference.module, fit, layers, kind)

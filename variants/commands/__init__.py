@@ -3,6 +3,6 @@ entry point :mod:`variants.cli` imports a verb's module only when that verb runs
 MLX."""
 
 # EXIT_FAILURE (1): a violation (--fail-on-violation) or an output that could not be written
-# (variants.io.WriteError, sweep.RunIncomplete); one place for the codes: contracts.exit_codes
+# (runs.io.WriteError, sweep.RunIncomplete); one place for the codes: contracts.exit_codes
 from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR  # noqa: F401
 from contracts.exit_codes import EXIT_VIOLATION as EXIT_FAILURE  # noqa: F401

@@ -106,7 +106,7 @@ def config_from_args(args):
 
 def run(args):
     """``variants sweep``: run it, print the summary table and where report.md is."""
-    from contracts.report import format_table
+    from runs.report import format_table
     from variants.sweep import Sweep, VariantsFailed
 
     cfg = config_from_args(args)

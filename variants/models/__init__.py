@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 
 from metrics._checks import short_repr
-from variants.io import write_npz
+from runs.io import write_npz
 
 MODELS = {
     "minilm-sentiment": "sentiment",
@@ -51,7 +51,7 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
                           tasksets["calibration"].fingerprint())
     path = cache_dir / "heads" / f"{name}-{key}.npz"
     if path.exists():
-        from variants.runfiles import read_head_cache  # CorruptFileError names the file
+        from runs.npz_readers import read_head_cache  # CorruptFileError names the file
 
         state = read_head_cache(path, {k: np.shape(v) for k, v in model.head_state().items()}
                                 if hasattr(model, "head_state") else None)

@@ -41,7 +41,7 @@ EXIT_HEAD_KIND = "cosine"
 
 def _task_of(ids):
     """Each item asks one question, chosen by a stable hash of its id (round-robin-like)."""
-    from variants.io import digest
+    from runs.io import digest
 
     return [TASKS[int(digest("task", i), 16) % len(TASKS)] for i in ids]
 
