@@ -5,16 +5,22 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from metrics.defaults import N_BINS
+from metrics.registry import spec
 from runs.plots.data import SkipPlot
 from runs.plots.style import (VERDICT_MARKERS, _contract_threshold, _figure, _palette,
                               _style)
 
 #: Pareto panels: (summary column, axis label, higher is better, reference value column or number).
+#: Higher-is-better comes from the metric registry (summary column -> its registered metric).
 PARETO_METRICS = (
-    ("agreement", "agreement (share of eval examples)", True, 1.0),
-    ("certified_share", "certified share (ref. margin > 2ε)", True, 1.0),
-    ("ece_variant", "ECE (top label, 15 bins)", False, "ece_ref"),
-    ("action_max_abs_diff_max", "max action drift |Δp| (probability)", False, 0.0),
+    ("agreement", "agreement (share of eval examples)", spec("agreement").higher_is_better, 1.0),
+    ("certified_share", "certified share (ref. margin > 2ε)",
+     spec("certified_share").higher_is_better, 1.0),
+    ("ece_variant", f"ECE (top label, {N_BINS} bins)", spec("ece_variant").higher_is_better,
+     "ece_ref"),
+    ("action_max_abs_diff_max", "max action drift |Δp| (probability)",
+     spec("action_max_abs_diff").higher_is_better, 0.0),
 )
 
 
