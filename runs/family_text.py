@@ -12,7 +12,8 @@ from runs.readers import CorruptFileError
 
 
 def write_family_text(run_dir, name, family_name, describe):
-    """Write ``<run_dir>/<name>/family.md`` from ``describe(build, timing)``; returns the text.
+    """Write ``<run_dir>/<name>/family.md`` from ``describe(build, timing)``; returns the text
+    (None, and nothing written, when ``describe`` returns None: a family with nothing to say).
 
     Parameters
     ----------
@@ -22,7 +23,7 @@ def write_family_text(run_dir, name, family_name, describe):
     family_name : str
         For the error message.
     describe : callable(dict, dict) -> str or None
-        The family's report block (Markdown); None writes no file (and returns None).
+        The family's report block (Markdown).
 
     Raises
     ------
@@ -37,7 +38,7 @@ def write_family_text(run_dir, name, family_name, describe):
         raise CorruptFileError(run.path / name / "build.json", "build file",
                                f"{family_name} field missing or of the wrong type: "
                                f"{type(e).__name__} {e}") from None
-    if text is None:  # the family has nothing to say about this variant (e.g. quant)
+    if text is None:
         return None
     write_text(run.path / name / FAMILY_TEXT, text)
     return text
@@ -48,15 +49,16 @@ def family_extras(run_dir, family_name, names, family=None):
 
     With ``family`` (an object with ``describe(build, timing)``; the sweep passes its family),
     each variant holding build.json and timing.json gets its ``family.md`` written first
-    (:func:`write_family_text`); a family without ``describe`` (quant) writes and returns
-    nothing. Without ``family`` the saved blocks are read (family.md, else run.json's
-    ``extras``); no builder is imported either way.
+    (:func:`write_family_text`); a family without ``describe``, or whose ``describe`` returns
+    None (quant), writes and returns nothing. Without ``family`` the saved blocks are read
+    (family.md, else run.json's ``extras``); no builder is imported either way.
     """
     run = RunFolder(run_dir)
     if family is not None:
         describe = getattr(family, "describe", None)
         if describe is None:
             return {}
-        return {n: write_family_text(run.path, n, family_name, describe) for n in names
-                if run.has(n, "build.json") and run.has(n, "timing.json")}
+        texts = {n: write_family_text(run.path, n, family_name, describe) for n in names
+                 if run.has(n, "build.json") and run.has(n, "timing.json")}
+        return {n: t for n, t in texts.items() if t is not None}
     return run.family_texts(names)

@@ -3,6 +3,7 @@ validation (one pass, :meth:`SweepConfig.validate`, building the variant ladder)
 input errors."""
 
 import math
+from metrics.defaults import NEAR_TIE_MARGIN
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class SweepConfig:
     timing_min_rounds: int | None = None
     timing_batch_sizes: tuple = TIMING_BATCH_SIZES
     cold_start: str = "all"
-    near_tie_margin: float = 1.0
+    near_tie_margin: float = NEAR_TIE_MARGIN
     batch_size: int = 32
     seed: int = 0
     progress: bool = True
