@@ -4,18 +4,30 @@ Naming rule: ``*_score`` is higher-is-better, ``*_loss``/``*_error`` lower-is-be
 inherits the direction of its statistic.
 """
 
+from functools import lru_cache
+
 import numpy as np
 
 
 def bootstrap_indices(n, *, n_boot=1000, seed=0):
-    """Row indices of ``n_boot`` resamples with replacement, shape (n_boot, n), int64.
+    """Row indices of ``n_boot`` resamples with replacement, shape (n_boot, n), int64, read-only.
 
-    The same ``(n, n_boot, seed)`` always gives the same indices (``numpy.random.default_rng``).
+    The same ``(n, n_boot, seed)`` always gives the same indices (``numpy.random.default_rng``);
+    the last few are kept (a judge draws the same resamples for every clause and figure).
     """
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot}.")
+    if isinstance(seed, (int, np.integer)):
+        return _indices(max(int(n), 0), int(n_boot), int(seed))
+    return _indices.__wrapped__(max(int(n), 0), int(n_boot), seed)
+
+
+@lru_cache(maxsize=4)
+def _indices(n, n_boot, seed):
     rng = np.random.default_rng(seed)
-    return rng.integers(0, max(int(n), 1), size=(int(n_boot), int(n)))
+    idx = rng.integers(0, max(n, 1), size=(n_boot, n))
+    idx.flags.writeable = False
+    return idx
 
 
 def bootstrap_ci(statistic, n, *, n_boot=1000, confidence=0.95, seed=0, vectorized=False):

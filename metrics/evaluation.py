@@ -7,6 +7,8 @@ Which metrics exist, their statistics and interval methods: :mod:`metrics.regist
 
 from dataclasses import dataclass, field
 
+import hashlib
+
 import numpy as np
 import pandas as pd
 
@@ -15,7 +17,7 @@ from metrics.defaults import HUMAN_TIE_GAP
 from metrics.evaluation_tables import EvaluationTables
 from metrics.intervals import (CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE, clopper_pearson,
                                clopper_pearson_difference)
-from metrics.registry import BOOL, SET, resolve_statistic, spec
+from metrics.registry import BOOL, REGISTRY, SET, resolve_statistic, spec
 from metrics.statistics import column_statistic, column_statistic_rows
 from metrics.strata import stratum_rows
 
@@ -219,8 +221,9 @@ class Evaluation(EvaluationTables):
             return clopper_pearson_difference(int(b[known].sum()), int(c[known].sum()),
                                               int(known.sum()), confidence=confidence)
         if s.kind == SET:
-            return bootstrap_ci(lambda idx: s.compute(self, rows[idx]), rows.size,
-                                n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+            return bootstrap_ci(lambda idx: self._resampled(metric, stratum, rows, idx, seed),
+                                rows.size, n_boot=n_boot, confidence=confidence, seed=seed,
+                                vectorized=True)
         values = self._array(metric)[rows]
         values = values[~np.isnan(values)]
         if values.size == 0:
@@ -230,6 +233,32 @@ class Evaluation(EvaluationTables):
                                 n_boot=n_boot, confidence=confidence, seed=seed)
         return bootstrap_ci(lambda idx: column_statistic_rows(values[idx], statistic), values.size,
                             n_boot=n_boot, confidence=confidence, seed=seed, vectorized=True)
+
+    def _resampled(self, metric, stratum, rows, idx, seed):
+        """(B,) values of set metric ``metric`` on the resamples ``rows[idx]`` of ``stratum``,
+        cached per (metric, stratum, resamples): a ``<figure>_delta`` reuses its ``_variant`` and
+        ``_ref`` values (their difference, the same arithmetic as its own definition), so the
+        calibration table and the clauses resample each figure once."""
+        key = ("resampled", metric, stratum, idx.shape, repr(seed))
+        if key not in self._cache:
+            base = metric[:-len("_delta")] if metric.endswith("_delta") else None
+            if base and f"{base}_variant" in REGISTRY and f"{base}_ref" in REGISTRY:
+                self._cache[key] = (self._resampled(f"{base}_variant", stratum, rows, idx, seed)
+                                    - self._resampled(f"{base}_ref", stratum, rows, idx, seed))
+            elif metric.endswith("_ref") and f"{metric[:-4]}_delta" in REGISTRY:
+                # a reference calibration figure: the same for every variant of a run (same
+                # reference outputs, rows and resamples), so computed once per run
+                ref_key = (metric, idx.shape, repr(seed), _digest(rows), _reference_digest(self))
+                if ref_key not in _REFERENCE_RESAMPLED:
+                    if len(_REFERENCE_RESAMPLED) >= 256:
+                        _REFERENCE_RESAMPLED.clear()
+                    values = np.asarray(spec(metric).compute(self, rows[idx]))
+                    values.flags.writeable = False  # shared: never changed in place
+                    _REFERENCE_RESAMPLED[ref_key] = values
+                self._cache[key] = _REFERENCE_RESAMPLED[ref_key]
+            else:
+                self._cache[key] = spec(metric).compute(self, rows[idx])
+        return self._cache[key]
 
     def skip_reason(self, metric, stratum="all"):
         """Why :meth:`value` of ``metric`` on ``stratum`` is NaN although the stratum has
@@ -244,3 +273,31 @@ class Evaluation(EvaluationTables):
         if rows.size == 0 or not np.isnan(self.value(metric, stratum)):
             return ""
         return self._cache[("refit", rows.tobytes())][1]
+
+
+#: Resampled reference calibration figures, shared by the evaluations of one run's variants
+#: (keyed by the digest of everything they are computed from; bounded).
+_REFERENCE_RESAMPLED = {}
+
+
+def _digest(*arrays):
+    """SHA-1 of arrays' dtypes, shapes and bytes: a cache key part."""
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _reference_digest(ev):
+    """Digest of what the reference's set-level figures read: its per-example parts
+    (:func:`metrics.set_metrics.parts`), the option mask, the targets and the bin count."""
+    key = ("reference_digest",)
+    if key not in ev._cache:
+        from metrics.set_metrics import parts
+
+        part = parts(ev, "ref")
+        ev._cache[key] = _digest(*(part[k] for k in sorted(part)), ev.option_mask, ev.targets,
+                                 np.asarray(ev.n_bins))
+    return ev._cache[key]

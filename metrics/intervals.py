@@ -10,6 +10,7 @@ and gets two Clopper–Pearson intervals combined (:func:`clopper_pearson_differ
 """
 
 import math
+from functools import lru_cache
 
 #: Names of the interval methods, as written into verdict.json, report.json and the reports.
 CLOPPER_PEARSON = "clopper-pearson"
@@ -18,6 +19,7 @@ BOOTSTRAP_PERCENTILE = "bootstrap-percentile"
 INTERVAL_METHODS = (CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE, BOOTSTRAP_PERCENTILE)
 
 
+@lru_cache(maxsize=4096)  # the same (k, n) recurs across clauses, strata and variants
 def clopper_pearson(k, n, *, confidence=0.95):
     """Exact two-sided interval of a binomial proportion from k events in n trials.
 
