@@ -211,7 +211,12 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     Writes per variant what :func:`judge_variant` writes, and per run ``summary.csv`` and
     ``report.md`` (when every variant has build.json and timing.json and run.json exists) and
     ``check.json`` (verdict per variant, schema ``REPORT_SCHEMA_VERSION``). The report's plot
-    section reuses the evaluations just made (no second read or evaluation).
+    section reuses the evaluations just made (no second read or evaluation). Checking in place
+    (no ``output_dir``), run.json says ``"checking"`` while files are rewritten and gets its
+    status back after the last one; a check that stops midway (a write error, a kill) leaves
+    ``"checking"`` or ``"incomplete"`` (with ``check_error``; ``status_before_check`` keeps the
+    status to restore), never a "complete" folder of mixed files; a check that then finishes
+    restores it.
 
     Returns
     -------
@@ -224,13 +229,8 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     runs.readers.CorruptFileError
         A file that does not parse; raised before anything is written.
     """
-    import pandas as pd
-
     from contracts.checker import load_contract
-    from contracts.report import REPORT_SCHEMA_VERSION
-    from runs.io import write_csv, write_json, write_text
-    from runs.plots.markdown import report_tail
-    from runs.report import render_report
+    from runs.io import write_json
 
     run = _folder(run_dir)
     run_dir = run.path
@@ -254,6 +254,40 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     run.meta  # every file judged is read and validated before anything is written
     for name in names:
         variant_files(run, name)
+    in_place = out_dir.resolve() == run_dir.resolve() and bool(run.meta)
+    if in_place:  # run.json must not say "complete" while its files are being rewritten
+        meta = {k: v for k, v in run.meta.items() if k != "check_error"}
+        before = meta.pop("status_before_check", meta.get("status"))
+        write_json(run_dir / "run.json", dict(meta, status="checking", status_before_check=before))
+    try:
+        verdicts = _judge_and_write(run, names, contract, out_dir, variants, log, kwargs)
+    except BaseException as e:
+        if in_place:  # the folder now mixes new and old files: say so (best effort)
+            try:
+                write_json(run_dir / "run.json", dict(
+                    meta, status="incomplete", status_before_check=before,
+                    check_error={"file": str(getattr(e, "filename", None) or ""),
+                                 "error": f"{type(e).__name__}: {e}"}))
+            except OSError:
+                pass
+        raise
+    if in_place:
+        if before is not None:
+            meta = dict(meta, status=before)  # as before the check
+        write_json(run_dir / "run.json", meta)
+    return verdicts
+
+
+def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
+    """The writing half of :func:`check_run` (every file already read and validated)."""
+    import pandas as pd
+
+    from contracts.report import REPORT_SCHEMA_VERSION
+    from runs.io import write_csv, write_json, write_text
+    from runs.plots.markdown import report_tail
+    from runs.report import render_report
+
+    run_dir = run.path
     rows, details, verdicts = [], {}, {}
     for name in names:
         row, ev, verdict = judge_variant(run, name, contract, output_dir=out_dir, **kwargs)

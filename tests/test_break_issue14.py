@@ -3,6 +3,7 @@ negative-zero NLL, and reference outputs cached under another batch size."""
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +151,47 @@ def test_accuracy_drop_interval_is_honest_with_no_flip_either_way():
     assert lo < 2 / 40 < hi
     with pytest.raises(ValueError):
         clopper_pearson_difference(30, 20, 40)
+
+
+def _copy_fixture(tmp_path, name="sweep_small"):
+    import shutil
+
+    dst = tmp_path / name
+    shutil.copytree(Path(__file__).parent / "fixtures" / name, dst)
+    return dst
+
+
+def test_check_in_place_never_leaves_a_complete_run_of_mixed_files(tmp_path, monkeypatch, capsys):
+    """Break-test: a check that failed midway left new metrics.json beside old verdict.json while
+    run.json still said "complete". Now: "incomplete" with the error; a clean check keeps the
+    status it found."""
+    import errno
+    import json
+
+    from runs import io as runs_io
+    from variants.cli import main
+
+    run = _copy_fixture(tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    meta["status"] = status = "complete"  # the fixture predates run.json's status
+    (run / "run.json").write_text(json.dumps(meta))
+    assert main(["check", str(run)]) == 0
+    assert json.loads((run / "run.json").read_text()) == meta  # a clean check changes nothing
+    real = runs_io._atomic
+
+    def full(path, write, mode):
+        if str(path).endswith("q4-g64/verdict.json"):
+            raise runs_io.WriteError(path, OSError(errno.ENOSPC, "No space left on device"))
+        return real(path, write, mode)
+
+    monkeypatch.setattr(runs_io, "_atomic", full)
+    assert main(["check", str(run)]) == 1
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "incomplete" and meta["status_before_check"] == status
+    assert "q4-g64/verdict.json" in meta["check_error"]["file"]
+    assert "q4-g64/verdict.json" in capsys.readouterr().err
+    monkeypatch.setattr(runs_io, "_atomic", real)
+    assert main(["check", str(run)]) == 0  # rerunning finishes it
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == status and "check_error" not in meta
+    assert "status_before_check" not in meta
