@@ -3,8 +3,9 @@
 The ids of the bundled data are ``<domain>:<raw id>`` of the VADER corpora (Hutto & Gilbert,
 ICWSM 2014) vendored under ``data/vader/``. Only the text column of the four
 ``*_GroundTruth.txt`` files is read here (UTF-8 with optional BOM, CRLF, tab-separated
-``id  mean  text``; HTML entities unescaped up to three times, whitespace trimmed), the same
-normalisation as ``variants.data.load_vader``, which also validates the rating files.
+``id  mean  text``; HTML entities unescaped up to three times, whitespace trimmed), with
+:func:`clean_text`, the one text cleaning ``variants.data.load_vader`` uses too (it also
+validates the rating files).
 """
 
 import html
@@ -18,7 +19,7 @@ VADER_CORPORA = {"tweet": "tweets", "movie": "movieReviewSnippets",
                  "product": "amazonReviewSnippets", "news": "nytEditorialSnippets"}
 
 
-def _clean_text(text):
+def clean_text(text):
     """Undo HTML escaping (the NYT file is escaped twice: ``&amp;amp;``) and trim whitespace."""
     for _ in range(3):
         unescaped = html.unescape(text)
@@ -37,7 +38,7 @@ def _vader_texts(folder=VADER_DIR):
         for line in raw.split("\n"):
             fields = line.rstrip("\r").split("\t", 2)
             if len(fields) == 3 and fields[0].strip():
-                out.setdefault(f"{domain}:{fields[0].strip()}", _clean_text(fields[2]))
+                out.setdefault(f"{domain}:{fields[0].strip()}", clean_text(fields[2]))
     return out
 
 

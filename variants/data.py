@@ -13,7 +13,6 @@ References
 from __future__ import annotations
 
 import functools
-import html
 import os
 import re
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from metrics._checks import short_repr
+from runs.texts import clean_text
 # the corpus' labels and splits, importable from here as before
 from variants.data_labels import (DOMAINS, RATING_MAX, RATING_MIN,  # noqa: F401
                                   SENTIMENT_BINS, SENTIMENT_OPTIONS, VADER_CORPORA, domain_label,
@@ -86,16 +86,6 @@ def _parse_rating(value: str, path: Path, line_number: int, what: str) -> float:
     return rating
 
 
-def _clean_text(text: str) -> str:
-    """Undo HTML escaping (the NYT file is escaped twice: ``&amp;amp;``) and trim whitespace."""
-    for _ in range(3):
-        unescaped = html.unescape(text)
-        if unescaped == text:
-            break
-        text = unescaped
-    return text.strip()
-
-
 def _parse_groundtruth(path: Path) -> dict[str, tuple[float, str]]:
     rows: dict[str, tuple[float, str]] = {}
     for line_number, line in _read_lines(path):
@@ -104,7 +94,7 @@ def _parse_groundtruth(path: Path) -> dict[str, tuple[float, str]]:
             raise _malformed(
                 path, line_number, f"expected 3 tab-separated fields, got {len(fields)}"
             )
-        raw_id, mean, text = fields[0].strip(), fields[1], _clean_text(fields[2])
+        raw_id, mean, text = fields[0].strip(), fields[1], clean_text(fields[2])
         if not raw_id:
             raise _malformed(path, line_number, "empty id")
         if raw_id in rows:

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# domain -> file stem in the VADER release; the order here is the order of DOMAINS and of rows.
-VADER_CORPORA = {
-    "tweet": "tweets",
-    "movie": "movieReviewSnippets",
-    "product": "amazonReviewSnippets",
-    "news": "nytEditorialSnippets",
-}
+# domain -> file stem in the VADER release; the order here is the order of DOMAINS and of rows
+# (one table, shared with the reports' text lookup in runs.texts)
+from runs.texts import VADER_CORPORA  # noqa: E402
 DOMAINS = tuple(VADER_CORPORA)
 RATING_MIN, RATING_MAX = -4, 4
 
