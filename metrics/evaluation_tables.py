@@ -32,6 +32,8 @@ class EvaluationTables:
             ``refit_status_ref``, ``refit_status_variant`` ("converged", "at_bound",
             "not_converged"; see :mod:`metrics.temperature_fit`).
         """
+        if "temperature_table" in self._cache:  # the Markdown and JSON reports both ask
+            return self._cache["temperature_table"].copy()
         rows = []
         k = self.option_mask.sum(axis=1)
         fits_ref = fits_by_bucket(self.ref_logits, self.option_mask, self.targets)
@@ -53,7 +55,8 @@ class EvaluationTables:
                          "ece_variant_refit": ece_refit,
                          "refit_status_ref": fits_ref[kk].status,
                          "refit_status_variant": fits_var[kk].status})
-        return pd.DataFrame(rows)
+        self._cache["temperature_table"] = pd.DataFrame(rows)
+        return self._cache["temperature_table"].copy()
 
     def bounds_table(self, epsilon=None):
         """Certified bounds implied by ``epsilon`` per temperature bucket, beside the observed

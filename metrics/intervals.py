@@ -48,9 +48,10 @@ def clopper_pearson(k, n, *, confidence=0.95):
     ----------
     C. J. Clopper and E. S. Pearson, "The use of confidence or fiducial limits illustrated in the
     case of the binomial", Biometrika 26 (1934); computed by
-    ``scipy.stats.binomtest(k, n).proportion_ci(confidence, method="exact")``.
+    ``scipy.stats.binomtest(k, n).proportion_ci(confidence, method="exact")``'s own method (a
+    Brent root of the binomial tail, :func:`_exact_limits`), bit for bit, without importing
+    ``scipy.stats`` (about 0.6 s of every ``variants check``).
     """
-    from scipy.stats import binomtest
 
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
@@ -59,8 +60,21 @@ def clopper_pearson(k, n, *, confidence=0.95):
     k, n = int(k), int(n)
     if n == 0:
         return float("nan"), float("nan")
-    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
-    return float(ci.low), float(ci.high)
+    return _exact_limits(k, n, (1.0 - confidence) / 2.0)
+
+
+def _exact_limits(k, n, alpha):
+    """The two-sided exact limits as SciPy's ``scipy.stats._binomtest._binom_exact_conf_int``
+    computes them: ``brentq`` on [0, 1] (default tolerances) of ``binom.sf(k - 1; n, p) - alpha``
+    (low) and ``binom.cdf(k; n, p) - alpha`` (high), with the same Boost binomial ufuncs that
+    ``scipy.stats.binom`` calls. ``tests/test_metric_edges.py`` checks it equals ``binomtest``
+    exactly over a grid of (k, n), so a SciPy change that moves either shows there."""
+    from scipy.optimize import brentq
+    from scipy.special._ufuncs import _binom_cdf, _binom_sf
+
+    low = 0.0 if k == 0 else brentq(lambda p: _binom_sf(k - 1.0, n, p) - alpha, 0, 1)
+    high = 1.0 if k == n else brentq(lambda p: _binom_cdf(float(k), n, p) - alpha, 0, 1)
+    return float(low), float(high)
 
 
 def clopper_pearson_count(k, n, *, confidence=0.95):

@@ -139,6 +139,20 @@ def test_clopper_pearson_hand_values():
         clopper_pearson(3, 2)
 
 
+@pytest.mark.parametrize("confidence", [0.95, 0.975])
+def test_clopper_pearson_equals_scipy_binomtest_bit_for_bit(confidence):
+    """The interval is SciPy's exact binomtest interval computed without importing scipy.stats
+    (its own brentq on the same binomial ufuncs): equal to the last bit, so the goldens of
+    test_identical_results hold and a SciPy change that moves either shows up here."""
+    from scipy.stats import binomtest
+
+    for n in (1, 2, 5, 20, 37, 160, 800):
+        for k in sorted({0, 1, 2, n // 3, n // 2, n - 1, n}):
+            if 0 <= k <= n:
+                ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+                assert clopper_pearson(k, n, confidence=confidence) == (ci.low, ci.high), (k, n)
+
+
 def _twenty_identical():
     rng = np.random.default_rng(2)
     z = rng.normal(size=(20, 2)) * 3
