@@ -35,7 +35,7 @@ e.g. ["no", "yes"]) or Parquet. Columns (only text is required):
   question  question text for prompt templates
   options   list of option texts (>= 2, unique); rows may differ in count (K = max, masked);
             default: the model config's options
-  label     the right option: 0-based index or option text (empty = unlabelled)
+  label     the right option: 0-based index or option text (empty or -1 = unlabelled)
   scores    list of numbers, one per option (default: the model config's)
   actions   list of action names, one per option (default: the model config's, else the
             option texts)
@@ -56,8 +56,9 @@ def _decode_lines(path, raw: bytes):
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise fail(path, _where_line(line), None, f"byte {e.start} is not valid UTF-8 "
-                   f"({e.reason})", "re-save the file as UTF-8") from None
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise fail(path, _where_line(line), None, f"byte {column} of the line is not valid "
+                   f"UTF-8 ({e.reason})", "re-save the file as UTF-8") from None
 
 
 def _read_jsonl(path, raw):

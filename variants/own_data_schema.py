@@ -83,6 +83,8 @@ def from_csv_cell(value: str, column: str, err):
     """A CSV cell as the value JSONL would hold: lists (and a rater dict) from JSON, an
     integer-looking label as an index, everything else the string itself."""
     text = value.strip()
+    if not text:
+        return None
     if column in LIST_COLUMNS:
         try:
             return json.loads(text)
@@ -170,7 +172,8 @@ class RowChecker:
                        f"{short_repr(options)}", hint + fix)
 
     def label(self, value, options):
-        if is_missing(value):
+        if is_missing(value) or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value == -1):
             return -1
         if options is None:  # resolved once the options are known
             return value
