@@ -228,9 +228,9 @@ def read_data(path, *, options=None, scores=None, actions=None, require_splits=S
     -------
     frame : pandas.DataFrame, one row per data row in file order, columns :data:`COLUMNS`:
         ``id`` str (unique; default ``"t" + sha256(text)[:12]``), ``text`` str, ``question``
-        str or None, ``task`` str or None, ``options`` list[str] or None (the file's own; defaults are checked, not
-        stored), ``label`` int
-        (0-based, -1 = unlabelled; kept as given while the row has no options), ``scores``
+        str or None, ``task`` str or None, ``options`` list[str] or None (the file's own;
+        defaults are checked, not stored), ``label`` int (0-based, -1 = unlabelled; kept as
+        given while the row has no options), ``scores``
         list[float] or None, ``actions`` list[str] or None, ``raters`` list[float] (shares per
         option, summing to 1) or None, ``split`` in ``SPLITS`` (given, else
         :func:`variants.data_splits.assign_split` of the id). The index holds each row's

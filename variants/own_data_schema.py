@@ -115,7 +115,8 @@ class RowChecker:
         if is_missing(value):
             return None
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise self.err(column, f"{short_repr(value)} is not a string", f"write {column} as text")
+            raise self.err(column, f"{short_repr(value)} is not a string",
+                           f"write {column} as text")
         return str(value).strip() if column == "id" else str(value)
 
     def string_list(self, value, column, n=None, what="values"):
