@@ -171,3 +171,18 @@ def test_a_folder_without_head_weights_has_no_classifier(tmp_path):
     mx.save_safetensors(str(folder / "model.safetensors"), w)
     ck = load_checkpoint(folder)
     assert ck.classifier is None and ck.args.model_type == "roberta"
+
+
+def test_the_bundled_minilm_decides_what_it_always_used(checkpoint):
+    """The rule (tokenizer.json's baked truncation, tokenizer_config's [PAD]) lands on the
+    settings the bundled MiniLM always had, so its fingerprint and cache keys are unchanged."""
+    from variants.checkpoint import TextTokenizer, minilm_path
+
+    tok = checkpoint.tokenizer
+    plain = TextTokenizer(minilm_path() / "tokenizer.json")
+    assert (tok.max_length, tok.pad_id) == (128, 0)
+    assert tok.fingerprint() == plain.fingerprint()
+    assert {k: v for k, v in tok.settings().items() if k != "decided"} == plain.settings()
+    assert checkpoint.classifier is None and checkpoint.id2label is None
+    x = mx.arange(6.0).reshape(1, 2, 3)
+    assert np.array_equal(np.array(checkpoint.encoder.finish(x)), np.array(x))  # BERT: identity
