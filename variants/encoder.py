@@ -36,6 +36,13 @@ class ModelArgs:
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
     model_type: str = "bert"
+    pad_token_id: int = 0
+
+    @property
+    def roberta_positions(self):
+        """True for RoBERTa / XLM-R: position ids count real tokens from ``pad_token_id + 1``
+        (Hugging Face ``create_position_ids_from_input_ids``)."""
+        return self.model_type in ("roberta", "xlm-roberta")
 
     @classmethod
     def from_dict(cls, params):
@@ -214,11 +221,38 @@ class BertEncoder(StreamEncoder, nn.Module):
         self.layers = [TransformerLayer(args) for _ in range(args.num_hidden_layers)]
 
     def embed(self, input_ids, token_type_ids=None):
+        """``input_ids`` (B, L) int32 -> embeddings (B, L, D). Position ids are 0..L-1 (BERT), or
+        for RoBERTa / XLM-R cumsum(real) * real + pad_token_id with real = ids != pad (Hugging
+        Face ``create_position_ids_from_input_ids``)."""
         B, L = input_ids.shape
         if token_type_ids is None:
             token_type_ids = mx.zeros_like(input_ids)
-        position_ids = mx.broadcast_to(mx.arange(L), (B, L))
+        if self.args.roberta_positions:
+            real = (input_ids != self.args.pad_token_id).astype(mx.int32)
+            position_ids = mx.cumsum(real, axis=1) * real + self.args.pad_token_id
+        else:
+            position_ids = mx.broadcast_to(mx.arange(L), (B, L))
         return self.embeddings(input_ids, token_type_ids, position_ids)
+
+    # -- the per-layer interface shared with variants.modernbert (context / apply_layer / finish)
+    def context(self, attention_mask, positions=None):
+        """What a layer needs besides ``x``: a :class:`BertContext` for ``attention_mask`` (B, L)
+        0/1. ``positions`` is accepted for the common interface and unused: BERT's positions
+        enter once, in :meth:`embed`."""
+        return BertContext(attention_mask)
+
+    def apply_layer(self, i, x, ctx, return_attention=False):
+        """Layer ``i`` on ``x`` (B, L, D) with ``ctx`` (:meth:`context`) -> (x (B, L, D), probs
+        (B, heads, L, L) or None). Without probabilities it runs as :meth:`run_layer` (packed
+        over the streams when the batch has enough padding; padded rows are then zeros)."""
+        layer = self.layers[i]
+        if return_attention:
+            return layer(x, ctx.bias, True)
+        return self.run_layer(layer, x, ctx.bias, ctx.mask), None
+
+    def finish(self, x):
+        """The stack's output after the last layer: BERT has no final norm (identity)."""
+        return x
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
@@ -239,6 +273,24 @@ class BertEncoder(StreamEncoder, nn.Module):
                 attns.append(attn)
         return EncoderOutput(x, hidden, attns)
 
+
+
+class BertContext:
+    """A BERT layer's context: ``mask`` (B, L) int32 0/1 and ``bias`` (:func:`attention_bias`,
+    or None when no key is padding)."""
+
+    def __init__(self, attention_mask):
+        self.mask = mx.array(attention_mask).astype(mx.int32)
+        self.bias = None if np.array(self.mask).all() else attention_bias(self.mask)
+
+    def take_rows(self, idx):
+        """The context of rows ``idx`` (int array) of the batch."""
+        return BertContext(self.mask[mx.array(idx)])
+
+    def take_tokens(self, index, new_mask):
+        """The context after keeping token slots ``index`` (B, L') of each row, ``new_mask``
+        (B, L') marking the real ones (positions are irrelevant after :meth:`BertEncoder.embed`)."""
+        return BertContext(new_mask)
 
 
 def mean_pool(hidden, attention_mask, normalize=True):
@@ -268,13 +320,15 @@ _RENAMES = (
 def sanitize(weights):
     """Rename Hugging Face BERT weight names to this module's names (pure, no I/O).
 
-    Drops ``embeddings.position_ids`` (a buffer) and the unused ``pooler.*``; strips a leading
-    ``bert.`` prefix.
+    Drops ``embeddings.position_ids`` (a buffer), the unused ``pooler.*`` and a classification
+    head's ``classifier.*`` / ``lm_head.*`` / ``cls.*`` (:mod:`variants.hf_heads` reads the
+    head); strips a leading ``bert.`` / ``roberta.`` prefix (RoBERTa / XLM-R use BERT's names).
     """
     out = {}
     for name, w in weights.items():
-        name = name.removeprefix("bert.")
-        if name.startswith("pooler.") or name.endswith("position_ids"):
+        name = name.removeprefix("bert.").removeprefix("roberta.")
+        if (name.startswith(("pooler.", "classifier.", "lm_head.", "cls."))
+                or name.endswith("position_ids")):
             continue
         for old, new in _RENAMES:
             name = name.replace(old, new)

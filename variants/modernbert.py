@@ -1,0 +1,122 @@
+"""The ModernBERT encoder in MLX (Warner et al. 2024; Hugging Face ``ModernBertModel``, eager
+attention): embeddings -> pre-norm layers with rotary positions, global attention on every
+``global_attn_every_n_layers``-th layer and sliding-window attention (|q - k| <=
+``local_attention // 2``) on the others -> ``final_norm``. Blocks in
+:mod:`variants.modernbert_layers`.
+
+Per-layer interface (shared with :class:`variants.encoder.BertEncoder`): :meth:`embed`,
+``layers``, :meth:`context`, :meth:`apply_layer`, :meth:`finish`; :meth:`__call__` is exactly
+embed -> apply_layer over all -> finish.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
+from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
+
+__all__ = ["ModernBertArgs", "ModernBertContext", "ModernBertEncoder", "sanitize"]
+
+
+class ModernBertContext:
+    """What a ModernBERT layer needs besides ``x``, built from ``mask`` (B, L) 0/1 and
+    ``positions`` (B, L) int (the tokens' original positions: windows and rotary angles follow
+    them, so a batch whose token slots were pruned keeps each token's distances).
+
+    ``bias(is_global)``: (B, 1, 1, L) key bias (global) or (B, 1, L, L) key bias plus the
+    window (|pos_q - pos_k| > local_attention // 2 masked), both MASK_BIAS where masked;
+    ``rope(is_global)``: (cos, sin) (B, 1, L, head_dim) at ``global_rope_theta`` or
+    ``local_rope_theta``.
+    """
+
+    def __init__(self, args, mask, positions):
+        self.args = args
+        self.mask = mx.array(mask).astype(mx.int32)
+        self.positions = mx.array(positions).astype(mx.int32)
+        key = (1 - self.mask.astype(mx.float32)) * MASK_BIAS
+        self._global = key[:, None, None, :]
+        p = self.positions
+        far = mx.abs(p[:, :, None] - p[:, None, :]) > args.local_attention // 2
+        self._local = mx.where(far[:, None], MASK_BIAS, self._global)
+        head_dim = args.hidden_size // args.num_attention_heads
+        self._rope = {True: rope_tables(p, args.global_rope_theta, head_dim),
+                      False: rope_tables(p, args.local_rope_theta, head_dim)}
+
+    def bias(self, is_global):
+        return self._global if is_global else self._local
+
+    def rope(self, is_global):
+        return self._rope[bool(is_global)]
+
+    def take_rows(self, idx):
+        """The context of rows ``idx`` (int array) of the batch."""
+        idx = mx.array(idx)
+        return ModernBertContext(self.args, self.mask[idx], self.positions[idx])
+
+    def take_tokens(self, index, new_mask):
+        """The context after keeping token slots ``index`` (B, L') int of each row, with
+        ``new_mask`` (B, L') 0/1: positions follow the kept tokens."""
+        pos = mx.take_along_axis(self.positions, mx.array(index).astype(mx.int32), axis=1)
+        return ModernBertContext(self.args, new_mask, pos)
+
+
+class ModernBertEncoder(nn.Module):
+    """ModernBERT encoder. Call with ``input_ids`` (B, L) int32, ``attention_mask`` (B, L) 0/1
+    (``token_type_ids`` is accepted and ignored: ModernBERT has none); returns
+    :class:`variants.encoder.EncoderOutput` whose ``last_hidden`` is after ``final_norm`` and
+    whose ``hidden_states`` are the embeddings and each layer's output before it (as HF)."""
+
+    def __init__(self, args: ModernBertArgs):
+        super().__init__()
+        self.args = args
+        self.embeddings = Embeddings(args)
+        self.layers = [ModernBertLayer(args, i) for i in range(args.num_hidden_layers)]
+        self.final_norm = LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
+
+    def embed(self, input_ids, token_type_ids=None):
+        """``input_ids`` (B, L) int32 -> (B, L, D) float32 (normed token embeddings)."""
+        return self.embeddings(input_ids)
+
+    def context(self, attention_mask, positions=None):
+        """A :class:`ModernBertContext`; ``positions`` (B, L) int default 0..L-1 per row."""
+        mask = mx.array(attention_mask)
+        if positions is None:
+            positions = mx.broadcast_to(mx.arange(mask.shape[1]), mask.shape)
+        return ModernBertContext(self.args, mask, positions)
+
+    def apply_layer(self, i, x, ctx, return_attention=False):
+        """Layer ``i`` on ``x`` (B, L, D) -> (x (B, L, D), probs (B, heads, L, L) or None)."""
+        return self.layers[i](x, ctx, return_attention)
+
+    def finish(self, x):
+        """``final_norm``."""
+        return self.final_norm(x)
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
+                 output_hidden_states=False, output_attentions=False):
+        x = self.embed(input_ids)
+        ctx = self.context(attention_mask)
+        hidden = [x] if output_hidden_states else None
+        attns = [] if output_attentions else None
+        for i in range(len(self.layers)):
+            x, probs = self.apply_layer(i, x, ctx, output_attentions)
+            if output_hidden_states:
+                hidden.append(x)
+            if output_attentions:
+                attns.append(probs)
+        return EncoderOutput(self.finish(x), hidden, attns)
+
+
+_HEAD_PREFIXES = ("head.", "classifier.", "decoder.", "drop.")
+
+
+def sanitize(weights):
+    """Hugging Face ModernBERT weight names -> this module's: strips ``model.``, drops the
+    classification / MLM head (``head.*``, ``classifier.*``, ``decoder.*``; see
+    :mod:`variants.hf_heads`). Pure, no I/O."""
+    out = {}
+    for name, w in weights.items():
+        if name.startswith(_HEAD_PREFIXES):
+            continue
+        out[name.removeprefix("model.")] = w
+    return out
