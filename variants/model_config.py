@@ -90,7 +90,8 @@ def _fail(path, key, msg):
 def _check_keys(path, table, known, where=""):
     for k in table:
         if k not in known:
-            near = difflib.get_close_matches(k, known, n=1)
+            near = [n for n in known if n.lower() == str(k).lower()] or \
+                difflib.get_close_matches(str(k), known, n=1)
             hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
             _fail(path, f"{where}{short_repr(k)}", f"unknown key; {hint}")
 
