@@ -149,3 +149,26 @@ def test_own_factory_sweeps_through_the_cli(tmp_path, capsys, monkeypatch):
     assert meta["identity"]["model"] == "own_model-build" and meta["status"] == "complete"
     assert list(meta["temperatures"]) == ["3"] and meta["temperature_fits"]["3"]["n"] == 40
     assert np.isfinite(meta["temperatures"]["3"]) and meta["temperatures"]["3"] != 1.0
+
+
+@pytest.mark.slow
+def test_marker_toml_on_own_data_through_the_cli(tmp_path, capsys, monkeypatch):
+    """examples/model-marker.toml on the example JSONL (needs the data helper's
+    variants.own_data): run.json records the parsed TOML, the data file and its fingerprint,
+    and they are part of the identity."""
+    own_data = pytest.importorskip("variants.own_data")
+    data = ROOT / "examples" / "vader_raters.jsonl"
+    if not data.exists():
+        pytest.skip("examples/vader_raters.jsonl not in this build")
+    monkeypatch.chdir(ROOT)
+    assert main(["sweep", "--model-config", "examples/model-marker.toml", "--data", str(data),
+                 "--results-dir", str(tmp_path / "r"), *TINY]) == 0
+    meta = json.loads((tmp_path / "r" / "my-marker-quant-g64" / "run.json").read_text())
+    fp = own_data.data_fingerprint(own_data.read_data(data))
+    assert meta["data"]["file"] == {"path": str(data), "fingerprint": fp}
+    ident = meta["identity"]
+    assert ident["data_fingerprint"] == fp and ident["model_config"] == "examples/model-marker.toml"
+    assert ident["model_config_parsed"]["config"]["logits"] == "marker"
+    assert meta["model"]["config"]["marker_token"] == "[unused0]"
+    assert {s: v["n"] for s, v in meta["data"]["splits"].items()} == {
+        "fit": 40, "calibration": 40, "eval": 30}

@@ -157,13 +157,17 @@ class DecisionModel:
 
     def model_inputs(self, taskset):
         """(texts, pairs) the tokenizer encodes for ``taskset``: the texts as they are without a
-        ``prompt``, else the prompt rendered per row; ``pairs`` None (one segment)."""
+        ``prompt``, else the prompt rendered per row ({question}: the row's own when the TaskSet
+        has ``questions`` and it is not empty, else ``self.question``); ``pairs`` None."""
         if self.prompt in (None, "{text}"):
             return list(taskset.texts), None
-        return [self.prompt.format(text=t, question=self.question, options=self.render_options(
+        qs = getattr(taskset, "questions", None)
+        qs = [q if q else self.question for q in qs] if qs is not None \
+            else [self.question] * len(taskset)
+        return [self.prompt.format(text=t, question=q, options=self.render_options(
             [o for o, m in zip(opts, mask) if m]))
-            for t, opts, mask in zip(taskset.texts, taskset.option_texts,
-                                     taskset.option_mask)], None
+            for t, q, opts, mask in zip(taskset.texts, qs, taskset.option_texts,
+                                        taskset.option_mask)], None
 
     def raw_logits(self, taskset, batches=None, progress=None):
         """(N, K) float32 NumPy logits for the whole TaskSet, in TaskSet order.

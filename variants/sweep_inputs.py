@@ -103,28 +103,36 @@ def cache_parts(cfg):
 def own_data_tasksets(path, source, sizes, seed):
     """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
 
-    Adapter to :mod:`variants.own_data` (``read_data(path) -> DataFrame``,
-    ``rows_for_taskset(frame, options=, scores=, actions=, action_names=)``, ``DataError``); the
-    model TOML's fixed options, scores and actions fill what the rows leave out. The fingerprint
-    is the sha256 of the file (every field of every row).
+    Adapter to the data helper's :mod:`variants.own_data` (``read_data``, ``split_rows``,
+    ``to_taskset``, ``data_fingerprint``, ``DataError``): the model TOML's fixed options, scores
+    and actions fill what the rows leave out. Each split keeps at most ``sizes[split]`` rows:
+    those with the smallest ``sha256(f"{seed}:{id}")``, in file order (a split with fewer rows
+    is used whole; run.json's ``data.splits`` records the sizes used).
 
     Raises
     ------
     SweepError
         The data module is missing, or the file is bad (its one-line DataError).
     """
-    from runs.io import file_sha256
+    import hashlib
 
     try:
         from variants import own_data
     except ImportError:
         raise SweepError("--data needs variants.own_data, which this build lacks") from None
-    fixed = source.fixed_options() or (None, None, None)
+    options, scores, actions = source.fixed_options() or (None, None, None)
+    defaults = dict(options=options, scores=scores, actions=actions)
     try:
-        frame = own_data.read_data(path)
-        tasksets = own_data.tasksets_for(  # connected by the lead to the data helper's API
-            frame, sizes, seed=seed, options=fixed[0], scores=fixed[1], actions=fixed[2],
-            action_names=source.action_names())
-    except (own_data.DataError, ValueError) as e:
+        frame = own_data.read_data(path, **defaults)
+        tasksets = {}
+        for split, n in sizes.items():
+            rows = own_data.split_rows(frame, split)
+            rank = sorted(range(len(rows)), key=lambda i: hashlib.sha256(
+                f"{seed}:{rows['id'].iloc[i]}".encode()).hexdigest())
+            rows = rows.iloc[sorted(rank[:n])]
+            tasksets[split] = own_data.to_taskset(
+                rows, action_names=None if source.config is None and actions is None
+                else source.action_names(), **defaults)
+    except ValueError as e:  # own_data.DataError is a ValueError
         raise SweepError(str(e)) from None
-    return tasksets, file_sha256(path)[:16]
+    return tasksets, own_data.data_fingerprint(frame)
