@@ -201,7 +201,9 @@ class DecisionModel:
     def calibrate(self, taskset, batches=None):
         """Fit one temperature per option count on ``taskset`` (the calibration split); each fit's
         status ("converged", "at_bound", "not_converged", warned unless converged) is kept in
-        ``temperature_fits``."""
+        ``temperature_fits``. With ``fixed_temperatures`` those are taken as they are (status
+        "fixed"; ValueError when an option count of ``taskset`` has none). An option count
+        without any labelled row gets T = 1.0 (status "no_labels") and a UserWarning."""
         k = taskset.n_options
         if self.fixed_temperatures is not None:
             missing = sorted(set(k.tolist()) - set(self.fixed_temperatures))
