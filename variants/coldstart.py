@@ -48,7 +48,8 @@ def run_spec(spec, spawned_at=None, main_at=None):
     are ``time.time()`` at the parent's spawn and at ``main``'s entry (``startup_s`` is their
     difference; None when not given).
 
-    ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name), ``head_path`` (the sweep's
+    ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name or a ModelSource),
+    ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the sweep's
     ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
     optionally ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
     ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``.
@@ -69,6 +70,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     from mlx.utils import tree_flatten
 
     import variants.tasks  # noqa: F401  (what the spec's TaskSets unpickle into)
+    import variants.models.configured  # noqa: F401  (and its ModelSource)
 
     if not isinstance(spec, dict):
         t_load = _now()
@@ -85,8 +87,8 @@ def run_spec(spec, spawned_at=None, main_at=None):
     mx.reset_peak_memory()
 
     t0 = _now()
-    ck = load_checkpoint()
-    model = module.build(ck)
+    ck = load_checkpoint(spec.get("checkpoint"))
+    model = module.bind(ck).build(ck)
     head = spec.get("head_path")
     if head:
         from runs.npz_readers import read_head_cache

@@ -7,6 +7,7 @@ tokenises, batches, applies one temperature per option count and derives every o
 """
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -61,6 +62,12 @@ class DecisionModel:
     """
 
     name = "decision-model"
+    #: Template of what the model reads ({text}, {question}, {options}; None = the text as is)
+    #: and the {question} filled in (:mod:`variants.model_config`'s ``prompt`` / ``question``).
+    prompt = None
+    question = ""
+    #: {K: T} fixed temperatures (``[temperature] mode = "fixed"``); None = fitted.
+    fixed_temperatures = None
 
     def __init__(self, module, tokenizer, temperatures=None):
         self.module = module
@@ -80,6 +87,15 @@ class DecisionModel:
     def config(self):
         """JSON-able description that identifies this model's outputs (a cache-key part)."""
         return {"name": self.name, "temperatures": self.temperatures}
+
+    def settings_config(self):
+        """The prompt and fixed temperatures when set (a :meth:`config` part; {} by default)."""
+        out = {}
+        if self.prompt not in (None, "{text}"):
+            out.update(prompt=self.prompt, question=self.question)
+        if self.fixed_temperatures is not None:
+            out["fixed_temperatures"] = {str(k): v for k, v in self.fixed_temperatures.items()}
+        return out
 
     def cache_key(self, *parts):
         """16 hex digits over ``parts`` (weights, data fingerprints, versions: the caller's), this
@@ -115,7 +131,9 @@ class DecisionModel:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        encs, n_truncated = self.tokenizer.encode(list(taskset.texts))
+        texts, pairs = self.model_inputs(taskset)
+        encs, n_truncated = (self.tokenizer.encode(texts) if pairs is None
+                             else self.tokenizer.encode(texts, pairs))
         lookup = {t: i for i, t in enumerate(self.option_texts)}
         opt = np.full(taskset.option_texts.shape, -1, np.int32)
         for (i, k), text in np.ndenumerate(taskset.option_texts):
@@ -132,6 +150,24 @@ class DecisionModel:
             batches.append(PreparedBatch(idx, mx.array(ids), mx.array(mask), mx.array(types),
                                          mx.array(opt[idx]), int(mask.sum())))
         return batches, n_truncated
+
+    def render_options(self, options):
+        """The {options} of the prompt for one row's list of option texts: joined by " / "."""
+        return " / ".join(options)
+
+    def model_inputs(self, taskset):
+        """(texts, pairs) the tokenizer encodes for ``taskset``: the texts as they are without a
+        ``prompt``, else the prompt rendered per row ({question}: the row's own when the TaskSet
+        has ``questions`` and it is not empty, else ``self.question``); ``pairs`` None."""
+        if self.prompt in (None, "{text}"):
+            return list(taskset.texts), None
+        qs = getattr(taskset, "questions", None)
+        qs = [q if q else self.question for q in qs] if qs is not None \
+            else [self.question] * len(taskset)
+        return [self.prompt.format(text=t, question=q, options=self.render_options(
+            [o for o, m in zip(opts, mask) if m]))
+            for t, q, opts, mask in zip(taskset.texts, qs, taskset.option_texts,
+                                        taskset.option_mask)], None
 
     def raw_logits(self, taskset, batches=None, progress=None):
         """(N, K) float32 NumPy logits for the whole TaskSet, in TaskSet order.
@@ -165,11 +201,39 @@ class DecisionModel:
     def calibrate(self, taskset, batches=None):
         """Fit one temperature per option count on ``taskset`` (the calibration split); each fit's
         status ("converged", "at_bound", "not_converged", warned unless converged) is kept in
-        ``temperature_fits``."""
-        logits = self.raw_logits(taskset, batches)
-        fits = fits_by_bucket(logits, taskset.option_mask, taskset.labels, calibration=True)
-        self.temperatures = {k: f.temperature for k, f in fits.items()}
-        self.temperature_fits = {k: f.to_dict() for k, f in fits.items()}
+        ``temperature_fits``. With ``fixed_temperatures`` those are taken as they are (status
+        "fixed"; ValueError when an option count of ``taskset`` has none). An option count
+        without any labelled row gets T = 1.0 (status "no_labels") and a UserWarning."""
+        k = taskset.n_options
+        if self.fixed_temperatures is not None:
+            missing = sorted(set(k.tolist()) - set(self.fixed_temperatures))
+            if missing:
+                raise ValueError(f"no fixed temperature for option counts {missing}; add them to "
+                                 "the model TOML's [temperature] values, e.g. "
+                                 f'"{missing[0]}" = 1.0')
+            self.temperatures = {int(b): float(t) for b, t in self.fixed_temperatures.items()}
+            self.temperature_fits = {b: {"temperature": t, "status": "fixed", "reason": "given"}
+                                     for b, t in self.temperatures.items()}
+            return self.temperatures
+        labelled = taskset.labels >= 0
+        unlabelled = sorted(set(k.tolist()) - set(k[labelled].tolist()))
+        temps, fits = {}, {}
+        if len(unlabelled) < len(set(k.tolist())):
+            keep = ~np.isin(k, unlabelled)
+            logits = self.raw_logits(taskset, batches)
+            for b, f in fits_by_bucket(logits[keep], taskset.option_mask[keep],
+                                       taskset.labels[keep], calibration=True).items():
+                temps[b], fits[b] = f.temperature, f.to_dict()
+        if unlabelled:
+            warnings.warn(f"the calibration split has no labels for option counts {unlabelled}: "
+                          "their temperature is 1.0 (no scaling); give labels to fit them",
+                          stacklevel=2)
+            for b in unlabelled:
+                temps[int(b)] = 1.0
+                fits[int(b)] = {"temperature": 1.0, "status": "no_labels", "nll": None,
+                                "n": int((k == b).sum()), "reason": "no labelled example"}
+        self.temperatures = dict(sorted(temps.items()))
+        self.temperature_fits = dict(sorted(fits.items()))
         return self.temperatures
 
     def temperature_of(self, taskset):

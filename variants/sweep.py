@@ -38,7 +38,7 @@ from variants.sweep_clock import SweepClock, format_breakdown
 from variants.sweep_config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep_meta import run_metadata
 from variants.sweep_resume import check_run_folder, check_run_tokenizer, read_json
-from variants.sweep_inputs import load_inputs
+from variants.sweep_inputs import cache_parts, load_inputs
 from variants.sweep_timing import cold_start_spec, time_pair, timing_batches
 
 
@@ -88,9 +88,10 @@ class Sweep:
         """
         cfg = self.cfg
         with self.clock("reference_forward"):
-            self.ref_model, self.head_key = fitted_reference(cfg.model, self.checkpoint,
+            self.ref_model, self.head_key = fitted_reference(cfg.resolve_model(), self.checkpoint,
                                                              self.tasksets, self.cache,
-                                                             log=self.log)
+                                                             log=self.log,
+                                                             extra_key=cache_parts(cfg))
         self.batches, self.truncated = {}, {}
         with self.clock("setup"):
             for split in ("calibration", "eval"):
@@ -100,7 +101,8 @@ class Sweep:
         for split in ("calibration", "eval"):
             key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
                                            self.tasksets[split].fingerprint(),
-                                           prepared_digest(self.batches[split]))
+                                           prepared_digest(self.batches[split]),
+                                           *cache_parts(cfg))
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()

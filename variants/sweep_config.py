@@ -11,7 +11,7 @@ from metrics._checks import short_repr
 from variants import parallel
 from variants.builders import get_family
 from variants.builders.quant_family import MODES
-from variants.models import MODELS
+from variants.models import resolve
 from variants.timing import DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 
 RESULTS_DIR = Path("results")
@@ -47,7 +47,10 @@ class VariantsFailed(SweepError):
 class SweepConfig:
     """Everything that defines a sweep (CLI flags map one to one onto these fields)."""
 
-    model: str = "minilm-sentiment"
+    model: str | None = None  # a registered name or package.module:factory; None = default
+    model_config: str | None = None  # --model-config: a model TOML file
+    checkpoint: str | None = None  # --checkpoint: overrides the TOML's (None = TOML's or MiniLM)
+    data: str | None = None  # --data: the user's JSONL / CSV / Parquet (None = bundled VADER)
     family: str = "quant"
     params: dict = field(default_factory=dict)  # the family's own parameters (its PARAMS)
     contract: str | None = None
@@ -71,17 +74,19 @@ class SweepConfig:
     seed: int = 0
     progress: bool = True
     variants: list = field(default_factory=list)  # filled by validate()
+    #: what the files named above hold (parsed model TOML, checkpoint sha256, data fingerprint),
+    #: filled by variants.sweep_inputs.load_inputs; part of :meth:`identity`
+    inputs_identity: dict = field(default_factory=dict)
 
     # fields whose change makes earlier outputs in the same run folder invalid
     # (a variant's folder name encodes its own parameters, so family parameters are not here)
     IDENTITY = ("model", "n_fit", "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed",
-                "batch_size")
+                "batch_size", "model_config", "checkpoint", "data")
+    DEFAULT_MODEL = "minilm-sentiment"
 
     def validate(self):
         """Check every field; build the variant configs. Raises SweepError."""
-        if self.model not in MODELS:
-            raise SweepError(f"unknown model {short_repr(self.model)}; choose one of: "
-                             f"{', '.join(MODELS)}")
+        self.resolve_model()
         try:
             family = get_family(self.family)
         except ValueError as e:
@@ -154,5 +159,39 @@ class SweepConfig:
             self.run = f"{self.model}-{self.family}-{family.run_name(**self.params)}"
         return self
 
+    def resolve_model(self):
+        """The :class:`~variants.models.configured.ModelSource` of ``model`` / ``model_config``
+        (parsed once); sets ``model`` to its name. Raises SweepError (bad TOML, unknown name,
+        a factory that does not import, both flags given)."""
+        source = getattr(self, "_source", None)
+        if source is not None:
+            return source
+        if self.model_config is not None:
+            try:
+                source = resolve(model_config=self.model_config)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
+            if self.model is not None and self.model != source.name:
+                raise SweepError(f"--model {short_repr(self.model)} and --model-config "
+                                 f"{self.model_config} both name the model; pass one of them "
+                                 "(a TOML's own code goes in its factory = key)")
+        else:
+            try:
+                source = resolve(model=self.model or self.DEFAULT_MODEL)
+            except ValueError as e:
+                raise SweepError(str(e)) from None
+        for flag, value in (("--checkpoint", self.checkpoint), ("--data", self.data)):
+            if value is not None and not Path(value).exists():
+                raise SweepError(f"{flag} {short_repr(value)}: no such "
+                                 f"{'folder' if flag == '--checkpoint' else 'file'}; check the "
+                                 "path")
+        self.model = source.name
+        self._source = source
+        return source
+
     def identity(self):
-        return {k: getattr(self, k) for k in self.IDENTITY}
+        """What must match to resume a run folder: the IDENTITY fields, plus what the model
+        TOML, checkpoint and data file held (``inputs_identity``) when any was given."""
+        out = {k: getattr(self, k) for k in self.IDENTITY}
+        out.update(self.inputs_identity)
+        return out

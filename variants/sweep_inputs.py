@@ -7,7 +7,7 @@ from variants import data
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoint import load_checkpoint
-from variants.models import get_module
+from variants.model_config import ModelConfigError
 from variants.sweep_config import SweepError
 
 
@@ -23,25 +23,116 @@ def load_inputs(cfg):
         A bad contract, checkpoint, calibration size or stratum (each message names the fix).
     """
     contract = load_contract(cfg.contract)
-    checkpoint = load_checkpoint()
+    module = cfg.resolve_model()
+    checkpoint = load_checkpoint(checkpoint_path(cfg, module))
+    try:  # a classifier's options, a factory's or a marker's errors: now, not mid-run
+        module.bind(checkpoint)
+        module.build(checkpoint)
+    except ModelConfigError as e:
+        raise SweepError(str(e)) from None
     family = get_family(cfg.family)
     try:  # family checks that need the model's shapes
-        family.check_model(checkpoint.encoder, cfg.variants, model=cfg.model)
+        family.check_model(checkpoint.encoder, cfg.variants, model=module)
     except ValueError as e:
         raise SweepError(str(e)) from None
-    frame = data.load_vader()
-    module = get_module(cfg.model)
     sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}
+    data_fp = None
+    if cfg.data is not None:
+        tasksets, data_fp = own_data_tasksets(cfg.data, module, sizes, cfg.seed)
+        cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
+        return _checked(cfg, contract, checkpoint, tasksets)
+    cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
+    frame = data.load_vader()
     splits = {s: data.split_frame(frame, s) for s in sizes}
     for s, n in sizes.items():  # a size beyond the split would be recorded but not used
         try:
             data.check_sample_size(splits[s], n, split=s, flag=f"--n-{s}")
         except ValueError as e:
             raise SweepError(str(e)) from None
-    tasksets = {s: module.make_taskset(data.sample(splits[s], n, seed=cfg.seed))
-                     for s, n in sizes.items()}
+    try:
+        tasksets = {s: module.make_taskset(data.sample(splits[s], n, seed=cfg.seed))
+                    for s, n in sizes.items()}
+    except ModelConfigError as e:
+        raise SweepError(str(e)) from None
+    return _checked(cfg, contract, checkpoint, tasksets)
+
+
+def _checked(cfg, contract, checkpoint, tasksets):
+    """The contract's needs of the TaskSets (calibration size, strata); returns load_inputs'."""
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
     check_calibration_size(cfg.n_calibration, settings["alpha"])
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets
+
+
+def checkpoint_path(cfg, source):
+    """The checkpoint folder: ``--checkpoint``, else the model TOML's, else None (MiniLM)."""
+    if cfg.checkpoint is not None:
+        return cfg.checkpoint
+    return None if source.config is None else source.config.checkpoint
+
+
+def inputs_identity(cfg, source, checkpoint, data_fingerprint):
+    """What the user's files held, for run.json's identity and the cache keys: the parsed model
+    TOML (``model_config``; only with --model-config), the checkpoint's sha256 (only when one
+    was named) and the data file's fingerprint (only with --data). {} for a bundled model on the
+    bundled data, so the default sweep's identity and cache keys are as before."""
+    out = {}
+    if cfg.model_config is not None:
+        out["model_config_parsed"] = source.describe()
+    if checkpoint_path(cfg, source) is not None:
+        out["checkpoint_sha256"] = checkpoint.sha256
+    if data_fingerprint is not None:
+        out["data_fingerprint"] = data_fingerprint
+    return out
+
+
+def cache_parts(cfg):
+    """The ``inputs_identity`` parts that join the cache keys (the TOML's own path left out:
+    moving the file does not change a model)."""
+    ident = dict(cfg.inputs_identity)
+    if "model_config_parsed" in ident:
+        described = dict(ident["model_config_parsed"])
+        described["config"] = {k: v for k, v in (described.get("config") or {}).items()
+                               if k != "path"}
+        ident["model_config_parsed"] = described
+    return (ident,) if ident else ()
+
+
+def own_data_tasksets(path, source, sizes, seed):
+    """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
+
+    Adapter to the data helper's :mod:`variants.own_data` (``read_data``, ``split_rows``,
+    ``to_taskset``, ``data_fingerprint``, ``DataError``): the model TOML's fixed options, scores
+    and actions fill what the rows leave out. Each split keeps at most ``sizes[split]`` rows:
+    those with the smallest ``sha256(f"{seed}:{id}")``, in file order (a split with fewer rows
+    is used whole; run.json's ``data.splits`` records the sizes used).
+
+    Raises
+    ------
+    SweepError
+        The data module is missing, or the file is bad (its one-line DataError).
+    """
+    import hashlib
+
+    try:
+        from variants import own_data
+    except ImportError:
+        raise SweepError("--data needs variants.own_data, which this build lacks") from None
+    options, scores, actions = source.fixed_options() or (None, None, None)
+    defaults = dict(options=options, scores=scores, actions=actions)
+    try:
+        frame = own_data.read_data(path, **defaults)
+        tasksets = {}
+        for split, n in sizes.items():
+            rows = own_data.split_rows(frame, split)
+            rank = sorted(range(len(rows)), key=lambda i: hashlib.sha256(
+                f"{seed}:{rows['id'].iloc[i]}".encode()).hexdigest())
+            rows = rows.iloc[sorted(rank[:n])]
+            tasksets[split] = own_data.to_taskset(
+                rows, action_names=None if source.config is None and actions is None
+                else source.action_names(), **defaults)
+    except ValueError as e:  # own_data.DataError is a ValueError
+        raise SweepError(str(e)) from None
+    return tasksets, own_data.data_fingerprint(frame)

@@ -40,8 +40,13 @@ def run_metadata(sweep):
         "device": str(mx.default_device()),
         "dtype": "float32",
         "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},
+        "model": cfg.resolve_model().describe(),
         "data": {
-            "source": "VADER ICWSM 2014 ground truth (data/vader, MIT)",
+            "source": ("VADER ICWSM 2014 ground truth (data/vader, MIT)" if cfg.data is None
+                       else str(cfg.data)),
+            "file": None if cfg.data is None else {
+                "path": str(cfg.data),
+                "fingerprint": cfg.inputs_identity.get("data_fingerprint")},
             "splits": {s: {"n": len(ts), "fingerprint": ts.fingerprint()}
                        for s, ts in sweep.tasksets.items()},
             "truncated_texts": sweep.truncated,

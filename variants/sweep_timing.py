@@ -77,7 +77,12 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
     of variant ``vcfg`` of ``family``: the smallest timed batch, the cached head, and the
     :class:`BuildInputs` fields the family's build reads."""
     b = min(timing_sets)
-    spec = {"model": sweep.cfg.model, "taskset": timing_sets[b][0],
+    from variants.sweep_inputs import checkpoint_path
+
+    source = sweep.cfg.resolve_model()
+    ck = checkpoint_path(sweep.cfg, source)
+    spec = {"model": source, "checkpoint": None if ck is None else str(ck),
+            "taskset": timing_sets[b][0],
             "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
                              .resolve())}
     if vcfg is not None:

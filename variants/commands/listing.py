@@ -16,7 +16,7 @@ def run(args):
     from variants.builders.quant_family import BITS, GROUP_SIZES
     from variants.models import MODELS
 
-    print("models:   " + ", ".join(MODELS))
+    print("models:   " + ", ".join(MODELS) + " (or --model-config FILE, --model pkg.mod:factory)")
     print("families: " + ", ".join(FAMILIES))
     print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}")
     return 0

@@ -32,7 +32,20 @@ def configure(sub):
             "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
             "the run folder in use, or a variant that could not be built."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", choices=list(MODELS), default=d.model, help="decision model")
+    p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
+                   help=f"decision model: a bundled one ({' | '.join(MODELS)}; None = "
+                        f"{d.DEFAULT_MODEL}) or your own factory, called with the Checkpoint and "
+                        "returning a DecisionModel (see examples/own_model.py)")
+    p.add_argument("--model-config", default=None, metavar="FILE",
+                   help="a model TOML: checkpoint, logits kind (classifier | linear-head | cosine "
+                        "| marker), prompt, options, scores, actions, temperatures (examples/"
+                        "model-*.toml; the bundled models are variants/models/*.toml)")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="a local Hugging Face-format folder (config.json, model.safetensors, "
+                        "tokenizer.json); overrides the model TOML's (None = the TOML's, or the "
+                        "bundled all-MiniLM-L6-v2)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="your own data (JSONL, CSV or Parquet; None = the bundled VADER data)")
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
                    help="variant family; its own flags are listed in its group below")
     p.add_argument("--contract", default=None,

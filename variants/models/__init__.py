@@ -1,6 +1,10 @@
-"""Registry of decision models: name -> module file (loaded with importlib, as mlx-lm does)."""
+"""Registry of decision models: a name -> its shipped model TOML next to this file.
 
-import importlib
+Every model, bundled or not, is a :class:`variants.models.configured.ModelSource`: a parsed model
+TOML (:mod:`variants.model_config`), a user's ``package.module:factory``, or both.
+"""
+
+from pathlib import Path
 
 import numpy as np
 
@@ -8,37 +12,91 @@ from metrics._checks import short_repr
 from runs.io import write_npz
 
 MODELS = {
-    "minilm-sentiment": "sentiment",
-    "minilm-choice": "choice",
+    "minilm-sentiment": "minilm-sentiment.toml",
+    "minilm-choice": "minilm-choice.toml",
 }
+#: sources resolved in this process by name, so that ``get_module(model.name)`` finds a model
+#: from a user's TOML too (the early-exit builder asks by the reference's name)
+_RESOLVED = {}
+
+
+def shipped_config(name):
+    """The parsed shipped TOML of registered model ``name`` (a ModelConfig)."""
+    from variants.model_config import load_model_config
+
+    return load_model_config(Path(__file__).with_name(MODELS[name]))
+
+
+def resolve(model=None, model_config=None):
+    """The :class:`~variants.models.configured.ModelSource` of ``--model`` / ``--model-config``.
+
+    Parameters
+    ----------
+    model : str, optional
+        A registered name (``MODELS``) or ``'package.module:factory'``.
+    model_config : str or Path, optional
+        A model TOML file (its ``factory =``, if any, builds the model).
+
+    Raises
+    ------
+    ValueError
+        An unknown name (listing the known ones); variants.model_config.ModelConfigError for a
+        bad TOML or factory string.
+    """
+    from variants.model_config import load_model_config
+    from variants.models.configured import ModelSource, import_factory
+
+    if model_config is not None:
+        cfg = load_model_config(model_config)
+        source = ModelSource(cfg.name, cfg, cfg.factory)
+    elif model is not None and ":" in str(model):
+        import_factory(model)  # fail now, before anything is written
+        mod, _, attr = str(model).partition(":")
+        source = ModelSource(f"{mod.rsplit('.', 1)[-1]}-{attr}", None, str(model))
+    elif model in MODELS:
+        cfg = shipped_config(model)
+        source = ModelSource(cfg.name, cfg, cfg.factory)
+    else:
+        raise ValueError(f"unknown model {short_repr(model)}; choose one of: {', '.join(MODELS)}, "
+                         "or pass package.module:factory, or --model-config FILE")
+    _RESOLVED[source.name] = source
+    return source
 
 
 def get_module(name):
-    """The module that defines model ``name`` (``make_taskset`` and ``build``).
+    """The :class:`~variants.models.configured.ModelSource` of model ``name`` (a registered
+    name, ``'package.module:factory'``, the name of a source resolved in this process, or a
+    ModelSource, returned as it is): ``make_taskset(frame)``, ``build(checkpoint)``,
+    ``EXIT_HEAD_KIND``.
 
     Raises
     ------
     ValueError
         If ``name`` is not registered (the message lists the known names).
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {short_repr(name)}; choose one of: {', '.join(MODELS)}")
-    return importlib.import_module(f"variants.models.{MODELS[name]}")
+    from variants.models.configured import ModelSource
+
+    if isinstance(name, ModelSource):
+        return name
+    if name in _RESOLVED and name not in MODELS:
+        return _RESOLVED[name]
+    return resolve(model=name)
 
 
-def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
+def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key=()):
     """The reference decision model with its head and temperatures fitted (or loaded from cache).
 
     Parameters
     ----------
-    name : str
-        A key of ``MODELS``.
+    name : str or ModelSource
+        A key of ``MODELS`` or a resolved source (:func:`resolve`).
     checkpoint : variants.checkpoint.Checkpoint
     tasksets : dict {"fit": TaskSet, "calibration": TaskSet, ...}
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the
         checkpoint hash, both data sets, the model's configuration and its tokenizer settings
-        (:meth:`variants.decision.DecisionModel.cache_key`).
+        (:meth:`variants.decision.DecisionModel.cache_key`), plus ``extra_key`` (the sweep's
+        model TOML and data file identity, when given).
 
     Returns
     -------
@@ -46,9 +104,10 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print):
     cache_key : str
     """
     mod = get_module(name)
+    name = mod.name
     model = mod.build(checkpoint)
     key = model.cache_key(checkpoint.sha256, tasksets["fit"].fingerprint(),
-                          tasksets["calibration"].fingerprint())
+                          tasksets["calibration"].fingerprint(), *extra_key)
     path = cache_dir / "heads" / f"{name}-{key}.npz"
     if path.exists():
         from runs.npz_readers import read_head_cache  # CorruptFileError names the file

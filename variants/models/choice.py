@@ -86,6 +86,8 @@ class ChoiceModel(DecisionModel):
 
     name = "minilm-choice"
     exit_head_kind = EXIT_HEAD_KIND
+    #: raw logit = scale * cos (the ``cosine`` logits kind's ``[cosine] scale``)
+    scale = COSINE_SCALE
 
     def _reset_caches(self):
         self._option_emb = None
@@ -112,11 +114,12 @@ class ChoiceModel(DecisionModel):
                           idx >= 0)
         text = self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)  # (B, D)
         cos = (text[:, None, :] * opts).sum(axis=-1)
-        return mx.where(idx >= 0, COSINE_SCALE * cos, 0.0)
+        return mx.where(idx >= 0, self.scale * cos, 0.0)
 
     def config(self):
-        return {"name": self.name, "scale": COSINE_SCALE, "tasks": TASKS,
-                "wording": [SENTIMENT_WORDING, DOMAIN_WORDING], "temperatures": self.temperatures}
+        # the tasks and their wording are in the TaskSets (and so in their fingerprints)
+        return {"name": self.name, "scale": self.scale, **self.settings_config(),
+                "temperatures": self.temperatures}
 
 
 def build(checkpoint):

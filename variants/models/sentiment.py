@@ -46,25 +46,33 @@ class SentimentNet(nn.Module):
 
 
 class SentimentModel(DecisionModel):
-    """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression."""
+    """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression.
+
+    The ``linear-head`` logits kind of a model TOML (:mod:`variants.model_config`): ``head_C``
+    is its ``[linear_head] C``, the head's classes its options.
+    """
 
     name = "minilm-sentiment"
     exit_head_kind = EXIT_HEAD_KIND
+    head_C = HEAD_C
 
     def forward(self, batch):
         return self.module(batch.input_ids, batch.attention_mask, batch.token_type_ids)
 
     def fit_head(self, taskset):
-        """Fit the linear head (multinomial logistic regression, C=HEAD_C) on ``taskset``."""
+        """Fit the linear head (multinomial logistic regression, C=``head_C``) on ``taskset``.
+        Raises ValueError unless every one of the head's classes has a fit example."""
         batches, _ = self.prepare(taskset)
         emb = np.zeros((len(taskset), self.module.head.weight.shape[1]), np.float32)
         for b in batches:
             e = self.module.embed(b.input_ids, b.attention_mask, b.token_type_ids)
             emb[b.index] = np.array(e)
-        clf = LogisticRegression(C=HEAD_C, max_iter=2000)
-        clf.fit(emb, taskset.labels)
-        if list(clf.classes_) != [0, 1, 2]:
-            raise ValueError(f"the fit split must contain all 3 classes, got {clf.classes_}")
+        n = self.module.head.weight.shape[0]
+        keep = taskset.labels >= 0
+        clf = LogisticRegression(C=self.head_C, max_iter=2000)
+        clf.fit(emb[keep], taskset.labels[keep])
+        if list(clf.classes_) != list(range(n)):
+            raise ValueError(f"the fit split must contain all {n} classes, got {clf.classes_}")
         self.module.head.weight = mx.array(clf.coef_.astype(np.float32))
         self.module.head.bias = mx.array(clf.intercept_.astype(np.float32))
         return clf
@@ -77,9 +85,10 @@ class SentimentModel(DecisionModel):
         self.module.head.bias = mx.array(state["bias"])
 
     def config(self):
-        return {"name": self.name, "head_C": HEAD_C, "temperatures": self.temperatures}
+        return {"name": self.name, "head_C": self.head_C, **self.settings_config(),
+                "temperatures": self.temperatures}
 
 
-def build(checkpoint):
+def build(checkpoint, n_classes=3):
     """An unfitted SentimentModel around ``checkpoint`` (head fitted by the registry)."""
-    return SentimentModel(SentimentNet(checkpoint.encoder), checkpoint.tokenizer)
+    return SentimentModel(SentimentNet(checkpoint.encoder, n_classes), checkpoint.tokenizer)
