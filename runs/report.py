@@ -254,7 +254,10 @@ def render_report(meta, summary, details, contract, extras=None):
         f"- data: {data['source']}; eval n={data['splits']['eval']['n']}, calibration "
         f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
         f"texts truncated at {data['max_tokens']} tokens: "
-        + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items()),
+        + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items())
+        + ("" if "special_only_texts" not in data else "; texts that are special tokens only "
+           "(kept and judged): " + ", ".join(f"{k} {v}"
+                                             for k, v in data["special_only_texts"].items())),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")

@@ -23,7 +23,15 @@ TINY = ["--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-ro
                                        ("classifier", "examples/vader_raters.jsonl")])
 def test_example_toml_sweeps_end_to_end(kind, data, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    extra = ["--data", data] if data else []
+    emoji_ids = set()
+    if data:  # ten rows whose text is one emoji: the tiny vocabulary reads [CLS] [UNK] [SEP]
+        rows = [json.loads(x) for x in (ROOT / data).read_text().splitlines()]
+        for r in rows[:10]:
+            r["text"] = "\U0001F642"
+            emoji_ids.add(r["id"])
+        data = tmp_path / "rows.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = ["--data", str(data)] if data else []
     assert main(["sweep", "--model-config", f"examples/model-{kind}.toml",
                  "--results-dir", str(tmp_path), *extra, *TINY]) == 0
     run = tmp_path / f"my-{kind}-quant-g64"
@@ -44,4 +52,10 @@ def test_example_toml_sweeps_end_to_end(kind, data, tmp_path, monkeypatch, capsy
         z = ref.logits.astype(np.float64)
         p = np.exp(z - z.max(axis=1, keepdims=True))
         assert np.allclose(ref.probs, p / p.sum(axis=1, keepdims=True), atol=1e-5)
-        assert meta["data"]["file"]["path"].endswith("vader_raters.jsonl")
+        assert meta["data"]["file"]["path"] == str(data)
+        # special-token-only rows are kept and counted per split
+        assert meta["data"]["special_only_texts"]["eval"] == len(emoji_ids & set(ref.ids))
+        cal = DecisionOutputs.load(run / "reference" / "calibration_outputs.npz")
+        assert meta["data"]["special_only_texts"]["calibration"] == len(emoji_ids & set(cal.ids))
+        assert meta["data"]["special_only_texts"]["calibration"] > 0
+        assert "special tokens only (kept and judged)" in (run / "report.md").read_text()

@@ -361,8 +361,9 @@ def special_only_mask(texts, tokenizer):
     [SEP]`` for an emoji-only text): the model reads nothing of it.
 
     A token counts as special when the ``tokenizers`` encoding marks it
-    (``Encoding.special_tokens_mask``, the post-processor's tokens) or its id is one of the
-    tokenizer's special added tokens (``[UNK]``, ``[PAD]``, ``[MASK]``, typed in the text).
+    (``Encoding.special_tokens_mask``, the post-processor's tokens), its id is one of the
+    tokenizer's special added tokens (``[UNK]``, ``[PAD]``, ``[MASK]``, typed in the text) or
+    it is the vocabulary model's unknown token.
 
     Parameters
     ----------
@@ -376,6 +377,9 @@ def special_only_mask(texts, tokenizer):
     """
     tok = getattr(tokenizer, "tokenizer", tokenizer)
     special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    unk = getattr(tok.model, "unk_token", None)  # a vocabulary may not register it as added
+    if unk is not None and tok.token_to_id(unk) is not None:
+        special.add(tok.token_to_id(unk))
     encs = tok.encode_batch(list(texts)) if len(texts) else []
     return np.array([all(m or i in special for i, m in zip(e.ids, e.special_tokens_mask))
                      for e in encs], dtype=bool)

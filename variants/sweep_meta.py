@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from variants import BLAS_INFO, __version__, parallel
 from variants.sweep_timing import model_bytes
+from variants.own_data import count_special_only
 
 
 def _versions():
@@ -50,6 +51,9 @@ def run_metadata(sweep):
             "splits": {s: {"n": len(ts), "fingerprint": ts.fingerprint()}
                        for s, ts in sweep.tasksets.items()},
             "truncated_texts": sweep.truncated,
+            # kept and judged like any other row, but counted: the model saw no text at all
+            "special_only_texts": {s: count_special_only(ts.texts, sweep.checkpoint.tokenizer)
+                                   for s, ts in sweep.tasksets.items()},
             "max_tokens": sweep.checkpoint.tokenizer.max_length,
             "tokenizer": sweep.checkpoint.tokenizer.settings(),
         },
