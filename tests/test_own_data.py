@@ -241,3 +241,28 @@ def test_special_only_texts_are_counted():
     # [CLS] [SEP] / [CLS] [UNK] [SEP] / typed specials: nothing for the model to read
     assert count_special_only(texts, tok) == 4
     assert count_special_only([], tok) == 0
+
+
+def test_a_rows_own_question_reaches_the_prompt():
+    """A data row's ``question`` fills the prompt's {question}; rows without one get the model's;
+    a TaskSet without questions keeps its former fingerprint (no field added)."""
+    from variants.decision import DecisionModel
+    from variants.tasks import build_taskset
+
+    base = dict(task="t", options=["no", "yes"], scores=None, actions=["a", "b"], label=0,
+                human=None)
+    rows = [dict(base, id="1", text="it rains", question="Take an umbrella?"),
+            dict(base, id="2", text="sunny", question="")]
+    ts = build_taskset(rows, k_max=2, action_names=("a", "b"))
+    assert ts.questions.tolist() == ["Take an umbrella?", ""]
+    model = DecisionModel(None, None)
+    model.prompt, model.question = "{question} | {options} | {text}", "Go out?"
+    texts, pairs = model.model_inputs(ts)
+    assert texts == ["Take an umbrella? | no / yes | it rains", "Go out? | no / yes | sunny"]
+    assert pairs is None
+    assert ts.subset([1]).questions.tolist() == [""]
+    plain = build_taskset([dict(r, question=None) for r in rows], k_max=2, action_names=("a", "b"))
+    assert plain.questions is None
+    assert plain.fingerprint() != ts.fingerprint()
+    import dataclasses
+    assert plain.fingerprint() == dataclasses.replace(ts, questions=None).fingerprint()

@@ -27,6 +27,9 @@ class TaskSet:
     action_names : tuple of str, length A
     labels : ndarray (N,) int64, -1 where unknown.
     human_dist : ndarray (N, K) float32, NaN where no raters.
+    questions : ndarray (N,) str or None
+        Each row's own question for a prompt's ``{question}`` ("" = the model's); None when no
+        row has one (then it is left out of :meth:`fingerprint`, which stays as it was).
     """
 
     ids: np.ndarray
@@ -39,6 +42,7 @@ class TaskSet:
     action_names: tuple
     labels: np.ndarray
     human_dist: np.ndarray
+    questions: np.ndarray = None
 
     def __len__(self):
         return len(self.ids)
@@ -49,12 +53,14 @@ class TaskSet:
 
     def subset(self, index):
         kw = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TaskSet(**{k: (v if k == "action_names" else v[index]) for k, v in kw.items()})
+        return TaskSet(**{k: (v if k == "action_names" or v is None else v[index])
+                          for k, v in kw.items()})
 
     def fingerprint(self):
         """Stable hash of every array (a cache key part): texts, options, labels, maps."""
         return digest(*[
             (f.name, np.asarray(getattr(self, f.name)).tolist()) for f in fields(self)
+            if getattr(self, f.name) is not None
         ])
 
 
@@ -92,4 +98,6 @@ def build_taskset(rows, *, k_max, action_names):
         action_names=tuple(action_names),
         labels=np.array([r["label"] for r in rows], dtype=np.int64),
         human_dist=human,
+        questions=(np.array([r.get("question") or "" for r in rows], dtype=str)
+                   if any(r.get("question") for r in rows) else None),
     )
