@@ -90,7 +90,7 @@ def split_features(reference, module, taskset, layers, kind):
             logits.append(np.array(cosine_logits(pooled, o, b.option_index >= 0)))
             opts.append(np.array(o))
         else:
-            logits.append(np.array(module.head(pooled)))
+            logits.append(np.array(module.readout(enc.last_hidden, b.attention_mask)))
         order.append(b.index)
     inv = np.argsort(np.concatenate(order))
     return {"feats": {l: np.concatenate(v)[inv] for l, v in feats.items()},
