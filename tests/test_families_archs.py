@@ -31,7 +31,9 @@ ARCHS = ["roberta", "modernbert", "modernbert_g2"]
 TEXTS = ["Honestly the best pasta I have had in years, and the staff were lovely.",
          "The soup was cold.", "ok", "It is a restaurant on the corner of the main street.",
          "Never again. Rude, slow, and the bill was wrong twice!", "Fine, I guess.",
-         "What a wonderful surprise to find this place open so late at night.", "meh"]
+         "What a wonderful surprise to find this place open so late at night.", "meh",
+         # longer than modernbert_g2's window (|q - k| <= 32): pruning keeps the distances
+         " ".join(["The first course was late but the second one was worth the wait,"] * 6)]
 
 
 class ClassifierNet(nn.Module):
@@ -155,8 +157,8 @@ def test_lowrank_full_rank_reproduces_and_targets_the_architecture(setup, monkey
     arch, model, batch, ref, inputs = setup
     fam = get_family("lowrank")
     names = (("attn.Wqkv", "attn.Wo", "mlp.Wi", "mlp.Wo") if arch.startswith("modernbert") else
-             ("attention.query", "attention.key", "attention.value", "attention.out",
-              "intermediate", "output"))
+             ("intermediate", "output", "attention.query", "attention.key", "attention.value",
+              "attention.out"))  # BERT's order as on MiniLM (build.json tables unchanged)
     monkeypatch.setattr(lr, "break_even", lambda m, n: float("inf"))  # factorise every layer
     lr._FACTORED.clear()
     variant, info = fam.build(model, LowRankConfig(method="whitened", rule="rank", rank=64),
