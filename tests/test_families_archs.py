@@ -198,3 +198,23 @@ def test_marker_or_headless_module_is_refused_in_one_line(setup, family):
     with pytest.raises(ValueError, match=r"Module has no readout\(last_hidden, attention_mask\)"):
         get_family(family).check_model(bare, [cfg])
     get_family(family).check_model(model.module, [cfg])  # the classifier module passes
+
+
+def test_embedding_model_prunes_and_exits_on_modernbert():
+    """minilm-choice's EmbeddingNet (cosine logits against option texts) on ModernBERT: ρ = 1
+    pruning reproduces it, the cosine exit heads build and the rows that stay are its own."""
+    from variants.models.choice import ChoiceModel, EmbeddingNet
+
+    ckpt = load_checkpoint(HF / "modernbert_g2")
+    model = ChoiceModel(EmbeddingNet(ckpt.encoder), ckpt.tokenizer, temperatures={3: 1.0})
+    cal, fit = _taskset(TEXTS), _taskset(TEXTS[::-1] + TEXTS, 100)
+    ref = model.raw_logits(cal)
+    pruned, _ = get_family("prune").build(model, PruneConfig(after_layer=2, keep_ratio=1.0),
+                                          BuildInputs(calibration=cal))
+    assert np.abs(pruned.raw_logits(cal) - ref).max() <= 1e-4  # 20·cos: logits scale 20
+    variant, info = get_family("exit").build(model, ExitConfig(rule="margin", target=0.9),
+                                             BuildInputs(calibration=cal, fit=fit))
+    out = variant.raw_logits(cal)
+    assert info["head_kind"] == "cosine" and np.isfinite(out).all()
+    stay = variant.last_exit_layer == info["n_layers"]
+    assert np.abs(out[stay] - ref[stay]).max(initial=0) <= 1e-4

@@ -83,7 +83,8 @@ def split_features(reference, module, taskset, layers, kind):
                              output_hidden_states=True)
         for l in layers:
             feats[l].append(np.array(mean_pool(enc.hidden_states[l], b.attention_mask)))
-        pooled = mean_pool(enc.last_hidden, b.attention_mask)
+        pooled = (module.readout(enc.last_hidden, b.attention_mask) if kind == "cosine"
+                  else mean_pool(enc.last_hidden, b.attention_mask))  # the embedding scored
         final.append(np.array(pooled))
         if kind == "cosine":
             o = O[mx.maximum(b.option_index, 0)]
