@@ -126,10 +126,14 @@ class _Sink:
 
 
 def target_linears(module, *, prefix="encoder.layers."):
-    """Paths of the nn.Linear layers under ``prefix`` (the encoder's; embeddings and head excluded)."""
+    """Paths of the nn.Linear layers under ``prefix`` (the encoder's; embeddings and head
+    excluded), layer by layer in forward order: BERT/RoBERTa ``attention.query/key/value/out``,
+    ``intermediate``, ``output``; ModernBERT ``attn.Wqkv`` (q|k|v fused: one input site),
+    ``attn.Wo``, ``mlp.Wi`` (input|gate), ``mlp.Wo``."""
     paths = [p for p, m in module.named_modules()
              if type(m) is nn.Linear and p.startswith(prefix)]
-    order = {"query": 0, "key": 1, "value": 2, "out": 3, "intermediate": 4, "output": 5}
+    order = {"query": 0, "key": 1, "value": 2, "out": 3, "intermediate": 4, "output": 5,
+             "Wqkv": 0, "Wi": 1, "Wo": 3}
     return sorted(paths, key=lambda p: [(int(t), 0) if t.isdigit() else (order.get(t, 9), t)
                                         for t in p.split(".")])
 

@@ -46,6 +46,7 @@ from variants.builders.exit_rules import (N_CANDIDATES, RULES, exit_summary,  # 
                                           rule_statistic, simulate, summary_lines)
 from variants.builders.quantize import MODES, QuantConfig, quantize_module
 from variants.builders.exit_net import ExitNet
+from variants.builders.readout import check_readout
 
 
 def _layers_of(cfg, n_layers):
@@ -53,29 +54,39 @@ def _layers_of(cfg, n_layers):
 
 
 def _kind_of_model_name(model):
-    """Head kind of a registered model name (``EXIT_HEAD_KIND`` of its model file) or None."""
-    from variants.models import get_module
+    """Head kind of a registered model name (``EXIT_HEAD_KIND`` of its model file), or ``...``
+    for a name the registry does not hold (a model described otherwise: its module is checked
+    by :func:`_head_kind` at build)."""
+    from variants.models import MODELS, get_module
 
+    if model not in MODELS:
+        return ...
     return getattr(get_module(model), "EXIT_HEAD_KIND", None)
 
 
 def check_model(module, cfgs, model=None):
     """Reject, before a sweep writes anything: a decision model early exit cannot reproduce
     (``model`` = the registry name; its model file must define ``EXIT_HEAD_KIND``), an encoder
-    without per-layer access, exit layers outside [1, N), and fixed thresholds that no
-    calibration example can meet (a patience longer than the number of heads; entropy τ ≤ 0 and
-    margin τ ≥ 1 are already refused by :class:`ExitConfig`). ``module``: the encoder.
+    without per-layer access, a decision module without a plain ``readout(last_hidden, mask)``
+    (e.g. one reading marker-token positions), exit layers outside [1, N), and fixed thresholds
+    that no calibration example can meet (a patience longer than the number of heads; entropy
+    τ ≤ 0 and margin τ ≥ 1 are already refused by :class:`ExitConfig`). ``module``: the encoder,
+    or the decision module (``encoder`` + ``readout``).
 
     Raises
     ------
     ValueError
         Naming the parameter (--model, --exit-layers, --exit-thresholds) and the fix.
     """
-    if model is not None and _kind_of_model_name(model) not in KINDS:
+    kind = _kind_of_model_name(model) if model is not None else ...
+    if kind is not ... and kind not in KINDS:
         raise ValueError(f"--model {model} has no early-exit head (its model file defines no "
                          f"EXIT_HEAD_KIND in {KINDS}); early exit supports minilm-sentiment "
                          "and minilm-choice: choose --family prune or quant for it")
     layers = getattr(module, "layers", None)
+    if layers is None and getattr(module, "encoder", None) is not None:
+        check_readout(module, "exit")
+        layers = module.encoder.layers
     if layers is None:
         raise ValueError(f"--model {model or '?'}: its encoder {type(module).__name__} has no "
                          "per-layer access (a `layers` list); --family exit needs one")
@@ -103,19 +114,20 @@ def check_model(module, cfgs, model=None):
 
 
 def _head_kind(reference):
-    """'linear' (module with encoder + linear head), 'cosine' (ChoiceModel) or an error."""
+    """'linear' (exit heads predict the module's logits: ``readout`` gives (B, K) logits) or
+    'cosine' (ChoiceModel: ``readout`` gives the embedding scored against option texts), from
+    ``reference.exit_head_kind``; an error naming why for anything else."""
     module = reference.module
-    if "encoder" not in module or not hasattr(module["encoder"], "layers"):
-        raise ValueError(f"--model {reference.name}: {type(module).__name__} has no per-layer "
-                         "access (module.encoder.layers); --family exit needs one")
+    try:
+        check_readout(module, "exit")
+    except ValueError as e:
+        raise ValueError(f"--model {reference.name}: {e}") from None
     kind = getattr(reference, "exit_head_kind", None)
-    if kind == "linear" and "head" in module and isinstance(module["head"], nn.Linear):
+    if kind in KINDS:
         return kind
-    if kind == "cosine":
-        return kind
-    raise ValueError(f"--model {reference.name} ({type(module).__name__}) has no early-exit "
-                     f"head kind (exit_head_kind in {KINDS} with a linear head for 'linear'): "
-                     "choose --family prune or quant for it")
+    raise ValueError(f"--model {reference.name} ({type(reference).__name__}) has no early-exit "
+                     f"head kind (exit_head_kind in {KINDS}: 'linear' when its readout gives "
+                     "logits): choose --family prune or quant for it")
 
 
 # "calibration key" = reference.cache_key(calibration fingerprint): + config, tokenizer settings
@@ -129,8 +141,9 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
     Parameters
     ----------
     reference : DecisionModel (calibrated: its temperatures are used by cosine heads)
-        minilm-sentiment (``module.encoder`` with ``layers`` and a linear ``head``) or
-        minilm-choice (``module`` an embedding net with ``encoder.layers``).
+        Its ``module`` has an ``encoder`` with the per-layer interface (any architecture) and a
+        ``readout`` (:mod:`variants.builders.readout`); ``exit_head_kind`` 'linear' (readout
+        gives logits: minilm-sentiment, a checkpoint's classifier) or 'cosine' (minilm-choice).
     cfg : ExitConfig
     mode : {'native', 'simulated'}, default='simulated'
         Meaningful only with ``cfg.bits``.
@@ -167,7 +180,7 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         raise ValueError("early exit needs the calibration split to choose its threshold "
                          "(build(reference, cfg, calibration=...))")
     n_layers = len(module.encoder.layers)
-    check_model(module.encoder, [cfg])
+    check_model(module, [cfg])
     layers = _layers_of(cfg, n_layers)
     base, qinfo = module, None
     if cfg.bits is not None:

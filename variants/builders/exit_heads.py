@@ -83,14 +83,15 @@ def split_features(reference, module, taskset, layers, kind):
                              output_hidden_states=True)
         for l in layers:
             feats[l].append(np.array(mean_pool(enc.hidden_states[l], b.attention_mask)))
-        pooled = mean_pool(enc.last_hidden, b.attention_mask)
+        pooled = (module.readout(enc.last_hidden, b.attention_mask) if kind == "cosine"
+                  else mean_pool(enc.last_hidden, b.attention_mask))  # the embedding scored
         final.append(np.array(pooled))
         if kind == "cosine":
             o = O[mx.maximum(b.option_index, 0)]
             logits.append(np.array(cosine_logits(pooled, o, b.option_index >= 0)))
             opts.append(np.array(o))
         else:
-            logits.append(np.array(module.head(pooled)))
+            logits.append(np.array(module.readout(enc.last_hidden, b.attention_mask)))
         order.append(b.index)
     inv = np.argsort(np.concatenate(order))
     return {"feats": {l: np.concatenate(v)[inv] for l, v in feats.items()},

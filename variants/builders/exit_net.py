@@ -9,7 +9,7 @@ import numpy as np
 
 from variants.builders.exit_heads import cosine_logits, unit
 from variants.builders.exit_rules import fires, never_fires, predictions, rule_statistic
-from variants.encoder import attention_bias, mean_pool
+from variants.encoder import mean_pool
 
 
 
@@ -19,8 +19,11 @@ class ExitNet(nn.Module):
     Parameters
     ----------
     base : nn.Module
-        ``kind='linear'``: a module with ``encoder`` and a linear ``head`` (SentimentNet);
-        ``kind='cosine'``: an embedding net with ``encoder`` (choice.EmbeddingNet).
+        ``encoder`` with the per-layer interface (any architecture) and ``readout`` (see
+        :mod:`variants.builders.readout`): ``kind='linear'``: the readout gives logits
+        (SentimentNet, a checkpoint's classifier); ``kind='cosine'``: it gives the embedding
+        (choice.EmbeddingNet). Heads read mean-pooled intermediate states (before
+        ``encoder.finish``); the final layer answers through ``readout(finish(x), mask)``.
     heads : list of nn.Linear — one per layer of ``layers`` ((D → K) linear, (D → D) cosine)
     layers : sequence of int — 1-based layers after which a head runs
     rule, threshold : the exit rule (``exit_rules.RULES``) and its τ (or t)
@@ -71,10 +74,11 @@ class ExitNet(nn.Module):
                              "reference before building the early-exit variant")
         return np.array([self._temperatures[int(x)] for x in k], np.float64)
 
-    def _final(self, pooled, options, valid):
+    def _final(self, hidden, mask, options, valid):
+        out = self.base.readout(self.base.encoder.finish(hidden), mask)
         if self._kind == "cosine":
-            return cosine_logits(pooled, options, valid)
-        return self.base.head(pooled)
+            return cosine_logits(out, options, valid)
+        return out
 
     def forward_trace(self, input_ids, attention_mask, token_type_ids, trace=None, *,
                       options=None, option_valid=None):
@@ -94,7 +98,7 @@ class ExitNet(nn.Module):
                                  option_valid)
         x = enc.embed(input_ids, token_type_ids)
         mask = attention_mask
-        bias = attention_bias(mask, x.dtype)
+        ctx = enc.context(mask)
         heads = dict(zip(self._layers, self.exit_heads))
         valid_np = None if option_valid is None else np.array(option_valid, bool)
         temp = self._temperature(valid_np) if self._kind == "cosine" else None
@@ -103,10 +107,10 @@ class ExitNet(nn.Module):
         exit_layer = np.full(B, n_layers, np.int64)
         run = np.zeros(B, np.int64)
         prev = np.full(B, -1)
-        for i, layer in enumerate(enc.layers):
+        for i in range(n_layers):
             if trace is not None:
                 trace.append((i, tuple(x.shape)))
-            x = enc.run_layer(layer, x, bias, mask)  # packed like the reference if padded
+            x, _ = enc.apply_layer(i, x, ctx)  # BERT: packed like the reference if padded
             head = heads.get(i + 1)
             if head is None or i + 1 >= n_layers:
                 continue
@@ -136,11 +140,12 @@ class ExitNet(nn.Module):
             mask = mask[idx]
             L = int(mask.sum(axis=1).max().item())  # right padding: cut to the longest left
             x, mask = x[idx][:, :L], mask[:, :L]
-            bias = attention_bias(mask, x.dtype)
+            ctx = ctx.take_rows(idx).take_tokens(
+                mx.broadcast_to(mx.arange(L, dtype=mx.int32), mask.shape), mask)
             if self._kind == "cosine":
                 options, option_valid = options[idx], option_valid[idx]
                 valid_np, temp = valid_np[keep], temp[keep]
-        final = self._final(mean_pool(x, mask), options, option_valid)
+        final = self._final(x, mask, options, option_valid)
         self.last_exit_layer = exit_layer
         if out is None:
             return final

@@ -69,7 +69,9 @@ class Family:
         ValueError on bad input. Imports MLX.
     check_model : callable(encoder, configs, model=None) -> None
         Raises ValueError, before a sweep writes anything, for configs the loaded model cannot
-        hold (``encoder``: the checkpoint's encoder; ``model``: the registry name).
+        hold (``encoder``: the checkpoint's encoder, or the decision module, whose ``readout``
+        prune and exit then check, :mod:`variants.builders.readout`; ``model``: the registry
+        name).
     describe : callable(build, timing=None) -> str or None
         Markdown lines for the run's report.md from a variant's build.json dict and its
         timing.json dict (None: nothing to say). Plain Python: no MLX.

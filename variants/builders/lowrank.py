@@ -154,12 +154,18 @@ def _factorize_into(new, paths, cfg, stats):
 def check_model(module, cfgs):
     """Reject, before a sweep writes anything, a fixed rank no encoder Linear can hold.
 
+    ``module``: the encoder (its Linears under ``layers.``) or the decision module (under
+    ``encoder.layers.``: :func:`variants.activations.target_linears`; a classifier head is not
+    factorised, so its shape sets no limit).
+
     Raises
     ------
     ValueError
         If a config's ``rank`` exceeds min(m, n) of the smallest factorised weight.
     """
-    shapes = [m.weight.shape for _, m in module.named_modules() if isinstance(m, nn.Linear)]
+    prefix = "layers." if hasattr(module, "layers") else "encoder.layers."
+    mods = dict(module.named_modules())
+    shapes = [mods[p].weight.shape for p in activations.target_linears(module, prefix=prefix)]
     if not shapes:
         return
     limit = min(min(s) for s in shapes)

@@ -7,10 +7,13 @@ tokens, ranked by an attention importance score computed in layer ``a``:
   token receives, averaged over heads and over the example's real query positions;
 - ``cls``: the attention the [CLS] query pays to each token, averaged over heads.
 
-Protected tokens ([CLS], [SEP], and any extra ids a config names) are always kept. The kept
-tokens are *gathered* into a shorter sequence in their original order (position embeddings were
-added at the embedding layer, so each token keeps its own), the attention mask and the mean
-pooling follow the kept tokens, and the remaining layers run on the shorter sequence: real work
+Protected tokens ([CLS], [SEP]; RoBERTa's <s>, </s>) are always kept. Any architecture with the
+per-layer interface (``encoder.context`` / ``apply_layer`` / ``finish``) and any decision module
+with a plain ``readout`` (:mod:`variants.builders.readout`) can be pruned. The kept
+tokens are *gathered* into a shorter sequence in their original order (BERT's position
+embeddings were added at the embedding layer; ModernBERT's rotary angles and sliding windows
+follow each token's original position through ``ctx.take_tokens``), the attention mask and the
+module's ``readout`` (pooling + head) follow the kept tokens, and the remaining layers run on the shorter sequence: real work
 is skipped, not masked. A ``schedule`` of (layer, keep ratio) pairs prunes at several layers with
 the same code (ratios relative to the example's original real-token count, non-increasing).
 
@@ -34,7 +37,7 @@ from variants.builders.prune_family import (DEFAULT_KEEP_RATIOS, DEFAULT_LAYERS,
                                             _check_ratio, add_arguments, describe, ladder,
                                             parse_schedule, run_name)
 from variants.builders.quantize import MODES, QuantConfig, quantize_module
-from variants.encoder import attention_bias, mean_pool
+from variants.builders.readout import check_readout
 
 
 
@@ -111,11 +114,14 @@ def keep_counts(n_real, keep_ratio):
 
 
 class PrunedNet(nn.Module):
-    """Wraps a decision module (``encoder`` + optional ``head``) and prunes tokens between layers.
+    """Wraps a decision module (``encoder`` with the per-layer interface + ``readout``, see
+    :mod:`variants.builders.readout`) and prunes tokens between layers.
 
     Call like the wrapped module: ``(input_ids, attention_mask, token_type_ids)`` (B, L) int32 ->
-    head logits (B, K), or the pooled embedding (B, D) when the wrapped module has no head
-    (minilm-choice's EmbeddingNet: option texts are pruned the same way).
+    ``base.readout(encoder.finish(x), kept mask)``: head logits (B, K), or the pooled embedding
+    (B, D) of an embedding module (minilm-choice's EmbeddingNet: option texts are pruned the
+    same way). Any architecture: the layers run through ``encoder.apply_layer`` with a context
+    that follows the kept tokens (``ctx.take_tokens``: ModernBERT keeps original positions).
     """
 
     def __init__(self, base, points, *, score="received", protected_ids=()):
@@ -124,7 +130,6 @@ class PrunedNet(nn.Module):
         self._points = tuple(points)  # ((layer, ratio), ...)
         self._score = score
         self._protected_ids = tuple(int(i) for i in protected_ids)
-        self._has_head = "head" in base
 
     def __call__(self, input_ids, attention_mask, token_type_ids):
         return self.forward_trace(input_ids, attention_mask, token_type_ids)[0]
@@ -135,7 +140,7 @@ class PrunedNet(nn.Module):
         enc = self.base.encoder
         x = enc.embed(input_ids, token_type_ids)
         mask = attention_mask
-        bias = attention_bias(mask, x.dtype)
+        ctx = enc.context(mask)
         n_orig = attention_mask.astype(mx.float32).sum(axis=1)
         prune_at = dict(self._points)
         protected = mx.zeros(input_ids.shape, mx.bool_)
@@ -143,24 +148,22 @@ class PrunedNet(nn.Module):
             protected = mx.logical_or(protected, input_ids == t)
         n_layers = len(enc.layers)
         ids = input_ids
-        for i, layer in enumerate(enc.layers):
+        for i in range(n_layers):
             if trace is not None:
                 trace.append((i, tuple(x.shape)))
             ratio = prune_at.get(i + 1) if i + 1 < n_layers else None
-            if ratio is None:  # packed like the reference when the batch has padding
-                x = enc.run_layer(layer, x, bias, mask)
+            if ratio is None:  # BERT: packed like the reference when the batch has padding
+                x, _ = enc.apply_layer(i, x, ctx)
             else:
-                x, attn = layer(x, bias, True)
+                x, attn = enc.apply_layer(i, x, ctx, return_attention=True)
                 scores = importance(attn, mask, self._score)
                 index, mask = select_tokens(scores, mask, protected,
                                             mx.ceil(ratio * n_orig - 1e-6))
                 x = mx.take_along_axis(x, index[..., None], axis=1)
                 protected = mx.take_along_axis(protected, index, axis=1)
                 ids = mx.take_along_axis(ids, index, axis=1)
-                bias = attention_bias(mask, x.dtype)
-        pooled = mean_pool(x, mask)
-        out = self.base.head(pooled) if self._has_head else pooled
-        return out, ids, mask
+                ctx = ctx.take_tokens(index, mask)
+        return self.base.readout(enc.finish(x), mask), ids, mask
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,17 +198,21 @@ def realised_work_ratio(points, n_layers, n_real, n_protected):
 
 
 def check_model(module, cfgs):
-    """Reject, before a sweep writes anything, a pruning layer outside [1, N).
+    """Reject, before a sweep writes anything, a model pruning cannot rebuild or a pruning layer
+    outside [1, N).
 
-    ``module`` is the encoder (or anything with an ``encoder``/``layers`` list).
+    ``module`` is the encoder (anything with a ``layers`` list), or the decision module
+    (``encoder`` + ``readout``, checked by :func:`variants.builders.readout.check_readout`).
 
     Raises
     ------
     ValueError
-        If a config prunes after a layer a with a >= N (nothing left to skip).
+        A decision module without per-layer access or a plain ``readout(last_hidden, mask)``
+        (one line, naming why); a config pruning after a layer a with a >= N.
     """
     layers = getattr(module, "layers", None)
     if layers is None:
+        check_readout(module, "prune")
         layers = module.encoder.layers
     n = len(layers)
     for cfg in cfgs:
@@ -215,13 +222,29 @@ def check_model(module, cfgs):
                                  f"encoder; pass --prune-layers between 1 and {n - 1}")
 
 
+#: the [CLS]/[SEP] pair of each tokenizer family, tried in order (BERT/ModernBERT, RoBERTa/XLM-R)
+SPECIAL_PAIRS = (PROTECTED_TOKENS, ("<s>", "</s>"))
+
+
+def protected_tokens(tokenizer):
+    """The token strings pruning never drops: the first of :data:`SPECIAL_PAIRS` whose tokens
+    the ``TextTokenizer`` all knows ([CLS]/[SEP], or RoBERTa's <s>/</s>).
+
+    Raises
+    ------
+    ValueError
+        When the tokenizer has none of the pairs.
+    """
+    for pair in SPECIAL_PAIRS:
+        if all(tokenizer.tokenizer.token_to_id(t) is not None for t in pair):
+            return pair
+    raise ValueError(f"the tokenizer has none of the token pairs {list(SPECIAL_PAIRS)}; pruning "
+                     "cannot protect its sequence start and end")
+
+
 def protected_ids(tokenizer):
-    """Token ids that pruning never drops ([CLS], [SEP]) from a ``TextTokenizer``."""
-    ids = [tokenizer.tokenizer.token_to_id(t) for t in PROTECTED_TOKENS]
-    missing = [t for t, i in zip(PROTECTED_TOKENS, ids) if i is None]
-    if missing:
-        raise ValueError(f"the tokenizer has no {missing} token; pruning cannot protect it")
-    return tuple(ids)
+    """Token ids that pruning never drops (:func:`protected_tokens`) from a ``TextTokenizer``."""
+    return tuple(tokenizer.tokenizer.token_to_id(t) for t in protected_tokens(tokenizer))
 
 
 def build(reference, cfg, mode="simulated", calibration=None):
@@ -230,7 +253,8 @@ def build(reference, cfg, mode="simulated", calibration=None):
     Parameters
     ----------
     reference : DecisionModel
-        Its ``module`` has an ``encoder`` (BertEncoder) and, optionally, a ``head``.
+        Its ``module`` has an ``encoder`` with the per-layer interface and a ``readout``
+        (:mod:`variants.builders.readout`); any architecture.
     cfg : PruneConfig
     mode : {'native', 'simulated'}, default='simulated'
         Meaningful only with ``cfg.bits`` (passed to ``quantize_module``).
@@ -249,20 +273,19 @@ def build(reference, cfg, mode="simulated", calibration=None):
     Raises
     ------
     ValueError
-        Unknown mode, a layer outside [1, N), a module without an encoder.
+        Unknown mode, a layer outside [1, N), a module without a per-layer encoder or a plain
+        ``readout`` (e.g. one reading marker-token positions).
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not supported; choose one of {MODES}")
     module = reference.module
-    if "encoder" not in module or not hasattr(module["encoder"], "layers"):
-        raise ValueError(f"{type(module).__name__} has no per-layer encoder (module.encoder."
-                         "layers); token pruning needs one")
+    check_model(module, [cfg])
     n_layers = len(module.encoder.layers)
-    check_model(module.encoder, [cfg])
     prot = protected_ids(reference.tokenizer)
     info = {"after_layer": cfg.points[0][0], "keep_ratio": cfg.points[-1][1],
             "schedule": [list(p) for p in cfg.points], "score": cfg.score,
-            "protected_ids": list(prot), "protected_tokens": list(PROTECTED_TOKENS),
+            "protected_ids": list(prot),
+            "protected_tokens": list(protected_tokens(reference.tokenizer)),
             "n_layers": n_layers}
     base = module
     if cfg.bits is not None:

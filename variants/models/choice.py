@@ -76,6 +76,10 @@ class EmbeddingNet(nn.Module):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids).last_hidden
         return mean_pool(hidden, attention_mask)
 
+    def readout(self, last_hidden, attention_mask):
+        """(B, L, D) hidden states after the encoder, (B, L) mask -> (B, D) embedding."""
+        return mean_pool(last_hidden, attention_mask)
+
 
 class ChoiceModel(DecisionModel):
     """Zero-shot choice: logit_k = COSINE_SCALE * cos(embed(text), embed(option_k)).

@@ -44,6 +44,11 @@ class SentimentNet(nn.Module):
     def __call__(self, input_ids, attention_mask, token_type_ids):
         return self.head(self.embed(input_ids, attention_mask, token_type_ids))
 
+    def readout(self, last_hidden, attention_mask):
+        """(B, L, D) hidden states after the encoder, (B, L) mask -> (B, 3) head logits (what
+        pruning and early exit call after running the layers themselves)."""
+        return self.head(mean_pool(last_hidden, attention_mask))
+
 
 class SentimentModel(DecisionModel):
     """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression.
