@@ -59,3 +59,17 @@ def test_example_toml_sweeps_end_to_end(kind, data, tmp_path, monkeypatch, capsy
         assert meta["data"]["special_only_texts"]["calibration"] == len(emoji_ids & set(cal.ids))
         assert meta["data"]["special_only_texts"]["calibration"] > 0
         assert "special tokens only (kept and judged)" in (run / "report.md").read_text()
+
+
+@pytest.mark.parametrize("family,why", [("prune", "MarkerNet.readout needs marker_pos"),
+                                        ("exit", "has no early-exit head kind")])
+def test_a_family_that_cannot_apply_is_refused_before_anything_is_written(
+        family, why, tmp_path, monkeypatch, capsys):
+    """The marker model reads token positions: pruning and early exit refuse it in one line,
+    exit 2, and no results folder appears."""
+    monkeypatch.chdir(ROOT)
+    code = main(["sweep", "--model-config", "examples/model-marker.toml", "--family", family,
+                 "--results-dir", str(tmp_path / "r"), *TINY[:-5], "--timing-batch-sizes", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and why in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

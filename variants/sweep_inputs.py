@@ -27,12 +27,12 @@ def load_inputs(cfg):
     checkpoint = load_checkpoint(checkpoint_path(cfg, module))
     try:  # a classifier's options, a factory's or a marker's errors: now, not mid-run
         module.bind(checkpoint)
-        module.build(checkpoint)
+        decision = module.build(checkpoint)
     except ModelConfigError as e:
         raise SweepError(str(e)) from None
     family = get_family(cfg.family)
-    try:  # family checks that need the model's shapes
-        family.check_model(checkpoint.encoder, cfg.variants, model=module)
+    try:  # family checks that need the model's shapes and its readout (before any write)
+        family.check_model(decision.module, cfg.variants, model=module)
     except ValueError as e:
         raise SweepError(str(e)) from None
     sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}

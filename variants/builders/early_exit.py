@@ -54,9 +54,12 @@ def _layers_of(cfg, n_layers):
 
 
 def _kind_of_model_name(model):
-    """Head kind of a registered model name (``EXIT_HEAD_KIND`` of its model file), or ``...``
-    for a name the registry does not hold (a model described otherwise: its module is checked
-    by :func:`_head_kind` at build)."""
+    """Head kind of a model: a :class:`variants.models.configured.ModelSource`'s own
+    ``EXIT_HEAD_KIND``, or a registered name's model file's; ``...`` when unknown here (the
+    decision module is then checked by :func:`_head_kind` at build)."""
+    kind = getattr(model, "EXIT_HEAD_KIND", ...)
+    if kind is not ... or not isinstance(model, str):
+        return kind
     from variants.models import MODELS, get_module
 
     if model not in MODELS:
@@ -80,9 +83,9 @@ def check_model(module, cfgs, model=None):
     """
     kind = _kind_of_model_name(model) if model is not None else ...
     if kind is not ... and kind not in KINDS:
-        raise ValueError(f"--model {model} has no early-exit head (its model file defines no "
-                         f"EXIT_HEAD_KIND in {KINDS}); early exit supports minilm-sentiment "
-                         "and minilm-choice: choose --family prune or quant for it")
+        raise ValueError(f"model {model} has no early-exit head kind (one of {KINDS}): early "
+                         "exit reproduces linear-head, classifier and cosine (scale 20) models, "
+                         "not marker or factory ones; choose --family quant, lowrank or prune")
     layers = getattr(module, "layers", None)
     if layers is None and getattr(module, "encoder", None) is not None:
         check_readout(module, "exit")

@@ -21,7 +21,12 @@ class ClassifierNet(nn.Module):
 
     def __call__(self, input_ids, attention_mask, token_type_ids):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids).last_hidden
-        return self.classifier(hidden, attention_mask)
+        return self.readout(hidden, attention_mask)
+
+    def readout(self, last_hidden, attention_mask):
+        """(B, n_labels) logits of the head from the encoder's output (B, L, D) and mask (B, L):
+        what pruning and early exit call after the layers they run."""
+        return self.classifier(last_hidden, attention_mask)
 
 
 class ClassifierModel(DecisionModel):
@@ -29,6 +34,8 @@ class ClassifierModel(DecisionModel):
     temperatures)."""
 
     name = "classifier"
+    #: early-exit heads distil the head's logits from mean-pooled intermediate states
+    exit_head_kind = "linear"
 
     def forward(self, batch):
         """(B, n_labels) float32 logits of the checkpoint's head."""

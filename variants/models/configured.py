@@ -16,7 +16,7 @@ from metrics._checks import short_repr
 from variants.model_config import ModelConfigError
 
 #: early-exit head kind per logits kind (variants.builders.exit_heads reproduces these two)
-EXIT_HEAD_KINDS = {"linear-head": "linear", "cosine": "cosine"}
+EXIT_HEAD_KINDS = {"linear-head": "linear", "cosine": "cosine", "classifier": "linear"}
 #: the cosine scale the early-exit heads assume (variants.builders.exit_heads.COSINE_SCALE)
 EXIT_COSINE_SCALE = 20.0
 

@@ -38,6 +38,12 @@ class MarkerNet(nn.Module):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids).last_hidden
         return mx.take_along_axis(hidden, marker_pos[:, :, None], axis=1)
 
+    def readout(self, last_hidden, attention_mask, marker_pos):
+        """(B, K) option logits from the encoder's output (B, L, D) at ``marker_pos`` (B, K):
+        token positions, so pruning and early exit (which move tokens or rows) refuse it."""
+        states = mx.take_along_axis(last_hidden, marker_pos[:, :, None], axis=1)
+        return self.scorer(states)[..., 0]
+
     def __call__(self, input_ids, attention_mask, token_type_ids, marker_pos):
         return self.scorer(self.states(input_ids, attention_mask, token_type_ids,
                                        marker_pos))[..., 0]
