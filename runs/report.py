@@ -98,7 +98,8 @@ def summary_row(name, build, summary, verdict, timing):
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")
-    row["kernel"] = (timing.get("kernel") or {}).get("variant")
+    if timing.get("kernel"):  # timing.json written before the kernel was recorded: no column
+        row["kernel"] = timing["kernel"].get("variant")
     cold = timing.get("cold_start") or {}
     if cold and "error" not in cold:
         row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
