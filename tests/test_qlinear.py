@@ -44,8 +44,9 @@ def test_unpack_equals_mx_dequantize_bit_for_bit(model, bits, group_size):
                          [(b, r, "unpack") for b in BITS for r in (3, 200)]
                          + [(4, 3, "dequantize"), (3, 200, "dequantize")])
 def test_cpu_linear_equals_quantized_matmul(model, monkeypatch, bits, rows, kernel):
-    """3 rows: the output features are split over the streams; 200: one GEMM."""
+    """3 rows: the output features split over the streams (SPLIT_ROWS 128); 200: one GEMM."""
     monkeypatch.setitem(qlinear.KERNELS, bits, kernel)
+    monkeypatch.setattr(qlinear, "SPLIT_ROWS", 128)
     lin = nn.Linear(384, 1536)
     lin.weight = _real_weight(model)
     plain = nn.QuantizedLinear.from_linear(lin, 64, bits)

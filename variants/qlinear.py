@@ -12,12 +12,19 @@ Two dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
 
 - ``dequant+gemm``: ``mx.dequantize``, MLX's element-by-element CPU kernel;
 - ``unpack+gemm``: an ``mx.compile``'d bit-unpacking chain on the packed bytes (shifts, masks,
-  ``scale * q + bias``), one fused kernel per group of values; MLX packs 3 and 6 bits in 3-byte
+  ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
   chunks (8 and 4 values), the others in single bytes, little-endian from the low bits.
 
-Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``). With
-fewer rows than :data:`SPLIT_ROWS` (a short B=1 batch, where the encoder runs on one stream)
-the output features are split over :func:`variants.parallel.streams`, so both cores dequantize.
+Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
+unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
+bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
+features are split over :func:`variants.parallel.streams` (both cores dequantize at B=1); off by
+default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
+(alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
+
+What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
+MiniLM's encoder) with MLX's element-wise CPU kernels at ~1-1.5 ns per weight, ~12-20 ms of
+one core, while the reference's whole B=1 forward (24-row GEMMs) takes ~12 ms.
 """
 
 import functools
@@ -36,8 +43,9 @@ KERNELS = {2: "unpack", 3: "unpack", 4: "unpack", 6: "unpack", 8: "unpack"}
 #: kernel names as timing records give them
 NAMES = {"unpack": "unpack+gemm", "dequantize": "dequant+gemm", "native": "quantized_matmul"}
 
-#: below this many rows per call the output features are split over the CPU streams
-SPLIT_ROWS = 128
+#: below this many rows per call the output features are split over the CPU streams (0: never;
+#: module docstring)
+SPLIT_ROWS = 0
 
 
 @functools.lru_cache(maxsize=None)
