@@ -11,8 +11,9 @@ and the call's own peak memory (peak minus active before the call) of both: the 
 includes its temporary fp32 weight buffers.
 
 ``--kernels`` times each dequantizer (``unpack``: compiled bit-unpacking chain;
-``dequantize``: ``mx.dequantize``; ``native``: ``mx.quantized_matmul``, very slow on CPU at
-B=32, so only with ``--native-b1-only`` default on B=1).
+``dequantize``: ``mx.dequantize``; ``native``: ``mx.quantized_matmul``, timed at B=1 only: at
+B=32 it takes seconds per call on the CPU). ``--split-rows`` sets
+:data:`variants.qlinear.SPLIT_ROWS`. Run: ``python bench/quant_speed.py`` (~5 min on 2 cores).
 """
 
 import argparse
