@@ -98,6 +98,8 @@ def summary_row(name, build, summary, verdict, timing):
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")
+    if timing.get("kernel"):  # timing.json written before the kernel was recorded: no column
+        row["kernel"] = timing["kernel"].get("variant")
     cold = timing.get("cold_start") or {}
     if cold and "error" not in cold:
         row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
@@ -302,10 +304,12 @@ def render_report(meta, summary, details, contract, extras=None):
                   ct.to_markdown(index=False), ""]
     lines += sweep_time_lines(meta)
     if cfg["speed_mode"] == "native" and "cpu" in meta["device"].lower():
-        lines += ["Speed-ups below 1 are real: on MLX's CPU backend `mx.quantized_matmul` is a plain "
-                  "kernel (no BLAS), tens of times slower than the fp32 OpenBLAS GEMM at batch 32. "
-                  "Quantization here buys memory (model MB), not CPU speed; run on Apple silicon "
-                  "(Metal) for the speed side.", ""]
+        lines += ["Native quantized variants on the CPU keep their weights packed (model MB) and "
+                  "run each Linear as the kernel its timing.json names: `unpack+gemm` / "
+                  "`dequant+gemm` = dequantize per call into a temporary fp32 buffer (counted in "
+                  "the peak memory) + the fp32 OpenBLAS GEMM, so at best ~1x the reference; "
+                  "`quantized_matmul` (MLX's CPU kernel, no BLAS) is tens of times slower. "
+                  "Quantization here buys memory, not CPU speed.", ""]
     failed = meta.get("failed_variants") or {}
     if failed:
         lines += ["====== Variants that failed to build ======", "",

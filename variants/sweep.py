@@ -194,7 +194,7 @@ class Sweep:
                     # keep an earlier forward measurement; add what is missing
                     timing["batches"].setdefault(str(b), new["batches"][str(b)])
                     timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
-                for k in ("schema_version", "timed_regions", "method", "model_bytes"):
+                for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel"):
                     timing.setdefault(k, new[k])
                 timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
                 changed = True

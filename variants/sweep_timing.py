@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import BLAS_INFO
+from variants import BLAS_INFO, qlinear
 from variants.timing import TIMED_REGIONS, end_to_end_call, split_regions, time_alternating
 
 #: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
@@ -18,6 +18,13 @@ def model_bytes(model):
     """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
     scales + biases; fp32 elsewhere)."""
     return int(sum(v.nbytes for _, v in tree_flatten(model.module.parameters())))
+
+
+def kernel(model):
+    """The Linear kernel(s) a DecisionModel's forward runs now, for timing records: the
+    quantized Linears' (:func:`variants.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
+    ``quantized_matmul``; comma-joined when mixed), else ``fp32 gemm``."""
+    return ", ".join(qlinear.kernels(model.module)) or "fp32 gemm"
 
 
 def timing_batches(reference, taskset, batch_sizes, seed):
@@ -57,6 +64,7 @@ def time_pair(reference, variant, timing_sets, cfg):
                          "peak_memory": "mx.get_peak_memory, reset before every call"},
               "model_bytes": {"reference": model_bytes(reference),
                               "variant": model_bytes(variant)},
+              "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
               "batches": {}, "end_to_end": {}}
     for b, (ts, seq_len) in timing_sets.items():
         r = time_alternating(end_to_end_call(reference, ts),
@@ -65,6 +73,7 @@ def time_pair(reference, variant, timing_sets, cfg):
                              budget_s=cfg.timing_budget_s)
         fwd, e2e = split_regions(r)
         for entry in (fwd, e2e):
+            entry["kernel"] = result["kernel"]["variant"]
             entry["batch_size"] = len(ts)
             entry["seq_len"] = seq_len
         result["batches"][str(b)] = fwd

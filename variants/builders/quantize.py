@@ -4,10 +4,13 @@ Each group of ``group_size`` consecutive input weights of a row is stored as ``b
 integers q with one scale s and one bias b (w ~= s q + b); see MLX's ``mx.quantize`` docs and
 mlx-lm's ``convert.py``. Two execution modes:
 
-- ``native``: ``nn.QuantizedLinear`` (``mx.quantized_matmul``): what a deployment runs.
-- ``simulated``: the same quantized weights dequantized into dense fp32 ``nn.Linear`` layers;
-  same outputs to float round-off, and far faster on MLX's CPU backend, so quality is evaluated
-  this way by default.
+- ``native``: the weights stay packed (``nn.QuantizedLinear`` parameters, so the model bytes are
+  the quantized ones): :class:`variants.qlinear.CpuQuantizedLinear`, which on the CPU dequantizes
+  each weight per call into a temporary fp32 buffer and runs the BLAS GEMM, and elsewhere
+  (Metal, CUDA) is ``mx.quantized_matmul``: what a deployment runs.
+- ``simulated``: the same quantized weights dequantized once into dense fp32 ``nn.Linear``
+  layers (fp32 model bytes); same outputs to float round-off, so quality is evaluated this way
+  by default.
 """
 
 import copy
@@ -16,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from variants import qlinear
 from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  # noqa: F401
                                             QuantConfig, add_arguments, check_bits, ladder,
                                             run_name)
@@ -103,7 +107,7 @@ def quantize_module(module, cfg, mode="simulated"):
         "mode": mode,
     }
     if mode == "native":
-        return native, info
+        return qlinear.use_cpu_path(native), info
     sim = copy.deepcopy(module)
     chosen = set(qlayers)
     for path, m in sim.named_modules():

@@ -1,0 +1,151 @@
+"""Quantized Linears at BLAS speed on the CPU: dequantize per call, then the fp32 GEMM.
+
+MLX's CPU backend has no BLAS path for ``mx.quantized_matmul``: one 384 -> 1536 layer at 4 bits
+takes ~840 ms at 1504 rows against ~12 ms for ``mx.dequantize`` + the OpenBLAS GEMM
+(:mod:`variants._blas`). :class:`CpuQuantizedLinear` is an ``nn.QuantizedLinear`` with the same
+parameters (packed weights, scales, biases: the model bytes do not change) whose call, on the CPU,
+dequantizes the weight into a temporary fp32 buffer (one per call, freed after it; it counts in
+the call's peak memory, never kept across calls) and multiplies with the GEMM. Off the CPU
+(Metal, CUDA) it is ``mx.quantized_matmul``, which is fast there.
+
+Two dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
+
+- ``dequant+gemm``: ``mx.dequantize``, MLX's element-by-element CPU kernel;
+- ``unpack+gemm``: an ``mx.compile``'d bit-unpacking chain on the packed bytes (shifts, masks,
+  ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
+  chunks (8 and 4 values), the others in single bytes, little-endian from the low bits.
+
+Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
+unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
+bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
+features are split over :func:`variants.parallel.streams` (both cores dequantize at B=1); off by
+default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
+(alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
+
+What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
+MiniLM's encoder) with MLX's element-wise CPU kernels at ~1-1.5 ns per weight, ~12-20 ms of
+one core, while the reference's whole B=1 forward (24-row GEMMs) takes ~12 ms.
+"""
+
+import functools
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from variants import parallel
+
+#: bytes and values per packed chunk (MLX's affine packing)
+_CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
+
+#: the dequantizer each bit width uses on the CPU ("unpack" or "dequantize")
+KERNELS = {2: "unpack", 3: "unpack", 4: "unpack", 6: "unpack", 8: "unpack"}
+
+#: kernel names as timing records give them
+NAMES = {"unpack": "unpack+gemm", "dequantize": "dequant+gemm", "native": "quantized_matmul"}
+
+#: below this many rows per call the output features are split over the CPU streams (0: never;
+#: module docstring)
+SPLIT_ROWS = 0
+
+
+@functools.lru_cache(maxsize=None)
+def _unpacker(bits, group_size):
+    nb, nv = _CHUNKS[bits]
+    mask = (1 << bits) - 1
+    shifts = mx.array([k * bits for k in range(nv)], mx.uint32 if nb > 1 else mx.uint8)
+
+    def dq(w, scales, biases):
+        out, groups = scales.shape
+        u = mx.view(w, mx.uint8).reshape(out, groups, -1, nb)
+        if nb > 1:  # 3 bytes -> one 24-bit word
+            u = u.astype(mx.uint32)
+            u = u[..., 0] | (u[..., 1] << 8) | (u[..., 2] << 16)
+        else:
+            u = u[..., 0]
+        # (out, groups, chunks, nv): value k of a chunk sits at bits [k*bits, (k+1)*bits)
+        q = ((u[..., None] >> shifts) & mask).astype(mx.float32)
+        return (q * scales[..., None, None] + biases[..., None, None]).reshape(
+            out, groups * group_size)
+
+    return mx.compile(dq)
+
+
+def unpack(w, scales, biases, group_size, bits):
+    """``mx.dequantize`` (affine mode) by the compiled bit-unpacking chain.
+
+    ``w`` (out, in * bits / 32) uint32 as ``mx.quantize`` packs it; ``scales``, ``biases``
+    (out, in / group_size) float32 -> (out, in) float32, equal to ``mx.dequantize``'s. Raises
+    KeyError for a bit width outside (2, 3, 4, 6, 8)."""
+    return _unpacker(bits, group_size)(w, scales, biases)
+
+
+def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
+    """The dense fp32 weight (out, in) by ``kernel`` ("unpack" or "dequantize")."""
+    if kernel == "unpack":
+        return unpack(w, scales, biases, group_size, bits)
+    return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
+
+
+def on_cpu():
+    """Whether MLX's default device is the CPU (the dequantize + GEMM path is used only there)."""
+    return mx.default_device() == mx.cpu
+
+
+class CpuQuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` (same parameters and names) that runs on the CPU as dequantize +
+    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). Elsewhere, and for
+    modes other than affine, it is ``mx.quantized_matmul``."""
+
+    @property
+    def kernel(self):
+        """The kernel name a call uses now: ``unpack+gemm``, ``dequant+gemm`` or
+        ``quantized_matmul``."""
+        if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
+                self.get("biases") is None:
+            return NAMES["native"]
+        return NAMES[KERNELS.get(self.bits, "dequantize")]
+
+    def _gemm(self, x, rows=None):
+        """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
+        pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        w = dequantize(pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
+                       self.group_size, self.bits, KERNELS.get(self.bits, "dequantize"))
+        if "bias" in self:
+            return mx.addmm(pick(self["bias"]), x, w.T)
+        return x @ w.T
+
+    def __call__(self, x):
+        if self.kernel == NAMES["native"]:
+            return super().__call__(x)
+        ss = parallel.streams()
+        n_rows = x.size // x.shape[-1]
+        out = self["weight"].shape[0]
+        if len(ss) == 1 or n_rows >= SPLIT_ROWS or out < 2 * len(ss):
+            return self._gemm(x)
+        parts = []
+        for s, (a, b) in zip(ss, parallel.bounds(out, len(ss))):
+            with mx.stream(s):
+                parts.append(self._gemm(x, slice(a, b)))
+        return mx.concatenate(parts, axis=-1)
+
+
+def use_cpu_path(module):
+    """Turn every ``nn.QuantizedLinear`` inside ``module`` into a :class:`CpuQuantizedLinear`
+    in place (the same parameter arrays: nothing is copied or added). Returns ``module``."""
+    for _, m in module.named_modules():
+        if type(m) is nn.QuantizedLinear:
+            m.__class__ = CpuQuantizedLinear
+    return module
+
+
+def kernels(module):
+    """Sorted kernel names the quantized Linears of ``module`` use now (``[]`` when none):
+    ``quantized_matmul`` for a plain ``nn.QuantizedLinear`` or off the CPU. (A quantized
+    embedding table dequantizes only the rows it gathers: no matmul kernel.)"""
+    found = set()
+    for _, m in module.named_modules():
+        if isinstance(m, CpuQuantizedLinear):
+            found.add(m.kernel)
+        elif isinstance(m, nn.QuantizedLinear):
+            found.add(NAMES["native"])
+    return sorted(found)
