@@ -2,8 +2,13 @@
 
 import argparse
 import sys
+import textwrap
 
 from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Flag defaults shown, and the description and the data schema (epilog) kept as laid out."""
 
 
 def configure(sub):
@@ -13,12 +18,15 @@ def configure(sub):
     from variants.models import MODELS
     from variants.sweep_config import SweepConfig
 
+    from variants.own_data import SCHEMA_HELP
+
     d = SweepConfig()
     p = sub.add_parser(
         "sweep", help="build variants of a real decision model, judge each against a contract",
-        description=(
+        description=textwrap.fill(
             "Compute the reference model's outputs once (cached), then for each variant build it, "
-            "run it on the calibration and eval splits of the bundled VADER data, compute the "
+            "run it on the calibration and eval splits of the bundled VADER data (or of your own "
+            "--data FILE, schema below), compute the "
             "contract metrics, check the contract and time it against the reference (strict "
             "alternation, batch sizes 1 and 32, two timed regions: forward = prepared token ids "
             "-> logits, and end to end = texts -> tokenisation -> forward -> decision outputs), "
@@ -30,8 +38,8 @@ def configure(sub):
             "(whatever the verdicts: they are in summary.csv and report.md), 1 a variant fails "
             "its contract with --fail-on-violation, or an output could not be written (disk "
             "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
-            "the run folder in use, or a variant that could not be built."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            "the run folder in use, or a variant that could not be built.", width=92),
+        epilog=SCHEMA_HELP, formatter_class=_Formatter)
     p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
                    help=f"decision model: a bundled one ({' | '.join(MODELS)}; None = "
                         f"{d.DEFAULT_MODEL}) or your own factory, called with the Checkpoint and "
