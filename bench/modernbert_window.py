@@ -5,6 +5,7 @@ window 128, a global layer every 3rd; built in MLX, nothing downloaded).
 
 Per length L (default 128, 512, 1024, 2048) and batch size: the attention module of one local
 layer (Wqkv, rotary, scores, softmax, values, Wo; the bias / window tables built beforehand),
+its core alone (softmax(q kᵀ + bias) v from given q, k, v: what the window changes),
 one global layer's attention (dense, the same in both modes) and the whole forward (``--layers``
 layers, default 6: 2 global + 4 local, the 1:2 mix of ModernBERT-base's 22 (8 + 14), which at
 L=2048 would take ~1 min per forward here; the context built inside the timed call), each timed in
@@ -31,6 +32,7 @@ import numpy as np
 
 from variants import modernbert_window as W
 from variants.modernbert import ModernBertArgs, ModernBertContext, ModernBertEncoder
+from variants.modernbert_layers import apply_rope
 
 
 def base_args(layers=22):
@@ -86,10 +88,27 @@ def attention_times(enc, batch, length, rounds):
     local_bias, global_bias, plan = ctx.bias(False), ctx.bias(True), ctx.window()
     mx.eval(x, cos_l, sin_l, cos_g, sin_g, local_bias, global_bias, plan.bias)
     loc, glob = enc.layers[1].attn, enc.layers[0].attn
+    q, k, v = _qkv(loc, x, cos_l, sin_l)
+    mx.eval(q, k, v)
     fns = {"masked": lambda: mx.eval(loc(x, local_bias, cos_l, sin_l)[0]),
            "windowed": lambda: mx.eval(loc(x, None, cos_l, sin_l, window=plan)[0]),
-           "global": lambda: mx.eval(glob(x, global_bias, cos_g, sin_g)[0])}
+           "global": lambda: mx.eval(glob(x, global_bias, cos_g, sin_g)[0]),
+           "core masked": lambda: mx.eval(_dense_core(q, k, v, loc.scale, local_bias)),
+           "core windowed": lambda: mx.eval(W.windowed_attention(q, k, v, loc.scale, plan))}
     return ab(fns, rounds)
+
+
+def _qkv(attn, x, cos, sin):
+    """The rotary q, k and v (B, heads, L, head_dim) of :class:`Attention` ``attn``."""
+    B, L, _ = x.shape
+    qkv = attn.Wqkv(x).reshape(B, L, 3, attn.n_heads, attn.head_dim).transpose(2, 0, 3, 1, 4)
+    return apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin), qkv[2]
+
+
+def _dense_core(q, k, v, scale, bias):
+    """The masked path's core, as in :class:`Attention`: softmax(q kᵀ · scale + bias) v."""
+    scores = (q * scale) @ k.transpose(0, 1, 3, 2) + bias
+    return mx.softmax(scores, axis=-1, precise=True) @ v
 
 
 def forward_times(enc, batch, length, rounds):
@@ -121,27 +140,34 @@ def main(argv=None):
     mx.eval(enc.parameters())
     n_local = sum(not layer.is_global for layer in enc.layers)
     print(f"ModernBERT-base shapes, random init: {a.layers} layers ({n_local} local, window "
-          f"{args.local_attention}), block {args.local_attention // 2}; medians of {a.rounds} "
+          f"{args.local_attention}), block {W.default_block(args.local_attention // 2)}; "
+          f"medians of {a.rounds} "
           f"(attention) / {a.forward_rounds} (forward) alternated rounds; auto windows from "
           f"L >= {W.CROSSOVER * args.local_attention}; forward rounds + 2 up to L=512")
     if a.crossover:
         print("\ncrossover, one local layer's attention, B=1 (ms):")
-        print(f"{'L':>6} {'masked':>9} {'windowed':>9} {'masked/win':>10}")
+        print(f"{'L':>6} {'masked':>9} {'windowed':>9} {'masked/win':>10} | {'core masked':>11} "
+              f"{'core win':>9} {'masked/win':>10}")
         for L in a.crossover:
             t = attention_times(enc, 1, L, a.rounds + 2)
             print(f"{L:>6} {t['masked'] * 1e3:>9.2f} {t['windowed'] * 1e3:>9.2f} "
-                  f"{t['masked'] / t['windowed']:>10.2f}", flush=True)
+                  f"{t['masked'] / t['windowed']:>10.2f} | {t['core masked'] * 1e3:>11.2f} "
+                  f"{t['core windowed'] * 1e3:>9.2f} "
+                  f"{t['core masked'] / t['core windowed']:>10.2f}", flush=True)
     for B in a.batch:
         rows = []
         print(f"\nB={B} (ms; ratio = masked / windowed, > 1: windowed faster)")
-        print(f"{'L':>6} | {'local masked':>12} {'local win':>10} {'ratio':>6} | {'global':>9} |"
-              f" {'fwd masked':>11} {'fwd win':>10} {'ratio':>6}")
+        print(f"{'L':>6} | {'local masked':>12} {'local win':>10} {'ratio':>6} | "
+              f"{'core masked':>11} {'core win':>9} {'ratio':>6} | {'global':>9} | "
+              f"{'fwd masked':>11} {'fwd win':>10} {'ratio':>6}")
         for L in a.lengths:
             t = attention_times(enc, B, L, a.rounds)
             f = forward_times(enc, B, L, a.forward_rounds + (2 if L <= 512 else 0))
             rows.append((L, t, f))
             print(f"{L:>6} | {t['masked'] * 1e3:>12.2f} {t['windowed'] * 1e3:>10.2f} "
-                  f"{t['masked'] / t['windowed']:>6.2f} | {t['global'] * 1e3:>9.2f} | "
+                  f"{t['masked'] / t['windowed']:>6.2f} | {t['core masked'] * 1e3:>11.2f} "
+                  f"{t['core windowed'] * 1e3:>9.2f} "
+                  f"{t['core masked'] / t['core windowed']:>6.2f} | {t['global'] * 1e3:>9.2f} | "
                   f"{f['masked'] * 1e3:>11.1f} {f['windowed'] * 1e3:>10.1f} "
                   f"{f['masked'] / f['windowed']:>6.2f}", flush=True)
         fit = [r for r in rows if r[0] >= a.slope_from]
@@ -150,6 +176,8 @@ def main(argv=None):
             print(f"slope of log(time) over log(L), L in {Ls}: "
                   f"local windowed {slope(Ls, [r[1]['windowed'] for r in fit]):.2f}, "
                   f"local masked {slope(Ls, [r[1]['masked'] for r in fit]):.2f}, "
+                  f"core windowed {slope(Ls, [r[1]['core windowed'] for r in fit]):.2f}, "
+                  f"core masked {slope(Ls, [r[1]['core masked'] for r in fit]):.2f}, "
                   f"global {slope(Ls, [r[1]['global'] for r in fit]):.2f}, "
                   f"forward windowed {slope(Ls, [r[2]['windowed'] for r in fit]):.2f}, "
                   f"forward masked {slope(Ls, [r[2]['masked'] for r in fit]):.2f}")

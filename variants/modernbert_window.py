@@ -4,8 +4,9 @@ position p attends to the keys with |p - p_k| <= ``half`` (``half = local_attent
 
 The dense masked path (:class:`variants.modernbert_layers.Attention` with the (B, 1, L, L) window
 bias) computes all L x L scores and throws most away; here the queries are cut into blocks of
-``block`` slots and block j attends only to key slots [j·block - half, (j+1)·block + half), a
-strided view of the keys padded by ``half`` on each side. Cost per local layer: L · (block +
+``block`` slots (:func:`default_block`) and block j attends only to key slots
+[j·block - half, (j+1)·block + half), a strided view of the keys padded by ``half`` on each
+side. Cost per local layer: L · (block +
 2·half) scores instead of L², linear in L.
 
 Exactness: the per-block bias masks (a) padding keys (the batch's and the edge padding) and
@@ -30,11 +31,11 @@ from variants.encoder import MASK_BIAS
 ENV = "VARIANTS_MODERNBERT_ATTENTION"
 MODES = ("auto", "windowed", "masked")
 #: ``auto`` windows when L >= CROSSOVER · local_attention. Measured with
-#: bench/modernbert_window.py (ModernBERT-base shapes, window 128, B=1, one local layer's
-#: attention, masked / windowed): 0.73-0.99 at L=128, 0.85-0.90 at 192, 0.93-1.01 at 256,
-#: 0.87-1.30 at 384, 1.45 at 512: each query block scores block + 2·half = 1.5 · window keys, so
-#: the window pays once L is well past that.
-CROSSOVER = 3
+#: bench/modernbert_window.py (ModernBERT-base shapes, window 128, block 16, B=1, one local
+#: layer's attention module, masked / windowed, 7 alternated rounds): 0.83 at L=128, 1.09 at
+#: 192, 1.41 at 256, 1.36 at 320, 1.33 at 384, 1.78 at 512. Up to L = 1.5 · window the window
+#: covers (nearly) every key and the blocking only adds work.
+CROSSOVER = 2
 
 
 def resolve_mode(mode):
@@ -65,6 +66,16 @@ def use_window(mode, length, local_attention, increasing):
     return mode == "windowed" or length >= CROSSOVER * local_attention
 
 
+def default_block(half):
+    """Query slots per block: max(8, half // 4), 16 for ModernBERT-base's window 128. Each block
+    scores block + 2·half keys, and on MLX's CPU the softmax's element-wise exp (~30 ns a float)
+    costs more than the two block GEMMs, so small blocks win until the GEMMs get too thin.
+    Measured (bench/modernbert_window.py shapes, one local layer's core, B=1, ms, block 8 / 16 /
+    32 / 64): L=384 25 / 27 / 48 / 67, L=1024 64 / 55 / 114 / 118, L=2048 217 / 231 / 269 / 217
+    (shared machine: noisy; 16 never far from the best)."""
+    return max(8, half // 4)
+
+
 @dataclass
 class WindowPlan:
     """Per-batch tables of the windowed path: ``bias`` (B, 1, n_blocks, block, block + 2·half)
@@ -86,8 +97,8 @@ def _key_blocks(a, n_blocks, block, span):
 
 def make_plan(mask, positions, half, block=None):
     """A :class:`WindowPlan` for ``mask`` (B, L) 0/1 and ``positions`` (B, L) int; ``block``
-    defaults to ``half`` (key span 3·half per block of ``half`` queries)."""
-    block = int(block or half)
+    (query slots per block) defaults to :func:`default_block`."""
+    block = int(block or default_block(half))
     B, L = mask.shape
     nb = math.ceil(L / block)
     tail = nb * block - L
