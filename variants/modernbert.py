@@ -2,7 +2,8 @@
 attention): embeddings -> pre-norm layers with rotary positions, global attention on every
 ``global_attn_every_n_layers``-th layer and sliding-window attention (|q - k| <=
 ``local_attention // 2``) on the others -> ``final_norm``. Blocks in
-:mod:`variants.modernbert_layers`.
+:mod:`variants.modernbert_layers`; the local layers compute only the keys inside each window
+(:mod:`variants.modernbert_window`) from L >= 2 · local_attention, else the dense scores masked.
 
 Per-layer interface (shared with :class:`variants.encoder.BertEncoder`): :meth:`embed`,
 ``layers``, :meth:`context`, :meth:`apply_layer`, :meth:`finish`; :meth:`__call__` is exactly
@@ -12,8 +13,8 @@ embed -> apply_layer over all -> finish.
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
 from variants import modernbert_window as window
+from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
 
 __all__ = ["ModernBertArgs", "ModernBertContext", "ModernBertEncoder", "sanitize"]
@@ -42,11 +43,12 @@ class ModernBertContext:
         key = (1 - self.mask.astype(mx.float32)) * MASK_BIAS
         self._global = key[:, None, None, :]
         self._local = None
-        L = self.mask.shape[1]
-        if mode != "masked" and increasing is None:
-            increasing = window.positions_increase(self.positions)
         self._plan = None
-        self.windowed = window.use_window(mode, L, args.local_attention, increasing)
+        # the positions are checked (one sync) only when the window would otherwise be taken
+        self.windowed = window.use_window(mode, self.mask.shape[1], args.local_attention, True)
+        if self.windowed and increasing is None:
+            increasing = window.positions_increase(self.positions)
+        self.windowed = self.windowed and bool(increasing)
         self.increasing = increasing
         head_dim = args.hidden_size // args.num_attention_heads
         p = self.positions
