@@ -2,7 +2,8 @@
 attention): embeddings -> pre-norm layers with rotary positions, global attention on every
 ``global_attn_every_n_layers``-th layer and sliding-window attention (|q - k| <=
 ``local_attention // 2``) on the others -> ``final_norm``. Blocks in
-:mod:`variants.modernbert_layers`.
+:mod:`variants.modernbert_layers`; the local layers compute only the keys inside each window
+(:mod:`variants.modernbert_window`) from L >= 2 · local_attention, else the dense scores masked.
 
 Per-layer interface (shared with :class:`variants.encoder.BertEncoder`): :meth:`embed`,
 ``layers``, :meth:`context`, :meth:`apply_layer`, :meth:`finish`; :meth:`__call__` is exactly
@@ -12,6 +13,7 @@ embed -> apply_layer over all -> finish.
 import mlx.core as mx
 import mlx.nn as nn
 
+from variants import modernbert_window as window
 from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
 
@@ -26,24 +28,49 @@ class ModernBertContext:
     ``bias(is_global)``: (B, 1, 1, L) key bias (global) or (B, 1, L, L) key bias plus the
     window (|pos_q - pos_k| > local_attention // 2 masked), both MASK_BIAS where masked;
     ``rope(is_global)``: (cos, sin) (B, 1, L, head_dim) at ``global_rope_theta`` or
-    ``local_rope_theta``.
+    ``local_rope_theta``; ``window()``: the :class:`variants.modernbert_window.WindowPlan` the
+    local layers compute their window with (only the keys inside it), or None for the dense
+    masked path. ``mode`` (auto / windowed / masked, see
+    :func:`variants.modernbert_window.resolve_mode`) decides; the windowed path needs each row's
+    positions to strictly increase (``increasing``; None checks them), else the masked path.
     """
 
-    def __init__(self, args, mask, positions):
+    def __init__(self, args, mask, positions, mode="auto", increasing=None):
         self.args = args
         self.mask = mx.array(mask).astype(mx.int32)
         self.positions = mx.array(positions).astype(mx.int32)
+        self.mode = mode
         key = (1 - self.mask.astype(mx.float32)) * MASK_BIAS
         self._global = key[:, None, None, :]
-        p = self.positions
-        far = mx.abs(p[:, :, None] - p[:, None, :]) > args.local_attention // 2
-        self._local = mx.where(far[:, None], MASK_BIAS, self._global)
+        self._local = None
+        self._plan = None
+        # the positions are checked (one sync) only when the window would otherwise be taken
+        self.windowed = window.use_window(mode, self.mask.shape[1], args.local_attention, True)
+        if self.windowed and increasing is None:
+            increasing = window.positions_increase(self.positions)
+        self.windowed = self.windowed and bool(increasing)
+        self.increasing = increasing
         head_dim = args.hidden_size // args.num_attention_heads
+        p = self.positions
         self._rope = {True: rope_tables(p, args.global_rope_theta, head_dim),
                       False: rope_tables(p, args.local_rope_theta, head_dim)}
 
     def bias(self, is_global):
-        return self._global if is_global else self._local
+        if is_global:
+            return self._global
+        if self._local is None:  # built on first use: the windowed path never needs it
+            p = self.positions
+            far = mx.abs(p[:, :, None] - p[:, None, :]) > self.args.local_attention // 2
+            self._local = mx.where(far[:, None], MASK_BIAS, self._global)
+        return self._local
+
+    def window(self):
+        if not self.windowed:
+            return None
+        if self._plan is None:
+            self._plan = window.make_plan(self.mask, self.positions,
+                                          self.args.local_attention // 2)
+        return self._plan
 
     def rope(self, is_global):
         return self._rope[bool(is_global)]
@@ -51,20 +78,26 @@ class ModernBertContext:
     def take_rows(self, idx):
         """The context of rows ``idx`` (int array) of the batch."""
         idx = mx.array(idx)
-        return ModernBertContext(self.args, self.mask[idx], self.positions[idx])
+        return ModernBertContext(self.args, self.mask[idx], self.positions[idx], self.mode,
+                                 self.increasing)
 
     def take_tokens(self, index, new_mask):
         """The context after keeping token slots ``index`` (B, L') int of each row, with
         ``new_mask`` (B, L') 0/1: positions follow the kept tokens."""
         pos = mx.take_along_axis(self.positions, mx.array(index).astype(mx.int32), axis=1)
-        return ModernBertContext(self.args, new_mask, pos)
+        return ModernBertContext(self.args, new_mask, pos, self.mode)
 
 
 class ModernBertEncoder(nn.Module):
     """ModernBERT encoder. Call with ``input_ids`` (B, L) int32, ``attention_mask`` (B, L) 0/1
     (``token_type_ids`` is accepted and ignored: ModernBERT has none); returns
     :class:`variants.encoder.EncoderOutput` whose ``last_hidden`` is after ``final_norm`` and
-    whose ``hidden_states`` are the embeddings and each layer's output before it (as HF)."""
+    whose ``hidden_states`` are the embeddings and each layer's output before it (as HF).
+
+    ``local_attention_impl``: ``auto`` / ``windowed`` / ``masked`` for the local layers (see
+    :mod:`variants.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``."""
+
+    local_attention_impl = None
 
     def __init__(self, args: ModernBertArgs):
         super().__init__()
@@ -80,9 +113,11 @@ class ModernBertEncoder(nn.Module):
     def context(self, attention_mask, positions=None):
         """A :class:`ModernBertContext`; ``positions`` (B, L) int default 0..L-1 per row."""
         mask = mx.array(attention_mask)
+        mode = window.resolve_mode(self.local_attention_impl)
         if positions is None:
             positions = mx.broadcast_to(mx.arange(mask.shape[1]), mask.shape)
-        return ModernBertContext(self.args, mask, positions)
+            return ModernBertContext(self.args, mask, positions, mode, increasing=True)
+        return ModernBertContext(self.args, mask, positions, mode)
 
     def apply_layer(self, i, x, ctx, return_attention=False):
         """Layer ``i`` on ``x`` (B, L, D) -> (x (B, L, D), probs (B, heads, L, L) or None)."""

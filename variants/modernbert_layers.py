@@ -13,6 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.encoder import ACTIVATIONS, LayerNorm
+from variants.modernbert_window import windowed_attention
 
 
 @dataclass
@@ -133,12 +134,17 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(args.hidden_size, 3 * args.hidden_size, bias=args.attention_bias)
         self.Wo = nn.Linear(args.hidden_size, args.hidden_size, bias=args.attention_bias)
 
-    def __call__(self, x, bias, cos, sin, return_attention=False):
+    def __call__(self, x, bias, cos, sin, return_attention=False, window=None):
         """``x`` (B, L, D); ``bias`` additive, broadcasting against (B, heads, L, L); ``cos``,
-        ``sin`` (B, 1, L, head_dim). Returns (out (B, L, D), probs (B, heads, L, L) or None)."""
+        ``sin`` (B, 1, L, head_dim); ``window`` a :class:`variants.modernbert_window.WindowPlan`
+        (then ``bias`` is unused and only the keys inside each window are computed; not with
+        ``return_attention``). Returns (out (B, L, D), probs (B, heads, L, L) or None)."""
         B, L, D = x.shape
         qkv = self.Wqkv(x).reshape(B, L, 3, self.n_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin), qkv[2]
+        if window is not None and not return_attention:
+            out = windowed_attention(q, k, v, self.scale, window)
+            return self.Wo(out.transpose(0, 2, 1, 3).reshape(B, L, D)), None
         scores = (q * self.scale) @ k.transpose(0, 1, 3, 2)
         probs = mx.softmax(scores if bias is None else scores + bias, axis=-1, precise=True)
         out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
@@ -177,7 +183,8 @@ class ModernBertLayer(nn.Module):
         """``x`` (B, L, D), ``ctx`` a :class:`variants.modernbert.ModernBertContext` ->
         (x (B, L, D), probs or None)."""
         cos, sin = ctx.rope(self.is_global)
-        a, probs = self.attn(self.attn_norm(x), ctx.bias(self.is_global), cos, sin,
-                             return_attention)
+        plan = None if self.is_global or return_attention else ctx.window()
+        bias = None if plan is not None else ctx.bias(self.is_global)
+        a, probs = self.attn(self.attn_norm(x), bias, cos, sin, return_attention, plan)
         x = x + a
         return x + self.mlp(self.mlp_norm(x)), probs
