@@ -176,3 +176,16 @@ def test_gpu_forward_equals_cpu_forward(checkpoint, bits):
         mx.set_default_device(mx.cpu)
     assert np.abs(cpu).max() > 0.1  # real embeddings, not zeros
     np.testing.assert_allclose(gpu, cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_benchmark_flags_refuse_in_one_line(capsys):
+    import argparse
+
+    p = device.add_arguments(argparse.ArgumentParser())
+    assert device.from_args(p.parse_args([])) == "cpu"
+    with pytest.raises(SystemExit) as e:
+        device.from_args(p.parse_args(["--dtype", "float16"]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no BLAS path for float16/bfloat16" in err
+    assert mx.default_device() == mx.cpu

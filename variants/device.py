@@ -119,3 +119,25 @@ def key_part():
     name = current()
     return {"device": name, "backend": None if name == "cpu" else backend(),
             "dtype": _state["dtype"]}
+
+
+def add_arguments(parser):
+    """Add ``--device`` and ``--dtype`` (as ``variants sweep`` has them) to a benchmark's
+    argparse ``parser``; :func:`from_args` applies them."""
+    parser.add_argument("--device", default=None, metavar="cpu|gpu",
+                        help=f"where MLX computes (None = ${ENV}, else cpu)")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, metavar="|".join(DTYPES),
+                        help="parameter dtype (float16/bfloat16 only on gpu)")
+    return parser
+
+
+def from_args(args):
+    """:func:`use` the parsed ``--device`` / ``--dtype``; a bad or unavailable one prints its
+    one-line DeviceError and exits 2 (nothing run). Returns the device name."""
+    import sys
+
+    try:
+        return use(requested(args.device), args.dtype)
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
