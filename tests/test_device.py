@@ -189,3 +189,35 @@ def test_benchmark_flags_refuse_in_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no BLAS path for float16/bfloat16" in err
     assert mx.default_device() == mx.cpu
+
+
+def test_bfloat16_outputs_and_head_fit_reach_numpy_as_float32(checkpoint, monkeypatch):
+    """What a GPU sweep with --dtype bfloat16 converts (NumPy has no bfloat16), run on two
+    short texts on the CPU: logits and the head's embeddings arrive as float32, within bfloat16
+    round-off of the float32 model's."""
+    import pandas as pd
+
+    from variants.models import sentiment
+
+    frame = pd.DataFrame({"id": ["a", "b", "c"], "domain": ["movie"] * 3,
+                          "text": ["great fun", "awful, boring", "it was fine"],
+                          "mean_rating": [3.0, -3.0, 0.0], "rater_scores": [(3,), (-3,), (0,)],
+                          "groundtruth_mean": [3.0, -3.0, 0.0]})
+    ts = sentiment.make_taskset(frame)
+    ref = sentiment.build(checkpoint)
+    ref.fit_head(ts)
+    ref.temperatures = {3: 1.0}
+    want = ref.outputs(ts).logits
+    half = copy_of(ref)
+    half.module.set_dtype(mx.bfloat16)
+    assert half.module.encoder.layers[0].attention.query.weight.dtype == mx.bfloat16
+    got = half.outputs(ts).logits
+    assert got.dtype == np.float32 and got.shape == want.shape == (3, 3)
+    np.testing.assert_allclose(got, want, atol=0.15 * np.abs(want).max())
+    half.fit_head(ts)  # the embeddings reach sklearn as float32
+
+
+def copy_of(model):
+    import copy
+
+    return model.replace_module(copy.deepcopy(model.module))

@@ -191,7 +191,7 @@ class DecisionModel:
                 self.module.last_exit_layer = None
             logits = self.forward(b)
             mx.eval(logits)
-            out[b.index] = np.array(logits)
+            out[b.index] = np.array(logits.astype(mx.float32))  # bfloat16 has no NumPy dtype
             if tracks:
                 el = self.module.last_exit_layer
                 if el is None or len(el) != len(b.index):
