@@ -17,6 +17,7 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
+from variants import device
 from variants.builders import lowrank as lr
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
@@ -34,14 +35,15 @@ def configure_parser():
     p.add_argument("--rounds", type=int, default=10, help="alternated timing rounds")
     p.add_argument("--budget-s", type=float, default=10.0, help="seconds per row at most")
     p.add_argument("--seed", type=int, default=0, help="seeds np.random and mx.random")
-    return p
+    return device.add_arguments(p)
 
 
 def main(argv=None):
     args = configure_parser().parse_args(argv)
+    device.from_args(args)
     np.random.seed(args.seed)
     mx.random.seed(args.seed)
-    ck = load_checkpoint()
+    ck = load_checkpoint(dtype=device.mx_dtype())
     model = sentiment.build(ck)
     enc = model.module.encoder
     cfg_args = enc.args

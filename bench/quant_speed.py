@@ -24,7 +24,7 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import qlinear
+from variants import device, qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
@@ -49,7 +49,7 @@ def configure_parser():
     p.add_argument("--rounds", type=int, default=15, help="alternated timing rounds")
     p.add_argument("--budget-s", type=float, default=8.0, help="seconds per row at most")
     p.add_argument("--seed", type=int, default=0, help="seeds the token ids and lengths")
-    return p
+    return device.add_arguments(p)
 
 
 def _batch(b, seq_len, vocab, rng):
@@ -63,8 +63,9 @@ def _batch(b, seq_len, vocab, rng):
 
 def main(argv=None):
     args = configure_parser().parse_args(argv)
+    device.from_args(args)
     rng = np.random.default_rng(args.seed)
-    model = sentiment.build(load_checkpoint())
+    model = sentiment.build(load_checkpoint(dtype=device.mx_dtype()))
     ref = model.module
     vocab = ref.encoder.args.vocab_size
     batches = {b: _batch(b, args.seq_len_1 if b == 1 else args.seq_len, vocab, rng)

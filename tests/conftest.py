@@ -23,3 +23,15 @@ def enc():
                               max_position_embeddings=64))
     mx.eval(e.parameters())
     return e
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, naming the device, where MLX has no GPU backend."""
+    from variants import device
+
+    if device.backend() is not None:
+        return
+    skip = pytest.mark.skip(reason="needs a GPU backend (Metal or CUDA); none here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -51,7 +51,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name or a ModelSource),
     ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the sweep's
     ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
-    optionally ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
+    optionally ``device``, ``dtype`` (:mod:`variants.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
     ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``.
 
     Raises
@@ -85,9 +85,12 @@ def run_spec(spec, spawned_at=None, main_at=None):
     module = get_module(spec["model"])
     out["import_s"] = _now() - t0
     mx.reset_peak_memory()
+    from variants import device  # the sweep's --device / --dtype (older specs: cpu, float32)
+
+    device.use(spec.get("device") or "cpu", spec.get("dtype") or "float32")
 
     t0 = _now()
-    ck = load_checkpoint(spec.get("checkpoint"))
+    ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype())
     model = module.bind(ck).build(ck)
     head = spec.get("head_path")
     if head:

@@ -102,10 +102,15 @@ class DecisionModel:
         model's :meth:`config` and its tokenizer's ``fingerprint()`` (max length, truncation,
         padding, special tokens, normalizer, vocabulary). Every cache under ``results/.cache``
         keys through here, so none can miss a tokenizer setting. A tokenizer without
-        ``fingerprint()`` is keyed by its type name only (give yours one)."""
+        ``fingerprint()`` is keyed by its type name only (give yours one). The device, GPU
+        backend and dtype computed on (:func:`variants.device.key_part`) join too: outputs of
+        another device are recomputed, never mixed."""
+        from variants import device
+
         fp = getattr(self.tokenizer, "fingerprint", None)
         tok = fp() if callable(fp) else type(self.tokenizer).__qualname__
-        return digest(*parts, {"model": self.config(), "tokenizer": tok})
+        return digest(*parts, {"model": self.config(), "tokenizer": tok,
+                               "device": device.key_part()})
 
     # -- shared machinery -----------------------------------------------------------------
     def replace_module(self, module):
@@ -186,7 +191,7 @@ class DecisionModel:
                 self.module.last_exit_layer = None
             logits = self.forward(b)
             mx.eval(logits)
-            out[b.index] = np.array(logits)
+            out[b.index] = np.array(logits.astype(mx.float32))  # bfloat16 has no NumPy dtype
             if tracks:
                 el = self.module.last_exit_layer
                 if el is None or len(el) != len(b.index):

@@ -33,6 +33,8 @@ import math
 
 import mlx.core as mx
 
+from variants import device
+
 # erf(x) ~ x P(x²) / Q(x²) on |x| <= 4 (erf is +/-1 in float32 beyond): Eigen's
 # generic_fast_erf_float coefficients, as XLA uses for float32 erf (highest power first).
 _ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
@@ -181,7 +183,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     there (N = 128..4096 rows of 384) and closer to the float64 result (max error 1.5e-6 vs
     2.7e-6 on N(0, 1) rows). Other dtypes and devices use ``mx.fast.layer_norm``.
     """
-    if x.dtype != mx.float32 or mx.default_device() != mx.cpu or x.ndim < 1 or x.shape[-1] == 0:
+    if x.dtype != mx.float32 or not device.is_cpu() or x.ndim < 1 or x.shape[-1] == 0:
         return mx.fast.layer_norm(x, weight, bias, eps)
     avg = _row_mean_weights(x.shape[-1], x.dtype)
     xc = x - x @ avg

@@ -78,15 +78,20 @@ def streams():
     Created once per process. When more than one, OpenBLAS is set to one thread per GEMM call.
     On the CPU, MLX's buffer cache limit is raised to ``CACHE_LIMIT_BYTES`` at the same time.
     """
+    from variants import device
+
+    on_cpu = device.is_cpu()
+    if _state["streams"] is not None and _state.get("streams_on_cpu", True) != on_cpu:
+        _state["streams"] = None  # the default device changed (--device): no CPU streams on a GPU
     if _state["streams"] is None:
-        on_cpu = mx.default_device() == mx.cpu
+        _state["streams_on_cpu"] = on_cpu
         if on_cpu:
             old = mx.set_cache_limit(CACHE_LIMIT_BYTES)
             _state["mlx_default_cache_limit"] = old
             if old > CACHE_LIMIT_BYTES:
                 mx.set_cache_limit(old)
         n = _requested() if on_cpu else 1
-        s = [mx.default_stream(mx.cpu)]
+        s = [mx.default_stream(mx.default_device())]
         if n > 1:
             s += [mx.new_stream(mx.cpu) for _ in range(n - 1)]
             _state["blas_threads"] = _set_blas_threads(1)

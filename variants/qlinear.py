@@ -88,7 +88,9 @@ def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
 
 def on_cpu():
     """Whether MLX's default device is the CPU (the dequantize + GEMM path is used only there)."""
-    return mx.default_device() == mx.cpu
+    from variants import device
+
+    return device.is_cpu()
 
 
 class CpuQuantizedLinear(nn.QuantizedLinear):

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 import mlx.core as mx
 
 from runs import lock as runlock
+from variants import device
 from runs.family_text import family_extras
 from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
 from runs.judge import judge_variant
@@ -56,6 +57,7 @@ class Sweep:
     # -- preparation ------------------------------------------------------------------------
     def prepare(self):
         """Load everything that can fail on bad input, before anything is written."""
+        device.use(self.cfg.device or device.requested(), self.cfg.dtype)  # once, at the start
         self.contract, self.checkpoint, self.tasksets = load_inputs(self.cfg)
         if self.root.exists() and not self.root.is_dir():
             raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
@@ -99,7 +101,7 @@ class Sweep:
                     self.tasksets[split], cfg.batch_size)
         self.ref_outputs, self.ref_outputs_cached = {}, {}
         for split in ("calibration", "eval"):
-            key = self.ref_model.cache_key(self.checkpoint.sha256, "float32",
+            key = self.ref_model.cache_key(self.checkpoint.sha256, cfg.dtype,
                                            self.tasksets[split].fingerprint(),
                                            prepared_digest(self.batches[split]),
                                            *cache_parts(cfg))

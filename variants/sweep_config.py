@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrics._checks import short_repr
-from variants import parallel
+from variants import device, parallel
 from variants.builders import get_family
 from variants.builders.quant_family import MODES
 from variants.models import resolve
@@ -73,6 +73,8 @@ class SweepConfig:
     batch_size: int = 32
     seed: int = 0
     progress: bool = True
+    device: str | None = None  # --device cpu|gpu; None = $VARIANTS_DEVICE, else cpu (validate)
+    dtype: str = "float32"  # --dtype; float16/bfloat16 only on a GPU (variants.device.check)
     variants: list = field(default_factory=list)  # filled by validate()
     #: what the files named above hold (parsed model TOML, checkpoint sha256, data fingerprint),
     #: filled by variants.sweep_inputs.load_inputs; part of :meth:`identity`
@@ -81,7 +83,7 @@ class SweepConfig:
     # fields whose change makes earlier outputs in the same run folder invalid
     # (a variant's folder name encodes its own parameters, so family parameters are not here)
     IDENTITY = ("model", "n_fit", "n_calibration", "n_eval", "quality_mode", "speed_mode", "seed",
-                "batch_size", "model_config", "checkpoint", "data")
+                "batch_size", "model_config", "checkpoint", "data", "device", "dtype")
     DEFAULT_MODEL = "minilm-sentiment"
 
     def validate(self):
@@ -149,6 +151,8 @@ class SweepConfig:
                 "--n-eval")
         try:
             parallel.validate_env()
+            self.device = device.requested(self.device)
+            device.check(self.device, self.dtype)
         except ValueError as e:
             raise SweepError(str(e)) from None
         try:

@@ -3,7 +3,7 @@ checkpoint (and the family's limits on it), the data splits sampled into TaskSet
 contract's needs of them (calibration size, strata)."""
 
 from contracts.checker import load_contract
-from variants import data
+from variants import data, device
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoint import load_checkpoint
@@ -24,7 +24,7 @@ def load_inputs(cfg):
     """
     contract = load_contract(cfg.contract)
     module = cfg.resolve_model()
-    checkpoint = load_checkpoint(checkpoint_path(cfg, module))
+    checkpoint = load_checkpoint(checkpoint_path(cfg, module), dtype=device.mx_dtype(cfg.dtype))
     try:  # a classifier's options, a factory's or a marker's errors: now, not mid-run
         module.bind(checkpoint)
         decision = module.build(checkpoint)

@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 import mlx.core as mx
 
-from variants import BLAS_INFO, __version__, parallel
+from variants import BLAS_INFO, __version__, device, parallel
 from variants.sweep_timing import model_bytes
 from variants.own_data import count_special_only
 
@@ -38,8 +38,9 @@ def run_metadata(sweep):
         "contract": sweep.contract.name,
         "versions": _versions(),
         "blas": dict(BLAS_INFO),
-        "device": str(mx.default_device()),
-        "dtype": "float32",
+        "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.device.use set
+        "dtype": cfg.dtype,
+        "device_info": dict(device.key_part(), mlx_device=str(mx.default_device())),
         "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},
         "model": cfg.resolve_model().describe(),
         "data": {

@@ -42,7 +42,11 @@ def check_run_folder(out, cfg, tasksets):
     (:func:`check_variant_folders`). Raises SweepError (CorruptFileError for a corrupt file)."""
     run_json = out / "run.json"
     if run_json.exists():
-        old = read_run_json(run_json).get("identity", {})  # CorruptFileError: exit 2
+        meta = read_run_json(run_json)  # CorruptFileError: exit 2
+        old = dict(meta.get("identity", {}))
+        # runs from before --device: the device run.json recorded ("Device(cpu, 0)"), float32
+        old.setdefault("device", "gpu" if "gpu" in str(meta.get("device", "cpu")) else "cpu")
+        old.setdefault("dtype", "float32")
         new = json.loads(json.dumps(cfg.identity()))
         diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
         if diff:

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import BLAS_INFO, qlinear
+from variants import BLAS_INFO, device, qlinear
 from variants.timing import TIMED_REGIONS, end_to_end_call, split_regions, time_alternating
 
 #: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
@@ -53,7 +53,7 @@ def time_pair(reference, variant, timing_sets, cfg):
     ``end_to_end``); ``cfg`` (a validated SweepConfig) gives the mode and timing settings."""
     result = {"schema_version": TIMING_SCHEMA_VERSION,
               "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
-              "mode": cfg.speed_mode, "dtype": "float32",
+              "mode": cfg.speed_mode, "dtype": device.key_part()["dtype"],
               "device": str(mx.default_device()), "blas": dict(BLAS_INFO),
               "method": {"alternation": "strict: reference, variant per round",
                          "speedup": "median of per-round ratios ref_ms / var_ms, "
@@ -91,7 +91,7 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
     source = sweep.cfg.resolve_model()
     ck = checkpoint_path(sweep.cfg, source)
     spec = {"model": source, "checkpoint": None if ck is None else str(ck),
-            "taskset": timing_sets[b][0],
+            "taskset": timing_sets[b][0], "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
             "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
                              .resolve())}
     if vcfg is not None:

@@ -96,6 +96,13 @@ def configure(sub):
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="batch size for the quality runs")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the data subsample")
+    p.add_argument("--device", default=None, metavar="cpu|gpu",
+                   help="where MLX computes: cpu, or gpu (Metal on macOS; CUDA on Linux with "
+                        "mlx[cuda13]); None = $VARIANTS_DEVICE, else cpu. Recorded in run.json "
+                        "and every cache key; a run folder is resumed only on the same device")
+    p.add_argument("--dtype", default=d.dtype, metavar="float32|float16|bfloat16",
+                   help="parameter dtype; float16/bfloat16 only with --device gpu (MLX's CPU "
+                        "backend has no BLAS path for them)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars")
     p.add_argument("--fail-on-violation", action="store_true",

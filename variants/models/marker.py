@@ -142,7 +142,7 @@ class MarkerModel(DecisionModel):
         for b in batches:
             s = self.module.states(b.input_ids, b.attention_mask, b.token_type_ids,
                                    b.extra["marker_pos"])
-            states[b.index] = np.array(s)
+            states[b.index] = np.array(s.astype(mx.float32))  # bfloat16: no NumPy dtype
         keep = taskset.labels >= 0
         if not keep.any():
             raise ValueError("the fit split has no labels: the marker scorer cannot be fitted; "

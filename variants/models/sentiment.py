@@ -71,7 +71,7 @@ class SentimentModel(DecisionModel):
         emb = np.zeros((len(taskset), self.module.head.weight.shape[1]), np.float32)
         for b in batches:
             e = self.module.embed(b.input_ids, b.attention_mask, b.token_type_ids)
-            emb[b.index] = np.array(e)
+            emb[b.index] = np.array(e.astype(mx.float32))  # bfloat16 (--dtype) has no NumPy dtype
         n = self.module.head.weight.shape[0]
         keep = taskset.labels >= 0
         clf = LogisticRegression(C=self.head_C, max_iter=2000)
