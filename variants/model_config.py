@@ -39,6 +39,8 @@ TOP_KEYS = ("name", "logits", "checkpoint", "prompt", "question", "options", "sc
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions")}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
+#: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
+T_BOUNDS = (1e-3, 1e3)
 
 
 class ModelConfigError(ValueError):
@@ -240,6 +242,10 @@ def parse_model_config(raw, path):
                 _fail(path, f"[temperature] values.{short_repr(k)}", "must be an option count "
                       '(a whole number >= 1 in quotes), e.g. "3" = 0.1')
             cfg.temperature_values[int(k)] = _num(path, f"[temperature] values.{k}", t)
+            lo, hi = T_BOUNDS
+            if not lo <= cfg.temperature_values[int(k)] <= hi:
+                _fail(path, f"[temperature] values.{k}", f"must be between {lo:g} and {hi:g} "
+                      f"(the range temperatures are fitted in), got {short_repr(t)}")
     elif values is not None:
         _fail(path, "[temperature] values", 'is only read with mode = "fixed"; add it or drop '
               "values")

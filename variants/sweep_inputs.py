@@ -40,6 +40,7 @@ def load_inputs(cfg):
     if cfg.data is not None:
         tasksets, data_fp = own_data_tasksets(cfg.data, module, sizes, cfg.seed)
         cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
+        _check_option_counts(decision, tasksets)
         return _checked(cfg, contract, checkpoint, tasksets)
     cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
     frame = data.load_vader()
@@ -54,7 +55,29 @@ def load_inputs(cfg):
                     for s, n in sizes.items()}
     except ModelConfigError as e:
         raise SweepError(str(e)) from None
+    _check_option_counts(decision, tasksets)
     return _checked(cfg, contract, checkpoint, tasksets)
+
+
+def _check_option_counts(decision, tasksets):
+    """Every option count K of the calibration and eval splits gets a temperature: a fixed one
+    from the TOML, or one fitted on calibration rows with that K. Raises SweepError."""
+    cal = set(tasksets["calibration"].n_options.tolist())
+    needed = cal | set(tasksets["eval"].n_options.tolist())
+    fixed = getattr(decision, "fixed_temperatures", None)
+    if fixed is not None:
+        missing = sorted(needed - set(fixed))
+        if missing:
+            raise SweepError(f"no fixed temperature for option counts {missing} of the data; add "
+                             "them to the model TOML's [temperature] values, e.g. "
+                             f'"{missing[0]}" = 1.0')
+        return
+    missing = sorted(needed - cal)
+    if missing:
+        raise SweepError(f"the eval split has rows with {missing} options but the calibration "
+                         "split has none, so no temperature can be fitted for them; put such rows "
+                         "in the calibration split too, or fix temperatures in the model TOML's "
+                         "[temperature] values")
 
 
 def _checked(cfg, contract, checkpoint, tasksets):

@@ -1,0 +1,119 @@
+"""Break tests of issue 16 (own checkpoints, model TOML, own data): inputs a user could give
+that once got past validation and failed (or silently mixed) after the run folder was written.
+Each expects exit 2, one line naming the problem and the fix, and nothing written; or, where
+the input is fine, the value the reader should produce."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from variants import own_data
+from variants.cli import main
+from variants.model_config import ModelConfigError, parse_model_config
+
+ROOT = Path(__file__).resolve().parent.parent
+HF = ROOT / "tests" / "fixtures" / "hf"
+TINY = ["--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-rounds", "1",
+        "--timing-warmup", "0", "--timing-budget-s", "0.5", "--cold-start", "none", "--bits", "8",
+        "--timing-batch-sizes", "1", "--no-progress"]
+OPTS = ["negative", "neutral", "positive"]
+ACTS = ["escalate", "review", "none"]
+
+
+def _rows(n_per_split=20, **row):
+    """Labelled rows, n per split, with the example's options and actions."""
+    out = []
+    for s in ("fit", "calibration", "eval"):
+        for i in range(n_per_split):
+            out.append(dict(id=f"{s}{i}", text=f"text number {i} of {s}", options=OPTS,
+                            actions=ACTS, label=i % 3, split=s, **row))
+    return out
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _toml(path, body):
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def _sweep_error(tmp_path, capsys, *args):
+    """Run a sweep expected to be refused: returns its one stderr line; asserts exit 2 and
+    that nothing was written."""
+    results = tmp_path / "results"
+    rc = main(["sweep", "--results-dir", str(results), *TINY, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert not results.exists(), sorted(p.name for p in results.rglob("*"))
+    return err[-1]
+
+
+CLASSIFIER = f'''name = "cls"
+logits = "classifier"
+checkpoint = "{HF / 'modernbert'}"
+options = ["negative", "neutral", "positive"]
+actions = ["escalate", "review", "none"]
+'''
+
+
+# --- temperatures -----------------------------------------------------------------------------
+@pytest.mark.parametrize("t", [1e300, 1e-30, 1e-4, 5e3])
+def test_fixed_temperature_outside_the_fit_range_is_refused(t):
+    """1e300 overflowed float32 and 1e-30 failed "temperature must be > 0" after the run folder was written;
+    fixed temperatures now take the fit's own range, metrics.temperature_fit.BOUNDS."""
+    with pytest.raises(ModelConfigError, match=r"values\.3.*between 0\.001 and 1000"):
+        parse_model_config({"name": "x", "logits": "cosine", "options": ["a", "b", "c"],
+                            "temperature": {"mode": "fixed", "values": {"3": t}}}, "m.toml")
+
+
+@pytest.mark.parametrize("t", [0.001, 0.1, 1000.0])
+def test_fixed_temperature_at_the_range_ends_is_kept(t):
+    cfg = parse_model_config({"name": "x", "logits": "cosine", "options": ["a", "b", "c"],
+                              "temperature": {"mode": "fixed", "values": {"3": t}}}, "m.toml")
+    assert cfg.temperature_values == {3: t}
+
+
+def test_fixed_temperatures_missing_an_option_count_are_refused_before_writing(tmp_path, capsys):
+    """values = {"2" = ...} on 3-option data failed at calibration, after the run folder."""
+    toml = _toml(tmp_path / "m.toml", CLASSIFIER + '[temperature]\nmode = "fixed"\n'
+                 'values = { "2" = 0.5 }\n')
+    data = _jsonl(tmp_path / "d.jsonl", _rows())
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert "[3]" in line and "[temperature] values" in line and '"3" = ' in line
+
+
+def test_fixed_temperature_bounds_are_the_fits():
+    from metrics.temperature_fit import BOUNDS
+    from variants.model_config import T_BOUNDS
+
+    assert T_BOUNDS == BOUNDS
+
+
+def test_eval_option_count_absent_from_calibration_is_refused_before_writing(tmp_path, capsys):
+    """A 4-option eval row with 3-option calibration rows failed at the eval outputs ('no
+    temperature for option counts [4]: call calibrate()'), after the run folder was written."""
+    rows = _rows()
+    rows[-1].update(options=OPTS + ["other"], actions=ACTS + ["review"])
+    toml = _toml(tmp_path / "m.toml", f'''name = "cos"
+logits = "cosine"
+checkpoint = "{HF / 'roberta'}"
+''')
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert "[4]" in line and "calibration split" in line
+
+
+def test_fixed_temperatures_are_checked_on_the_bundled_data_too(tmp_path, capsys):
+    toml = _toml(tmp_path / "m.toml", '''name = "lh"
+logits = "linear-head"
+options = ["negative", "neutral", "positive"]
+[temperature]
+mode = "fixed"
+values = { "5" = 1.0 }
+''')
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml))
+    assert "[3]" in line and '"3" = 1.0' in line
