@@ -117,3 +117,15 @@ values = { "5" = 1.0 }
 ''')
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml))
     assert "[3]" in line and '"3" = 1.0' in line
+
+
+def test_a_calibration_split_smaller_than_alpha_needs_is_refused_before_writing(tmp_path, capsys):
+    """--n-calibration 40 passed the size check, but the file's calibration split had 16 rows
+    (< 19 for alpha = 0.05): every variant failed after run.json was written."""
+    rows = _rows()
+    for r in rows[20:40][:4]:
+        r["split"] = "fit"
+    toml = _toml(tmp_path / "m.toml", CLASSIFIER)
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert "16 rows" in line and "at least 19" in line and str(data) in line

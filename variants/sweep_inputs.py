@@ -84,6 +84,13 @@ def _checked(cfg, contract, checkpoint, tasksets):
     """The contract's needs of the TaskSets (calibration size, strata); returns load_inputs'."""
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
     check_calibration_size(cfg.n_calibration, settings["alpha"])
+    n_cal = len(tasksets["calibration"])  # own data: the split may hold fewer rows than asked
+    if n_cal < cfg.n_calibration:
+        try:
+            check_calibration_size(n_cal, settings["alpha"])
+        except ValueError as e:
+            raise SweepError(f"data file {cfg.data}: its calibration split has only {n_cal} rows; "
+                             f"{e}; or add calibration rows (a 'split' column)") from None
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets
