@@ -129,3 +129,23 @@ def test_a_calibration_split_smaller_than_alpha_needs_is_refused_before_writing(
     data = _jsonl(tmp_path / "d.jsonl", rows)
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
     assert "16 rows" in line and "at least 19" in line and str(data) in line
+
+
+def test_csv_labels_written_by_pandas_with_missing_values_read_as_indices(tmp_path):
+    """pandas.to_csv writes an integer label column with a missing value as 2.0 / '' ; the
+    CSV reader took '2.0' as an option text and refused the row (JSONL's 2.0 was read as 2)."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"text": ["a", "b", "c", "d"], "label": [2, None, 0, -1],
+                          "options": [json.dumps(OPTS)] * 4,
+                          "split": ["fit", "calibration", "eval", "eval"]})
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    assert (tmp_path / "d.csv").read_text().splitlines()[1].endswith(",2.0,"
+                                                                     '"[""negative"", ""neutral"", '
+                                                                     '""positive""]",fit')
+    got = own_data.read_data(tmp_path / "d.csv")
+    assert got["label"].tolist() == [2, -1, 0, -1]
+    bad = tmp_path / "bad.csv"
+    bad.write_text('text,label,options\nx,1.5,"[""a"", ""b""]"\n')
+    with pytest.raises(own_data.DataError, match="line 2, column 'label': '1.5' is not one"):
+        own_data.read_data(bad, require_splits=())
