@@ -149,3 +149,23 @@ def test_csv_labels_written_by_pandas_with_missing_values_read_as_indices(tmp_pa
     bad.write_text('text,label,options\nx,1.5,"[""a"", ""b""]"\n')
     with pytest.raises(own_data.DataError, match="line 2, column 'label': '1.5' is not one"):
         own_data.read_data(bad, require_splits=())
+
+
+@pytest.mark.parametrize("kind,own", [
+    ("classifier", OPTS[::-1]),                   # same names, other order: logits misread
+    ("classifier", ["negative", "positive"]),     # 2 of the head's 3 classes
+    ("linear-head", OPTS + ["mixed"]),            # more options than the head has classes
+])
+def test_rows_whose_options_are_not_the_heads_classes_are_refused(tmp_path, capsys, kind, own):
+    """A classifier's logit k is id2label[k] (a linear head's, the TOML's options[k]); a row
+    listing other options, or the same ones in another order, was swept silently (its label
+    and scores read against the wrong logits) or failed mid-run with a shape mismatch."""
+    rows = _rows()
+    bad = rows[45]  # an eval row
+    bad.update(options=own, actions=(ACTS * 2)[:len(own)], label=0)
+    head = CLASSIFIER if kind == "classifier" else CLASSIFIER.replace(
+        'logits = "classifier"', 'logits = "linear-head"')
+    toml = _toml(tmp_path / "m.toml", head)
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert f"{data}: line 46, column 'options'" in line and "head's classes" in line

@@ -130,6 +130,20 @@ def cache_parts(cfg):
     return (ident,) if ident else ()
 
 
+def _check_head_classes(path, frame, kind, classes):
+    """A classifier's (or linear head's) logit k is ``classes[k]``: a row with its own options
+    must list exactly those, in that order. Raises own_data.DataError naming the row."""
+    from metrics._checks import short_repr
+    from variants.own_data import fail
+
+    for where, own in zip(frame.index, frame["options"]):
+        if own is not None and list(own) != list(classes):
+            raise fail(path, where, "options", f"{short_repr(list(own))} are not the {kind} "
+                       f"head's classes {short_repr(list(classes))} (logit k is class k)",
+                       "list the head's options in its order, or drop the row's options "
+                       "(rename the classes with the model TOML's options)")
+
+
 def own_data_tasksets(path, source, sizes, seed):
     """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
 
@@ -154,6 +168,8 @@ def own_data_tasksets(path, source, sizes, seed):
     defaults = dict(options=options, scores=scores, actions=actions)
     try:
         frame = own_data.read_data(path, **defaults)
+        if source.factory is None and source.kind in ("classifier", "linear-head"):
+            _check_head_classes(path, frame, source.kind, options)
         tasksets = {}
         for split, n in sizes.items():
             rows = own_data.split_rows(frame, split)
