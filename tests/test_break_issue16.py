@@ -63,8 +63,9 @@ actions = ["escalate", "review", "none"]
 # --- temperatures -----------------------------------------------------------------------------
 @pytest.mark.parametrize("t", [1e300, 1e-30, 1e-4, 5e3])
 def test_fixed_temperature_outside_the_fit_range_is_refused(t):
-    """1e300 overflowed float32 and 1e-30 failed "temperature must be > 0" after the run folder was written;
-    fixed temperatures now take the fit's own range, metrics.temperature_fit.BOUNDS."""
+    """1e300 overflowed float32 and 1e-30 failed "temperature must be > 0" after the run
+    folder was written; fixed temperatures now take the fit's own range
+    (metrics.temperature_fit.BOUNDS)."""
     with pytest.raises(ModelConfigError, match=r"values\.3.*between 0\.001 and 1000"):
         parse_model_config({"name": "x", "logits": "cosine", "options": ["a", "b", "c"],
                             "temperature": {"mode": "fixed", "values": {"3": t}}}, "m.toml")
@@ -169,3 +170,20 @@ def test_rows_whose_options_are_not_the_heads_classes_are_refused(tmp_path, caps
     data = _jsonl(tmp_path / "d.jsonl", rows)
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
     assert f"{data}: line 46, column 'options'" in line and "head's classes" in line
+
+
+@pytest.mark.parametrize("options", [["neg", "pos"], ["a", "b", "c", "d"]])
+def test_classifier_options_must_count_the_heads_outputs(tmp_path, capsys, options):
+    """options = 2 names for a 3-output head failed mid-run ('shape mismatch: value array of
+    shape (20,3)...') after the run folder was written."""
+    toml = _toml(tmp_path / "m.toml", f'''name = "cls"
+logits = "classifier"
+checkpoint = "{HF / 'bert'}"
+options = {json.dumps(options)}
+''')
+    rows = [{k: v for k, v in r.items() if k not in ("options", "actions")} for r in _rows()]
+    for r in rows:
+        r["label"] = min(r["label"], len(options) - 1)
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert f"{toml}: options" in line and f"{len(options)} names" in line and "3 logits" in line
