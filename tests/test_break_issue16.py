@@ -187,3 +187,22 @@ options = {json.dumps(options)}
     data = _jsonl(tmp_path / "d.jsonl", rows)
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
     assert f"{toml}: options" in line and f"{len(options)} names" in line and "3 logits" in line
+
+
+def test_resume_with_an_edited_toml_names_only_the_changed_key(tmp_path, capsys):
+    """Editing one TOML value and rerunning the same --run was refused (good) with both whole
+    parsed TOMLs in the message (~1500 characters); the message now names the changed keys."""
+    toml = _toml(tmp_path / "m.toml", CLASSIFIER.replace("classifier", "linear-head", 1)
+                 + "[linear_head]\nC = 10.0\n")
+    data = _jsonl(tmp_path / "d.jsonl", _rows())
+    args = ["sweep", "--results-dir", str(tmp_path / "r"), *TINY, "--model-config", str(toml),
+            "--data", str(data), "--run", "R"]
+    assert main(args) == 0
+    capsys.readouterr()
+    toml.write_text(toml.read_text().replace("C = 10.0", "C = 0.5"))
+    before = sorted(p.name for p in (tmp_path / "r" / "R").rglob("*"))
+    assert main(args) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "'model_config_parsed.config.linear_head_C': (10.0, 0.5)" in line
+    assert "marker_token" not in line and len(line) < 400
+    assert sorted(p.name for p in (tmp_path / "r" / "R").rglob("*")) == before
