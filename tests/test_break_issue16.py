@@ -206,3 +206,31 @@ def test_resume_with_an_edited_toml_names_only_the_changed_key(tmp_path, capsys)
     assert "'model_config_parsed.config.linear_head_C': (10.0, 0.5)" in line
     assert "marker_token" not in line and len(line) < 400
     assert sorted(p.name for p in (tmp_path / "r" / "R").rglob("*")) == before
+
+
+def test_editing_config_json_in_place_never_reuses_cached_outputs(tmp_path, capsys):
+    """config.json changes the model without touching the weights (classifier_pooling cls ->
+    mean, eps, θ, window); the cache keys and run identity held only the weights' sha256, so
+    a sweep after the edit loaded the old head/reference outputs (logits identical to 0.0)."""
+    import shutil
+
+    import numpy as np
+
+    folder = tmp_path / "mb"
+    shutil.copytree(HF / "modernbert", folder)
+    toml = _toml(tmp_path / "m.toml", CLASSIFIER.replace(str(HF / "modernbert"), str(folder)))
+    data = _jsonl(tmp_path / "d.jsonl", _rows())
+    args = ["sweep", "--results-dir", str(tmp_path / "r"), *TINY, "--model-config", str(toml),
+            "--data", str(data)]
+    assert main([*args, "--run", "A"]) == 0
+    config = folder / "config.json"
+    assert '"classifier_pooling": "cls"' in config.read_text()
+    config.write_text(config.read_text().replace('"classifier_pooling": "cls"',
+                                                 '"classifier_pooling": "mean"'))
+    assert main([*args, "--run", "A"]) == 2  # resuming A with another model: refused
+    assert "checkpoint_config_sha256" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main([*args, "--run", "B"]) == 0
+    assert "loaded fitted head" not in capsys.readouterr().err
+    a, b = (np.load(tmp_path / "r" / run / "reference" / "calibration_outputs.npz")["logits"]
+            for run in ("A", "B"))
+    assert np.abs(a - b).max() > 1e-3

@@ -105,14 +105,21 @@ def checkpoint_path(cfg, source):
 
 def inputs_identity(cfg, source, checkpoint, data_fingerprint):
     """What the user's files held, for run.json's identity and the cache keys: the parsed model
-    TOML (``model_config``; only with --model-config), the checkpoint's sha256 (only when one
-    was named) and the data file's fingerprint (only with --data). {} for a bundled model on the
-    bundled data, so the default sweep's identity and cache keys are as before."""
+    TOML (``model_config``; only with --model-config), the checkpoint's sha256 and its
+    config.json's (only when one was named) and the data file's fingerprint (only with
+    --data). {} for a bundled model on the bundled data, so the default sweep's identity and
+    cache keys are as before."""
     out = {}
     if cfg.model_config is not None:
         out["model_config_parsed"] = source.describe()
     if checkpoint_path(cfg, source) is not None:
+        from pathlib import Path
+
+        from runs.io import file_sha256
+
         out["checkpoint_sha256"] = checkpoint.sha256
+        # config.json changes the model without the weights (pooling, eps, θ, window)
+        out["checkpoint_config_sha256"] = file_sha256(Path(checkpoint.path) / "config.json")
     if data_fingerprint is not None:
         out["data_fingerprint"] = data_fingerprint
     return out
