@@ -234,3 +234,18 @@ def test_editing_config_json_in_place_never_reuses_cached_outputs(tmp_path, caps
     a, b = (np.load(tmp_path / "r" / run / "reference" / "calibration_outputs.npz")["logits"]
             for run in ("A", "B"))
     assert np.abs(a - b).max() > 1e-3
+
+
+@pytest.mark.parametrize("field,value,found", [("text", "I typed [unused0] here", 4),
+                                               ("question", "why " * 600, 0)])
+def test_marker_rows_that_lose_or_gain_markers_are_refused_before_writing(
+        tmp_path, capsys, field, value, found):
+    """A state holding the marker token, or a question so long the markers are cut, failed at
+    the reference outputs (run folder written) naming the row as np.str_('...')."""
+    rows = _rows(question="How does the writer feel?")
+    rows[45][field] = value
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    line = _sweep_error(tmp_path, capsys, "--model-config",
+                        str(ROOT / "examples" / "model-marker.toml"), "--data", str(data))
+    assert f"row 'eval5': its prompt holds {found} marker tokens" in line
+    assert str(data) in line and "np.str_" not in line

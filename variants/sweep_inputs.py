@@ -41,6 +41,7 @@ def load_inputs(cfg):
         tasksets, data_fp = own_data_tasksets(cfg.data, module, sizes, cfg.seed)
         cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
         _check_option_counts(decision, tasksets)
+        _check_markers(decision, tasksets, f"data file {cfg.data}")
         return _checked(cfg, contract, checkpoint, tasksets)
     cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
     frame = data.load_vader()
@@ -56,6 +57,7 @@ def load_inputs(cfg):
     except ModelConfigError as e:
         raise SweepError(str(e)) from None
     _check_option_counts(decision, tasksets)
+    _check_markers(decision, tasksets, "the bundled data")
     return _checked(cfg, contract, checkpoint, tasksets)
 
 
@@ -78,6 +80,18 @@ def _check_option_counts(decision, tasksets):
                          "split has none, so no temperature can be fitted for them; put such rows "
                          "in the calibration split too, or fix temperatures in the model TOML's "
                          "[temperature] values")
+
+
+def _check_markers(decision, tasksets, where):
+    """A marker model's prompts, tokenized now: a row whose markers were cut by truncation or
+    that holds the marker token in its text is refused before anything is written."""
+    if getattr(decision, "marker_id", None) is None:
+        return
+    for ts in tasksets.values():
+        try:
+            decision.prepare(ts)
+        except ValueError as e:
+            raise SweepError(f"{where}: {e}") from None
 
 
 def _checked(cfg, contract, checkpoint, tasksets):
