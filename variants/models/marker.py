@@ -117,8 +117,8 @@ class MarkerModel(DecisionModel):
                 k = int((idx[r] >= 0).sum())
                 if len(found) != k:
                     raise ValueError(
-                        f"row {str(taskset.ids[b.index[r]])!r}: its prompt holds {len(found)} marker "
-                        f"tokens {self.token} for {k} options (cut at max_length "
+                        f"row {str(taskset.ids[b.index[r]])!r}: its prompt holds {len(found)} "
+                        f"marker tokens {self.token} for {k} options (cut at max_length "
                         f"{getattr(self.tokenizer, 'max_length', '?')} tokens, or the text "
                         "holds the marker); shorten the question or options")
                 pos[r, :k] = found
