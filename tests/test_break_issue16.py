@@ -249,3 +249,22 @@ def test_marker_rows_that_lose_or_gain_markers_are_refused_before_writing(
                         str(ROOT / "examples" / "model-marker.toml"), "--data", str(data))
     assert f"row 'eval5': its prompt holds {found} marker tokens" in line
     assert str(data) in line and "np.str_" not in line
+
+
+@pytest.mark.parametrize("kind,labels,expect", [
+    ("linear-head", None, "0 labelled rows"),                 # no labels at all
+    ("linear-head", 0, "classes [0] of 0, 1, 2"),             # one class only
+    ("marker", None, "0 labelled rows"),                      # a fitted scorer needs labels
+])
+def test_a_fit_split_that_cannot_fit_the_head_is_refused_before_writing(
+        tmp_path, capsys, kind, labels, expect):
+    """No labels in the fit split (or one class) failed inside sklearn after the run folder
+    was written ('Found array with 0 sample(s)...', 'needs samples of at least 2 classes')."""
+    rows = _rows(question="How does the writer feel?")
+    for r in rows:
+        if r["split"] == "fit":
+            r["label"] = labels if labels is not None else -1
+    data = _jsonl(tmp_path / "d.jsonl", rows)
+    toml = ROOT / "examples" / f"model-{kind}.toml"
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert str(data) in line and "fit split" in line and expect in line

@@ -42,6 +42,7 @@ def load_inputs(cfg):
         cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
         _check_option_counts(decision, tasksets)
         _check_markers(decision, tasksets, f"data file {cfg.data}")
+        _check_fit_labels(module, tasksets["fit"], f"data file {cfg.data}")
         return _checked(cfg, contract, checkpoint, tasksets)
     cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
     frame = data.load_vader()
@@ -80,6 +81,25 @@ def _check_option_counts(decision, tasksets):
                          "split has none, so no temperature can be fitted for them; put such rows "
                          "in the calibration split too, or fix temperatures in the model TOML's "
                          "[temperature] values")
+
+
+def _check_fit_labels(source, fit, where):
+    """A fitted linear head needs labelled fit rows of every class; a fitted marker scorer at
+    least one labelled row. Raises SweepError (sklearn's own error came after writing)."""
+    cfg = source.config
+    if source.factory is not None or cfg is None:
+        return
+    labels = sorted(set(fit.labels[fit.labels >= 0].tolist()))
+    n_labelled = int((fit.labels >= 0).sum())
+    if cfg.logits == "linear-head" and labels != list(range(len(cfg.options))):
+        want = ", ".join(map(str, range(len(cfg.options))))
+        raise SweepError(f"{where}: the fit split has {n_labelled} labelled rows, of classes "
+                         f"{labels} of {want}; the linear head is fitted on labels of every "
+                         "class: label fit rows of each option")
+    if cfg.logits == "marker" and cfg.marker_scorer == "fit" and not n_labelled:
+        raise SweepError(f"{where}: the fit split has 0 labelled rows, so the marker scorer "
+                         "cannot be fitted; label fit rows, or name the checkpoint's scorer "
+                         "([marker] scorer)")
 
 
 def _check_markers(decision, tasksets, where):
