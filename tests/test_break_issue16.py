@@ -268,3 +268,19 @@ def test_a_fit_split_that_cannot_fit_the_head_is_refused_before_writing(
     toml = ROOT / "examples" / f"model-{kind}.toml"
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
     assert str(data) in line and "fit split" in line and expect in line
+
+
+@pytest.mark.parametrize("body,expect", [
+    ("def f(ck):\n    raise RuntimeError('boom inside factory')\n",
+     "RuntimeError: 'boom inside factory'"),
+    ("def f():\n    return 1\n", "TypeError: 'f() takes 0 positional arguments"),
+])
+def test_a_factory_that_raises_is_one_line(tmp_path, capsys, monkeypatch, body, expect):
+    """--model pkg:factory whose call raised (a bug in it, a wrong signature) ended in a
+    traceback; the import already was one line."""
+    name = f"brk16_factory_{len(body)}"  # one module per case (sys.modules caches them)
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = _sweep_error(tmp_path, capsys, "--model", f"{name}:f")
+    assert line.startswith(f"variants: error: --model '{name}:f': calling it raised")
+    assert expect in line

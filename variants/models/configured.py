@@ -235,7 +235,14 @@ class ModelSource:
         cfg = self.config
         if self.factory:
             where = f"{cfg.path}: factory" if cfg is not None else "--model"
-            model = import_factory(self.factory, where)(checkpoint)
+            factory = import_factory(self.factory, where)
+            try:
+                model = factory(checkpoint)
+            except Exception as e:  # the user's code: one line, not a traceback
+                raise ModelConfigError(
+                    f"{where} {short_repr(self.factory)}: calling it raised {type(e).__name__}: "
+                    f"{short_repr(str(e))}; fix the factory (called with the Checkpoint, it "
+                    "returns a DecisionModel; see examples/own_model.py)") from None
             if not isinstance(model, DecisionModel):
                 raise ModelConfigError(f"{where} {short_repr(self.factory)} returned "
                                        f"{type(model).__name__}, not a DecisionModel; return "
