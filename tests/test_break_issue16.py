@@ -284,3 +284,20 @@ def test_a_factory_that_raises_is_one_line(tmp_path, capsys, monkeypatch, body, 
     line = _sweep_error(tmp_path, capsys, "--model", f"{name}:f")
     assert line.startswith(f"variants: error: --model '{name}:f': calling it raised")
     assert expect in line
+
+
+def test_id2label_with_gaps_is_refused_not_named_none(tmp_path):
+    """id2label {"0", "2", "5"} on a 3-logit head gave the options ['negative', 'None',
+    'positive'] (the gap read as the string 'None', label 5 dropped), silently."""
+    import shutil
+
+    from variants.checkpoint import CheckpointError, load_checkpoint
+
+    folder = tmp_path / "b"
+    shutil.copytree(HF / "bert", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {"0": "negative", "2": "positive", "5": "neutral"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config.json: id2label keys \['0', '2', '5'\] are "
+                                              r"not 0\.\.2"):
+        load_checkpoint(folder)
