@@ -61,8 +61,9 @@ def id2label(config, config_file="config.json"):
     if not isinstance(m, dict) or not m:
         return None
     if sorted(str(k) for k in m) != sorted(str(i) for i in range(len(m))):
-        raise CheckpointError(f"{config_file}: id2label keys {sorted(map(str, m), key=lambda k: (len(k), k))} are "
-                              f"not 0..{len(m) - 1}; number the labels from 0, one per logit")
+        keys = sorted(map(str, m), key=lambda k: (len(k), k))
+        raise CheckpointError(f"{config_file}: id2label keys {keys} are not 0..{len(m) - 1}; "
+                              "number the labels from 0, one per logit")
     return [str(m.get(str(i), m.get(i))) for i in range(len(m))]
 
 
