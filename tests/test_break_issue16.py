@@ -301,3 +301,14 @@ def test_id2label_with_gaps_is_refused_not_named_none(tmp_path):
     with pytest.raises(CheckpointError, match=r"config.json: id2label keys \['0', '2', '5'\] are "
                                               r"not 0\.\.2"):
         load_checkpoint(folder)
+
+
+def test_marker_scorer_with_a_misshaped_bias_names_the_tensor(tmp_path, capsys):
+    """scorer = "embeddings.LayerNorm" (weight (384,), bias (384,)) ended in mlx's bare
+    '[reshape] Cannot reshape array of size 384 into shape (1).'"""
+    toml = _toml(tmp_path / "m.toml", (ROOT / "examples" / "model-marker.toml").read_text()
+                 .replace('scorer = "fit"', 'scorer = "embeddings.LayerNorm"'))
+    data = _jsonl(tmp_path / "d.jsonl", _rows(question="How does the writer feel?"))
+    line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
+    assert f"{toml}: [marker] scorer: embeddings.LayerNorm.bias has shape (384,)" in line
+    assert "need () or (1,)" in line

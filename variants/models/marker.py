@@ -186,6 +186,9 @@ def _checkpoint_scorer(checkpoint, name, where):
         raise ModelConfigError(f"{where}: [marker] scorer: {name}.weight has shape "
                                f"{tuple(w.shape)}, need ({D},) or (1, {D}) (one score per marker)")
     b = tensors.get(f"{name}.bias")
+    if b is not None and b.size != 1:
+        raise ModelConfigError(f"{where}: [marker] scorer: {name}.bias has shape "
+                               f"{tuple(b.shape)}, need () or (1,) (one score per marker)")
     return w.reshape(1, D).astype(mx.float32), (mx.zeros((1,)) if b is None
                                                 else b.reshape(1).astype(mx.float32))
 
