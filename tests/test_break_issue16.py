@@ -312,3 +312,18 @@ def test_marker_scorer_with_a_misshaped_bias_names_the_tensor(tmp_path, capsys):
     line = _sweep_error(tmp_path, capsys, "--model-config", str(toml), "--data", str(data))
     assert f"{toml}: [marker] scorer: embeddings.LayerNorm.bias has shape (384,)" in line
     assert "need () or (1,)" in line
+
+
+def test_a_column_given_twice_is_refused(tmp_path):
+    """A CSV header 'text,label,text' (or a JSONL object with "text" twice) silently kept the
+    last cell: the row's text was 'b', not 'a'."""
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("text,label,text\na,0,b\n")
+    with pytest.raises(own_data.DataError, match=r"d\.csv: line 1, column 'text': the column "
+                                                 r"appears twice"):
+        own_data.read_data(csv_file, require_splits=())
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"text": "ok"}\n{"text": "a", "label": 0, "text": "b"}\n')
+    with pytest.raises(own_data.DataError, match=r"d\.jsonl: line 2, column 'text': the column "
+                                                 r"appears twice"):
+        own_data.read_data(jsonl, require_splits=())
