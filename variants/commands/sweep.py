@@ -6,11 +6,23 @@ import sys
 from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help; the --data schema (the epilog) printed as laid out."""
+
+    def _fill_text(self, text, width, indent):
+        from variants.own_data import SCHEMA_HELP
+
+        if text == SCHEMA_HELP:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def configure(sub):
     """Add the ``sweep`` subcommand (with every family's flag group) to ``sub``; returns it."""
     from variants.builders import FAMILIES, get_family
     from variants.builders.quant_family import MODES
     from variants.models import MODELS
+    from variants.own_data import SCHEMA_HELP
     from variants.sweep_config import SweepConfig
 
     d = SweepConfig()
@@ -31,7 +43,7 @@ def configure(sub):
             "its contract with --fail-on-violation, or an output could not be written (disk "
             "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
             "the run folder in use, or a variant that could not be built."),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        epilog=SCHEMA_HELP, formatter_class=_Formatter)
     p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
                    help=f"decision model: a bundled one ({' | '.join(MODELS)}; None = "
                         f"{d.DEFAULT_MODEL}) or your own factory, called with the Checkpoint and "
