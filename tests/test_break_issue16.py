@@ -338,3 +338,14 @@ def test_sweep_help_prints_the_data_schema(capsys):
     out = capsys.readouterr().out
     for line in own_data.SCHEMA_HELP.splitlines():  # verbatim, its columns kept
         assert line in out
+
+
+def test_a_model_toml_saved_with_a_bom_and_crlf_reads(tmp_path):
+    """A TOML saved by Notepad (UTF-8 BOM, CRLF) was 'not valid TOML (Invalid statement (at
+    line 1, column 1))' though the data reader already drops a BOM."""
+    from variants.model_config import load_model_config
+
+    path = tmp_path / "m.toml"
+    path.write_bytes(b'\xef\xbb\xbfname = "x"\r\nlogits = "cosine"\r\noptions = ["a", "b"]\r\n')
+    cfg = load_model_config(path)
+    assert (cfg.name, cfg.logits, cfg.options) == ("x", "cosine", ["a", "b"])

@@ -284,7 +284,7 @@ def load_model_config(path):
     """
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # a BOM (Notepad) is dropped
     except FileNotFoundError:
         raise ModelConfigError(f"{path}: no such model TOML file; check the path given to "
                                "--model-config") from None
