@@ -349,3 +349,15 @@ def test_a_model_toml_saved_with_a_bom_and_crlf_reads(tmp_path):
     path.write_bytes(b'\xef\xbb\xbfname = "x"\r\nlogits = "cosine"\r\noptions = ["a", "b"]\r\n')
     cfg = load_model_config(path)
     assert (cfg.name, cfg.logits, cfg.options) == ("x", "cosine", ["a", "b"])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_toml_scores_must_be_finite(tmp_path, value):
+    """TOML has nan and inf literals: scores = [nan, 0.0, 1.0] was accepted (a data row's
+    non-finite score is refused), and expected scores / Δscore became NaN."""
+    from variants.model_config import load_model_config
+
+    path = _toml(tmp_path / "m.toml", f'name = "x"\nlogits = "cosine"\noptions = ["a", "b", "c"]\n'
+                 f"scores = [{value}, 0.0, 1.0]\n")
+    with pytest.raises(ModelConfigError, match="scores: must be a list of finite numbers"):
+        load_model_config(path)

@@ -119,8 +119,8 @@ def _strings(path, key, v):
 
 def _numbers(path, key, v, n):
     if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, (int, float))
-                                      for x in v):
-        _fail(path, key, f"must be a list of numbers, got {short_repr(v)}")
+                                      or not math.isfinite(x) for x in v):
+        _fail(path, key, f"must be a list of finite numbers, got {short_repr(v)}")
     if len(v) != n:
         _fail(path, key, f"has {len(v)} entries but there are {n} options; give one per option")
     return [float(x) for x in v]
