@@ -361,3 +361,13 @@ def test_toml_scores_must_be_finite(tmp_path, value):
                  f"scores = [{value}, 0.0, 1.0]\n")
     with pytest.raises(ModelConfigError, match="scores: must be a list of finite numbers"):
         load_model_config(path)
+
+
+def test_toml_options_need_two(tmp_path):
+    """options = ["only"] was accepted (a data row needs >= 2) and swept to exit 0 with every
+    metric trivially perfect: a one-option decision decides nothing."""
+    with pytest.raises(ModelConfigError, match=r"options: has 1 option; give at least 2"):
+        parse_model_config({"name": "x", "logits": "cosine", "options": ["only"]}, "m.toml")
+    with pytest.raises(ModelConfigError, match=r"\[tasks\.t\] options: has 1 option"):
+        parse_model_config({"name": "x", "logits": "cosine",
+                            "tasks": {"t": {"options": ["only"]}}}, "m.toml")

@@ -129,6 +129,8 @@ def _numbers(path, key, v, n):
 def _option_block(path, where, options, scores, actions):
     """Validate one options / scores / actions triple; returns them (scores, actions may be None)."""
     options = _strings(path, f"{where}options", options)
+    if len(options) < 2:
+        _fail(path, f"{where}options", "has 1 option; give at least 2 (a decision between them)")
     if len(set(options)) != len(options):
         _fail(path, f"{where}options", "has duplicate option texts; make each one distinct")
     if scores is not None:
