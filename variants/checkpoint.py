@@ -233,4 +233,5 @@ def load_checkpoint(path=None, dtype=mx.float32):
     max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config)
     tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
                               decided=decided)
-    return Checkpoint(path, args, encoder, tokenizer, sha, classifier, files_.id2label(config))
+    return Checkpoint(path, args, encoder, tokenizer, sha, classifier,
+                      files_.id2label(config, config_file))

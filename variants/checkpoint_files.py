@@ -54,11 +54,16 @@ def model_type(config, config_file):
     return mt
 
 
-def id2label(config):
-    """config.json's ``id2label`` as a list of str in index order, or None."""
+def id2label(config, config_file="config.json"):
+    """config.json's ``id2label`` as a list of str in index order, or None. Raises
+    CheckpointError when its keys are not 0..n-1."""
     m = config.get("id2label")
     if not isinstance(m, dict) or not m:
         return None
+    if sorted(str(k) for k in m) != sorted(str(i) for i in range(len(m))):
+        keys = sorted(map(str, m), key=lambda k: (len(k), k))
+        raise CheckpointError(f"{config_file}: id2label keys {keys} are not 0..{len(m) - 1}; "
+                              "number the labels from 0, one per logit")
     return [str(m.get(str(i), m.get(i))) for i in range(len(m))]
 
 

@@ -39,6 +39,8 @@ TOP_KEYS = ("name", "logits", "checkpoint", "prompt", "question", "options", "sc
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions")}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
+#: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
+T_BOUNDS = (1e-3, 1e3)
 
 
 class ModelConfigError(ValueError):
@@ -117,8 +119,8 @@ def _strings(path, key, v):
 
 def _numbers(path, key, v, n):
     if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, (int, float))
-                                      for x in v):
-        _fail(path, key, f"must be a list of numbers, got {short_repr(v)}")
+                                      or not math.isfinite(x) for x in v):
+        _fail(path, key, f"must be a list of finite numbers, got {short_repr(v)}")
     if len(v) != n:
         _fail(path, key, f"has {len(v)} entries but there are {n} options; give one per option")
     return [float(x) for x in v]
@@ -127,6 +129,8 @@ def _numbers(path, key, v, n):
 def _option_block(path, where, options, scores, actions):
     """Validate one options / scores / actions triple; returns them (scores, actions may be None)."""
     options = _strings(path, f"{where}options", options)
+    if len(options) < 2:
+        _fail(path, f"{where}options", "has 1 option; give at least 2 (a decision between them)")
     if len(set(options)) != len(options):
         _fail(path, f"{where}options", "has duplicate option texts; make each one distinct")
     if scores is not None:
@@ -240,6 +244,10 @@ def parse_model_config(raw, path):
                 _fail(path, f"[temperature] values.{short_repr(k)}", "must be an option count "
                       '(a whole number >= 1 in quotes), e.g. "3" = 0.1')
             cfg.temperature_values[int(k)] = _num(path, f"[temperature] values.{k}", t)
+            lo, hi = T_BOUNDS
+            if not lo <= cfg.temperature_values[int(k)] <= hi:
+                _fail(path, f"[temperature] values.{k}", f"must be between {lo:g} and {hi:g} "
+                      f"(the range temperatures are fitted in), got {short_repr(t)}")
     elif values is not None:
         _fail(path, "[temperature] values", 'is only read with mode = "fixed"; add it or drop '
               "values")
@@ -278,7 +286,7 @@ def load_model_config(path):
     """
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # a BOM (Notepad) is dropped
     except FileNotFoundError:
         raise ModelConfigError(f"{path}: no such model TOML file; check the path given to "
                                "--model-config") from None

@@ -61,13 +61,28 @@ def _decode_lines(path, raw: bytes):
                    f"UTF-8 ({e.reason})", "re-save the file as UTF-8") from None
 
 
+class _Repeated(Exception):
+    """A key given twice in one JSON object (json.loads would keep the last silently)."""
+
+
+def _no_repeats(pairs):
+    keys = [k for k, _ in pairs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise _Repeated(k)
+    return dict(pairs)
+
+
 def _read_jsonl(path, raw):
     records = []
     for n, line in enumerate(_decode_lines(path, raw).split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_no_repeats)
+        except _Repeated as e:
+            raise fail(path, _where_line(n), e.args[0], "the column appears twice",
+                       "keep one of them") from None
         except json.JSONDecodeError as e:
             raise fail(path, _where_line(n), None, f"not valid JSON ({e.msg} at column "
                        f"{e.colno})", "write one JSON object per line") from None
@@ -87,6 +102,10 @@ def _read_csv(path, raw):
             continue
         if header is None:
             header = [c.strip() for c in cells]
+            twice = [h for h in header if h and header.count(h) > 1]
+            if twice:
+                raise fail(path, _where_line(start), twice[0], "the column appears twice in "
+                           "the header", "keep one of them")
             continue
         if len(cells) != len(header):
             raise fail(path, _where_line(start), None, f"has {len(cells)} cells but the header "

@@ -28,7 +28,7 @@ DIST_TOLERANCE = 1e-4
 SPLIT_ALIASES = {"train": "fit", "training": "fit", "val": "calibration", "valid": "calibration",
                  "validation": "calibration", "dev": "calibration", "calib": "calibration",
                  "test": "eval", "evaluation": "eval", "holdout": "eval"}
-_INT_RE = re.compile(r"[+-]?\d+")
+_INT_RE = re.compile(r"[+-]?\d+(\.0*)?")  # pandas writes an int column with NaN as 2.0
 
 
 class DataError(ValueError):
@@ -93,7 +93,7 @@ def from_csv_cell(value: str, column: str, err):
                       'write list cells as JSON, e.g. ["negative", "neutral", "positive"]'
                       ) from None
     if column == "label" and _INT_RE.fullmatch(text):
-        return int(text)
+        return int(float(text))
     return value
 
 

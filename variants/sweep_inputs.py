@@ -40,6 +40,9 @@ def load_inputs(cfg):
     if cfg.data is not None:
         tasksets, data_fp = own_data_tasksets(cfg.data, module, sizes, cfg.seed)
         cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
+        _check_option_counts(decision, tasksets)
+        _check_markers(decision, tasksets, f"data file {cfg.data}")
+        _check_fit_labels(module, tasksets["fit"], f"data file {cfg.data}")
         return _checked(cfg, contract, checkpoint, tasksets)
     cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
     frame = data.load_vader()
@@ -54,13 +57,74 @@ def load_inputs(cfg):
                     for s, n in sizes.items()}
     except ModelConfigError as e:
         raise SweepError(str(e)) from None
+    _check_option_counts(decision, tasksets)
+    _check_markers(decision, tasksets, "the bundled data")
     return _checked(cfg, contract, checkpoint, tasksets)
+
+
+def _check_option_counts(decision, tasksets):
+    """Every option count K of the calibration and eval splits gets a temperature: a fixed one
+    from the TOML, or one fitted on calibration rows with that K. Raises SweepError."""
+    cal = set(tasksets["calibration"].n_options.tolist())
+    needed = cal | set(tasksets["eval"].n_options.tolist())
+    fixed = getattr(decision, "fixed_temperatures", None)
+    if fixed is not None:
+        missing = sorted(needed - set(fixed))
+        if missing:
+            raise SweepError(f"no fixed temperature for option counts {missing} of the data; add "
+                             "them to the model TOML's [temperature] values, e.g. "
+                             f'"{missing[0]}" = 1.0')
+        return
+    missing = sorted(needed - cal)
+    if missing:
+        raise SweepError(f"the eval split has rows with {missing} options but the calibration "
+                         "split has none, so no temperature can be fitted for them; put such rows "
+                         "in the calibration split too, or fix temperatures in the model TOML's "
+                         "[temperature] values")
+
+
+def _check_fit_labels(source, fit, where):
+    """A fitted linear head needs labelled fit rows of every class; a fitted marker scorer at
+    least one labelled row. Raises SweepError (sklearn's own error came after writing)."""
+    cfg = source.config
+    if source.factory is not None or cfg is None:
+        return
+    labels = sorted(set(fit.labels[fit.labels >= 0].tolist()))
+    n_labelled = int((fit.labels >= 0).sum())
+    if cfg.logits == "linear-head" and labels != list(range(len(cfg.options))):
+        want = ", ".join(map(str, range(len(cfg.options))))
+        raise SweepError(f"{where}: the fit split has {n_labelled} labelled rows, of classes "
+                         f"{labels} of {want}; the linear head is fitted on labels of every "
+                         "class: label fit rows of each option")
+    if cfg.logits == "marker" and cfg.marker_scorer == "fit" and not n_labelled:
+        raise SweepError(f"{where}: the fit split has 0 labelled rows, so the marker scorer "
+                         "cannot be fitted; label fit rows, or name the checkpoint's scorer "
+                         "([marker] scorer)")
+
+
+def _check_markers(decision, tasksets, where):
+    """A marker model's prompts, tokenized now: a row whose markers were cut by truncation or
+    that holds the marker token in its text is refused before anything is written."""
+    if getattr(decision, "marker_id", None) is None:
+        return
+    for ts in tasksets.values():
+        try:
+            decision.prepare(ts)
+        except ValueError as e:
+            raise SweepError(f"{where}: {e}") from None
 
 
 def _checked(cfg, contract, checkpoint, tasksets):
     """The contract's needs of the TaskSets (calibration size, strata); returns load_inputs'."""
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
     check_calibration_size(cfg.n_calibration, settings["alpha"])
+    n_cal = len(tasksets["calibration"])  # own data: the split may hold fewer rows than asked
+    if n_cal < cfg.n_calibration:
+        try:
+            check_calibration_size(n_cal, settings["alpha"])
+        except ValueError as e:
+            raise SweepError(f"data file {cfg.data}: its calibration split has only {n_cal} rows; "
+                             f"{e}; or add calibration rows (a 'split' column)") from None
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets
@@ -75,14 +139,21 @@ def checkpoint_path(cfg, source):
 
 def inputs_identity(cfg, source, checkpoint, data_fingerprint):
     """What the user's files held, for run.json's identity and the cache keys: the parsed model
-    TOML (``model_config``; only with --model-config), the checkpoint's sha256 (only when one
-    was named) and the data file's fingerprint (only with --data). {} for a bundled model on the
-    bundled data, so the default sweep's identity and cache keys are as before."""
+    TOML (``model_config``; only with --model-config), the checkpoint's sha256 and its
+    config.json's (only when one was named) and the data file's fingerprint (only with
+    --data). {} for a bundled model on the bundled data, so the default sweep's identity and
+    cache keys are as before."""
     out = {}
     if cfg.model_config is not None:
         out["model_config_parsed"] = source.describe()
     if checkpoint_path(cfg, source) is not None:
+        from pathlib import Path
+
+        from runs.io import file_sha256
+
         out["checkpoint_sha256"] = checkpoint.sha256
+        # config.json changes the model without the weights (pooling, eps, θ, window)
+        out["checkpoint_config_sha256"] = file_sha256(Path(checkpoint.path) / "config.json")
     if data_fingerprint is not None:
         out["data_fingerprint"] = data_fingerprint
     return out
@@ -98,6 +169,20 @@ def cache_parts(cfg):
                                if k != "path"}
         ident["model_config_parsed"] = described
     return (ident,) if ident else ()
+
+
+def _check_head_classes(path, frame, kind, classes):
+    """A classifier's (or linear head's) logit k is ``classes[k]``: a row with its own options
+    must list exactly those, in that order. Raises own_data.DataError naming the row."""
+    from metrics._checks import short_repr
+    from variants.own_data import fail
+
+    for where, own in zip(frame.index, frame["options"]):
+        if own is not None and list(own) != list(classes):
+            raise fail(path, where, "options", f"{short_repr(list(own))} are not the {kind} "
+                       f"head's classes {short_repr(list(classes))} (logit k is class k)",
+                       "list the head's options in its order, or drop the row's options "
+                       "(rename the classes with the model TOML's options)")
 
 
 def own_data_tasksets(path, source, sizes, seed):
@@ -124,6 +209,8 @@ def own_data_tasksets(path, source, sizes, seed):
     defaults = dict(options=options, scores=scores, actions=actions)
     try:
         frame = own_data.read_data(path, **defaults)
+        if source.factory is None and source.kind in ("classifier", "linear-head"):
+            _check_head_classes(path, frame, source.kind, options)
         tasksets = {}
         for split, n in sizes.items():
             rows = own_data.split_rows(frame, split)

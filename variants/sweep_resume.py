@@ -36,6 +36,22 @@ def check_run_tokenizer(out, settings):
                          f"new); choose another --run name or delete {out}")
 
 
+def _diff(old, new, prefix=""):
+    """{dotted key: (old, new)} of the values that differ, descending into dicts both sides
+    hold (an edited TOML names its changed key, not both whole TOMLs). At the top, only the
+    keys ``new`` has (an older run.json may hold keys no longer written)."""
+    out = {}
+    for k in dict.fromkeys([*old, *new]) if prefix else new:
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(_diff(a, b, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = (a, b)
+    return out
+
+
 def check_run_folder(out, cfg, tasksets):
     """Refuse to resume ``out`` when its run.json's identity (:meth:`SweepConfig.identity`)
     differs from ``cfg``'s, or a variant folder holds another variant
@@ -48,7 +64,7 @@ def check_run_folder(out, cfg, tasksets):
         old.setdefault("device", "gpu" if "gpu" in str(meta.get("device", "cpu")) else "cpu")
         old.setdefault("dtype", "float32")
         new = json.loads(json.dumps(cfg.identity()))
-        diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        diff = _diff(old, new)
         if diff:
             raise SweepError(
                 f"{out} holds a sweep with other settings {diff} (old, new); "

@@ -16,9 +16,8 @@ def configure(sub):
     from variants.builders import FAMILIES, get_family
     from variants.builders.quant_family import MODES
     from variants.models import MODELS
-    from variants.sweep_config import SweepConfig
-
     from variants.own_data import SCHEMA_HELP
+    from variants.sweep_config import SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(

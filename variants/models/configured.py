@@ -118,6 +118,17 @@ class ModelSource:
                 raise ModelConfigError(f"{cfg.path}: options: checkpoint {checkpoint.path} has "
                                        "no id2label in config.json; list options = [...] here")
             self.options = list(labels)
+        import mlx.core as mx
+
+        n_out = head(mx.zeros((1, 1, checkpoint.args.hidden_size)),
+                     mx.ones((1, 1), dtype=mx.int32)).shape[-1]
+        names = cfg.options if cfg.options is not None else self.options
+        if len(names) != n_out:
+            where = "options" if cfg.options is not None else \
+                f"{checkpoint.path}/config.json id2label"
+            raise ModelConfigError(f"{cfg.path}: options: {where} gives {len(names)} names but the "
+                                   f"checkpoint's classifier head makes {n_out} logits; list "
+                                   f"{n_out} options, one per logit in index order")
         return self
 
     def fixed_options(self):
@@ -224,7 +235,14 @@ class ModelSource:
         cfg = self.config
         if self.factory:
             where = f"{cfg.path}: factory" if cfg is not None else "--model"
-            model = import_factory(self.factory, where)(checkpoint)
+            factory = import_factory(self.factory, where)
+            try:
+                model = factory(checkpoint)
+            except Exception as e:  # the user's code: one line, not a traceback
+                raise ModelConfigError(
+                    f"{where} {short_repr(self.factory)}: calling it raised {type(e).__name__}: "
+                    f"{short_repr(str(e))}; fix the factory (called with the Checkpoint, it "
+                    "returns a DecisionModel; see examples/own_model.py)") from None
             if not isinstance(model, DecisionModel):
                 raise ModelConfigError(f"{where} {short_repr(self.factory)} returned "
                                        f"{type(model).__name__}, not a DecisionModel; return "

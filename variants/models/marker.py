@@ -117,8 +117,8 @@ class MarkerModel(DecisionModel):
                 k = int((idx[r] >= 0).sum())
                 if len(found) != k:
                     raise ValueError(
-                        f"row {taskset.ids[b.index[r]]!r}: its prompt holds {len(found)} marker "
-                        f"tokens {self.token} for {k} options (cut at max_length "
+                        f"row {str(taskset.ids[b.index[r]])!r}: its prompt holds {len(found)} "
+                        f"marker tokens {self.token} for {k} options (cut at max_length "
                         f"{getattr(self.tokenizer, 'max_length', '?')} tokens, or the text "
                         "holds the marker); shorten the question or options")
                 pos[r, :k] = found
@@ -186,6 +186,9 @@ def _checkpoint_scorer(checkpoint, name, where):
         raise ModelConfigError(f"{where}: [marker] scorer: {name}.weight has shape "
                                f"{tuple(w.shape)}, need ({D},) or (1, {D}) (one score per marker)")
     b = tensors.get(f"{name}.bias")
+    if b is not None and b.size != 1:
+        raise ModelConfigError(f"{where}: [marker] scorer: {name}.bias has shape "
+                               f"{tuple(b.shape)}, need () or (1,) (one score per marker)")
     return w.reshape(1, D).astype(mx.float32), (mx.zeros((1,)) if b is None
                                                 else b.reshape(1).astype(mx.float32))
 
