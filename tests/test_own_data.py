@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from variants.own_data import (DataError, count_special_only, data_fingerprint, read_data,
-                               split_rows, taskset_rows, to_taskset)
+from variants.own_data import (DataError, data_fingerprint, read_data, split_rows, taskset_rows,
+                               to_taskset)
+from variants.special_tokens import count_special_only
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTS = ["negative", "neutral", "positive"]

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from variants import BLAS_INFO, __version__, device, parallel
 from variants.sweep_timing import model_bytes
-from variants.own_data import count_special_only
+from variants.special_tokens import count_special_only
 
 
 def _versions():
