@@ -1,10 +1,8 @@
 """The sweep: reference outputs once, then build, evaluate, check and time each variant.
 
-Writes ``results/<run>/`` (see ../shared/DESIGN.md): run.json, reference/, one folder per variant
-(outputs.npz, calibration_outputs.npz, build.json, timing.json, metrics.json, verdict.json),
-summary.csv and report.md. Every file is written atomically; a rerun resumes: a variant whose
-outputs and timing exist is not rebuilt, only its metrics and verdict are recomputed (timing
-fields an older run lacks, such as the end-to-end region or the cold start, are measured then).
+Writes ``results/<run>/`` (results/README.md). Every file is written atomically; a rerun
+resumes: a variant whose outputs and timing exist is not rebuilt, only judged again (timing
+fields an older run lacks are measured then).
 
 Its parts: config and validation (:mod:`variants.sweep_config`), inputs
 (:mod:`variants.sweep_inputs`), resume checks (:mod:`variants.sweep_resume`), timing
