@@ -4,10 +4,9 @@ Writes ``results/<run>/`` (results/README.md). Every file is written atomically;
 resumes: a variant whose outputs and timing exist is not rebuilt, only judged again (timing
 fields an older run lacks are measured then).
 
-Its parts: config and validation (:mod:`variants.sweep_config`), inputs
-(:mod:`variants.sweep_inputs`), resume checks (:mod:`variants.sweep_resume`), timing
-(:mod:`variants.sweep_timing`), its own time (:mod:`variants.sweep_clock`), run.json
-(:mod:`variants.sweep_meta`); this module is the run loop.
+Its parts: config (``sweep_config``), inputs (``sweep_inputs``), resume checks
+(``sweep_resume``), timing (``sweep_timing``), its own time (``sweep_clock``), run.json
+(``sweep_meta``), all in :mod:`variants`; this module is the run loop.
 """
 
 import shutil
