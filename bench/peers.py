@@ -7,18 +7,20 @@ PyTorch + transformers fp32, ``ort32`` ONNX Runtime fp32 (``torch.onnx.export``,
 sequence axes), ``ort8`` ONNX Runtime ``quantize_dynamic`` (int8 weights and activations, integer
 GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init at
 ModernBERT-base's shapes (hidden 768, 12 heads, intermediate 1152, window 128, global every 3rd;
-``--mb-layers`` layers, default 6 = 2 global + 4 local, ModernBERT-base's mix; 22 does not fit 10
-minutes on 2 cores), built seeded in transformers, saved with ``save_pretrained`` and loaded by
-``variants.checkpoint.load_checkpoint`` so every engine runs the same weights. Each computes the
-mean-pooled, L2-normalised embedding of random ids with a full mask.
+``--mb-layers`` layers, default 3 = 1 global + 2 local, ModernBERT-base's 1:2 mix; its 22 do not
+fit 10 minutes on 2 cores: 6 layers cost ~3x MiniLM's per token), built seeded in transformers,
+saved with ``save_pretrained`` and loaded by ``variants.checkpoint.load_checkpoint`` so every
+engine runs the same weights. Each computes the mean-pooled, L2-normalised embedding of random ids
+with a full mask.
 
 Per shape (B, L), ``--rounds`` rounds; in each round every engine runs one block (an untimed call,
-then up to ``--iters`` timed calls within ``--block-s`` seconds; its median), in an order that
-rotates per round. Ratios are per round (time of one / time of the other, same round) and
-summarised by their median and a 95% percentile-bootstrap CI (:func:`ratio`); the machine is
-shared, so read ratios, not absolute milliseconds. Then the B=1 analysis: time vs number of layers
-and vs L at B=1 (intercept = fixed per-call cost, slope = per layer / per token), the graph
-evaluations per forward and the segment profile (variants/profile.py).
+skipped once the shape's calls take >= 0.5 s; then up to ``--iters`` timed calls within
+``--block-s`` seconds; its median), in an order that rotates per round. Ratios are per round (time
+of one / time of the other, same round) and summarised by their median and a 95%
+percentile-bootstrap CI (:func:`ratio`); the machine is shared, so read ratios, not absolute
+milliseconds. Then the B=1 analysis: time vs number of layers and vs L at B=1 (intercept = fixed
+per-call cost, slope = per layer / per token), the graph evaluations per forward and the segment
+profile (variants/profile.py).
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
@@ -186,7 +188,8 @@ def configure_parser():
                    help="skip shapes with B*L above this (0: none; B=32 L=512 takes ~3 s a "
                         "call per engine here)")
     p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-    p.add_argument("--mb-layers", type=int, default=6, help="ModernBERT layers (base: 22)")
+    p.add_argument("--mb-layers", type=int, default=3,
+                   help="ModernBERT layers (base: 22; every 3rd from the first is global)")
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds per shape")
     p.add_argument("--iters", type=int, default=10, help="timed calls per block at most")
     p.add_argument("--block-s", type=float, default=0.25,
@@ -238,7 +241,8 @@ def main(argv=None):
                 workers["ort"] = Worker(args.peer_python, "ort", path=path, arch=arch,
                                         workdir=tmp, spin=args.spin)
             info = {k: w("info") for k, w in workers.items()}
-            print(f"{RULE} {arch} ({path if arch == 'minilm' else f'{args.mb_layers} layers, random init'}): "
+            what = path if arch == "minilm" else f"{args.mb_layers} layers, random init"
+            print(f"{RULE} {arch} ({what}): "
                   f"{json.dumps(info)} {RULE}", flush=True)
             if {"mlx", "torch"} <= set(workers):
                 d = np.abs(np.array(workers["mlx"]("embed", B=2, L=64))

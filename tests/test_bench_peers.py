@@ -40,7 +40,7 @@ def test_tokens_per_s_and_line_fit():
 def test_default_plan_fits_each_model_and_the_token_cap():
     args = peers.configure_parser().parse_args([])
     assert args.arch == ["minilm", "modernbert"] and args.batch == [1, 8, 32]
-    assert args.seq == [24, 128, 512] and args.mb_layers == 6 and not args.spin
+    assert args.seq == [24, 128, 512] and args.mb_layers == 3 and not args.spin
     assert args.engines == ["mlx", "torch", "ort32", "ort8", "q8", "q4"]
     plan = peers.shape_plan(args.arch, args.batch, args.seq, args.max_tokens)
     mini = [(1, 24), (1, 128), (1, 512), (8, 24), (8, 128), (8, 512), (32, 24), (32, 128)]
@@ -90,3 +90,17 @@ def test_a_tiny_real_run_prints_every_engine():
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("1 ")]
     assert len(rows) == 4  # two lengths, tokens/s and ratio rows
     assert all(float(v) > 0 for v in rows[0][2:8])
+
+
+def test_block_warms_up_unless_the_previous_block_was_slow():
+    import peer_workers
+    calls = []
+    out = peer_workers.block(lambda: calls.append(1), 3, 10.0, key=("x", 1, 24))
+    assert len(out) == 3 and len(calls) == 4  # one untimed call first
+    peer_workers._LAST[("x", 1, 24)] = peer_workers.WARM_BELOW_MS  # a slow shape: no warm-up
+    calls.clear()
+    peer_workers.block(lambda: calls.append(1), 2, 10.0, key=("x", 1, 24))
+    assert len(calls) == 2
+    calls.clear()
+    assert len(peer_workers.block(lambda: calls.append(1), 5, 0.0)) == 1  # budget spent: one
+    assert len(calls) == 2
