@@ -22,6 +22,13 @@ milliseconds. Then the B=1 analysis: time vs number of layers and vs L at B=1 (i
 per-call cost, slope = per layer / per token), the graph evaluations per forward and the segment
 profile (variants/profile.py).
 
+Measured here (2 shared cores, MLX 0.32.4, ORT 1.32, torch 2.13, passive pools; default run: MiniLM
+282 s at load 2.5-4, ModernBERT 3 layers 284 s at load ~5), MLX/ORT fp32 per-round median: MiniLM
+B=1 L=24 / 128 / 512 0.56 / 0.73 / 0.85, B=8 0.76 / 0.92 / 0.93, B=32 L=24 / 128 1.01 / 0.96;
+ORT int8 1.26-1.54x its fp32 everywhere, our q8 0.55-1.02x our fp32. B=1 L=24: 3.29 ms per layer
+(MLX) vs 1.57 (ORT), intercepts under 1 ms for both: the gap is per layer, not per call (B*L
+below ``parallel.MIN_ROWS`` runs on one stream with 1-thread OpenBLAS: one core).
+
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
 Run: ``python bench/peers.py [--arch minilm modernbert] [--batch 1 8 32] [--seq 24 128 512]``.
