@@ -371,3 +371,15 @@ def test_toml_options_need_two(tmp_path):
     with pytest.raises(ModelConfigError, match=r"\[tasks\.t\] options: has 1 option"):
         parse_model_config({"name": "x", "logits": "cosine",
                             "tasks": {"t": {"options": ["only"]}}}, "m.toml")
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--data"])
+def test_an_empty_path_flag_is_refused_not_read_as_the_current_folder(flag, tmp_path, capsys):
+    """`--checkpoint ""` resolved to the current folder and failed with "config.json is missing"
+    without naming it: an empty path is now its own one-line error, exit 2, nothing written."""
+    from variants.cli import main
+
+    code = main(["sweep", flag, "", "--results-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"{flag} is empty" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

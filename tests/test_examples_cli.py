@@ -47,7 +47,9 @@ def test_example_toml_sweeps_end_to_end(kind, data, tmp_path, monkeypatch, capsy
     assert ref.logits.shape == (30, 3) and np.isfinite(ref.logits).all()
     # probabilities are the softmax of logits / T at the deployed temperature, rows sum to 1
     assert np.allclose(ref.probs.sum(axis=1), 1.0, atol=1e-5)
+    log = capsys.readouterr().err
     if kind == "classifier":  # fixed T = 1 in the TOML, options from id2label order
+        assert "using the fixed temperatures {3: 1.0}" in log and "fitting temperatures" not in log
         assert meta["model"]["config"]["temperature_values"] == {"3": 1.0}
         z = ref.logits.astype(np.float64)
         p = np.exp(z - z.max(axis=1, keepdims=True))

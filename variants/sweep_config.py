@@ -185,6 +185,8 @@ class SweepConfig:
             except ValueError as e:
                 raise SweepError(str(e)) from None
         for flag, value in (("--checkpoint", self.checkpoint), ("--data", self.data)):
+            if value is not None and not str(value).strip():
+                raise SweepError(f"{flag} is empty; give a path, or leave the flag out")
             if value is not None and not Path(value).exists():
                 raise SweepError(f"{flag} {short_repr(value)}: no such "
                                  f"{'folder' if flag == '--checkpoint' else 'file'}; check the "

@@ -127,7 +127,10 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key
         log(f"fitting {name} head on {len(tasksets['fit'])} fit examples")
         model.fit_head(tasksets["fit"])
         state.update({f"head_{k}": v for k, v in model.head_state().items()})
-    log(f"fitting temperatures on {len(tasksets['calibration'])} calibration examples")
+    if getattr(model, "fixed_temperatures", None) is not None:
+        log(f"using the fixed temperatures {model.fixed_temperatures} of the model config")
+    else:
+        log(f"fitting temperatures on {len(tasksets['calibration'])} calibration examples")
     temps = model.calibrate(tasksets["calibration"])
     state["t_keys"] = np.array(list(temps), np.int64)
     state["t_values"] = np.array(list(temps.values()), np.float64)
