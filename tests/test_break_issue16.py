@@ -383,3 +383,16 @@ def test_an_empty_path_flag_is_refused_not_read_as_the_current_folder(flag, tmp_
     err = capsys.readouterr().err.strip()
     assert code == 2 and f"{flag} is empty" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_semicolon_separated_csv_is_named_as_such(tmp_path):
+    """A CSV saved with ';' (a European spreadsheet) read as one unknown column 'text;label':
+    the error now says the separator is the problem."""
+    from variants.own_data import DataError, read_data
+
+    f = tmp_path / "rows.csv"
+    f.write_text("text;label\nso good;2\n")
+    with pytest.raises(DataError) as e:
+        read_data(f)
+    msg = str(e.value)
+    assert "separated by semicolons" in msg and "'text;label'" in msg and "\n" not in msg

@@ -44,8 +44,13 @@ def fail(path, where, column, problem, fix) -> DataError:
 
 def closest_column(name: str) -> str:
     """The fix for an unknown column: the closest known name (difflib), else the full list."""
-    match = difflib.get_close_matches(str(name).lower(), COLUMNS, n=1, cutoff=0.6)
     known = ", ".join(COLUMNS)
+    for sep, what in ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'")):
+        if sep in str(name) and any(c in str(name).split(sep) for c in COLUMNS):
+            return (f"the header looks separated by {what}, but a CSV here is separated by "
+                    f"commas: save it with commas (pandas: to_csv(sep=',')) or as JSONL "
+                    f"(known columns: {known})")
+    match = difflib.get_close_matches(str(name).lower(), COLUMNS, n=1, cutoff=0.6)
     if match:
         return f"did you mean {match[0]!r}? (known columns: {known})"
     return f"rename or remove it (known columns: {known})"
