@@ -198,3 +198,26 @@ def test_sensitivity_bad_layers_regex(model):
 
     with pytest.raises(ValueError, match="--layers 'nothing' matches no Linear"):
         sensitivity.quantizable_layers(model.module, "nothing")
+
+
+# ---- the command line: bad input is one line, exit 2, nothing written ----
+
+TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
+        "--timing-rounds", "2", "--timing-warmup", "0", "--cold-start", "none", "--no-progress"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sweep", "--bits-map", "value=5", *TINY], "--bits-map entry 'value=5': bits=5"),
+    (["sweep", "--bits-map", "nowhere=8", *TINY], "--bits-map pattern 'nowhere' matches no"),
+    (["sweep", "--bits-map", "mixed_4_8", "--bits", "2", *TINY], "--bits 2 and --bits-map"),
+    (["sensitivity", "--bits", "5"], "--bits=5 is not supported"),
+    (["sensitivity", "--n-examples", "3"], "--n-examples 3 is too small"),
+])
+def test_cli_bad_maps_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
+    from variants.cli import main
+
+    out = tmp_path / "r"
+    assert main([*argv, "--results-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("variants: error: ") and err.count("\n") == 1
+    assert not out.exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def configure(sub):
     """Add the ``sensitivity`` subcommand to ``sub``; returns its parser."""
-    from variants.sensitivity import DEFAULT_BITS
+    from variants.builders.quant_family import BITS as DEFAULT_BITS  # (no MLX import here)
     from variants.sweep_config import SweepConfig
 
     d = SweepConfig()
