@@ -221,3 +221,36 @@ def test_cli_bad_maps_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and err.startswith("variants: error: ") and err.count("\n") == 1
     assert not out.exists()
+
+
+# ---- the model TOML's [quant] bits_map: the default of --bits-map ----
+
+GOOD = ('name = "m"\nlogits = "linear-head"\noptions = ["a", "b", "c"]\nscores = [-1, 0, 1]\n'
+        'actions = ["x", "y", "y"]\n')
+
+
+def test_toml_bits_map_is_the_sweep_default_and_the_flag_wins(tmp_path):
+    from variants.model_config import load_model_config
+    from variants.sweep_config import SweepConfig
+
+    plain = tmp_path / "plain.toml"
+    plain.write_text(GOOD)
+    assert "quant_bits_map" not in load_model_config(plain).to_dict()  # old cache keys kept
+    f = tmp_path / "m.toml"
+    f.write_text(GOOD + '[quant]\nbits_map = " mixed_4_8 "\n')
+    assert load_model_config(f).quant_bits_map == "mixed_4_8"
+    kw = dict(model_config=str(f), timing_batch_sizes=(1,), family="quant")
+    cfg = SweepConfig(params={"bits": None, "bits_map": ""}, **kw).validate()
+    assert [v.name for v in cfg.variants] == [QuantConfig(4, bits_map="mixed_4_8").name]
+    cfg = SweepConfig(params={"bits": [2], "bits_map": "value=8"}, **kw).validate()
+    assert [v.bits_map for v in cfg.variants] == ["value=8"]
+
+
+def test_bad_toml_bits_map_names_file_and_key(tmp_path):
+    from variants.model_config import ModelConfigError, load_model_config
+
+    f = tmp_path / "m.toml"
+    f.write_text(GOOD + '[quant]\nbits_map = "value=5"\n')
+    with pytest.raises(ModelConfigError, match=r"m\.toml: \[quant\] bits_map: entry 'value=5': "
+                                                r"bits=5 is not supported; choose one of"):
+        load_model_config(f)
