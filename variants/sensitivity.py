@@ -17,6 +17,13 @@ high precision. Results are cached in ``cache_dir/sensitivity/<model>-<key>.csv`
 the reference's weights (:func:`variants.activations.module_fingerprint`), the split's
 fingerprint, the candidates and the layers (through
 :meth:`variants.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
+
+Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 36 Linears x
+(2, 3, 4, 6, 8) bits, g64): 7 min 10 s wall for the 180 passes on the shared 2-core machine
+(load ~3.4; 427 s CPU), plus 45 s fitting the head once. Median / max mean KL per layer: 8.2e-3
+/ 4.9e-2 at 2 bits, 4.9e-4 / 3.8e-3 at 4, 2e-6 / 4.2e-5 at 8. The FFN up projections
+(``intermediate``) lead at 2-3 bits and ``4.intermediate`` at 4 bits, ahead of the value and
+down projections that mlx-lm's recipes raise (:mod:`variants.builders.bits_map`).
 """
 
 import copy
