@@ -20,6 +20,7 @@ VERBS = {
     "selftest": "runs.commands.check:configure_selftest",
     "plot": "runs.commands.plot:configure_parser",
     "list": "variants.commands.listing:configure",
+    "sensitivity": "variants.commands.sensitivity:configure",
 }
 
 

@@ -21,6 +21,8 @@ Keys (all top level unless in a table)::
     [cosine]       scale = 20.0
     [linear_head]  C = 10.0
     [marker]       token = "[unused0]"; scorer = "fit" | "<tensor name>"; C = 1.0
+    [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
+                   # default --bits-map (variants.builders.bits_map; the flag overrides it)
 """
 
 import difflib
@@ -35,9 +37,11 @@ KINDS = ("classifier", "linear-head", "cosine", "marker")
 TEMPERATURE_MODES = ("fit", "fixed")
 PLACEHOLDERS = ("text", "question", "options")
 TOP_KEYS = ("name", "logits", "checkpoint", "prompt", "question", "options", "scores", "actions",
-            "action_names", "factory", "temperature", "tasks", "cosine", "linear_head", "marker")
+            "action_names", "factory", "temperature", "tasks", "cosine", "linear_head", "marker",
+            "quant")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
-              "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions")}
+              "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
+              "quant": ("bits_map",)}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
 #: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
 T_BOUNDS = (1e-3, 1e3)
@@ -75,6 +79,7 @@ class ModelConfig:
     marker_token: str = "[unused0]"
     marker_scorer: str = "fit"
     marker_C: float = 1.0
+    quant_bits_map: str = ""  # [quant] bits_map, normalised ("" = none)
 
     def to_dict(self):
         """JSON-able, as recorded in run.json (``model.config``) and the cache keys."""
@@ -82,6 +87,8 @@ class ModelConfig:
         d["path"] = str(self.path)
         d["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
         d["temperature_values"] = {str(k): v for k, v in self.temperature_values.items()}
+        if not d["quant_bits_map"]:  # absent: the keys of TOMLs without [quant] stay as they were
+            del d["quant_bits_map"]
         return d
 
 
@@ -262,6 +269,16 @@ def parse_model_config(raw, path):
         cfg.marker_scorer = _str(path, "[marker] scorer", m["scorer"])
     if "C" in m:
         cfg.marker_C = _num(path, "[marker] C", m["C"])
+    if "bits_map" in raw.get("quant", {}):
+        from variants.builders import bits_map
+
+        try:
+            cfg.quant_bits_map = bits_map.canonical(_str(path, "[quant] bits_map",
+                                                         raw["quant"]["bits_map"]))
+        except ModelConfigError:
+            raise
+        except ValueError as e:
+            _fail(path, "[quant] bits_map", str(e).replace(f"{bits_map.FLAG} ", "", 1))
     for table, k in (("cosine", "cosine"), ("linear_head", "linear-head"), ("marker", "marker")):
         if table in raw and kind != k:
             _fail(path, f"[{table}]", f"applies to logits = {k!r}, but logits = {kind!r}; "

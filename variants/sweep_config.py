@@ -155,6 +155,9 @@ class SweepConfig:
             device.check(self.device, self.dtype)
         except ValueError as e:
             raise SweepError(str(e)) from None
+        toml_map = getattr(self._source.config, "quant_bits_map", "")
+        if self.family == "quant" and toml_map and not self.params.get("bits_map"):
+            self.params["bits_map"] = toml_map  # the model TOML's [quant] bits_map
         try:
             self.variants = family.ladder(**self.params)
         except ValueError as e:

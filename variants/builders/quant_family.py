@@ -5,6 +5,7 @@ The quantizer itself (``mx.quantize``, native or simulated) is :mod:`variants.bu
 
 from dataclasses import dataclass
 
+from variants.builders import bits_map as bits_map_mod
 from variants.builders.family import BuildInputs, Family
 
 BITS = (2, 3, 4, 6, 8)
@@ -30,45 +31,74 @@ class QuantConfig:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = False
+    #: per-layer bits (:mod:`variants.builders.bits_map`, normalised); "" = uniform ``bits``
+    bits_map: str = ""
 
     def __post_init__(self):
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
         check_bits(self.bits, self.group_size)
+        recipe, _ = bits_map_mod.parse(self.bits_map, BITS, GROUP_SIZES)
+        if recipe and self.bits != bits_map_mod.RECIPES[recipe][0]:
+            raise ValueError(f"--bits-map {recipe} quantizes the other layers at "
+                             f"{bits_map_mod.RECIPES[recipe][0]} bits, not bits={self.bits}; drop "
+                             "--bits (a recipe sets both widths)")
+        object.__setattr__(self, "bits_map", bits_map_mod.canonical(self.bits_map))
 
     @property
     def name(self):
         extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
-        return f"q{self.bits}-g{self.group_size}{extra}"
+        mixed = bits_map_mod.tag(self.bits_map)
+        return f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
 
 
-PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head")
+PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map")
 
 
 def add_arguments(parser):
     """This family's ``variants sweep`` flags (dests are PARAMS)."""
     g = parser.add_argument_group("quant family (--family quant)")
-    g.add_argument("--bits", type=int, nargs="+", default=list(BITS), metavar="B",
-                   help=f"bit widths to sweep, from {BITS}")
+    g.add_argument("--bits", type=int, nargs="+", default=None, metavar="B",
+                   help=f"bit widths to sweep, from {BITS} (default: all; with a --bits-map "
+                        "recipe: the recipe's low width)")
     g.add_argument("--group-size", type=int, default=64,
                    help=f"weights per quantization group, one of {GROUP_SIZES}")
     g.add_argument("--quantize-embeddings", action="store_true",
                    help="also quantize the embedding tables (kept fp32 by default)")
     g.add_argument("--quantize-head", action="store_true",
                    help="also quantize the decision head (kept fp32 by default)")
+    g.add_argument("--bits-map", default="", metavar="PATTERN=BITS[:GROUP],...|RECIPE",
+                   help="per-layer bits: regexes searched in layer paths, first match wins, "
+                        "unmatched layers get --bits; or a recipe "
+                        f"({', '.join(bits_map_mod.RECIPES)}: value and down projections of the "
+                        "first, last and every third layer at the high width)")
 
 
-def ladder(*, bits=BITS, group_size=64, quantize_embeddings=False, quantize_head=False):
-    """The variant configs of one sweep: one QuantConfig per bit width (ValueError if bad)."""
+def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head=False,
+           bits_map=""):
+    """The variant configs of one sweep: one QuantConfig per bit width (``bits`` None: all of
+    BITS), each with ``bits_map``; a recipe map gives its one variant (ValueError if bad)."""
+    recipe, _ = bits_map_mod.parse(bits_map, BITS, GROUP_SIZES)
+    if recipe:
+        low = bits_map_mod.RECIPES[recipe][0]
+        if bits is not None and list(bits) != [low]:
+            raise ValueError(f"--bits {' '.join(map(str, bits))} and --bits-map {recipe} both "
+                             f"set the widths ({recipe}: {low} and "
+                             f"{bits_map_mod.RECIPES[recipe][1]}); drop --bits, or write the "
+                             "map as PATTERN=BITS entries")
+        bits = [low]
+    if bits is None:
+        bits = BITS
     if not bits:
         raise ValueError("no bit widths given; pass e.g. --bits 4 8")
-    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head)
+    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map)
             for b in dict.fromkeys(bits)]
 
 
-def run_name(*, group_size=64, **_):
+def run_name(*, group_size=64, bits_map="", **_):
     """Default run-folder suffix for these parameters."""
-    return f"g{group_size}"
+    mixed = bits_map_mod.tag(bits_map)
+    return f"g{group_size}" + (f"-{mixed}" if mixed else "")
 
 
 def build(reference, config, inputs=BuildInputs(), mode="simulated"):
@@ -78,5 +108,13 @@ def build(reference, config, inputs=BuildInputs(), mode="simulated"):
     return quantize.build(reference, config, mode=mode, calibration=inputs.calibration)
 
 
+def check_model(encoder, configs, model=None):
+    """The family's model check: a ``--bits-map`` pattern that matches no layer
+    (:func:`variants.builders.quantize.check_model`)."""
+    from variants.builders import quantize
+
+    quantize.check_model(encoder, configs)
+
+
 FAMILY = Family(name="quant", config=QuantConfig, params=PARAMS, add_arguments=add_arguments,
-                ladder=ladder, run_name=run_name, build=build)
+                ladder=ladder, run_name=run_name, build=build, check_model=check_model)

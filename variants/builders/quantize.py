@@ -20,6 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from variants import qlinear
+from variants.builders import bits_map
 from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  # noqa: F401
                                             QuantConfig, add_arguments, check_bits, ladder,
                                             run_name)
@@ -29,10 +30,11 @@ def _is_head(path):
     return path == "head" or path.startswith("head.")
 
 
-def make_predicate(cfg, skipped):
-    """``(path, module) -> bool`` choosing the layers to quantize; appends skips (with the
-    reason) to ``skipped``. Input sizes not divisible by the group size are skipped, as are the
-    embeddings and the decision head unless ``cfg`` asks for them."""
+def make_predicate(cfg, skipped, settings=None):
+    """``(path, module) -> bool or {"bits", "group_size"}`` choosing the layers to quantize;
+    appends skips (with the reason) to ``skipped``. Input sizes not divisible by the group size
+    are skipped, as are the embeddings and the decision head unless ``cfg`` asks for them.
+    ``settings`` ({path: (bits, group_size)}, :func:`layer_settings`) gives per-layer widths."""
 
     def predicate(path, module):
         if isinstance(module, nn.Embedding):
@@ -47,13 +49,34 @@ def make_predicate(cfg, skipped):
             in_dims = module.weight.shape[1]
         else:
             return False
-        if in_dims % cfg.group_size:
+        bits, group_size = (settings or {}).get(path, (cfg.bits, cfg.group_size))
+        if in_dims % group_size:
             skipped.append((path, f"input size {in_dims} not divisible by group size "
-                                  f"{cfg.group_size}"))
+                                  f"{group_size}"))
             return False
-        return True
+        return {"bits": bits, "group_size": group_size} if settings else True
 
     return predicate
+
+
+def layer_settings(module, cfg):
+    """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears, the head
+    and embeddings only when asked), from ``cfg.bits_map`` (:func:`bits_map.resolve`); None
+    without a map. Raises ValueError (naming ``--bits-map``) for a pattern that matches no
+    such layer."""
+    if not cfg.bits_map:
+        return None
+    paths = [p for p, m in module.named_modules()  # (group-size divisibility is checked per
+             if isinstance(m, (nn.Linear, nn.Embedding))  # layer, with the map's size)
+             and (cfg.quantize_embeddings or not isinstance(m, nn.Embedding))
+             and (cfg.quantize_head or not _is_head(p))]
+    return bits_map.resolve(cfg.bits_map, sorted(paths), cfg.bits, cfg.group_size)
+
+
+def check_model(module, cfgs, model=None):
+    """Raise ValueError, before anything is written, for a map pattern no layer matches."""
+    for cfg in cfgs:
+        layer_settings(module, cfg)
 
 
 def quantize_module(module, cfg, mode="simulated"):
@@ -71,17 +94,21 @@ def quantize_module(module, cfg, mode="simulated"):
     info : dict
         ``quantized_layers``, ``skipped`` (path, reason), ``bits_per_weight`` (stored bits per
         quantized weight, scales and biases included), ``model_bytes`` (all parameters as stored
-        by the native form), ``quantized_params``, ``total_params``.
+        by the native form), ``quantized_params``, ``total_params``; with a ``bits_map``
+        also ``layer_bits`` ({path: [bits, group_size]}). Both sums run over each layer's
+        stored arrays (packed weight, scales, biases), so a mixed map counts each layer's
+        own width.
 
     Raises
     ------
     ValueError
-        Unknown mode, or no layer could be quantized.
+        Unknown mode, no layer could be quantized, a ``bits_map`` pattern matches no layer.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not supported; choose one of {MODES}")
     skipped = []
-    predicate = make_predicate(cfg, skipped)
+    settings = layer_settings(module, cfg)
+    predicate = make_predicate(cfg, skipped, settings)
     native = copy.deepcopy(module)
     nn.quantize(native, group_size=cfg.group_size, bits=cfg.bits, class_predicate=predicate)
     qlayers = [p for p, m in native.named_modules()
@@ -92,7 +119,7 @@ def quantize_module(module, cfg, mode="simulated"):
     for p, m in native.named_modules():
         if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             out_dims, packed = m.weight.shape
-            q_params += out_dims * packed * 32 // cfg.bits
+            q_params += out_dims * packed * 32 // m.bits  # m.bits: per layer with a map
             q_bytes += m.weight.nbytes + m.scales.nbytes + m.biases.nbytes
     params = tree_flatten(native.parameters())
     total_bytes = sum(v.nbytes for _, v in params)
@@ -106,15 +133,19 @@ def quantize_module(module, cfg, mode="simulated"):
         "model_bytes": int(total_bytes),
         "mode": mode,
     }
+    if settings:
+        info["layer_bits"] = {p: [m.bits, m.group_size] for p, m in native.named_modules()
+                              if p in qlayers}
     if mode == "native":
         return qlinear.use_cpu_path(native), info
     sim = copy.deepcopy(module)
-    chosen = set(qlayers)
+    chosen = {p: (m.bits, m.group_size) for p, m in native.named_modules() if p in qlayers}
     for path, m in sim.named_modules():
         if path in chosen:
             w = m.weight
-            q, s, b = mx.quantize(w, group_size=cfg.group_size, bits=cfg.bits)
-            m.weight = mx.dequantize(q, s, b, group_size=cfg.group_size, bits=cfg.bits).astype(w.dtype)
+            bits, gs = chosen[path]
+            q, s, b = mx.quantize(w, group_size=gs, bits=bits)
+            m.weight = mx.dequantize(q, s, b, group_size=gs, bits=bits).astype(w.dtype)
     mx.eval(sim.parameters())
     return sim, info
 

@@ -18,5 +18,8 @@ def run(args):
 
     print("models:   " + ", ".join(MODELS) + " (or --model-config FILE, --model pkg.mod:factory)")
     print("families: " + ", ".join(FAMILIES))
-    print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}")
+    from variants.builders.bits_map import RECIPES
+
+    print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}; --bits-map recipes "
+          f"{', '.join(RECIPES)}")
     return 0

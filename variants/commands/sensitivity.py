@@ -1,0 +1,86 @@
+"""``variants sensitivity``: each encoder Linear quantized alone at each candidate width; the
+change on a calibration subset (:mod:`variants.sensitivity`) as sensitivity.csv and a heat map."""
+
+import sys
+from pathlib import Path
+
+
+def configure(sub):
+    """Add the ``sensitivity`` subcommand to ``sub``; returns its parser."""
+    from variants.builders.quant_family import BITS as DEFAULT_BITS  # (no MLX import here)
+    from variants.sweep_config import SweepConfig
+
+    d = SweepConfig()
+    p = sub.add_parser(
+        "sensitivity", help="per-layer quantization sensitivity (table + heat map)",
+        description="Quantize each encoder Linear alone at each candidate bit width and measure "
+                    "the change of the reference's logits on a calibration subset: max |dlogit|, "
+                    "mean KL, flip rate. Writes OUT/sensitivity.csv and OUT/sensitivity.png; "
+                    "cached under RESULTS_DIR/.cache/sensitivity/.")
+    p.add_argument("--model", default=None, help="registered model (default minilm-sentiment)")
+    p.add_argument("--model-config", default=None, metavar="FILE", help="a model TOML file")
+    p.add_argument("--checkpoint", default=None, help="checkpoint folder (overrides the TOML's)")
+    p.add_argument("--data", default=None, metavar="FILE", help="own data (JSONL/CSV/Parquet)")
+    p.add_argument("--bits", type=int, nargs="+", default=list(DEFAULT_BITS), metavar="B",
+                   help="candidate bit widths (each layer alone)")
+    p.add_argument("--group-size", type=int, default=64, help="weights per group: 32, 64, 128")
+    p.add_argument("--layers", default=None, metavar="REGEX",
+                   help="only the layers whose path matches (e.g. 'layers\\.0\\.')")
+    p.add_argument("--n-examples", type=int, default=200,
+                   help="calibration examples compared on (a subset of the calibration split)")
+    p.add_argument("--n-fit", type=int, default=d.n_fit,
+                   help="fit examples of the reference's head (as the sweep's, so its cache is "
+                        "shared)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder (default RESULTS_DIR/sensitivity/<model>)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args):
+    """Measure (or load) the table, write sensitivity.csv and the heat map; print the most
+    sensitive layers. Returns 0."""
+    from tqdm.auto import tqdm
+
+    from runs.io import write_csv
+    from variants import sensitivity
+    from variants.builders.quant_family import check_bits
+    from variants.models import fitted_reference
+    from variants.sweep_config import SweepConfig
+    from variants.sweep_inputs import cache_parts, load_inputs
+
+    for b in args.bits:  # bad input: before anything is loaded or written
+        check_bits(b, args.group_size, prefix="--")
+    if args.n_examples < 10:
+        raise ValueError(f"--n-examples {args.n_examples} is too small; use at least 10")
+    cfg = SweepConfig(model=args.model, model_config=args.model_config,
+                      checkpoint=args.checkpoint, data=args.data, n_fit=args.n_fit,
+                      n_calibration=args.n_examples, n_eval=10, seed=args.seed,
+                      timing_batch_sizes=(1,), results_dir=args.results_dir).validate()
+    _, checkpoint, tasksets = load_inputs(cfg)
+    cache = Path(args.results_dir) / ".cache"
+    log = (lambda m: print(m, file=sys.stderr))
+    reference, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets, cache, log=log,
+                                    extra_key=cache_parts(cfg))
+    cal = tasksets["calibration"]
+    paths = sensitivity.quantizable_layers(reference.module, args.layers)
+    out = Path(args.out or Path(args.results_dir) / "sensitivity" / cfg.model)
+    with tqdm(total=len(paths) * len(set(args.bits)), desc="sensitivity", unit="layer-width",
+              disable=not args.progress) as bar:
+        frame, path, _ = sensitivity.cached_measure(
+            reference, cal, cache, bits=sorted(set(args.bits)), group_size=args.group_size,
+            layers=args.layers, progress=bar.update, log=log)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "sensitivity.csv", frame)
+    sensitivity.plot(frame, out / "sensitivity.png",
+                     title=f"{cfg.model}: mean KL, one layer quantized (g{args.group_size}, "
+                           f"{len(cal)} calibration examples)")
+    for b in sorted(set(args.bits)):
+        top = frame[frame["bits"] == b].nlargest(5, "kl_mean")
+        print(f"most sensitive at {b} bits:")
+        print(top.to_string(index=False))
+    print(f"\nwrote {out / 'sensitivity.csv'} and {out / 'sensitivity.png'} (cache: {path})")
+    return 0
