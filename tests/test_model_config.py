@@ -153,13 +153,11 @@ def test_own_factory_sweeps_through_the_cli(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_marker_toml_on_own_data_through_the_cli(tmp_path, capsys, monkeypatch):
-    """examples/model-marker.toml on the example JSONL (needs the data helper's
-    variants.own_data): run.json records the parsed TOML, the data file and its fingerprint,
+    """examples/model-marker.toml on the example JSONL: run.json records the parsed TOML, the data file and its fingerprint,
     and they are part of the identity."""
-    own_data = pytest.importorskip("variants.own_data")
+    from variants import own_data
+
     data = ROOT / "examples" / "vader_raters.jsonl"
-    if not data.exists():
-        pytest.skip("examples/vader_raters.jsonl not in this build")
     monkeypatch.chdir(ROOT)
     assert main(["sweep", "--model-config", "examples/model-marker.toml", "--data", str(data),
                  "--results-dir", str(tmp_path / "r"), *TINY]) == 0
