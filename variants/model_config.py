@@ -23,6 +23,7 @@ Keys (all top level unless in a table)::
     [marker]       token = "[unused0]"; scorer = "fit" | "<tensor name>"; C = 1.0
     [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
                    # default --bits-map (variants.builders.bits_map; the flag overrides it)
+    [lowrank]      ratio_map = "PATTERN=RATIO,..."   # the lowrank family's default --ratio-map
 """
 
 import difflib
@@ -38,10 +39,10 @@ TEMPERATURE_MODES = ("fit", "fixed")
 PLACEHOLDERS = ("text", "question", "options")
 TOP_KEYS = ("name", "logits", "checkpoint", "prompt", "question", "options", "scores", "actions",
             "action_names", "factory", "temperature", "tasks", "cosine", "linear_head", "marker",
-            "quant")
+            "quant", "lowrank")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
-              "quant": ("bits_map",)}
+              "quant": ("bits_map",), "lowrank": ("ratio_map",)}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
 #: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
 T_BOUNDS = (1e-3, 1e3)
@@ -80,6 +81,7 @@ class ModelConfig:
     marker_scorer: str = "fit"
     marker_C: float = 1.0
     quant_bits_map: str = ""  # [quant] bits_map, normalised ("" = none)
+    lowrank_ratio_map: str = ""  # [lowrank] ratio_map, normalised ("" = none)
 
     def to_dict(self):
         """JSON-able, as recorded in run.json (``model.config``) and the cache keys."""
@@ -87,8 +89,9 @@ class ModelConfig:
         d["path"] = str(self.path)
         d["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
         d["temperature_values"] = {str(k): v for k, v in self.temperature_values.items()}
-        if not d["quant_bits_map"]:  # absent: the keys of TOMLs without [quant] stay as they were
-            del d["quant_bits_map"]
+        for key in ("quant_bits_map", "lowrank_ratio_map"):
+            if not d[key]:  # absent: the keys of TOMLs without the table stay as they were
+                del d[key]
         return d
 
 
@@ -279,6 +282,16 @@ def parse_model_config(raw, path):
             raise
         except ValueError as e:
             _fail(path, "[quant] bits_map", str(e).replace(f"{bits_map.FLAG} ", "", 1))
+    if "ratio_map" in raw.get("lowrank", {}):
+        from variants.builders import ratio_map
+
+        try:
+            cfg.lowrank_ratio_map = ratio_map.canonical(_str(path, "[lowrank] ratio_map",
+                                                             raw["lowrank"]["ratio_map"]))
+        except ModelConfigError:
+            raise
+        except ValueError as e:
+            _fail(path, "[lowrank] ratio_map", str(e).replace(f"{ratio_map.FLAG} ", "", 1))
     for table, k in (("cosine", "cosine"), ("linear_head", "linear-head"), ("marker", "marker")):
         if table in raw and kind != k:
             _fail(path, f"[{table}]", f"applies to logits = {k!r}, but logits = {kind!r}; "

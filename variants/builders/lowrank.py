@@ -20,6 +20,7 @@ ranks are rounded down to a multiple of the group size so the second factor quan
 """
 
 import copy
+import dataclasses
 import math
 from collections import OrderedDict
 
@@ -30,6 +31,7 @@ from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
 from variants import activations
+from variants.builders import ratio_map
 from variants.builders.lowrank_family import (DEFAULT_METHODS, DEFAULT_RATIOS,  # noqa: F401
                                               METHODS, PARAMS, RULES, LowRankConfig,
                                               add_arguments, describe, ladder, run_name)
@@ -103,14 +105,16 @@ def factorize_module(module, cfg, stats=None, *, paths=None):
     new = copy.deepcopy(module)
     # one BLAS thread for the float64 NumPy work: NumPy's and MLX's OpenBLAS pools spinning side
     # by side on 2 cores made it ~10x slower (measured 25 s vs 2.8 s; see bench/blas_gemm.py)
+    ratios = ratio_map.resolve(cfg.ratio_map, paths, cfg.ratio) if cfg.ratio_map else None
     with threadpool_limits(1, user_api="blas"):
-        layers = _factorize_into(new, paths, cfg, stats)
+        layers = _factorize_into(new, paths, cfg, stats, ratios)
     mx.eval(new.parameters())
     return new, layers
 
 
-def _factorize_into(new, paths, cfg, stats):
+def _factorize_into(new, paths, cfg, stats, ratios=None):
     mods = dict(new.named_modules())
+    base = cfg
     layers = []
     for path in paths:
         lin = mods[path]
@@ -121,15 +125,18 @@ def _factorize_into(new, paths, cfg, stats):
         if cfg.method != "plain" and site_stats is None:
             raise ValueError(f"no activation statistics for {path}: no calibration data")
         dec = decompose(w, cfg.method, site_stats, alpha=cfg.alpha, site=path)
+        cfg = dataclasses.replace(base, ratio=ratios[path], ratio_map="") if ratios else base
         k = choose_rank(dec, (m, n), cfg)
         be = break_even(m, n)
         row = {"path": path, "shape": [m, n], "break_even": be, "method": cfg.method,
                "params_dense": m * n + (m if bias is not None else 0),
+               "ratio": cfg.ratio if cfg.rule == "params" else None,
                "lambda": dec.lam, "lambda_rel": (dec.lam / float(np.mean(np.diag(
                    site_stats.second_moment)))) if dec.lam else 0.0}
-        if k >= be:
+        if k >= be or (ratios and ratios[path] >= 1):  # a map's 1: dense by request
             row.update(rank=None, wanted_rank=k, dense=True,
-                       reason=f"rank {k} >= break-even {be:.1f}: kept dense",
+                       reason=(f"rank {k} >= break-even {be:.1f}: kept dense" if k >= be else
+                               "--ratio-map gives it 1: kept dense"),
                        retained_energy=1.0, predicted_rel_error=0.0, weighted_rel_error=0.0,
                        plain_rel_error=0.0, params=row["params_dense"])
             layers.append(row)
@@ -165,7 +172,11 @@ def check_model(module, cfgs):
     """
     prefix = "layers." if hasattr(module, "layers") else "encoder.layers."
     mods = dict(module.named_modules())
-    shapes = [mods[p].weight.shape for p in activations.target_linears(module, prefix=prefix)]
+    paths = activations.target_linears(module, prefix=prefix)
+    shapes = [mods[p].weight.shape for p in paths]
+    for cfg in cfgs:  # a --ratio-map pattern that matches no layer: now, not mid-sweep
+        if cfg.ratio_map:
+            ratio_map.resolve(cfg.ratio_map, paths, cfg.ratio)
     if not shapes:
         return
     limit = min(min(s) for s in shapes)

@@ -5,7 +5,8 @@ ladder and report lines. No MLX: the factorisation is :mod:`variants.builders.lo
 import math
 from dataclasses import dataclass
 
-from variants.builders import name_number, realised_speed_lines, unique_by_name
+from variants.builders import name_number, ratio_map as ratio_map_mod, realised_speed_lines, \
+    unique_by_name
 from variants.builders.family import BuildInputs, Family
 from variants.builders.quant_family import BITS, GROUP_SIZES, check_bits
 
@@ -37,6 +38,8 @@ class LowRankConfig:
     alpha: float = 0.5
     bits: int | None = None
     group_size: int = 64
+    #: per-layer ratios (:mod:`variants.builders.ratio_map`, normalised); "" = uniform ``ratio``
+    ratio_map: str = ""
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -52,6 +55,10 @@ class LowRankConfig:
         if not (math.isfinite(self.alpha) and 0 <= self.alpha <= 2):
             raise ValueError(f"alpha={self.alpha} is outside [0, 2] (ASVD uses 0.5)")
         check_bits(self.bits, self.group_size, "")
+        object.__setattr__(self, "ratio_map", ratio_map_mod.canonical(self.ratio_map))
+        if self.ratio_map and self.rule != "params":
+            raise ValueError(f"--ratio-map sets per-layer parameter ratios, but --rank-rule is "
+                             f"{self.rule}; pass --rank-rule params or drop --ratio-map")
 
     @property
     def name(self):
@@ -62,12 +69,13 @@ class LowRankConfig:
         quant = ""
         if self.bits is not None:
             quant = f"-q{self.bits}" + ("" if self.group_size == 64 else f"g{self.group_size}")
-        return f"lr-{method}-{rule}{quant}"
+        mixed = ratio_map_mod.tag(self.ratio_map)
+        return f"lr-{method}-{rule}{quant}" + (f"-{mixed}" if mixed else "")
 
 
 
 PARAMS = ("methods", "ratios", "rank_rule", "energies", "ranks", "alpha", "lowrank_bits",
-          "lowrank_group_size")
+          "lowrank_group_size", "ratio_map")
 
 
 def add_arguments(parser):
@@ -90,11 +98,15 @@ def add_arguments(parser):
                    help=f"quantize the factors afterwards with these bit widths {BITS}")
     g.add_argument("--lowrank-group-size", type=int, default=64, choices=GROUP_SIZES,
                    help="group size when --lowrank-bits is given")
+    g.add_argument("--ratio-map", default="", metavar="PATTERN=RATIO,...",
+                   help="per-layer ratios (--rank-rule params): the first regex searched in a "
+                        "layer path sets its ratio, 1 keeps it dense, other layers get "
+                        f"--ratios; {ratio_map_mod.EXAMPLE}")
 
 
 def ladder(*, methods=DEFAULT_METHODS, ratios=DEFAULT_RATIOS, rank_rule="params",
            energies=(0.9, 0.99), ranks=(64,), alpha=0.5, lowrank_bits=None,
-           lowrank_group_size=64):
+           lowrank_group_size=64, ratio_map=""):
     """The variant configs of one sweep: method × rule values × bits (ValueError if bad)."""
     if not methods:
         raise ValueError("no methods given; pass e.g. --methods whitened plain")
@@ -110,15 +122,17 @@ def ladder(*, methods=DEFAULT_METHODS, ratios=DEFAULT_RATIOS, rank_rule="params"
             for bits in (lowrank_bits or [None]):
                 out.append(LowRankConfig(method=method, rule=rank_rule, alpha=float(alpha),
                                          bits=bits, group_size=lowrank_group_size,
-                                         **{field: v}))
+                                         ratio_map=ratio_map, **{field: v}))
     return unique_by_name(out, {"method": "--methods", "ratio": "--ratios",
                                 "energy": "--energies", "rank": "--ranks", "alpha": "--alpha",
                                 "bits": "--lowrank-bits", "group_size": "--lowrank-group-size"})
 
 
-def run_name(*, rank_rule="params", lowrank_bits=None, **_):
+def run_name(*, rank_rule="params", lowrank_bits=None, ratio_map="", **_):
     """Default run-folder suffix for these parameters."""
-    return f"{rank_rule}" + ("" if not lowrank_bits else "-q" + "-".join(map(str, lowrank_bits)))
+    mixed = ratio_map_mod.tag(ratio_map)
+    return f"{rank_rule}" + ("" if not lowrank_bits else "-q" + "-".join(map(str, lowrank_bits))) \
+        + (f"-{mixed}" if mixed else "")
 
 
 def _f(x, spec):
@@ -142,6 +156,13 @@ def describe(info, timing=None):
     if info.get("max_lambda_rel"):
         lines.append(f"- Cholesky needed λ up to {info['max_lambda_rel']:.1e}·mean diag(XᵀX/N)")
     lines += realised_speed_lines(timing, info["ideal_speedup"])
+    ratios = {r["path"]: r.get("ratio") for r in info["layers"]}
+    if len(set(ratios.values())) > 1:  # a --ratio-map: say which layers kept what
+        groups = {}
+        for path, ratio in ratios.items():
+            groups.setdefault(ratio, []).append(path.removeprefix("encoder.layers."))
+        lines.append("- per-layer ratios (--ratio-map): " + "; ".join(
+            f"{ratio:g}: {', '.join(paths)}" for ratio, paths in sorted(groups.items())))
     dense = [r for r in info["layers"] if r["dense"]]
     if dense:
         lines.append(f"- kept dense (break-even): {len(dense)} layers, e.g. {dense[0]['reason']}")
