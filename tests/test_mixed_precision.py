@@ -79,6 +79,22 @@ def test_recipe_layers_for_six_and_24_layers():
 
 # ---- sizes from what is stored: a hand count ----
 
+def test_family_md_shows_the_per_layer_widths(model):
+    from variants.builders.quant_family import describe
+
+    _, info = quantize_module(model.module, QuantConfig(4, bits_map="mixed_4_8"), "native")
+    text = describe(info)
+    assert "36 Linears, 6 at 8 bits, 30 at 4; stored 5.833 bits per weight" in text
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    header = rows["| layer"].strip("| ").split(" | ")
+    for i in range(6):
+        cells = dict(zip(header[1:], rows[f"| {i}"].strip("| ").split(" | ")[1:]))
+        high = "8" if i in (0, 2, 5) else "4"
+        assert cells["attention.value"] == cells["output"] == high and cells["intermediate"] == "4"
+    _, uniform = quantize_module(model.module, QuantConfig(4), "native")
+    assert describe(uniform) is None  # a uniform variant adds nothing to the report
+
+
 def test_mixed_recipe_bits_per_weight_and_bytes_by_hand(model):
     q, info = quantize_module(model.module, QuantConfig(4, bits_map="mixed_4_8"), "native")
     high = {p for p, (b, g) in info["layer_bits"].items() if b == 8}

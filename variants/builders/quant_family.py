@@ -116,5 +116,35 @@ def check_model(encoder, configs, model=None):
     quantize.check_model(encoder, configs)
 
 
+def describe(info, timing=None):
+    """Markdown for a mixed-precision variant (``build.json`` holds ``layer_bits``): bits per
+    weight and a layer x Linear table of the stored widths (``bits`` or ``bits:group``). None
+    for a uniform variant (nothing to add to the report)."""
+    layer_bits = info.get("layer_bits")
+    if not layer_bits:
+        return None
+    rows, cols = {}, []
+    for path, (bits, group) in layer_bits.items():
+        short = path.removeprefix("encoder.layers.")
+        layer, _, name = short.partition(".") if short[:1].isdigit() else ("", "", short)
+        rows.setdefault(layer, {})[name] = f"{bits}" + ("" if group == 64 else f":{group}")
+        cols += [name] if name not in cols else []
+    widths = [b for b, _ in layer_bits.values()]
+    order = ("attention.query", "attention.key", "attention.value", "attention.out",
+             "intermediate", "output")  # BERT's forward order; other names after, sorted
+    cols.sort(key=lambda c: (order.index(c) if c in order else len(order), c))
+    rows = dict(sorted(rows.items(), key=lambda kv: (not kv[0].isdigit(),
+                                                      int(kv[0]) if kv[0].isdigit() else 0)))
+    lines = [f"- per-layer widths (--bits-map): {len(layer_bits)} Linears, "
+             f"{widths.count(max(widths))} at {max(widths)} bits, {widths.count(min(widths))} at "
+             f"{min(widths)}; stored {info['bits_per_weight']:.3f} bits per weight, model "
+             f"{info['model_bytes'] / 1e6:.1f} MB", "",
+             "| layer | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for layer, cells in rows.items():
+        lines.append(f"| {layer or '—'} | " + " | ".join(cells.get(c, "—") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 FAMILY = Family(name="quant", config=QuantConfig, params=PARAMS, add_arguments=add_arguments,
-                ladder=ladder, run_name=run_name, build=build, check_model=check_model)
+                ladder=ladder, run_name=run_name, build=build, check_model=check_model,
+                describe=describe)
