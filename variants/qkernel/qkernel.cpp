@@ -1,0 +1,238 @@
+// CPU kernels for MLX affine-quantized Linears (mlx-variants, variants/qkernel).
+//
+// Two MLX primitives (CPU eval only; the Python side uses them only when MLX's default device
+// is the CPU):
+//   QDequantCpu  (w, scales, biases)            -> W (out, in) float32, equal to mx.dequantize
+//   QLinearCpu   (x, w, scales, biases[, bias]) -> x @ W.T (+ bias), W dequantized tile by tile
+//                (`tile` output rows at a time) into a small buffer, each tile fed to
+//                cblas_sgemm; tile >= out: the whole W into one temporary buffer, one sgemm.
+// The packed layout is mx.quantize's (affine): each row a little-endian bit stream, value i at
+// bits [i*bits, (i+1)*bits); per group of `group_size` values: w = scale * q + bias (float32,
+// multiply then add, as MLX's CPU dequantize computes it: built with -ffp-contract=off).
+// Temporary buffers come from MLX's allocator, so they count in mx.get_peak_memory().
+// Vectorisation: the unpacking loops are compiled for AVX2 and for the baseline ISA
+// (GCC target_clones: the loader picks by CPU at run time); no -march=native.
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/variant.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
+                            float alpha, const float* a, int lda, const float* b, int ldb,
+                            float beta, float* c, int ldc);
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx::core {
+
+namespace {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define QK_CLONES
+#endif
+
+// rows [r0, r1) of W into dst (row stride in), from packed rows of row_bytes bytes
+template <int BITS>
+QK_CLONES void dequant_rows(const uint8_t* w, const float* scales, const float* biases,
+                            float* dst, int64_t r0, int64_t r1, int64_t in, int group_size) {
+  constexpr int NB = (BITS == 3 || BITS == 6) ? 3 : 4;  // bytes per chunk
+  constexpr int NV = NB * 8 / BITS;                      // values per chunk
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const int64_t row_bytes = in * BITS / 8;
+  const int64_t groups = in / group_size;
+  const int chunks = group_size / NV;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* p = w + r * row_bytes;
+    float* o = dst + (r - r0) * in;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float s = scales[r * groups + g], b = biases[r * groups + g];
+      for (int c = 0; c < chunks; ++c) {
+        uint32_t u;
+        if constexpr (NB == 4) {
+          std::memcpy(&u, p, 4);
+        } else {
+          u = uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16);
+        }
+        p += NB;
+#pragma GCC unroll 16
+        for (int k = 0; k < NV; ++k) {
+          o[k] = float((u >> (k * BITS)) & MASK) * s + b;
+        }
+        o += NV;
+      }
+    }
+  }
+}
+
+void dequant(int bits, const uint8_t* w, const float* s, const float* b, float* dst,
+             int64_t r0, int64_t r1, int64_t in, int gs) {
+  switch (bits) {
+    case 2: return dequant_rows<2>(w, s, b, dst, r0, r1, in, gs);
+    case 3: return dequant_rows<3>(w, s, b, dst, r0, r1, in, gs);
+    case 4: return dequant_rows<4>(w, s, b, dst, r0, r1, in, gs);
+    case 6: return dequant_rows<6>(w, s, b, dst, r0, r1, in, gs);
+    case 8: return dequant_rows<8>(w, s, b, dst, r0, r1, in, gs);
+    default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+  }
+}
+
+void check_args(const array& w, const array& scales, const array& biases, int group_size,
+                int bits) {
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 6 && bits != 8)
+    throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+  if (w.dtype() != uint32 || scales.dtype() != float32 || biases.dtype() != float32)
+    throw std::invalid_argument("qkernel: w must be uint32, scales and biases float32");
+  if (w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape() ||
+      scales.shape(0) != w.shape(0))
+    throw std::invalid_argument("qkernel: w (out, packed), scales/biases (out, groups)");
+  int nv = (bits == 3 || bits == 6) ? 24 / bits : 32 / bits;
+  int64_t in = int64_t(w.shape(1)) * 32 / bits;
+  if (group_size % nv != 0 || group_size % 8 != 0 || in != int64_t(scales.shape(1)) * group_size)
+    throw std::invalid_argument("qkernel: group_size does not match w and scales");
+}
+
+}  // namespace
+
+class QDequantCpu : public UnaryPrimitive {
+ public:
+  QDequantCpu(Stream s, int group_size, int bits)
+      : UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([w = array::unsafe_weak_copy(inputs[0]),
+                  s = array::unsafe_weak_copy(inputs[1]),
+                  b = array::unsafe_weak_copy(inputs[2]),
+                  o = array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
+      dequant(bits, w.data<uint8_t>(), s.data<float>(), b.data<float>(), o.data<float>(), 0,
+              o.shape(0), o.shape(1), gs);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("QDequantCpu has no GPU implementation");
+  }
+  DEFINE_NAME(QDequantCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const QDequantCpu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+
+ private:
+  int group_size_, bits_;
+};
+
+class QLinearCpu : public UnaryPrimitive {
+ public:
+  QLinearCpu(Stream s, int group_size, int bits, int tile)
+      : UnaryPrimitive(s), group_size_(group_size), bits_(bits), tile_(tile) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    bool has_bias = inputs.size() == 5;
+    enc.dispatch([x = array::unsafe_weak_copy(inputs[0]),
+                  w = array::unsafe_weak_copy(inputs[1]),
+                  s = array::unsafe_weak_copy(inputs[2]),
+                  b = array::unsafe_weak_copy(inputs[3]),
+                  bias = array::unsafe_weak_copy(inputs[has_bias ? 4 : 0]), has_bias,
+                  o = array::unsafe_weak_copy(out), gs = group_size_, bits = bits_,
+                  tile = tile_]() mutable {
+      const int64_t m = x.shape(0), k = x.shape(1), n = o.shape(1);
+      float* y = o.data<float>();
+      if (has_bias) {
+        const float* bp = bias.data<float>();
+        for (int64_t i = 0; i < m; ++i) std::memcpy(y + i * n, bp, n * sizeof(float));
+      }
+      const int64_t t = (tile <= 0 || tile >= n) ? n : tile;
+      auto buf = allocator::allocator().malloc(size_t(t * k) * sizeof(float));
+      float* wt = static_cast<float*>(buf.raw_ptr());
+      for (int64_t r0 = 0; r0 < n; r0 += t) {
+        const int64_t r1 = std::min(n, r0 + t);
+        dequant(bits, w.data<uint8_t>(), s.data<float>(), b.data<float>(), wt, r0, r1, k, gs);
+        cblas_sgemm(kRowMajor, kNoTrans, kTrans, int(m), int(r1 - r0), int(k), 1.0f,
+                    x.data<float>(), int(k), wt, int(k), has_bias ? 1.0f : 0.0f, y + r0,
+                    int(n));
+      }
+      allocator::allocator().free(buf);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("QLinearCpu has no GPU implementation");
+  }
+  DEFINE_NAME(QLinearCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const QLinearCpu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && tile_ == o.tile_;
+  }
+
+ private:
+  int group_size_, bits_, tile_;
+};
+
+array dequantize_cpu(const array& w, const array& scales, const array& biases, int group_size,
+                     int bits) {
+  check_args(w, scales, biases, group_size, bits);
+  auto s = to_stream({});
+  if (s.device != Device::cpu) throw std::invalid_argument("qkernel: CPU stream only");
+  std::vector<array> in = {contiguous(w, false, s), contiguous(scales, false, s),
+                           contiguous(biases, false, s)};
+  Shape shape = {w.shape(0), scales.shape(1) * group_size};
+  return array(shape, float32, std::make_shared<QDequantCpu>(s, group_size, bits), in);
+}
+
+array qlinear_cpu(const array& x, const array& w, const array& scales, const array& biases,
+                  const std::optional<array>& bias, int group_size, int bits, int tile) {
+  check_args(w, scales, biases, group_size, bits);
+  auto s = to_stream({});
+  if (s.device != Device::cpu) throw std::invalid_argument("qkernel: CPU stream only");
+  const int n = w.shape(0), k = scales.shape(1) * group_size;
+  if (x.dtype() != float32 || x.ndim() < 1 || x.shape(-1) != k)
+    throw std::invalid_argument("qkernel: x must be float32 (..., in)");
+  if (bias && (bias->dtype() != float32 || bias->ndim() != 1 || bias->shape(0) != n))
+    throw std::invalid_argument("qkernel: bias must be float32 (out,)");
+  const int m = x.size() / k;
+  std::vector<array> in = {contiguous(reshape(x, {m, k}, s), false, s),
+                           contiguous(w, false, s), contiguous(scales, false, s),
+                           contiguous(biases, false, s)};
+  if (bias) in.push_back(contiguous(*bias, false, s));
+  auto y = array({m, n}, float32, std::make_shared<QLinearCpu>(s, group_size, bits, tile), in);
+  Shape shape = x.shape();
+  shape.back() = n;
+  return reshape(y, shape, s);
+}
+
+}  // namespace mlx::core
+
+NB_MODULE(_qkernel, m) {
+  m.doc() = "mlx-variants CPU kernels for affine-quantized Linears (see qkernel.cpp)";
+  m.def("dequantize", &mlx::core::dequantize_cpu, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a,
+        "W (out, in) float32 from mx.quantize's packed (w, scales, biases); CPU stream.");
+  m.def("qlinear", &mlx::core::qlinear_cpu, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "bias"_a = nb::none(), "group_size"_a, "bits"_a, "tile"_a,
+        "x @ W.T (+ bias): W dequantized `tile` output rows at a time into a buffer, each "
+        "tile multiplied by cblas_sgemm (tile <= 0 or >= out: the whole W, one sgemm).");
+}
