@@ -25,11 +25,20 @@ def _weights(out=160, inp=384, seed=0):
     return mx.array(rng.standard_normal((out, inp)).astype(np.float32) * 0.05)
 
 
+@pytest.mark.parametrize("avx2", [True, False], ids=["avx2", "portable"])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_dequantize_equals_mx_dequantize_bit_for_bit(qk, bits, group_size):
+def test_dequantize_equals_mx_dequantize_bit_for_bit(qk, bits, group_size, avx2):
+    """Both loops: AVX2 (where the CPU has it) and the portable one; the last rows end the
+    packed buffer (the AVX2 loop must not read past it)."""
+    if avx2 and not qk.has_avx2():
+        pytest.skip("no AVX2 on this CPU")
     q, s, b = mx.quantize(_weights(), group_size=group_size, bits=bits)
-    mine = np.array(qk.dequantize(q, s, b, group_size, bits))
+    before = qk.allow_avx2(avx2)
+    try:
+        mine = np.array(qk.dequantize(q, s, b, group_size, bits))
+    finally:
+        qk.allow_avx2(before)
     theirs = np.array(mx.dequantize(q, s, b, group_size=group_size, bits=bits))
     assert mine.shape == (160, 384) and mine.dtype == np.float32
     np.testing.assert_array_equal(mine, theirs)

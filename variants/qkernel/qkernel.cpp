@@ -10,14 +10,19 @@
 // bits [i*bits, (i+1)*bits); per group of `group_size` values: w = scale * q + bias (float32,
 // multiply then add, as MLX's CPU dequantize computes it: built with -ffp-contract=off).
 // Temporary buffers come from MLX's allocator, so they count in mx.get_peak_memory().
-// Vectorisation: the unpacking loops are compiled for AVX2 and for the baseline ISA
-// (GCC target_clones: the loader picks by CPU at run time); no -march=native.
+// Vectorisation: an AVX2 loop (intrinsics in a target("avx2") function, taken only when the CPU
+// reports AVX2 at run time) and a portable loop for other CPUs; no -march=native.
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -43,16 +48,11 @@ namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define QK_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define QK_CLONES
-#endif
-
-// rows [r0, r1) of W into dst (row stride in), from packed rows of row_bytes bytes
+// rows [r0, r1) of W into dst (row stride in): the portable loop (the compiler vectorises what
+// it can at the baseline ISA)
 template <int BITS>
-QK_CLONES void dequant_rows(const uint8_t* w, const float* scales, const float* biases,
-                            float* dst, int64_t r0, int64_t r1, int64_t in, int group_size) {
+void dequant_rows(const uint8_t* w, const float* scales, const float* biases, float* dst,
+                  int64_t r0, int64_t r1, int64_t in, int group_size) {
   constexpr int NB = (BITS == 3 || BITS == 6) ? 3 : 4;  // bytes per chunk
   constexpr int NV = NB * 8 / BITS;                      // values per chunk
   constexpr uint32_t MASK = (1u << BITS) - 1u;
@@ -72,7 +72,6 @@ QK_CLONES void dequant_rows(const uint8_t* w, const float* scales, const float* 
           u = uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16);
         }
         p += NB;
-#pragma GCC unroll 16
         for (int k = 0; k < NV; ++k) {
           o[k] = float((u >> (k * BITS)) & MASK) * s + b;
         }
@@ -82,14 +81,88 @@ QK_CLONES void dequant_rows(const uint8_t* w, const float* scales, const float* 
   }
 }
 
-void dequant(int bits, const uint8_t* w, const float* s, const float* b, float* dst,
-             int64_t r0, int64_t r1, int64_t in, int gs) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QK_HAVE_AVX2_PATH 1
+// The AVX2 loop: 8 values take exactly BITS bytes; one 8-byte load, a byte shuffle puts the two
+// bytes holding value i into 32-bit lane i, a per-lane shift and mask give q, then
+// (float) q * scale + bias (multiply, then add: no FMA). ~0.1-0.3 ns per weight here against
+// ~0.35-0.45 for the portable loop. w_end: the end of the packed buffer (no read past it).
+template <int BITS>
+__attribute__((target("avx2"))) void dequant_rows_avx2(
+    const uint8_t* w, const uint8_t* w_end, const float* scales, const float* biases,
+    float* dst, int64_t r0, int64_t r1, int64_t in, int group_size) {
+  alignas(32) int8_t shuf[32];
+  alignas(32) int32_t shifts[8];
+  for (int i = 0; i < 8; ++i) {
+    const int b0 = i * BITS / 8;
+    for (int j = 0; j < 4; ++j) {
+      const int idx = b0 + j;  // both 128-bit halves hold the same 8 bytes
+      shuf[i * 4 + j] = (j < 2 && idx < BITS) ? int8_t(idx) : int8_t(-128);  // -128: zero
+    }
+    shifts[i] = (i * BITS) % 8;
+  }
+  const __m256i SHUF = _mm256_load_si256(reinterpret_cast<const __m256i*>(shuf));
+  const __m256i SH = _mm256_load_si256(reinterpret_cast<const __m256i*>(shifts));
+  const __m256i MASK = _mm256_set1_epi32((1 << BITS) - 1);
+  const int64_t row_bytes = in * BITS / 8, groups = in / group_size;
+  const int blocks = group_size / 8;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* p = w + r * row_bytes;
+    float* o = dst + (r - r0) * in;
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m256 S = _mm256_set1_ps(scales[r * groups + g]);
+      const __m256 B = _mm256_set1_ps(biases[r * groups + g]);
+      for (int c = 0; c < blocks; ++c) {
+        uint64_t u = 0;
+        if (p + 8 <= w_end) {
+          std::memcpy(&u, p, 8);
+        } else {
+          std::memcpy(&u, p, BITS);
+        }
+        p += BITS;
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(u)), SHUF);
+        v = _mm256_and_si256(_mm256_srlv_epi32(v, SH), MASK);
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), S), B));
+        o += 8;
+      }
+    }
+  }
+}
+#endif
+
+// false: the portable loop even where AVX2 is there (tests compare both paths)
+std::atomic<bool> g_allow_avx2{true};
+
+bool cpu_has_avx2() {
+#ifdef QK_HAVE_AVX2_PATH
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+template <int BITS>
+void dequant_bits(const uint8_t* w, const uint8_t* w_end, const float* s, const float* b,
+                  float* dst, int64_t r0, int64_t r1, int64_t in, int gs) {
+#ifdef QK_HAVE_AVX2_PATH
+  if (g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2())
+    return dequant_rows_avx2<BITS>(w, w_end, s, b, dst, r0, r1, in, gs);
+#endif
+  dequant_rows<BITS>(w, s, b, dst, r0, r1, in, gs);
+}
+
+// rows [r0, r1) of the packed array `wa` into dst
+void dequant(int bits, const array& wa, const float* s, const float* b, float* dst, int64_t r0,
+             int64_t r1, int64_t in, int gs) {
+  const uint8_t* w = wa.data<uint8_t>();
+  const uint8_t* e = w + wa.nbytes();
   switch (bits) {
-    case 2: return dequant_rows<2>(w, s, b, dst, r0, r1, in, gs);
-    case 3: return dequant_rows<3>(w, s, b, dst, r0, r1, in, gs);
-    case 4: return dequant_rows<4>(w, s, b, dst, r0, r1, in, gs);
-    case 6: return dequant_rows<6>(w, s, b, dst, r0, r1, in, gs);
-    case 8: return dequant_rows<8>(w, s, b, dst, r0, r1, in, gs);
+    case 2: return dequant_bits<2>(w, e, s, b, dst, r0, r1, in, gs);
+    case 3: return dequant_bits<3>(w, e, s, b, dst, r0, r1, in, gs);
+    case 4: return dequant_bits<4>(w, e, s, b, dst, r0, r1, in, gs);
+    case 6: return dequant_bits<6>(w, e, s, b, dst, r0, r1, in, gs);
+    case 8: return dequant_bits<8>(w, e, s, b, dst, r0, r1, in, gs);
     default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
   }
 }
@@ -125,7 +198,7 @@ class QDequantCpu : public UnaryPrimitive {
                   s = array::unsafe_weak_copy(inputs[1]),
                   b = array::unsafe_weak_copy(inputs[2]),
                   o = array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
-      dequant(bits, w.data<uint8_t>(), s.data<float>(), b.data<float>(), o.data<float>(), 0,
+      dequant(bits, w, s.data<float>(), b.data<float>(), o.data<float>(), 0,
               o.shape(0), o.shape(1), gs);
     });
   }
@@ -171,7 +244,7 @@ class QLinearCpu : public UnaryPrimitive {
       float* wt = static_cast<float*>(buf.raw_ptr());
       for (int64_t r0 = 0; r0 < n; r0 += t) {
         const int64_t r1 = std::min(n, r0 + t);
-        dequant(bits, w.data<uint8_t>(), s.data<float>(), b.data<float>(), wt, r0, r1, k, gs);
+        dequant(bits, w, s.data<float>(), b.data<float>(), wt, r0, r1, k, gs);
         cblas_sgemm(kRowMajor, kNoTrans, kTrans, int(m), int(r1 - r0), int(k), 1.0f,
                     x.data<float>(), int(k), wt, int(k), has_bias ? 1.0f : 0.0f, y + r0,
                     int(n));
@@ -235,4 +308,7 @@ NB_MODULE(_qkernel, m) {
         "bias"_a = nb::none(), "group_size"_a, "bits"_a, "tile"_a,
         "x @ W.T (+ bias): W dequantized `tile` output rows at a time into a buffer, each "
         "tile multiplied by cblas_sgemm (tile <= 0 or >= out: the whole W, one sgemm).");
+  m.def("has_avx2", &mlx::core::cpu_has_avx2, "Whether the AVX2 unpacking loop can run here.");
+  m.def("allow_avx2", [](bool on) { return mlx::core::g_allow_avx2.exchange(on); }, "on"_a,
+        "Allow (True, the default) or forbid the AVX2 loop; returns the previous setting.");
 }
