@@ -265,13 +265,19 @@ class QLinearCpu : public UnaryPrimitive {
   int group_size_, bits_, tile_;
 };
 
+// `a` itself when it is evaluated and row-contiguous (model parameters: no extra graph node),
+// else a row-contiguous version of it
+array packed(const array& a, const Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return contiguous(a, false, s);
+}
+
 array dequantize_cpu(const array& w, const array& scales, const array& biases, int group_size,
                      int bits) {
   check_args(w, scales, biases, group_size, bits);
   auto s = to_stream({});
   if (s.device != Device::cpu) throw std::invalid_argument("qkernel: CPU stream only");
-  std::vector<array> in = {contiguous(w, false, s), contiguous(scales, false, s),
-                           contiguous(biases, false, s)};
+  std::vector<array> in = {packed(w, s), packed(scales, s), packed(biases, s)};
   Shape shape = {w.shape(0), scales.shape(1) * group_size};
   return array(shape, float32, std::make_shared<QDequantCpu>(s, group_size, bits), in);
 }
@@ -287,10 +293,9 @@ array qlinear_cpu(const array& x, const array& w, const array& scales, const arr
   if (bias && (bias->dtype() != float32 || bias->ndim() != 1 || bias->shape(0) != n))
     throw std::invalid_argument("qkernel: bias must be float32 (out,)");
   const int m = x.size() / k;
-  std::vector<array> in = {contiguous(reshape(x, {m, k}, s), false, s),
-                           contiguous(w, false, s), contiguous(scales, false, s),
-                           contiguous(biases, false, s)};
-  if (bias) in.push_back(contiguous(*bias, false, s));
+  std::vector<array> in = {contiguous(reshape(x, {m, k}, s), false, s), packed(w, s),
+                           packed(scales, s), packed(biases, s)};
+  if (bias) in.push_back(packed(*bias, s));
   auto y = array({m, n}, float32, std::make_shared<QLinearCpu>(s, group_size, bits, tile), in);
   Shape shape = x.shape();
   shape.back() = n;
