@@ -29,8 +29,13 @@ default: on the shared 2-core machine the split ran 1.18-1.25x slower than one s
 (alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
 
 What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
-MiniLM's encoder) with MLX's element-wise CPU kernels at ~1-1.5 ns per weight, ~12-20 ms of
-one core, while the reference's whole B=1 forward (24-row GEMMs) takes ~12 ms.
+MiniLM's encoder). With the unpacking chain that is ~1-1.5 ns per weight, ~12-20 ms of one
+core, as long as the reference's whole B=1 forward (~12 ms); with the compiled kernel it is
+~0.2 ns per weight, ~2.2-2.6 ms for the 36 Linears one after the other (one core; the GEMMs
+use both), so B=1 runs at ~0.75-0.87x the reference (bench/quant_speed.py) and B=32 at ~1x.
+Dequantizing tiles of 32-512 rows into a cache-sized buffer, each fed to the GEMM, measured no
+faster than the whole weight then one GEMM (:data:`TILE`): the 24-row GEMMs on narrow tiles
+lose more than the buffer's cache misses cost.
 """
 
 import functools
