@@ -10,7 +10,9 @@ p50 of both, the speed-up (median of per-round ratios ref/var, bootstrap 95% CI)
 and the call's own peak memory (peak minus active before the call) of both: the variant's
 includes its temporary fp32 weight buffers.
 
-``--kernels`` times each dequantizer (``unpack``: compiled bit-unpacking chain;
+``--kernels`` times each dequantizer (``cpp``: the compiled MLX extension
+:mod:`variants.qkernel`, ``dequant-cpp+gemm``, named ``unpack+gemm`` where it is not built;
+``unpack``: ``mx.compile``'d bit-unpacking chain;
 ``dequantize``: ``mx.dequantize``; ``native``: ``mx.quantized_matmul``, timed at B=1 only: at
 B=32 it takes seconds per call on the CPU). ``--split-rows`` sets
 :data:`variants.qlinear.SPLIT_ROWS`. Run: ``python bench/quant_speed.py`` (~5 min on 2 cores).
@@ -41,8 +43,10 @@ def configure_parser():
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32], help="batch sizes")
     p.add_argument("--seq-len", type=int, default=48, help="padded length at B > 1")
     p.add_argument("--seq-len-1", type=int, default=24, help="tokens at B = 1")
-    p.add_argument("--kernels", nargs="+", default=["unpack", "dequantize"],
-                   choices=["unpack", "dequantize", "native"], help="kernels to time")
+    p.add_argument("--kernels", nargs="+", default=["cpp", "unpack"],
+                   choices=["cpp", "unpack", "dequantize", "native"], help="kernels to time")
+    p.add_argument("--tile", type=int, default=qlinear.TILE,
+                   help="output rows per dequantize + GEMM step of the cpp kernel (0: whole)")
     p.add_argument("--split-rows", type=int, default=qlinear.SPLIT_ROWS,
                    help="split a Linear's output features over the streams below this many "
                         "rows (0: never)")
@@ -74,8 +78,8 @@ def main(argv=None):
           f"device {mx.default_device()}, split below {args.split_rows} rows) {RULE}")
     print(f"{'bits':>4} {'B':>3} {'L':>3} {'kernel':>16} {'ref p50 ms':>10} {'var p50 ms':>10} "
           f"{'speed-up':>8} {'95% CI':>13} {'ref MB':>7} {'var MB':>7}")
-    saved, saved_split = dict(qlinear.KERNELS), qlinear.SPLIT_ROWS
-    qlinear.SPLIT_ROWS = args.split_rows
+    saved, saved_split, saved_tile = dict(qlinear.KERNELS), qlinear.SPLIT_ROWS, qlinear.TILE
+    qlinear.SPLIT_ROWS, qlinear.TILE = args.split_rows, args.tile
     try:
         for bits in args.bits:
             try:
@@ -111,7 +115,7 @@ def main(argv=None):
                           f"{r['var_peak_over_active_bytes'] / MB:7.1f}", flush=True)
     finally:
         qlinear.KERNELS.update(saved)
-        qlinear.SPLIT_ROWS = saved_split
+        qlinear.SPLIT_ROWS, qlinear.TILE = saved_split, saved_tile
     print("speed-up = median over rounds of ref_ms / var_ms; MB = the call's own peak memory "
           "(peak - active before the call): the variant's includes the per-call fp32 weight "
           "buffers (dequantized per call, never kept).")

@@ -41,10 +41,13 @@ def test_unpack_equals_mx_dequantize_bit_for_bit(model, bits, group_size):
 
 
 @pytest.mark.parametrize("bits, rows, kernel",
-                         [(b, r, "unpack") for b in BITS for r in (3, 200)]
+                         [(b, r, k) for k in ("unpack", "cpp") for b in BITS for r in (3, 200)]
                          + [(4, 3, "dequantize"), (3, 200, "dequantize")])
 def test_cpu_linear_equals_quantized_matmul(model, monkeypatch, bits, rows, kernel):
-    """3 rows: the output features split over the streams (SPLIT_ROWS 128); 200: one GEMM."""
+    """3 rows: the output features split over the streams (SPLIT_ROWS 128); 200: one GEMM.
+    "cpp": the compiled kernel (variants.qkernel), skipped where it could not be built."""
+    if kernel == "cpp" and qlinear.qkernel.load() is None:
+        pytest.skip(f"compiled kernel unavailable: {qlinear.qkernel.why_unavailable()}")
     monkeypatch.setitem(qlinear.KERNELS, bits, kernel)
     monkeypatch.setattr(qlinear, "SPLIT_ROWS", 128)
     lin = nn.Linear(384, 1536)
@@ -100,6 +103,9 @@ def test_native_model_bytes_unchanged_and_nothing_fp32_kept(model, bits):
 def test_timing_records_name_the_kernel(model, monkeypatch):
     native = quantize.build(model, QuantConfig(bits=4), mode="native")[0]
     sim = quantize.build(model, QuantConfig(bits=4), mode="simulated")[0]
+    default = "dequant-cpp+gemm" if qlinear.qkernel.load() is not None else "unpack+gemm"
+    assert sweep_timing.kernel(native) == default
+    monkeypatch.setitem(qlinear.KERNELS, 4, "unpack")
     assert sweep_timing.kernel(native) == "unpack+gemm"
     assert sweep_timing.kernel(sim) == sweep_timing.kernel(model) == "fp32 gemm"
     monkeypatch.setitem(qlinear.KERNELS, 4, "dequantize")

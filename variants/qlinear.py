@@ -8,8 +8,14 @@ dequantizes the weight into a temporary fp32 buffer (one per call, freed after i
 the call's peak memory, never kept across calls) and multiplies with the GEMM. Off the CPU
 (Metal, CUDA) it is ``mx.quantized_matmul``, which is fast there.
 
-Two dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
+Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
 
+- ``dequant-cpp+gemm`` (the default where it is built): the compiled extension
+  :mod:`variants.qkernel` (an MLX C++ primitive) dequantizes into one temporary fp32 buffer
+  (AVX2 loop where the CPU has it: ~0.1 ms per 384x1536 weight, ~0.16 ns per weight, 4-10x
+  faster than the unpacking chain; a portable loop elsewhere, ~0.35 ns) and calls
+  ``cblas_sgemm`` on it; without a compiler / cmake / nanobind it falls back to ``unpack+gemm``
+  (one line on stderr, the same results);
 - ``dequant+gemm``: ``mx.dequantize``, MLX's element-by-element CPU kernel;
 - ``unpack+gemm``: an ``mx.compile``'d bit-unpacking chain on the packed bytes (shifts, masks,
   ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
@@ -23,8 +29,13 @@ default: on the shared 2-core machine the split ran 1.18-1.25x slower than one s
 (alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
 
 What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
-MiniLM's encoder) with MLX's element-wise CPU kernels at ~1-1.5 ns per weight, ~12-20 ms of
-one core, while the reference's whole B=1 forward (24-row GEMMs) takes ~12 ms.
+MiniLM's encoder). With the unpacking chain that is ~1-1.5 ns per weight, ~12-20 ms of one
+core, as long as the reference's whole B=1 forward (~12 ms); with the compiled kernel it is
+~0.2 ns per weight, ~2.2-2.6 ms for the 36 Linears one after the other (one core; the GEMMs
+use both), so B=1 runs at ~0.75-0.87x the reference (bench/quant_speed.py) and B=32 at ~1x.
+Dequantizing tiles of 32-512 rows into a cache-sized buffer, each fed to the GEMM, measured no
+faster than the whole weight then one GEMM (:data:`TILE`): the 24-row GEMMs on narrow tiles
+lose more than the buffer's cache misses cost.
 """
 
 import functools
@@ -32,16 +43,23 @@ import functools
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import parallel
+from variants import parallel, qkernel
 
 #: bytes and values per packed chunk (MLX's affine packing)
 _CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
 
-#: the dequantizer each bit width uses on the CPU ("unpack" or "dequantize")
-KERNELS = {2: "unpack", 3: "unpack", 4: "unpack", 6: "unpack", 8: "unpack"}
+#: the dequantizer each bit width uses on the CPU ("cpp", "unpack" or "dequantize"; "cpp"
+#: falls back to "unpack" where :mod:`variants.qkernel` is not built)
+KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
 
 #: kernel names as timing records give them
-NAMES = {"unpack": "unpack+gemm", "dequantize": "dequant+gemm", "native": "quantized_matmul"}
+NAMES = {"cpp": "dequant-cpp+gemm", "unpack": "unpack+gemm", "dequantize": "dequant+gemm",
+         "native": "quantized_matmul"}
+
+#: output rows the compiled kernel dequantizes per ``cblas_sgemm`` call (0: the whole weight
+#: into one buffer, one GEMM; measured faster than 32 or 128-row tiles at 24 rows: the small-N
+#: GEMMs cost more than the buffer's cache misses)
+TILE = 0
 
 #: below this many rows per call the output features are split over the CPU streams (0: never;
 #: module docstring)
@@ -79,8 +97,18 @@ def unpack(w, scales, biases, group_size, bits):
     return _unpacker(bits, group_size)(w, scales, biases)
 
 
+def resolve(kernel):
+    """``kernel``, or "unpack" for "cpp" when the compiled extension is unavailable."""
+    if kernel == "cpp" and qkernel.load() is None:
+        return "unpack"
+    return kernel
+
+
 def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
-    """The dense fp32 weight (out, in) by ``kernel`` ("unpack" or "dequantize")."""
+    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize")."""
+    kernel = resolve(kernel)
+    if kernel == "cpp":
+        return qkernel.load().dequantize(w, scales, biases, group_size, bits)
     if kernel == "unpack":
         return unpack(w, scales, biases, group_size, bits)
     return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
@@ -105,11 +133,17 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
         if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
                 self.get("biases") is None:
             return NAMES["native"]
-        return NAMES[KERNELS.get(self.bits, "dequantize")]
+        return NAMES[resolve(KERNELS.get(self.bits, "dequantize"))]
 
     def _gemm(self, x, rows=None):
         """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
         pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        kernel = resolve(KERNELS.get(self.bits, "dequantize"))
+        if kernel == "cpp":
+            return qkernel.load().qlinear(
+                x, pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
+                pick(self["bias"]) if "bias" in self else None, self.group_size, self.bits,
+                TILE)
         w = dequantize(pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
                        self.group_size, self.bits, KERNELS.get(self.bits, "dequantize"))
         if "bias" in self:
@@ -133,7 +167,10 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
 
 def use_cpu_path(module):
     """Turn every ``nn.QuantizedLinear`` inside ``module`` into a :class:`CpuQuantizedLinear`
-    in place (the same parameter arrays: nothing is copied or added). Returns ``module``."""
+    in place (the same parameter arrays: nothing is copied or added). Returns ``module``.
+    On the CPU it loads (or first builds) the compiled kernel now, not inside a timed call."""
+    if on_cpu() and "cpp" in KERNELS.values():
+        qkernel.load()
     for _, m in module.named_modules():
         if type(m) is nn.QuantizedLinear:
             m.__class__ = CpuQuantizedLinear
