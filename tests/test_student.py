@@ -218,3 +218,30 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, messag
     assert code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+# -- minilm-choice: the shared head is the cosine to the teacher's option embeddings ---------
+
+def test_choice_student_routes_to_the_teacher(checkpoint, tmp_path):
+    from variants.models import choice
+
+    fr = data.load_vader()
+    sp = {s: choice.make_taskset(data.sample(data.split_frame(fr, s), n, seed=1))
+          for s, n in (("fit", 32), ("calibration", 40), ("eval", 16))}
+    m = choice.build(checkpoint)
+    m.calibrate(sp["calibration"])
+    variant, info = sb.build(m, StudentConfig(layers=1, target=0.9, epochs=1, train_texts=32),
+                             calibration=sp["calibration"], fit=sp["fit"], cache_dir=tmp_path)
+    assert info["head_kind"] == "cosine" and len(info["training"]["curve"]) == 2
+    got = variant.raw_logits(sp["eval"])
+    ref = m.raw_logits(sp["eval"])
+    route = variant.last_exit_layer > 1
+    assert np.abs(got[route] - ref[route]).max(initial=0) < 1e-4
+    # the student's rows: 20·cos(student embedding, the teacher's option embedding)
+    b = m.prepare(sp["eval"], batch_size=32)[0][0]
+    emb = variant.module.student(b.input_ids, b.attention_mask, b.token_type_ids)
+    opts = m._options()[mx.maximum(b.option_index, 0)]
+    want = np.array(mx.where(b.option_index >= 0,
+                             20.0 * (emb[:, None, :] * opts).sum(-1), 0.0))
+    keep = ~route[b.index]
+    assert np.abs(got[b.index][keep] - want[keep]).max(initial=0) < 1e-4
