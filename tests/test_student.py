@@ -245,3 +245,26 @@ def test_choice_student_routes_to_the_teacher(checkpoint, tmp_path):
                              20.0 * (emb[:, None, :] * opts).sum(-1), 0.0))
     keep = ~route[b.index]
     assert np.abs(got[b.index][keep] - want[keep]).max(initial=0) < 1e-4
+
+
+def test_hidden_mse_by_hand():
+    rng = np.random.default_rng(1)
+    hs = [rng.normal(size=(2, 3, 4)).astype(np.float32) for _ in range(2)]
+    ht = [rng.normal(size=(2, 3, 4)).astype(np.float32) for _ in range(2)]
+    mask = np.array([[1, 1, 0], [1, 0, 0]])
+    m = mask.astype(bool)
+    want = np.mean([((a - b)[m] ** 2).mean() for a, b in zip(hs, ht)])
+    got = st.hidden_mse([mx.array(a) for a in hs], [mx.array(b) for b in ht], mx.array(mask))
+    assert got.item() == pytest.approx(want, rel=1e-5)
+
+
+def test_hidden_matching_trains(model, splits):
+    ts = splits["fit"].subset(np.arange(32))
+    student = st.make_student(model.module, [0])
+    w = np.array(model.module.encoder.layers[0].intermediate.weight)
+    curve, _ = st.distill(model, student, [0], ts, "linear", epochs=2, lr=3e-5,
+                          hidden_weight=1.0)
+    assert curve[-1] < curve[0]
+    # the teacher's layer 0 is untouched; the student's copy moved
+    assert np.array_equal(np.array(model.module.encoder.layers[0].intermediate.weight), w)
+    assert not np.array_equal(np.array(student.encoder.layers[0].intermediate.weight), w)

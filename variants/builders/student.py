@@ -168,9 +168,10 @@ def build(reference, cfg, calibration=None, fit=None, cache_dir=None, mode="simu
                          f"{fb['q']:.3f}; the student alone agrees "
                          f"{fb['student_agreement']:.4f}); lower --fallback-targets or train "
                          "a deeper student (--student-layers)")
-    if fb["q"] > 0.5:
-        warnings.warn(f"student {cfg.name}: the fallback routes {fb['q']:.0%} of calibration to "
-                      "the teacher; c + q exceeds 1 when c > 0.5", stacklevel=2)
+    if c + fb["q"] >= 1.0:
+        warnings.warn(f"student {cfg.name}: cost model c + q = {c:.3f} + {fb['q']:.3f} >= 1 on "
+                      "calibration (the fallback routes too much): no speed-up expected",
+                      stacklevel=2)
     wrapper = StudentNet(student, module, cfg.rule, fb["threshold"], kind=kind,
                          temperatures=reference.temperatures)
     teacher_bytes = int(sum(v.nbytes for _, v in tree_flatten(module.parameters())))

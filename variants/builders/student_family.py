@@ -167,8 +167,11 @@ def describe(info, timing=None):
         lines.append(f"- B={b} (L={t['seq_len']}): measured speed-up "
                      f"{t['speedup']['speedup_median']:.2f}×; mean {v['mean_ms']:.1f} ms, p95 "
                      f"{v['p95_ms']:.1f} ms vs teacher {r['mean_ms']:.1f} / {r['p95_ms']:.1f} ms "
-                     "(a call with any routed row pays the student plus a teacher pass, so the "
-                     "p95 sits near the teacher's)")
+                     + ("(one text, repeated: either the student's path or the fallback's, "
+                        "not the mix)" if str(b) == "1" else
+                        "(a batch with any routed row pays the student plus a teacher pass on "
+                        "those rows: with q well above 1/B nearly every batch does, so mean and "
+                        "p95 sit near the teacher's)"))
     return "\n".join(lines) + "\n"
 
 
