@@ -73,7 +73,8 @@ print(json.dumps({"names": list(fams), "ladders": ladders, "quant": fams["quant"
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["mlx"] is False
-    assert res["names"] == ["quant", "lowrank", "prune", "exit"]
+    assert res["names"][:4] == ["quant", "lowrank", "prune", "exit"] and "student" in res["names"]
+    assert res["ladders"]["student"][0] == "student-l1-entropy-ag0.99"
     assert res["ladders"]["quant"] == ["q2-g64", "q3-g64", "q4-g64", "q6-g64", "q8-g64"]
     assert res["ladders"]["prune"][0] == "prune-a1-r0.70"
     assert res["quant"] is None  # quant has nothing to add to the report

@@ -231,6 +231,8 @@ class Sweep:
         self.clock.counts["variant_output_batches"] += sum(
             len(self.batches[s]) for s in ("calibration", "eval"))
         info["quality_wall_s"] = time.perf_counter() - t0
+        if family.outputs_info is not None:  # e.g. the student's eval fallback rate
+            info.update(family.outputs_info(info, outs))
         del var_model
         t1 = time.perf_counter()
         timing = self._time_variant(family, vcfg, timing_sets)

@@ -78,6 +78,9 @@ class Family:
     inputs : tuple of str
         The :class:`BuildInputs` fields ``build`` reads (the sweep sends a cold-start child
         only these).
+    outputs_info : callable(build, outputs) -> dict, or None
+        build.json additions computed from the variant's own outputs (``outputs``: {split:
+        DecisionOutputs} of calibration and eval), e.g. the student family's eval fallback rate.
     """
 
     name: str
@@ -90,3 +93,4 @@ class Family:
     check_model: Callable = _no_check
     describe: Callable = _no_description
     inputs: tuple = ("calibration",)
+    outputs_info: Callable = None
