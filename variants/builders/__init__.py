@@ -15,6 +15,7 @@ FAMILIES = {
     "lowrank": "lowrank_family",
     "prune": "prune_family",
     "exit": "exit_family",
+    "exact": "exact_family",
 }
 
 

@@ -78,6 +78,14 @@ class Family:
     inputs : tuple of str
         The :class:`BuildInputs` fields ``build`` reads (the sweep sends a cold-start child
         only these).
+    time_extra : callable(reference, variant, eval_taskset, cfg, vcfg) -> dict, or None
+        Family-specific timing (e.g. the exact family's workload streams): its dict is merged
+        into the variant's timing.json after the common measurement (``cfg``: the
+        SweepConfig; ``variant`` built in the speed mode). None: nothing more.
+    timed_variant : callable(variant, vcfg) -> model, or None
+        What the common alternated timing calls instead of ``variant`` (e.g. the exact
+        family's cache emptied before every call: the timing repeats one request, which would
+        otherwise time cache hits only). None: the variant itself.
     """
 
     name: str
@@ -90,3 +98,5 @@ class Family:
     check_model: Callable = _no_check
     describe: Callable = _no_description
     inputs: tuple = ("calibration",)
+    time_extra: Callable | None = None
+    timed_variant: Callable | None = None
