@@ -194,6 +194,39 @@ def test_output_selection_equals_the_full_last_layer_on_a_cls_fixture():
     assert np.abs(full).max() > 1e-3  # not a trivial zero head
 
 
+def test_outsel_variant_of_a_cls_classifier_toml_keeps_every_answer(tmp_path):
+    """A model TOML (logits = "classifier") on the BERT parity fixture: the family's outsel
+    variant gives the reference's logits to float round-off on VADER texts, every argmax kept."""
+    from pathlib import Path
+
+    from variants import data
+    from variants.builders import get_family
+    from variants.builders.exact_family import ExactConfig
+    from variants.checkpoint import load_checkpoint
+    from variants.models import resolve
+
+    fixture = Path(__file__).parent / "fixtures" / "hf" / "bert"
+    toml = tmp_path / "bert-cls.toml"
+    toml.write_text(f'name = "bert-cls"\nlogits = "classifier"\ncheckpoint = "{fixture}"\n'
+                    'options = ["negative", "neutral", "positive"]\n'
+                    'scores = [-1.0, 0.0, 1.0]\n[temperature]\nmode = "fixed"\n'
+                    'values = { "3" = 1.0 }\n')
+    source = resolve(model_config=toml)
+    ck = load_checkpoint(fixture)
+    source.bind(ck)
+    ref = source.build(ck)
+    ts = source.make_taskset(data.load_vader().iloc[:24])
+    ref.calibrate(ts)
+    fam = get_family("exact")
+    fam.check_model(ref.module, [ExactConfig("outsel")])
+    var, info = fam.build(ref, ExactConfig("outsel"))
+    assert info["reads"] == "cls" and "round-off" in info["exactness"]
+    batches, _ = ref.prepare(ts, batch_size=8)  # padded batches: keys/values masked as usual
+    a, b = ref.raw_logits(ts, batches), var.raw_logits(ts, batches)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    assert (a.argmax(1) == b.argmax(1)).all() and np.ptp(a) > 1e-3
+
+
 def test_output_selection_equals_the_full_last_layer_at_marker_positions(checkpoint):
     import mlx.core as mx
 
@@ -237,3 +270,79 @@ def test_outsel_on_a_mean_pooled_model_exits_2_and_writes_nothing(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert code == 2 and "mean pooling" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv,variants", [
+    (["--model", "minilm-sentiment"], ["dedup", "cache-64"]),
+    (["--model-config", "examples/model-marker.toml", "--data", "examples/vader_raters.jsonl",
+      "--exact-kinds", "dedup", "outsel"], ["dedup", "outsel"])])
+def test_exact_sweep_passes_with_zero_drift(argv, variants, tmp_path, monkeypatch):
+    """A tiny exact sweep: every variant PASS, 0 flips, logits within float round-off of the
+    reference's, the workloads side by side in timing.json and family.md."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from runs.outputs import DecisionOutputs
+    from variants.cli import main
+
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    argv = argv + (["--cache-sizes", "64"] if "--exact-kinds" not in argv else [])
+    assert main(["sweep", *argv, "--family", "exact", "--results-dir", str(tmp_path),
+                 "--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-rounds",
+                 "1", "--timing-warmup", "0", "--timing-budget-s", "0.5", "--cold-start", "none",
+                 "--timing-batch-sizes", "1", "--workload-calls", "3", "--workload-batch", "8",
+                 "--no-progress"]) == 0
+    run = next(tmp_path.glob("*-exact-*"))
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["variant"]) == variants
+    ref = DecisionOutputs.load(run / "reference" / "outputs.npz")
+    for v in variants:
+        assert json.loads((run / v / "verdict.json").read_text())["passed"] is True
+        out = DecisionOutputs.load(run / v / "outputs.npz")
+        np.testing.assert_allclose(out.logits, ref.logits, rtol=0, atol=1e-4)
+        assert (out.probs.argmax(1) == ref.probs.argmax(1)).all()
+        timing = json.loads((run / v / "timing.json").read_text())
+        text = (run / v / "family.md").read_text()
+        if v != "outsel":
+            wl = timing["workloads"]
+            assert wl["eval"]["rows"] == 24 and wl["zipf"]["rows"] == 24
+            assert "| eval |" in text and "| zipf |" in text
+            # U: distinct rows per call of 8, summed (the 30 eval texts are distinct)
+            z = workload_rows(30, 8, 3, 1.1, seed=0)["zipf"]
+            u = sum(len(np.unique(z[i:i + 8])) for i in range(0, 24, 8))
+            assert wl["zipf"]["unique"] == u < 24 and wl["eval"]["unique"] == 24
+            assert wl["zipf"]["repeat_rate"] == pytest.approx(repeat_rate(z))
+        else:
+            assert "workloads" not in timing and "`marker` positions" in text
+
+
+def test_describe_puts_the_workloads_side_by_side_with_the_cost_model():
+    from variants.builders.exact_family import describe
+
+    def stream(rows, U, computed, ref, var):
+        return dict(rows=rows, repeat_rate=0.5, U_over_N=U / rows, ideal_dedup_speedup=rows / U,
+                    h=1 - computed / rows, ideal_speedup=rows / computed,
+                    model_relative_latency=None, measured_relative_latency=var / ref,
+                    ref_mean_ms=ref, var_mean_ms=var, speedup_mean=ref / var,
+                    speedup_median=ref / var, cold_first_call_ms={"ref": ref, "var": var})
+
+    wl = {"settings": dict(calls=2, batch_size=4, zipf_exponent=1.1, seed=0, n_eval=8),
+          "eval": stream(8, 8, 8, 10.0, 10.0), "zipf": stream(8, 4, 2, 10.0, 4.0),
+          "hit_cost": dict(epsilon=0.02, rows=4, hit_median_ms=0.2, miss_median_ms=10.0,
+                           miss_overhead=1.01, ref_median_ms=9.9)}
+    for name in ("eval", "zipf"):  # 1 − h + h·ε: eval h = 0 -> 1; zipf h = 0.75 -> 0.265
+        h = wl[name]["h"]
+        wl[name]["model_relative_latency"] = 1 - h + h * 0.02
+    text = describe({"kind": "cache", "cache_size": 16, "exactness": "float round-off"},
+                    {"workloads": wl})
+    rows = [ln for ln in text.splitlines() if ln.startswith("| eval") or ln.startswith("| zipf")]
+    assert rows[0].split("|")[1:10] == [" eval ", " 8 ", " 0.50 ", " 1.000 ", " 1.00× ", " 0.000 ",
+                                        " 1.00× ", " 1.000 ", " 1.000 "]
+    assert rows[1].split("|")[1:10] == [" zipf ", " 8 ", " 0.50 ", " 0.500 ", " 2.00× ", " 0.750 ",
+                                        " 4.00× ", " 0.265 ", " 0.400 "]
+    assert "ε = 0.020" in text and "same request repeated on purpose" in text
+    assert "U/N" in describe({"kind": "dedup", "cache_size": None, "exactness": "x"},
+                             {"workloads": wl})

@@ -123,8 +123,9 @@ def describe(info, timing=None):
     if cache:
         head += " h | ideal 1/(1−h) | model 1−h+hε | measured var/ref |"
         rule += "---|---|---|---|"
-    head += " measured speed-up (mean / median) | cold first call ref / var ms |"
-    rule += "---|---|"
+    head += (" mean ms ref / var | measured speed-up (mean / median) | cold first call ref / "
+             "var ms |")
+    rule += "---|---|---|"
     lines += ["", head, rule]
     for name in ("eval", "zipf"):
         w = wl[name]
@@ -134,7 +135,8 @@ def describe(info, timing=None):
             row += (f" {_f(w['h'], '.3f')} | {_f(w['ideal_speedup'])}× | "
                     f"{_f(w['model_relative_latency'], '.3f')} | "
                     f"{_f(w['measured_relative_latency'], '.3f')} |")
-        row += (f" {_f(w['speedup_mean'])}× / {_f(w['speedup_median'])}× | "
+        row += (f" {_f(w['ref_mean_ms'], '.1f')} / {_f(w['var_mean_ms'], '.1f')} | "
+                f"{_f(w['speedup_mean'])}× / {_f(w['speedup_median'])}× | "
                 f"{_f(w['cold_first_call_ms']['ref'], '.1f')} / "
                 f"{_f(w['cold_first_call_ms']['var'], '.1f')} |")
         lines.append(row)
