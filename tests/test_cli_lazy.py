@@ -51,7 +51,8 @@ def test_sweep_help_lists_every_family_flag_group():
     """The sweep verb (which may load MLX) still gets every family's flag group."""
     out, res = _run(["sweep", "--help"])
     assert res["code"] == 0
-    for group in ("quant family", "lowrank family", "prune family", "exit family"):
+    for group in ("quant family", "lowrank family", "prune family", "exit family",
+                  "exact family"):
         assert group in out
 
 
@@ -73,8 +74,9 @@ print(json.dumps({"names": list(fams), "ladders": ladders, "quant": fams["quant"
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["mlx"] is False
-    assert res["names"][:4] == ["quant", "lowrank", "prune", "exit"] and "student" in res["names"]
+    assert res["names"] == ["quant", "lowrank", "prune", "exit", "student", "exact"]
     assert res["ladders"]["student"][0] == "student-l1-entropy-ag0.99"
+    assert res["ladders"]["exact"] == ["dedup", "cache-4096"]
     assert res["ladders"]["quant"] == ["q2-g64", "q3-g64", "q4-g64", "q6-g64", "q8-g64"]
     assert res["ladders"]["prune"][0] == "prune-a1-r0.70"
     assert res["quant"] is None  # quant has nothing to add to the report

@@ -154,17 +154,24 @@ class Sweep:
         return BuildInputs(calibration=self.tasksets["calibration"], fit=self.tasksets["fit"],
                            cache_dir=self.cache).only(family.inputs)
 
-    def _time_variant(self, family, vcfg, timing_sets):
+    def _time_variant(self, family, vcfg, timing_sets, extra=True):
         """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
         built in the speed mode, then per batch size one alternated measurement of end-to-end
-        calls gives both regions (``batches`` = forward, ``end_to_end``)."""
+        calls gives both regions (``batches`` = forward, ``end_to_end``); with ``extra`` the
+        family's own ``time_extra`` fields join."""
         cfg = self.cfg
         with self.clock("variant_build"):
             var_model, _ = family.build(self.ref_model, vcfg, self._inputs(family),
                                         mode=cfg.speed_mode)
             mx.eval(var_model.module.parameters())
         with self.clock("timing"):
-            return time_pair(self.ref_model, var_model, timing_sets, cfg)
+            timed = (var_model if family.timed_variant is None
+                     else family.timed_variant(var_model, vcfg))
+            timing = time_pair(self.ref_model, timed, timing_sets, cfg)
+            if extra and family.time_extra is not None:
+                timing.update(family.time_extra(self.ref_model, var_model,
+                                                self.tasksets["eval"], cfg, vcfg))
+            return timing
 
     def variant(self, family, vcfg, timing_sets):
         """Build, run and time one variant unless its folder already holds the results."""
@@ -186,7 +193,8 @@ class Sweep:
                 self.log(f"{vcfg.name}: timing of batch sizes {missing} incomplete (forward or "
                          "end to end missing); timing them")
                 t1 = time.perf_counter()
-                new = self._time_variant(family, vcfg, {b: timing_sets[b] for b in missing})
+                new = self._time_variant(family, vcfg, {b: timing_sets[b] for b in missing},
+                                         extra=False)
                 timing.setdefault("batches", {})
                 timing.setdefault("end_to_end", {})
                 for b in missing:

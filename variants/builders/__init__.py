@@ -16,6 +16,7 @@ FAMILIES = {
     "prune": "prune_family",
     "exit": "exit_family",
     "student": "student_family",
+    "exact": "exact_family",
 }
 
 

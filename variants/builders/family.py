@@ -81,6 +81,14 @@ class Family:
     outputs_info : callable(build, outputs) -> dict, or None
         build.json additions computed from the variant's own outputs (``outputs``: {split:
         DecisionOutputs} of calibration and eval), e.g. the student family's eval fallback rate.
+    time_extra : callable(reference, variant, eval_taskset, cfg, vcfg) -> dict, or None
+        Family-specific timing (e.g. the exact family's workload streams): its dict is merged
+        into the variant's timing.json after the common measurement (``cfg``: the
+        SweepConfig; ``variant`` built in the speed mode). None: nothing more.
+    timed_variant : callable(variant, vcfg) -> model, or None
+        What the common alternated timing calls instead of ``variant`` (e.g. the exact
+        family's cache emptied before every call: the timing repeats one request, which would
+        otherwise time cache hits only). None: the variant itself.
     """
 
     name: str
@@ -94,3 +102,5 @@ class Family:
     describe: Callable = _no_description
     inputs: tuple = ("calibration",)
     outputs_info: Callable = None
+    time_extra: Callable | None = None
+    timed_variant: Callable | None = None
