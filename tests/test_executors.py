@@ -74,6 +74,8 @@ def test_same_results_and_one_init_per_worker(kind, tmp_path, request):
         want = np.random.default_rng(100 + i).normal(size=5) * 2.0
         np.testing.assert_array_equal(got[i]["x"], want)
         assert got[i]["id"] == i
+    want_streams = None if kind == "local" else str(ex.driver_streams())
+    assert {r["streams"] for r in got.values()} == {os.environ.get("VARIANTS_STREAMS", want_streams)}
     pids = _inits(tmp_path)
     assert len(pids) == workers  # init ran once per worker, in the worker
     assert {str(r["pid"]) for r in got.values()} == set(pids)
@@ -81,6 +83,23 @@ def test_same_results_and_one_init_per_worker(kind, tmp_path, request):
         assert pids == [str(os.getpid())]
     else:
         assert str(os.getpid()) not in pids
+
+
+@pytest.mark.parametrize("kind", ["process", pytest.param("ray", marks=needs_ray)])
+def test_mlx_results_bit_identical_to_local(kind, request):
+    """A real MLX forward in the workers gives the driver's bits (same stream split)."""
+    if kind == "ray":
+        request.getfixturevalue("ray_local")
+    specs = [{"seed": s} for s in range(4)]
+    runs = {}
+    for k, w in (("local", 1), (kind, 2)):
+        got = {}
+        ex.make_executor(k, workers=w).run(toys.mlx_init, (3,), toys.mlx_fn, specs,
+                                          lambda i, spec, r: got.__setitem__(i, r["hidden"]))
+        runs[k] = got
+    for i in range(4):
+        assert np.abs(runs["local"][i]).sum() > 0
+        np.testing.assert_array_equal(runs[kind][i], runs["local"][i])
 
 
 @pytest.mark.parametrize("kind", ["process", pytest.param("ray", marks=needs_ray)])
@@ -167,9 +186,7 @@ def test_bad_arguments(kwargs, match):
         ex.make_executor(kind, **kwargs)
 
 
-def test_threads_per_worker_and_probe_parsing():
-    assert [ex.threads_per_worker(w, 2) for w in (1, 2, 3)] == [2, 1, 1]
-    assert ex.threads_per_worker(3, 16) == 5
+def test_probe_address_parsing():
     from variants import executors_ray as er
 
     assert er._host_port("ray://head:10001") == ("head", 10001)

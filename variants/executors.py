@@ -27,9 +27,10 @@ on. A unit lost twice gets the result ``{"error": "<one line>"}`` (the caller co
 failed). A unit that raises an ordinary exception is a bug: :class:`UnitError` is raised on the
 driver naming the unit and its spec, with the worker's exception as ``__cause__``.
 
-Threads: units share the machine's cores. With ``cores // workers == 1`` each worker runs MLX
-on one stream (``VARIANTS_STREAMS=1``) with one OpenBLAS thread, instead of the two streams
-:mod:`variants.parallel` uses alone, so two workers on two cores do not run four compute threads.
+Threads: each worker uses as many MLX CPU streams as the driver (:func:`match_streams`), so
+every executor computes bit-identical results; with two streams OpenBLAS runs one thread per
+call, so two workers on two cores run four compute threads (not eight). One stream per worker
+would fit two cores exactly but changes results in the last bits (the batch is cut differently).
 Measured in bench/executors.py.
 """
 
@@ -64,46 +65,35 @@ def _stderr(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def cores():
-    """CPU cores this process may use (``sched_getaffinity`` where there is one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def threads_per_worker(workers, ncores=None):
-    """Cores each of ``workers`` workers may use on a machine with ``ncores`` (>= 1)."""
-    return max(1, (ncores or cores()) // max(1, workers))
-
-
-def pin_threads(threads):
-    """Worker set-up: with one core per worker, one MLX stream and one OpenBLAS thread.
-
-    ``threads`` >= 2 (or None) leaves :mod:`variants.parallel`'s defaults. Returns what was set:
-    ``{"streams": 1, "blas_threads": 1}`` or ``{}``.
-    """
-    if threads is None or threads >= 2:
-        return {}
-    os.environ["VARIANTS_STREAMS"] = "1"
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+def driver_streams():
+    """MLX CPU streams this process's encoder splits over (:mod:`variants.parallel`, read
+    without creating them). Workers are given the same count: the stream split decides how a
+    batch is cut and packed, so a different count changes results in the last float bits."""
     from variants import parallel
 
-    parallel._set_blas_threads(1)
-    return {"streams": 1, "blas_threads": 1}
+    return parallel._requested()
+
+
+def match_streams(n):
+    """Worker set-up: use ``n`` MLX CPU streams, as the driver does (``VARIANTS_STREAMS``).
+
+    With ``n >= 2`` :mod:`variants.parallel` also sets OpenBLAS to one thread per GEMM call, so
+    ``w`` workers on a machine run ``w * n`` compute threads, never ``w * n * cores``.
+    """
+    os.environ["VARIANTS_STREAMS"] = str(int(n))
 
 
 # ---- worker side (process pools; Ray actors reuse these) -----------------------------------
 _WORKER = {"state": None, "init_error": None}
 
 
-def worker_init(init, init_args, threads):
-    """Pool initializer: pin threads, run ``init`` once, keep the state in a module global.
+def worker_init(init, init_args, streams):
+    """Pool initializer: match the driver's streams, run ``init`` once, keep the state in a module global.
 
     An exception from ``init`` is kept and re-raised by the first :func:`worker_call` (a pool
     initializer that raises would only break the pool, hiding the error behind a lost worker).
     """
-    pin_threads(threads)
+    match_streams(streams)
     try:
         _WORKER["state"] = init(*init_args)
     except BaseException as e:  # noqa: BLE001 - re-raised by worker_call, with its traceback
@@ -234,7 +224,7 @@ class ProcessExecutor(SlotExecutor):
         self._count += 1
         pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=self._ctx,
                                       initializer=worker_init,
-                                      initargs=(init, init_args, threads_per_worker(n)))
+                                      initargs=(init, init_args, driver_streams()))
         pool._variants_name = f"process worker {self._count}"
         return pool
 

@@ -107,13 +107,13 @@ class RayExecutor(ex.SlotExecutor):
             self._close()
             raise ex.ExecutorError(f"--workers {n} needs {n} CPUs but the Ray cluster has "
                                    f"{cpus}; lower --workers or add nodes")
-        self._threads = ex.threads_per_worker(n, cpus)
+        self._streams = ex.driver_streams()
         self._actor_cls = ray.remote(num_cpus=1, max_restarts=0,
                                      scheduling_strategy="SPREAD")(_Worker)
 
     def _new_slot(self, init, init_args, n):
         self._count += 1
-        actor = self._actor_cls.remote(init, init_args, self._threads)
+        actor = self._actor_cls.remote(init, init_args, self._streams)
         actor._variants_name = f"Ray worker {self._count}"
         return actor
 
@@ -154,8 +154,8 @@ class _Worker:
     """The Ray actor: :func:`variants.executors.worker_init` once, then
     :func:`variants.executors.worker_call` per unit."""
 
-    def __init__(self, init, init_args, threads):
-        ex.worker_init(init, init_args, threads)
+    def __init__(self, init, init_args, streams):
+        ex.worker_init(init, init_args, streams)
 
     def call(self, fn, spec):
         return ex.worker_call(fn, spec)
