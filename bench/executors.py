@@ -92,7 +92,8 @@ def measure(kind, workers, units, batches, streams=None):
         ex.driver_streams = saved
         if kind == "ray":
             ray.shutdown()
-    return {"kind": kind, "workers": workers, "streams": streams or ex.driver_streams(), "wall_s": round(wall, 2),
+    return {"kind": kind, "workers": workers, "streams": streams or ex.driver_streams(),
+            "wall_s": round(wall, 2),
             "first_result_s": round(first[0], 2), "ray_init_s": ray_init_s and round(ray_init_s, 2),
             "unit_compute_s_mean": round(float(np.mean([r["compute_s"] for r in got.values()])), 3),
             "worker_init_s_mean": round(float(np.mean([r["init_s"] for r in got.values()])), 2),

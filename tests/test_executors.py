@@ -75,7 +75,8 @@ def test_same_results_and_one_init_per_worker(kind, tmp_path, request):
         np.testing.assert_array_equal(got[i]["x"], want)
         assert got[i]["id"] == i
     want_streams = None if kind == "local" else str(ex.driver_streams())
-    assert {r["streams"] for r in got.values()} == {os.environ.get("VARIANTS_STREAMS", want_streams)}
+    env = os.environ.get("VARIANTS_STREAMS", want_streams)
+    assert {r["streams"] for r in got.values()} == {env}
     pids = _inits(tmp_path)
     assert len(pids) == workers  # init ran once per worker, in the worker
     assert {str(r["pid"]) for r in got.values()} == set(pids)
@@ -118,10 +119,9 @@ def test_killed_worker_retried_once_then_error(kind, tmp_path, request):
     assert sorted(m.split("running unit ")[1].split()[0] for m in retried) == ["1", "3"]
     assert sum("giving up" in m and "unit 3" in m for m in logs) == 1
     assert all("\n" not in m for m in logs) and len(logs) == 3
-    # 2 workers + one fresh worker per loss (3 losses); a fresh process pool starts its process
-    # only when it gets a unit, so a replacement may never start.
-    # A Ray actor runs init when created, but the last one may be killed before it does.
-    assert 2 <= len(_inits(tmp_path)) <= 5 if kind == "process" else 4 <= len(_inits(tmp_path)) <= 5
+    # 2 workers + a fresh one after each of the first two losses (each takes the retry at once);
+    # after the third, one more only if units were still waiting.
+    assert len(_inits(tmp_path)) in (4, 5)
 
 
 @pytest.mark.parametrize("kind", _kinds())

@@ -88,7 +88,8 @@ _WORKER = {"state": None, "init_error": None}
 
 
 def worker_init(init, init_args, streams):
-    """Pool initializer: match the driver's streams, run ``init`` once, keep the state in a module global.
+    """Pool initializer: match the driver's streams, run ``init`` once, keep the state in a
+    module global.
 
     An exception from ``init`` is kept and re-raised by the first :func:`worker_call` (a pool
     initializer that raises would only break the pool, hiding the error behind a lost worker).
@@ -186,19 +187,21 @@ class SlotExecutor:
                         what = self._describe(slot)
                         self._drop_slot(slot)
                         slots.remove(slot)
-                        fresh = self._new_slot(init, init_args, n)
-                        slots.append(fresh)
-                        free.append(fresh)
                         if losses[i] == 1:
-                            self.log(f"{what} died running unit {i} (spec {short_repr(specs[i])}): "
-                                     f"{e}; retrying it once on a fresh worker")
+                            self.log(f"{what} died running unit {i} (spec "
+                                     f"{short_repr(specs[i])}): {e}; retrying it once on a "
+                                     "fresh worker")
                             pending.appendleft(i)
-                            continue
-                        msg = (f"the worker died twice running this unit ({self.kind} "
-                               f"executor; last: {e}); it is counted as failed")
-                        self.log(f"{what} died running unit {i} again: giving up on it "
-                                 "(counted as failed)")
-                        on_result(i, specs[i], {"error": msg})
+                        else:
+                            self.log(f"{what} died running unit {i} again: giving up on it "
+                                     "(counted as failed)")
+                            on_result(i, specs[i], {"error": (
+                                f"the worker died twice running this unit ({self.kind} "
+                                f"executor; last: {e}); it is counted as failed")})
+                        if pending:  # a fresh worker, first in line: the retry runs there
+                            fresh = self._new_slot(init, init_args, n)
+                            slots.append(fresh)
+                            free.insert(0, fresh)
                         continue
                     except Exception as e:
                         raise _unit_error(i, specs[i], e) from e
