@@ -299,3 +299,86 @@ def test_tiny_search_resumes_and_is_deterministic(tmp_path, monkeypatch, capsys)
     bad = [a if a != "3" else "4" for a in argv]
     assert main(bad) == 2
     assert "max_candidates=3, not 4" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
+    """A lenient contract: every layer at 4 bits passes at once; the winner's folder is a sweep
+    variant's (outputs, build.json, timing.json, verdict.json, report.md) under OUT/final."""
+    from variants.cli import main
+    from variants.search import driver
+
+    monkeypatch.setattr(driver.Search, "sensitivity", lambda self: setattr(
+        self, "sens_path", "synthetic") or {(p, b): 1.0 / b for p in self.layers
+                                           for b in self.opts.bits})
+    contract = tmp_path / "c.toml"
+    contract.write_text('name = "lenient"\n[[clause]]\nid = "agreement"\nmetric = "agreement"\n'
+                        'statistic = "rate"\nmin = 0.5\n')
+    argv = ["search", *[a for a in SMALL if a != "--no-finalize"], "--contract", str(contract),
+            "--timing-rounds", "1", "--timing-warmup", "0", "--timing-budget-s", "0.5",
+            "--timing-batch-sizes", "1", "--results-dir", str(tmp_path / "r"), "--out",
+            str(tmp_path / "s")]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert res["winner"]["name"] == "q4-g64" and res["totals"]["candidates"] == 1
+    assert res["finalists"][0]["passed_eval"] and not res["overfitted"]
+    folder = tmp_path / "s" / "final" / "q4-g64"
+    for f in ("outputs.npz", "calibration_outputs.npz", "build.json", "timing.json",
+              "verdict.json", "report.md"):
+        assert (folder / f).exists(), f
+    build = json.loads((folder / "build.json").read_text())
+    assert build["bits_per_weight"] == pytest.approx(res["winner"]["bits_per_weight"])
+    assert build["model_bytes"] == res["winner"]["model_bytes"]
+
+
+def test_latency_cost_model_sums_cached_kernel_times(checkpoint, tmp_path, monkeypatch):
+    from variants.models import sentiment
+    from variants.search import costs
+    from variants.sensitivity import quantizable_layers
+
+    module = sentiment.build(checkpoint).module
+    layers = quantizable_layers(module)
+    calls = []
+
+    def fake(i, o, b, g, rows, repeats=5):
+        calls.append((i, o, b, rows))
+        return i * o * b / 1e6
+    monkeypatch.setattr(costs, "kernel_ms", fake)
+    table = costs.CostTable(module, layers, (4, 8), 64)
+    path = table.load_latency("latency-b32", (4, 8), tmp_path)
+    # 3 shapes (384x384, 384->1536, 1536->384) x 2 widths, on 32 x 128 token rows
+    assert len(calls) == 6 and {c[3] for c in calls} == {32 * costs.TOKENS}
+    lb = {p: 4 for p in layers}
+    want = 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 4 / 1e6
+    assert table.of("latency-b32", lb) == pytest.approx(want)
+    again = costs.CostTable(module, layers, (4, 8), 64)
+    assert again.load_latency("latency-b32", (4, 8), tmp_path) == path and len(calls) == 6
+    assert again.of("latency-b32", lb) == pytest.approx(want)
+
+
+def test_search_margin_tightens_max_clauses_only():
+    from variants.search.margin import tighten
+
+    c = load_contract(None)
+    t = tighten(c, 0.25)
+    for a, b in zip(c.clauses, t.clauses):
+        if a.statistic == "max":
+            assert b.threshold == pytest.approx(a.threshold * 0.75) and a.op == "<="
+        else:
+            assert b == a
+    assert {a.id for a in c.clauses if a.statistic == "max"} == {"score-error-max"}
+    assert tighten(c, 0.0) is c
+    with pytest.raises(ValueError, match="--search-margin 1.0 must be in"):
+        tighten(c, 1.0)
+
+
+def test_slack_and_pareto_by_hand():
+    import pandas as pd
+
+    from variants.search.report import pareto, slack
+
+    assert slack("<=", 0.1, 0.08) == pytest.approx(0.2)
+    assert slack(">=", 0.97, 0.9603) == pytest.approx(-0.01)
+    assert slack("<=", 0, 0) is None and slack("<=", 0, 2) == -2
+    f = pd.DataFrame({"cost": [1, 2, 3, 4], "slack": [-0.5, 0.1, 0.05, 0.3]})
+    assert pareto(f).index.tolist() == [0, 1, 3]

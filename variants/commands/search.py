@@ -39,6 +39,9 @@ def configure(sub):
                    help="search-eval rows per sequential-stopping chunk")
     p.add_argument("--no-stop", dest="stop", action="store_false",
                    help="evaluate every candidate on the whole search-eval part")
+    p.add_argument("--search-margin", type=float, default=d.search_margin,
+                   help="on the search split, hold max-statistic clauses to threshold x (1 - "
+                        "M): headroom for the eval split (variants.search.margin)")
     p.add_argument("--n-search", type=int, default=d.n_search,
                    help="search-split rows (from unused fit rows), halved into calibration and "
                         "eval parts")
@@ -81,7 +84,8 @@ def run(args):
         contract=args.contract, cost=args.cost, strategy=args.strategy,
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
-        chunk_size=args.chunk_size, stop=args.stop, n_search=args.n_search,
+        chunk_size=args.chunk_size, stop=args.stop, search_margin=args.search_margin,
+        n_search=args.n_search,
         n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,
         n_eval=args.n_eval, model=args.model, model_config=args.model_config,
         checkpoint=args.checkpoint, data=args.data, results_dir=args.results_dir, out=args.out,

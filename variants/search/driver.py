@@ -9,7 +9,6 @@ names the closest candidate and the clause that blocks it.
 """
 
 import math
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ class SearchOptions:
     batch: int = 1
     chunk_size: int = 50
     stop: bool = True
+    search_margin: float = 0.0
     n_search: int = 1600
     n_sensitivity: int = 100
     n_fit: int = 2000
@@ -94,6 +94,9 @@ class SearchOptions:
                             ("--n-sensitivity", self.n_sensitivity, 10)):
             if v < lo:
                 raise ValueError(f"{flag} {v} must be >= {lo}")
+        if not 0 <= self.search_margin < 1:
+            raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
+                             "0.25")
         if self.executor != "local":
             raise ValueError(f"--executor {self.executor!r} is not available yet; pass "
                              "--executor local")
@@ -156,7 +159,8 @@ class Search:
 
         o = self.opts
         self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,
-                        "chunk_size": o.chunk_size, "group_size": o.group_size}
+                        "chunk_size": o.chunk_size, "group_size": o.group_size,
+                        "search_margin": o.search_margin}
         self.state = worker.load(self.payload)
         cfg = self.state["cfg"]
         module = self.state["source"].build(self.state["checkpoint"]).module
@@ -169,7 +173,8 @@ class Search:
         self.costs = costs_mod.CostTable(module, self.layers, o.bits, o.group_size)
         self.out = o.out_dir(cfg.model)
         self.store = Store(self.out)
-        self.settings = dict(o.settings(), model=cfg.model)
+        self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
+                             contract_sha256=_contract_digest(o.contract))
         self.store.check_settings(self.settings)
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(o.cost, o.bits,
@@ -295,6 +300,16 @@ class Search:
         except StopIteration:
             pass
         return order
+
+
+def _contract_digest(path):
+    """sha256 of the contract file (None: the packaged default): an edited contract is another
+    search."""
+    if path is None:
+        return None
+    from runs.io import file_sha256
+
+    return file_sha256(Path(path))
 
 
 def _num(x):

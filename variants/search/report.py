@@ -21,7 +21,9 @@ def slack(op, threshold, value):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     d = (threshold - value) if op == "<=" else (value - threshold)
-    return d / abs(threshold) if threshold else d
+    if not threshold:  # no scale: a passing zero bound (count <= 0) is never the tightest
+        return None if d >= 0 else d
+    return d / abs(threshold)
 
 
 def tightest(verdict, only=None):
@@ -88,8 +90,8 @@ def markdown(frame, result, png):
               f"wall {t['wall_s']:.1f} s.", ""]
     lines += ["## Outcome", "", result["outcome"], ""]
     if result.get("finalists"):
-        lines += ["| finalist | bits/weight | model | search split | eval split | failing on eval |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| finalist | bits/weight | model | search split | eval split | "
+                  "failing on eval |", "|---|---|---|---|---|---|"]
         for f in result["finalists"]:
             lines.append(f"| {f['name']} | {f['bits_per_weight']:.3f} | {_mb(f['model_bytes'])} "
                          f"| PASS | {'PASS' if f['passed_eval'] else 'FAIL'} | "

@@ -36,7 +36,7 @@ def chunks(n, size):
 
 def init_worker(payload):
     """The worker's state from ``payload`` (plain data: ``sweep`` = SweepConfig keyword
-    arguments, ``n_search``, ``chunk_size``, ``group_size``): :func:`load` then
+    arguments, ``n_search``, ``chunk_size``, ``group_size``, ``search_margin``): :func:`load` then
     :func:`prepare_reference`."""
     return prepare_reference(load(payload), payload)
 
@@ -47,6 +47,7 @@ def load(payload):
     judge's settings. Raises SweepError / ValueError on bad input."""
     from runs.settings import resolve_settings
     from variants import device
+    from variants.search.margin import tighten
     from variants.search.split import search_tasksets
     from variants.sweep_config import SweepConfig
     from variants.sweep_inputs import load_inputs
@@ -54,6 +55,7 @@ def load(payload):
     cfg = SweepConfig(**payload["sweep"]).validate()
     device.use(cfg.device or device.requested(), cfg.dtype)
     contract, checkpoint, tasksets = load_inputs(cfg)
+    contract = tighten(contract, payload.get("search_margin", 0.0))  # the search split's
     source = cfg.resolve_model()
     parts = search_tasksets(cfg, source, payload["n_search"])
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
