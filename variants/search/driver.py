@@ -286,8 +286,8 @@ class Search:
                 if capped:
                     keep = list(dict.fromkeys(candidate_id(m) for m in new))[:room]
                     new = [m for m in new if candidate_id(m) in keep]
-                step += 1
                 uniq = list({candidate_id(m): m for m in new}.values())
+                step += bool(uniq)  # a step of only known maps evaluates nothing
                 for r in self.evaluate_batch(uniq, step):
                     seen[r["id"]] = r
                     order.append(r)
