@@ -21,6 +21,7 @@ VERBS = {
     "plot": "runs.commands.plot:configure_parser",
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
+    "search": "variants.commands.search:configure",
 }
 
 

@@ -1,0 +1,100 @@
+"""``variants search``: the cheapest quant configuration (per-layer bits) that passes a contract
+(:mod:`variants.search`)."""
+
+import sys
+
+
+def configure(sub):
+    """Add the ``search`` subcommand to ``sub``; returns its parser."""
+    from variants.search.costs import COSTS
+    from variants.search.driver import FAMILIES, SearchOptions
+    from variants.search.strategies import STRATEGIES
+
+    d = SearchOptions()
+    p = sub.add_parser(
+        "search", help="cheapest per-layer quant configuration that passes the contract",
+        description="Search per-layer bit widths of the encoder Linears (quant family, one group "
+                    "size) for the cheapest configuration that passes the contract. Candidates "
+                    "are judged on a search split carved from fit rows the head was not fitted "
+                    "on (never the calibration or eval split), with exact sequential stopping; "
+                    "the winner is then judged on the real calibration + eval splits as a sweep "
+                    "variant (OUT/final/). Writes OUT/search.json, search.md, search.png; "
+                    "resumes from OUT/candidates/.")
+    p.add_argument("--contract", default=None, help="contract TOML (default: the packaged one)")
+    p.add_argument("--cost", default=d.cost, help=f"what to minimise: {', '.join(COSTS)}")
+    p.add_argument("--strategy", default=d.strategy, help=f"{' or '.join(STRATEGIES)}")
+    p.add_argument("--families", nargs="+", default=list(d.families),
+                   help=f"families searched ({', '.join(FAMILIES)})")
+    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed")
+    p.add_argument("--max-candidates", type=int, default=d.max_candidates,
+                   help="stop after this many distinct candidates")
+    p.add_argument("--budget", type=float, default=None,
+                   help="largest acceptable cost, in the --cost's unit")
+    p.add_argument("--bits", type=int, nargs="+", default=list(d.bits), metavar="B",
+                   help="candidate widths per layer (the lowest is the start)")
+    p.add_argument("--group-size", type=int, default=d.group_size)
+    p.add_argument("--batch", type=int, default=d.batch,
+                   help="candidates evaluated together per strategy step")
+    p.add_argument("--chunk-size", type=int, default=d.chunk_size,
+                   help="search-eval rows per sequential-stopping chunk")
+    p.add_argument("--no-stop", dest="stop", action="store_false",
+                   help="evaluate every candidate on the whole search-eval part")
+    p.add_argument("--search-margin", type=float, default=d.search_margin,
+                   help="on the search split, hold max-statistic clauses to threshold x (1 - "
+                        "M): headroom for the eval split (variants.search.margin)")
+    p.add_argument("--n-search", type=int, default=d.n_search,
+                   help="search-split rows (from unused fit rows), halved into calibration and "
+                        "eval parts")
+    p.add_argument("--n-sensitivity", type=int, default=d.n_sensitivity,
+                   help="search-calibration rows the per-layer sensitivity is measured on")
+    for flag, v in (("--n-fit", d.n_fit), ("--n-calibration", d.n_calibration),
+                    ("--n-eval", d.n_eval)):
+        p.add_argument(flag, type=int, default=v, help="as variants sweep")
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-config", default=None, metavar="FILE")
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--data", default=None, metavar="FILE")
+    p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="default RESULTS_DIR/search/<model>-<cost>-<strategy>")
+    p.add_argument("--executor", default=d.executor, help="local (process / ray: see README)")
+    p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
+                   help="the finalists' timing (as variants sweep)")
+    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup)
+    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s)
+    p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes))
+    p.add_argument("--cold-start", default=d.cold_start, help="none, reference or all")
+    p.add_argument("--no-finalize", dest="finalize", action="store_false",
+                   help="do not judge the winner on the calibration + eval splits")
+    p.add_argument("--fail-on-violation", action="store_true",
+                   help="exit 1 when no configuration passes (default: a finished search exits 0)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args):
+    """Run the search; 0 when it finished (1 with --fail-on-violation and no passing
+    configuration); bad input raises ValueError (exit 2 in :mod:`variants.cli`)."""
+    from variants.commands import EXIT_FAILURE, EXIT_OK
+    from variants.search.driver import SearchOptions
+    from variants.search.run import run_search
+
+    opts = SearchOptions(
+        contract=args.contract, cost=args.cost, strategy=args.strategy,
+        families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
+        budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
+        chunk_size=args.chunk_size, stop=args.stop, search_margin=args.search_margin,
+        n_search=args.n_search,
+        n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,
+        n_eval=args.n_eval, model=args.model, model_config=args.model_config,
+        checkpoint=args.checkpoint, data=args.data, results_dir=args.results_dir, out=args.out,
+        executor=args.executor, timing_rounds=args.timing_rounds,
+        timing_warmup=args.timing_warmup, timing_budget_s=args.timing_budget_s,
+        timing_batch_sizes=tuple(args.timing_batch_sizes), cold_start=args.cold_start,
+        finalize=args.finalize, progress=args.progress)
+    res = run_search(opts, log=lambda m: print(m, file=sys.stderr))
+    print(res.result["outcome"])
+    if not res.found and args.fail_on_violation:
+        return EXIT_FAILURE
+    return EXIT_OK

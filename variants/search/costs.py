@@ -1,0 +1,130 @@
+"""What a candidate (a per-layer bits map) costs: stored bytes, bits per weight, FLOPs, and a
+latency cost model.
+
+- ``bytes``: the model's bytes as the native quant form stores them (packed weights, scales and
+  biases of each quantized layer, every other parameter as it is), the ``model_bytes`` of
+  ``build.json`` (:func:`variants.builders.quantize.quantize_module`). Each layer's stored
+  bytes per width are measured once with ``mx.quantize`` on its weight, so a map's total is a
+  sum (``tests/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
+- ``bits``: stored bits per quantized weight, ``8 * quantized bytes / quantized weights``
+  (scales and biases included; build.json's ``bits_per_weight``: 9.0 at 8 bits, 5.0 at 4, g64).
+- ``flops``: quantization does not change the arithmetic (the CPU path dequantizes, then runs
+  the fp32 GEMM): ``2 * in * out`` per token per Linear, summed; the same for every candidate,
+  so ``--cost flops`` ranks candidates by bytes (the tie-break of every cost).
+- ``latency-b1`` / ``latency-b32``: a cost model, not a measurement of the candidate: the time
+  of each distinct (in, out, bits) quantized Linear (:class:`variants.qlinear.CpuQuantizedLinear`,
+  the speed mode's kernel) on ``B * 128`` token rows, median of a few calls, measured once on
+  the driver and cached in ``cache_dir/search/latency-<device>-B<B>.json``; a candidate's cost is
+  the sum over its layers, in ms (attention, norms and the rest are the same for every
+  candidate and left out). The finalist's real speed is the sweep's alternated timing.
+"""
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+COSTS = ("bytes", "bits", "flops", "latency-b1", "latency-b32")
+UNITS = {"bytes": "bytes", "bits": "bits/weight", "flops": "FLOPs/token",
+         "latency-b1": "ms (model)", "latency-b32": "ms (model)"}
+TOKENS = 128  # rows per example in the latency cost model
+
+
+class CostTable:
+    """Per-layer stored sizes of one model; :meth:`of` prices a map.
+
+    Parameters
+    ----------
+    module : mlx.nn.Module
+        The reference's module (not modified).
+    layers : list of str
+        The candidate layers (every Linear the quant builder quantizes).
+    bits : sequence of int
+        The candidate widths.
+    group_size : int
+    """
+
+    def __init__(self, module, layers, bits, group_size):
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        mods = dict(module.named_modules())
+        self.layers, self.group_size = list(layers), group_size
+        self.shape = {p: tuple(mods[p].weight.shape) for p in self.layers}  # (out, in)
+        self.total_bytes = sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+        self.dense_bytes = {p: mods[p].weight.nbytes for p in self.layers}
+        self.q_bytes = {}
+        for p in self.layers:
+            w = mods[p].weight
+            for b in bits:
+                q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
+                self.q_bytes[p, int(b)] = q.nbytes + s.nbytes + z.nbytes
+        self.latency = {}
+
+    def model_bytes(self, layer_bits):
+        """Bytes stored by the native form with ``layer_bits`` ({path: bits})."""
+        return int(self.total_bytes + sum(self.q_bytes[p, b] - self.dense_bytes[p]
+                                          for p, b in layer_bits.items()))
+
+    def bits_per_weight(self, layer_bits):
+        q = sum(self.q_bytes[p, b] for p, b in layer_bits.items())
+        n = sum(self.shape[p][0] * self.shape[p][1] for p in layer_bits)
+        return 8.0 * q / n
+
+    def flops(self, layer_bits):
+        return float(sum(2 * o * i for o, i in (self.shape[p] for p in layer_bits)))
+
+    def of(self, cost, layer_bits):
+        """The ``cost`` (one of :data:`COSTS`) of ``layer_bits``; latency needs
+        :meth:`load_latency` first."""
+        if cost == "bytes":
+            return float(self.model_bytes(layer_bits))
+        if cost == "bits":
+            return self.bits_per_weight(layer_bits)
+        if cost == "flops":
+            return self.flops(layer_bits)
+        table = self.latency[cost]
+        return float(sum(table[f"{self.shape[p][1]}x{self.shape[p][0]}x{b}"]
+                         for p, b in layer_bits.items()))
+
+    def load_latency(self, cost, bits, cache_dir, device="cpu", repeats=5):
+        """Measure (or read) the per-(in, out, bits) times of ``cost`` ('latency-b1' or
+        'latency-b32'); returns the cache file's path."""
+        batch = int(cost.split("-b")[1])
+        path = Path(cache_dir) / "search" / f"latency-{device}-B{batch}-g{self.group_size}.json"
+        table = json.loads(path.read_text()) if path.exists() else {}
+        need = {(self.shape[p][1], self.shape[p][0], int(b))
+                for p in self.layers for b in bits} - \
+            {tuple(map(int, k.split("x"))) for k in table}
+        if need:
+            for i, o, b in sorted(need):
+                table[f"{i}x{o}x{b}"] = kernel_ms(i, o, b, self.group_size, batch * TOKENS, repeats)
+            from runs.io import write_json
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, table)
+        self.latency[cost] = table
+        return path
+
+
+def kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
+    """Median ms of one :class:`variants.qlinear.CpuQuantizedLinear` call (random weights) on
+    ``rows`` x ``in_dims`` fp32 inputs, after one warm-up call."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from variants import qlinear
+
+    mx.random.seed(0)
+    lin = nn.Linear(in_dims, out_dims)
+    q = nn.QuantizedLinear.from_linear(lin, group_size=group_size, bits=bits)
+    q.__class__ = qlinear.CpuQuantizedLinear
+    layer = q
+    x = mx.random.normal((rows, in_dims))
+    mx.eval(layer(x))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mx.eval(layer(x))
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)

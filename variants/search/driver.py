@@ -1,0 +1,316 @@
+"""The search driver: validate, load, measure sensitivity, walk a strategy, judge every
+candidate on the search split, then judge the finalists on the real calibration + eval splits
+through the sweep (their folders and reports are a sweep's), and write search.json / .md / .png.
+
+Bad input (a flag out of range, a budget below the cheapest candidate, an --out holding a
+search with other settings) raises ValueError with one line before anything is written. A
+contract no candidate passes is a result: :attr:`SearchResult.found` is False and the outcome
+names the closest candidate and the clause that blocks it.
+"""
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from variants.search import costs as costs_mod
+from variants.search import strategies
+from variants.search.store import Store, candidate_id
+
+FAMILIES = ("quant",)
+MAX_CANDIDATES = 10_000
+MAX_SEED = 2**32 - 1
+N_FINALISTS = 3
+
+
+@dataclass
+class SearchOptions:
+    """One field per ``variants search`` flag."""
+
+    contract: str | None = None
+    cost: str = "bytes"
+    strategy: str = "greedy"
+    families: tuple = ("quant",)
+    seed: int = 0
+    max_candidates: int = 60
+    budget: float | None = None
+    bits: tuple = (4, 6, 8)
+    group_size: int = 64
+    batch: int = 1
+    chunk_size: int = 50
+    stop: bool = True
+    search_margin: float = 0.0
+    n_search: int = 1600
+    n_sensitivity: int = 100
+    n_fit: int = 2000
+    n_calibration: int = 800
+    n_eval: int = 800
+    model: str | None = None
+    model_config: str | None = None
+    checkpoint: str | None = None
+    data: str | None = None
+    results_dir: str = "results"
+    out: str | None = None
+    executor: str = "local"
+    timing_rounds: int = 10
+    timing_warmup: int = 2
+    timing_budget_s: float = 5.0
+    timing_batch_sizes: tuple = (1, 32)
+    cold_start: str = "none"
+    finalize: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self):
+        """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
+        from variants.builders.quant_family import BITS, check_bits
+
+        if self.cost not in costs_mod.COSTS:
+            raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
+                             f"{', '.join(costs_mod.COSTS)}")
+        if self.strategy not in strategies.STRATEGIES:
+            raise ValueError(f"--strategy {self.strategy!r} is unknown; choose one of "
+                             f"{', '.join(strategies.STRATEGIES)}")
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
+                             f"{', '.join(FAMILIES)} so far; pass --families quant")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed {self.seed} is out of range; pass 0 to {MAX_SEED}")
+        if not 1 <= self.max_candidates <= MAX_CANDIDATES:
+            raise ValueError(f"--max-candidates {self.max_candidates} is out of range; pass 1 "
+                             f"to {MAX_CANDIDATES}")
+        if self.budget is not None and not (math.isfinite(self.budget) and self.budget > 0):
+            raise ValueError(f"--budget {self.budget} must be a finite cost > 0 in the --cost's "
+                             f"unit ({costs_mod.UNITS[self.cost]})")
+        widths = sorted(set(self.bits))
+        for b in widths:
+            check_bits(b, self.group_size, prefix="--")
+        if len(widths) < 2:
+            raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
+                             f"to choose between, from {BITS}, e.g. --bits 4 6 8")
+        self.bits = tuple(widths)
+        for flag, v, lo in (("--batch", self.batch, 1), ("--chunk-size", self.chunk_size, 1),
+                            ("--n-sensitivity", self.n_sensitivity, 10)):
+            if v < lo:
+                raise ValueError(f"{flag} {v} must be >= {lo}")
+        if not 0 <= self.search_margin < 1:
+            raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
+                             "0.25")
+        if self.executor != "local":
+            raise ValueError(f"--executor {self.executor!r} is not available yet; pass "
+                             "--executor local")
+        return self
+
+    def settings(self):
+        """What must match to resume (search_settings.json)."""
+        d = asdict(self)
+        for k in ("out", "progress", "executor", "extra", "timing_rounds", "timing_warmup",
+                  "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
+            d.pop(k)
+        d["families"], d["bits"] = list(self.families), list(self.bits)
+        return d
+
+    def sweep_kwargs(self):
+        return dict(model=self.model, model_config=self.model_config, checkpoint=self.checkpoint,
+                    data=self.data, family="quant", contract=self.contract,
+                    results_dir=self.results_dir, n_fit=self.n_fit,
+                    n_calibration=self.n_calibration, n_eval=self.n_eval, seed=self.seed,
+                    progress=False, timing_batch_sizes=tuple(self.timing_batch_sizes),
+                    params={"bits": [self.bits[0]], "group_size": self.group_size})
+
+    def out_dir(self, model):
+        return Path(self.out) if self.out else \
+            Path(self.results_dir) / "search" / f"{model}-{self.cost}-{self.strategy}"
+
+
+@dataclass
+class SearchResult:
+    found: bool
+    winner: dict | None
+    out: Path
+    result: dict
+
+
+def spec_of(layer_bits, stop=True):
+    """The worker spec of a map: the most common width as ``--bits`` (ties: the lowest), the
+    other layers as exact-path ``--bits-map`` entries."""
+    import re
+
+    counts = Counter(layer_bits.values())
+    default = min(counts, key=lambda b: (-counts[b], b))
+    entries = [f"^{re.escape(p)}$={b}" for p, b in layer_bits.items() if b != default]
+    return {"id": candidate_id(layer_bits), "default_bits": int(default),
+            "bits_map": ",".join(entries), "stop": bool(stop)}
+
+
+class Search:
+    def __init__(self, opts, log=print):
+        self.opts, self.log = opts, log
+
+    # -- setup ---------------------------------------------------------------------------------
+    def prepare(self):
+        """Load and check everything; nothing written."""
+        import mlx.nn as nn
+
+        from variants.search import worker
+        from variants.sensitivity import quantizable_layers
+        from variants.sweep_config import SweepError
+
+        o = self.opts
+        self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,
+                        "chunk_size": o.chunk_size, "group_size": o.group_size,
+                        "search_margin": o.search_margin}
+        self.state = worker.load(self.payload)
+        cfg = self.state["cfg"]
+        module = self.state["source"].build(self.state["checkpoint"]).module
+        self.layers = quantizable_layers(module)
+        others = sorted(p for p, m in module.named_modules() if isinstance(m, nn.Linear)
+                        and p != "head" and not p.startswith("head.") and p not in self.layers)
+        if others:
+            raise SweepError(f"the model has Linears outside encoder.layers ({others[0]}, ...); "
+                             "variants search maps encoder Linears only")
+        self.costs = costs_mod.CostTable(module, self.layers, o.bits, o.group_size)
+        self.out = o.out_dir(cfg.model)
+        self.store = Store(self.out)
+        self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
+                             contract_sha256=_contract_digest(o.contract))
+        self.store.check_settings(self.settings)
+        if o.cost.startswith("latency"):
+            self.latency_path = self.costs.load_latency(o.cost, o.bits,
+                                                        Path(o.results_dir) / ".cache")
+        cheapest = self.costs.of(o.cost, {p: o.bits[0] for p in self.layers})
+        if o.budget is not None and cheapest > o.budget:
+            raise ValueError(f"--budget {o.budget:g} is below the cheapest candidate's "
+                             f"{o.cost} ({cheapest:.6g} {costs_mod.UNITS[o.cost]}, every layer "
+                             f"at {o.bits[0]} bits): no candidate can meet it; raise --budget")
+
+    def sensitivity(self):
+        from variants import sensitivity
+
+        cal = self.state["parts"]["search-calibration"]
+        sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
+        frame, path, cached = sensitivity.cached_measure(
+            self.state["reference"], sub, Path(self.opts.results_dir) / ".cache",
+            bits=self.opts.bits, group_size=self.opts.group_size, log=self.log)
+        self.sens_path = path
+        return {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
+
+    # -- candidates ----------------------------------------------------------------------------
+    def record(self, layer_bits, spec, res, step):
+        """The candidate's record from the worker's result: judged here, on the driver."""
+        from runs.judge import judge_outputs
+        from variants.search.report import tightest
+        from variants.search.sequential import complete
+
+        st = self.state
+        ref_cal, ref_eval = st["ref"]["search-calibration"], st["ref"]["search-eval"]
+        full = complete(ref_eval, res["eval"])
+        _, verdict, _ = judge_outputs(ref_cal, ref_eval, res["cal"], full, st["contract"],
+                                      settings=st["settings"])
+        stopped = res["n_used"] < res["n_total"]
+        # stopped: only the settled clauses' slacks mean something (best-case bounds)
+        tid, sl = tightest(verdict, only=res["settled"] if stopped else None)
+        per_chunk = sum(res["chunk_s"]) / max(len(res["chunk_s"]), 1)
+        n_chunks = math.ceil(res["n_total"] / self.opts.chunk_size)
+        return self._base(layer_bits, spec, step) | {
+            "passed": bool(verdict.passed), "failed": res["settled"] or verdict.failed,
+            "stopped": stopped, "tightest": tid, "slack": sl,
+            "clauses": {r.id: {"value": _num(r.value), "compared": _num(r.compared_value),
+                               "op": r.op, "threshold": r.threshold, "status": r.status}
+                        for r in verdict.results},
+            "n_used": res["n_used"], "n_total": res["n_total"], "wall_s": res["wall_s"],
+            "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}
+
+    def _base(self, layer_bits, spec, step):
+        from variants.builders.quant_family import QuantConfig
+
+        c = self.costs
+        name = QuantConfig(bits=spec["default_bits"], group_size=self.opts.group_size,
+                           bits_map=spec["bits_map"]).name
+        return {"id": spec["id"], "step": step, "name": name, "layer_bits": dict(layer_bits),
+                "default_bits": spec["default_bits"], "bits_map": spec["bits_map"],
+                "cost": c.of(self.opts.cost, layer_bits), "cost_name": self.opts.cost,
+                "bits_per_weight": c.bits_per_weight(layer_bits),
+                "model_bytes": c.model_bytes(layer_bits), "flops": c.flops(layer_bits)}
+
+    def evaluate_batch(self, maps, step):
+        """Records of ``maps`` (one strategy step), from the store or evaluated now."""
+        from variants.search import worker
+
+        o = self.opts
+        recs, todo = [None] * len(maps), []
+        for i, m in enumerate(maps):
+            spec = spec_of(m, o.stop)
+            old = self.store.get(spec["id"])
+            if old is not None:
+                recs[i] = dict(old, reused=True)
+            elif o.budget is not None and self.costs.of(o.cost, m) > o.budget:
+                recs[i] = self._base(m, spec, step) | {
+                    "passed": False, "failed": ["over --budget"], "stopped": False,
+                    "tightest": None, "slack": None, "clauses": {}, "n_used": 0,
+                    "n_total": len(self.state["parts"]["search-eval"]), "wall_s": 0.0,
+                    "saved_s": 0.0, "evaluated": False}
+                self.store.put(recs[i])
+            else:
+                todo.append((i, m, spec))
+
+        def on_result(j, spec, res):
+            i, m, _ = todo[j]
+            recs[i] = self.record(m, spec, res, step)
+            self.store.put(recs[i])
+            r = recs[i]
+            self.log(f"  [{step}] {r['name']}: {r['bits_per_weight']:.3f} bpw, "
+                     f"{'PASS' if r['passed'] else 'FAIL'}"
+                     + (f" ({', '.join(r['failed'])})" if r["failed"] else "")
+                     + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
+
+        if todo:
+            self.executor.run(worker.init_worker, (self.payload,), worker.evaluate_candidate,
+                              [s for _, _, s in todo], on_result)
+        for r in recs:
+            r.setdefault("reused", False)
+        return recs
+
+    def walk(self, sens):
+        """Run the strategy; returns every record in evaluation order (distinct candidates)."""
+        o = self.opts
+        gen = getattr(strategies, o.strategy)(self.layers, list(o.bits), sens, o.batch)
+        seen, order, step = {}, [], 0
+        try:
+            maps = next(gen)
+            while True:
+                new = [m for m in maps if candidate_id(m) not in seen]
+                room = o.max_candidates - len(order)
+                capped = len(dict.fromkeys(candidate_id(m) for m in new)) > room
+                if capped:
+                    keep = list(dict.fromkeys(candidate_id(m) for m in new))[:room]
+                    new = [m for m in new if candidate_id(m) in keep]
+                uniq = list({candidate_id(m): m for m in new}.values())
+                step += bool(uniq)  # a step of only known maps evaluates nothing
+                for r in self.evaluate_batch(uniq, step):
+                    seen[r["id"]] = r
+                    order.append(r)
+                if capped:
+                    self.log(f"--max-candidates {o.max_candidates} reached; stopping the search")
+                    break
+                passed = [seen[candidate_id(m)]["passed"] if candidate_id(m) in seen else False
+                          for m in maps]
+                maps = gen.send(passed)
+        except StopIteration:
+            pass
+        return order
+
+
+def _contract_digest(path):
+    """sha256 of the contract file (None: the packaged default): an edited contract is another
+    search."""
+    if path is None:
+        return None
+    from runs.io import file_sha256
+
+    return file_sha256(Path(path))
+
+
+def _num(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)

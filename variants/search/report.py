@@ -1,0 +1,152 @@
+"""The search's results: ``search.json`` (every candidate), ``search.md`` (the path taken, the
+winner, the Pareto front of cost vs the tightest clause's slack) and ``search.png``. No MLX.
+
+A clause's slack is how far the compared number is inside its bound, relative to the bound:
+``(threshold - x) / |threshold|`` for a max, ``(x - threshold) / |threshold|`` for a min (the
+raw difference when the threshold is 0); negative = failing. The tightest clause is the one
+with the smallest slack. For a candidate stopped early the slacks are of the best-case
+completion (:mod:`variants.search.sequential`): upper bounds.
+"""
+
+import math
+
+import pandas as pd
+
+from runs.io import write_json, write_text
+from variants.search.costs import UNITS
+
+
+def slack(op, threshold, value):
+    """Relative slack of one clause (module docstring); None for a NaN value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    d = (threshold - value) if op == "<=" else (value - threshold)
+    if not threshold:  # no scale: a passing zero bound (count <= 0) is never the tightest
+        return None if d >= 0 else d
+    return d / abs(threshold)
+
+
+def tightest(verdict, only=None):
+    """``(clause id, slack)`` of the clause with the smallest slack of a Verdict (clauses with
+    no examples left out; only the ids in ``only`` when given); ``(None, None)`` when none has
+    a number."""
+    best = (None, None)
+    for r in verdict.results:
+        if r.passed is None or (only is not None and r.id not in only):
+            continue
+        s = slack(r.op, r.threshold, r.compared_value)
+        if s is not None and (best[1] is None or s < best[1]):
+            best = (r.id, s)
+    return best
+
+
+def pareto(frame, cost="cost"):
+    """Rows of ``frame`` not dominated in (lower ``cost``, higher ``slack``), by cost."""
+    f = frame.dropna(subset=["slack"]).sort_values([cost, "slack"], ascending=[True, False])
+    keep, best = [], -math.inf
+    for i, row in f.iterrows():
+        if row["slack"] > best:
+            keep.append(i)
+            best = row["slack"]
+    return f.loc[keep]
+
+
+def frame_of(records):
+    """One row per candidate record, in evaluation order (pandas)."""
+    cols = ["step", "id", "name", "cost", "bits_per_weight", "model_bytes", "passed", "failed",
+            "tightest", "slack", "n_used", "n_total", "stopped", "wall_s", "reused"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in records], columns=cols)
+
+
+def write_all(out, result):
+    """search.json, search.md and search.png in ``out``; returns their paths."""
+    write_json(out / "search.json", result)
+    frame = frame_of(result["candidates"])
+    png = out / "search.png"
+    try:
+        plot(frame, result, png)
+    except Exception as e:  # a plotting failure does not lose the results
+        result["plot_error"] = f"{type(e).__name__}: {e}"
+        png = None
+    write_text(out / "search.md", markdown(frame, result, png))
+    return out / "search.json", out / "search.md", png
+
+
+def _mb(b):
+    return f"{b / 1e6:.2f} MB"
+
+
+def markdown(frame, result, png):
+    s = result["settings"]
+    unit = UNITS[s["cost"]]
+    lines = [f"# variants search: {s['model'] or 'minilm-sentiment'}, cost {s['cost']}, "
+             f"strategy {s['strategy']}", ""]
+    t = result["totals"]
+    lines += [f"{t['candidates']} candidates ({t['evaluated']} evaluated now, {t['reused']} "
+              f"reused from an earlier run); search split {s['n_search']} rows "
+              f"({t['n_search_calibration']} calibration, {t['n_search_eval']} eval). "
+              f"Sequential stopping ran {t['examples_used']} of {t['examples_full']} search-eval "
+              f"examples ({t['examples_saved_share']:.0%} saved, about {t['saved_s']:.1f} s); "
+              f"wall {t['wall_s']:.1f} s.", ""]
+    lines += ["## Outcome", "", result["outcome"], ""]
+    if result.get("finalists"):
+        lines += ["| finalist | bits/weight | model | search split | eval split | "
+                  "failing on eval |", "|---|---|---|---|---|---|"]
+        for f in result["finalists"]:
+            lines.append(f"| {f['name']} | {f['bits_per_weight']:.3f} | {_mb(f['model_bytes'])} "
+                         f"| PASS | {'PASS' if f['passed_eval'] else 'FAIL'} | "
+                         f"{', '.join(f['failed_eval']) or '-'} |")
+        lines.append("")
+    if result.get("winner"):
+        w = result["winner"]
+        lines += ["## Winner's per-layer bits", "", f"`--bits {w['default_bits']} --bits-map "
+                  f"'{w['bits_map']}'`" if w["bits_map"] else f"uniform {w['default_bits']} bits",
+                  "", "| layer | bits |", "|---|---|"]
+        lines += [f"| {p} | {b} |" for p, b in w["layer_bits"].items()]
+        lines.append("")
+    lines += ["## Path taken", "", f"cost in {unit}; slack of the tightest clause (negative = "
+              "failing; for stopped candidates a bound)", "",
+              "| step | candidate | cost | bits/weight | verdict | failing | tightest (slack) | "
+              "examples | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in frame.iterrows():
+        verdict = "PASS" if r["passed"] else ("over budget" if r["n_used"] == 0 else "FAIL")
+        sl = "" if r["slack"] is None or pd.isna(r["slack"]) else f"{r['slack']:+.3f}"
+        lines.append(f"| {r['step']} | {r['name']} | {r['cost']:.6g} | {r['bits_per_weight']:.3f}"
+                     f" | {verdict}{' (stopped)' if r['stopped'] else ''} | "
+                     f"{', '.join(r['failed'] or []) or '-'} | {r['tightest'] or '-'} ({sl}) | "
+                     f"{r['n_used']}/{r['n_total']} | {r['wall_s']:.1f} |")
+    front = pareto(frame)
+    lines += ["", "## Pareto front (cost vs tightest-clause slack)", "",
+              "| candidate | cost | slack | verdict |", "|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['cost']:.6g} | {r['slack']:+.3f} | "
+              f"{'PASS' if r['passed'] else 'FAIL'} |" for _, r in front.iterrows()]
+    if png is not None:
+        lines += ["", f"![cost vs slack]({png.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(frame, result, path):
+    """Scatter of cost vs tightest-clause slack (pass / fail), the Pareto front and the winner."""
+    import seaborn as sns
+    from matplotlib.figure import Figure
+
+    f = frame.dropna(subset=["slack"]).assign(
+        verdict=lambda d: d["passed"].map({True: "pass", False: "fail"}))
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    sns.scatterplot(data=f, x="cost", y="slack", hue="verdict", style="stopped", ax=ax,
+                    palette={"pass": "tab:green", "fail": "tab:red"})
+    front = pareto(frame)
+    ax.step(front["cost"], front["slack"], where="post", color="0.4", lw=1, label="Pareto front")
+    ax.axhline(0, color="0.2", lw=0.8, ls="--")
+    w = result.get("winner")
+    if w:
+        ax.scatter([w["cost"]], [w["slack"]], marker="*", s=220, color="gold",
+                   edgecolor="black", zorder=5, label="winner")
+    s = result["settings"]
+    ax.set_xlabel(f"cost: {s['cost']} ({UNITS[s['cost']]})")
+    ax.set_ylabel("slack of the tightest clause (search split)")
+    ax.set_title(f"variants search ({s['strategy']}): {len(frame)} candidates", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,90 @@
+"""``run_search``: one search, start to end (:mod:`variants.search.driver` does the steps)."""
+
+import time
+
+from runs.io import remove_temp_files
+from variants.search.driver import N_FINALISTS, Search, SearchResult
+from variants.search.report import write_all
+from variants.search.worker import LocalExecutor
+
+
+def run_search(opts, log=print):
+    """Run the search of validated :class:`SearchOptions`; returns :class:`SearchResult`.
+
+    Raises ValueError / SweepError (bad input, nothing written) before the first write."""
+    t0 = time.perf_counter()
+    s = Search(opts.validate(), log=log)
+    s.prepare()
+    s.out.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(s.out)
+    s.store.write_settings(s.settings)
+    from variants.search import worker
+
+    worker.prepare_reference(s.state, s.payload)
+    s.executor = LocalExecutor(s.state)
+    sens = s.sensitivity()
+    log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy {opts.strategy}, "
+        f"cost {opts.cost}")
+    records = s.walk(sens)
+    passing = sorted((r for r in records if r["passed"]),
+                     key=lambda r: (r["cost"], r["model_bytes"], r["id"]))
+    winner, finalists, outcome = None, [], ""
+    if not passing:
+        scored = [r for r in records if r.get("slack") is not None]
+        close = max(scored, key=lambda r: (r["slack"], -r["cost"])) if scored else None
+        outcome = ("No candidate passes the contract on the search split."
+                   + (f" Closest: {close['name']} ({close['bits_per_weight']:.3f} bits/weight), "
+                      f"blocked by {', '.join(close['failed']) or close['tightest']} "
+                      f"(tightest: {close['tightest']}, slack {close['slack']:+.3f})."
+                      if close else ""))
+    elif opts.finalize:
+        winner, finalists = s_finalize(s, passing)
+        first = passing[0]
+        if winner is None:
+            outcome = (f"The search's winner {first['name']} and the next "
+                       f"{len(finalists) - 1} cheapest fail on the eval split: the search "
+                       "overfitted the search split; no configuration passes both.")
+        elif winner["id"] != first["id"]:
+            outcome = (f"The search's cheapest passing candidate {first['name']} FAILS on the "
+                       f"eval split ({', '.join(finalists[0]['failed_eval'])}): the search "
+                       f"overfitted. The runner-up {winner['name']} passes on both: "
+                       f"{winner['bits_per_weight']:.3f} bits/weight, "
+                       f"{winner['model_bytes'] / 1e6:.2f} MB.")
+        else:
+            outcome = (f"Winner {winner['name']}: passes on the search split and on the eval "
+                       f"split; {winner['bits_per_weight']:.3f} bits/weight, "
+                       f"{winner['model_bytes'] / 1e6:.2f} MB (report: {finalists[-1]['folder']}"
+                       "/report.md).")
+    else:
+        winner = passing[0]
+        outcome = (f"Cheapest passing on the search split: {winner['name']} "
+                   f"({winner['bits_per_weight']:.3f} bits/weight); not judged on eval "
+                   "(--no-finalize).")
+    n_full = sum(r["n_total"] for r in records if r.get("evaluated"))
+    n_used = sum(r["n_used"] for r in records if r.get("evaluated"))
+    result = {
+        "settings": s.settings, "out": str(s.out), "layers": s.layers,
+        "sensitivity_cache": str(s.sens_path), "outcome": outcome,
+        "winner": winner, "finalists": finalists, "overfitted": bool(
+            finalists and not finalists[0]["passed_eval"]),
+        "candidates": records,
+        "totals": {"candidates": len(records),
+                   "evaluated": sum(1 for r in records if not r["reused"]),
+                   "reused": sum(1 for r in records if r["reused"]),
+                   "n_search_calibration": len(s.state["parts"]["search-calibration"]),
+                   "n_search_eval": len(s.state["parts"]["search-eval"]),
+                   "examples_used": n_used, "examples_full": n_full,
+                   "examples_saved_share": (1 - n_used / n_full) if n_full else 0.0,
+                   "saved_s": sum(r.get("saved_s", 0.0) for r in records),
+                   "wall_s": time.perf_counter() - t0},
+    }
+    json_path, md_path, png = write_all(s.out, result)
+    log(outcome)
+    log(f"wrote {json_path}, {md_path}" + (f", {png}" if png else ""))
+    return SearchResult(found=winner is not None, winner=winner, out=s.out, result=result)
+
+
+def s_finalize(search, passing):
+    from variants.search.finalize import finalize
+
+    return finalize(search, passing, N_FINALISTS)

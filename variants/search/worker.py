@@ -1,0 +1,167 @@
+"""Candidate evaluation in the executor shape: ``init_worker(payload) -> state`` once per
+worker, ``evaluate_candidate(state, spec) -> result`` per candidate, both module-level and
+importable (a process or Ray executor pickles only the payload, the spec and the result, all
+plain dicts / numpy arrays).
+
+A worker loads what it needs itself from paths and settings: the checkpoint, the data splits
+and the search split (:mod:`variants.search.split`), the reference's fitted head and its outputs
+on both search parts (``results/.cache``; the driver computes them first, so a worker only
+reads). A candidate is built with the quant family's own builder (simulated mode, as the
+sweep's quality pass), run on the whole search-calibration part, then on the search-eval part
+chunk by chunk, stopping when :func:`variants.search.sequential.settled_failures` finds a
+clause failing whatever the unseen rows hold.
+"""
+
+import time
+
+import numpy as np
+
+from runs.npz_readers import OUTPUT_FIELDS
+from variants.search.split import PARTS
+
+
+def _fields(out):
+    return {k: np.asarray(getattr(out, k)) for k in OUTPUT_FIELDS}
+
+
+def concat(parts):
+    """Concatenate the row-wise fields of several outputs dicts (in order)."""
+    return {k: np.concatenate([p[k] for p in parts]) for k in OUTPUT_FIELDS}
+
+
+def chunks(n, size):
+    """Row ranges ``[(0, size), (size, 2 size), ...]`` covering ``n`` rows."""
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def init_worker(payload):
+    """The worker's state from ``payload`` (plain data: ``sweep`` = SweepConfig keyword
+    arguments, ``n_search``, ``chunk_size``, ``group_size``, ``search_margin``): :func:`load` then
+    :func:`prepare_reference`."""
+    return prepare_reference(load(payload), payload)
+
+
+def load(payload):
+    """Inputs only, nothing written: the validated SweepConfig, contract, checkpoint, the
+    data splits and the search parts (:func:`variants.search.split.search_tasksets`), the
+    judge's settings. Raises SweepError / ValueError on bad input."""
+    from runs.settings import resolve_settings
+    from variants import device
+    from variants.search.margin import tighten
+    from variants.search.split import search_tasksets
+    from variants.sweep_config import SweepConfig
+    from variants.sweep_inputs import load_inputs
+
+    cfg = SweepConfig(**payload["sweep"]).validate()
+    device.use(cfg.device or device.requested(), cfg.dtype)
+    contract, checkpoint, tasksets = load_inputs(cfg)
+    contract = tighten(contract, payload.get("search_margin", 0.0))  # the search split's
+    source = cfg.resolve_model()
+    parts = search_tasksets(cfg, source, payload["n_search"])
+    settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
+    return {"cfg": cfg, "contract": contract, "settings": settings, "source": source,
+            "checkpoint": checkpoint, "tasksets": tasksets, "parts": parts,
+            "group_size": payload["group_size"]}
+
+
+def prepare_reference(state, payload):
+    """Add the fitted reference (head cache), the chunked search-eval sets and their prepared
+    batches, and the reference's outputs on both search parts (computed or read from
+    ``results/.cache/reference/<model>-search-*-<key>.npz``) to ``state``; returns it."""
+    from pathlib import Path
+
+    from runs.outputs import DecisionOutputs
+    from variants.decision import prepared_digest
+    from variants.models import fitted_reference
+    from variants.sweep_inputs import cache_parts
+
+    cfg, parts, checkpoint = state["cfg"], state["parts"], state["checkpoint"]
+    cache = Path(cfg.results_dir) / ".cache"
+    reference, _ = fitted_reference(state["source"], checkpoint, state["tasksets"], cache,
+                                    log=lambda m: None, extra_key=cache_parts(cfg))
+    ev = parts["search-eval"]
+    spans = chunks(len(ev), payload["chunk_size"])
+    sets = {"search-calibration": [parts["search-calibration"]],
+            "search-eval": [ev.subset(np.arange(a, b)) for a, b in spans]}
+    batches = {k: [reference.prepare(ts, cfg.batch_size)[0] for ts in v] for k, v in sets.items()}
+    ref = {}
+    for part in PARTS:
+        key = reference.cache_key(checkpoint.sha256, cfg.dtype, parts[part].fingerprint(),
+                                  [prepared_digest(b) for b in batches[part]],
+                                  payload["chunk_size"], *cache_parts(cfg))
+        path = cache / "reference" / f"{cfg.model}-{part}-{key}.npz"
+        if path.exists():
+            ref[part] = _fields(DecisionOutputs.load(path, "reference outputs cache file"))
+        else:
+            outs = [_fields(reference.outputs(ts, b)) for ts, b in zip(sets[part], batches[part])]
+            ref[part] = concat(outs)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            DecisionOutputs(**ref[part]).save(path)
+    state.update(reference=reference, sets=sets, batches=batches, ref=ref)
+    return state
+
+
+def build_variant(state, spec):
+    """The candidate's DecisionModel (simulated quant) and the builder's info dict."""
+    from variants.builders.quant_family import QuantConfig, build
+
+    qcfg = QuantConfig(bits=spec["default_bits"], group_size=state["group_size"],
+                       bits_map=spec["bits_map"])
+    return build(state["reference"], qcfg, mode="simulated")
+
+
+def evaluate_candidate(state, spec):
+    """Evaluate one candidate.
+
+    Parameters
+    ----------
+    state : dict
+        From :func:`init_worker`.
+    spec : dict
+        ``id``, ``default_bits`` (int), ``bits_map`` (a ``--bits-map`` string), ``stop``
+        (bool: sequential stopping on).
+
+    Returns
+    -------
+    dict
+        ``id``; ``cal`` and ``eval`` (output-field dicts: all search-calibration rows, the
+        search-eval rows run, a prefix); ``n_used`` / ``n_total`` (search-eval rows run /
+        available); ``settled`` (clause ids settled failing, [] when run to the end);
+        ``wall_s``; ``chunk_s`` (seconds of each eval chunk run).
+    """
+    from variants.search.sequential import settled_failures
+
+    t0 = time.perf_counter()
+    model, _ = build_variant(state, spec)
+    ref, sets, batches = state["ref"], state["sets"], state["batches"]
+    cal = _fields(model.outputs(sets["search-calibration"][0], batches["search-calibration"][0]))
+    seen, settled, chunk_s = [], [], []
+    for ts, b in zip(sets["search-eval"], batches["search-eval"]):
+        t = time.perf_counter()
+        seen.append(_fields(model.outputs(ts, b)))
+        chunk_s.append(time.perf_counter() - t)
+        if spec.get("stop", True):
+            part = concat(seen)
+            settled = settled_failures(ref["search-calibration"], ref["search-eval"], cal, part,
+                                       state["contract"], state["settings"])
+            if settled:
+                break
+    part = concat(seen)
+    return {"id": spec["id"], "cal": cal, "eval": part, "n_used": len(part["ids"]),
+            "n_total": len(ref["search-eval"]["ids"]), "settled": settled,
+            "wall_s": time.perf_counter() - t0, "chunk_s": chunk_s}
+
+
+class LocalExecutor:
+    """The executor shape on one process, one candidate after another: ``init`` runs once (or
+    ``state`` is handed in), then ``fn(state, spec)`` per spec, ``on_result(index, spec,
+    result)`` as each completes. The lead wires ``--executor`` to ``variants.executors``."""
+
+    def __init__(self, state=None):
+        self.state = state
+
+    def run(self, init, init_args, fn, specs, on_result):
+        if self.state is None:
+            self.state = init(*init_args)
+        for i, spec in enumerate(specs):
+            on_result(i, spec, fn(self.state, spec))
