@@ -205,6 +205,16 @@ class Sweep:
                     timing.setdefault(k, new[k])
                 timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
                 changed = True
+            stale = family.extra_stale and family.extra_stale(timing, cfg, vcfg)
+            if stale:  # e.g. exact workloads of another --zipf-exponent: measure them again
+                self.log(f"{vcfg.name}: {stale}; timing them again")
+                with self.clock("variant_build"):
+                    var_model, _ = family.build(self.ref_model, vcfg, self._inputs(family),
+                                                mode=cfg.speed_mode)
+                with self.clock("timing"):
+                    timing.update(family.time_extra(self.ref_model, var_model,
+                                                    self.tasksets["eval"], cfg, vcfg))
+                changed = True
             if cfg.cold_start == "all" and "cold_start" not in timing:
                 timing["cold_start"] = self._cold_start(
                     cold_start_spec(self, timing_sets, family, vcfg), vcfg.name)

@@ -194,7 +194,22 @@ def time_extra(reference, variant, eval_taskset, cfg, vcfg):
     return out
 
 
+def extra_stale(timing, cfg, vcfg):
+    """On resume: why ``timing``'s workloads no longer fit ``cfg`` (their saved settings differ
+    from --workload-batch / --workload-calls / --zipf-exponent / --seed now), or None."""
+    if vcfg.kind == "outsel":
+        return None
+    p = cfg.params
+    want = {"batch_size": p.get("workload_batch", DEFAULT_WORKLOAD_BATCH),
+            "calls": p.get("workload_calls", DEFAULT_WORKLOAD_CALLS),
+            "zipf_exponent": float(p.get("zipf_exponent", DEFAULT_ZIPF_EXPONENT)),
+            "seed": cfg.seed}
+    have = ((timing or {}).get("workloads") or {}).get("settings") or {}
+    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    return f"workloads timed with other settings {diff} (old, new)" if diff else None
+
+
 FAMILY = Family(name="exact", config=ExactConfig, params=PARAMS, add_arguments=add_arguments,
                 ladder=ladder, run_name=run_name, build=build, check_model=check_model,
                 describe=describe, inputs=(), time_extra=time_extra,
-                timed_variant=timed_variant)
+                timed_variant=timed_variant, extra_stale=extra_stale)

@@ -89,6 +89,10 @@ class Family:
         What the common alternated timing calls instead of ``variant`` (e.g. the exact
         family's cache emptied before every call: the timing repeats one request, which would
         otherwise time cache hits only). None: the variant itself.
+    extra_stale : callable(timing, cfg, vcfg) -> str or None, or None
+        On resume: why a saved timing.json's ``time_extra`` part no longer fits the sweep's
+        settings (e.g. the exact family's workloads timed with another --zipf-exponent), so
+        it is measured again; None when it fits.
     """
 
     name: str
@@ -104,3 +108,4 @@ class Family:
     outputs_info: Callable = None
     time_extra: Callable | None = None
     timed_variant: Callable | None = None
+    extra_stale: Callable | None = None

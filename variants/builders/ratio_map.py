@@ -74,12 +74,20 @@ def tag(spec):
 def resolve(spec, paths, default_ratio):
     """``{path: ratio}`` for every path in ``paths`` (the factorisable layers).
 
-    Raises ValueError naming ``--ratio-map`` when a pattern matches none of ``paths``."""
+    Raises ValueError naming ``--ratio-map`` when a pattern matches none of ``paths``, or sets
+    none of them (each layer it matches is matched first by an earlier pattern)."""
     rules = parse(spec)
     for p, _ in rules:
         if not any(re.search(p, path) for path in paths):
             raise _bad(f"pattern {short_repr(p)} matches no factorisable layer",
                        f"layer paths look like {short_repr(paths[0] if paths else '')}; fix the "
                        "pattern or drop the entry")
+    first = {path: next((p for p, _ in rules if re.search(p, path)), None) for path in paths}
+    for p, _ in rules:  # matches, but every layer it matches is taken by an earlier pattern
+        if p not in first.values():
+            earlier = first[next(path for path in paths if re.search(p, path))]
+            raise _bad(f"pattern {short_repr(p)} sets no layer: each layer it matches is "
+                       f"matched first by an earlier pattern (e.g. {short_repr(earlier)})",
+                       "put the narrower pattern first, or drop it")
     return {path: next((r for p, r in rules if re.search(p, path)), default_ratio)
             for path in paths}

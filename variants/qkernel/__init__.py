@@ -86,7 +86,18 @@ def missing_tools():
 
 def build(force=False):
     """Build the extension into its cache folder unless it is there (or failed before, unless
-    ``force``). Returns (path or None, reason or None); never raises for a failed build."""
+    ``force``). Returns (path or None, reason or None); never raises for a failed build, nor
+    for a cache folder that cannot be created or written (``$VARIANTS_KERNEL_CACHE`` naming a
+    file, a read-only place)."""
+    try:
+        return _build(force)
+    except OSError as e:
+        where = getattr(e, "filename", None) or cache_root()
+        return None, (f"kernel cache {where} unusable ({e.strerror or e}); point "
+                      f"${ENV_CACHE} at a writable folder")
+
+
+def _build(force):
     folder = cache_root() / key()
     target, failed = _target(folder), folder / "FAILED"
     if target.exists() and not force:
@@ -129,6 +140,18 @@ def build(force=False):
     return target, None
 
 
+def _import(path):
+    """(module, None) of the built file at ``path``, or (None, why) when it cannot be loaded
+    (a truncated or foreign file in the cache: the fix is a forced rebuild)."""
+    try:
+        spec = importlib.util.spec_from_file_location("variants.qkernel._qkernel", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod, None
+    except (ImportError, OSError) as e:
+        return None, f"cannot load {path}: {e}; rebuild it with python -m variants.qkernel --force"
+
+
 def enabled():
     """False when ``VARIANTS_QKERNEL`` is ``off`` / ``0`` / ``false``."""
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
@@ -144,14 +167,10 @@ def load():
     _state["tried"] = True
     path, why = build()
     if path is not None:
-        try:
-            spec = importlib.util.spec_from_file_location("variants.qkernel._qkernel", path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
+        mod, why = _import(path)
+        if mod is not None:
             _state["module"] = mod
             return mod
-        except (ImportError, OSError) as e:
-            why = f"cannot load {path}: {e}"
     _state["why"] = why
     print(f"variants: quantized CPU kernel unavailable ({why}); using the MLX unpacking path "
           f"(same results)", file=sys.stderr)
@@ -167,6 +186,9 @@ def main(argv=None):
     """``python -m variants.qkernel [--force]``: build now; exit 0 when built, 1 otherwise."""
     argv = sys.argv[1:] if argv is None else argv
     path, why = build(force="--force" in argv)
+    if path is not None:
+        _, why = _import(path)
+        path = None if why else path
     if path is None:
         print(f"qkernel: not built: {why}; quantized Linears use the MLX path", file=sys.stderr)
         return 1

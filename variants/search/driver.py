@@ -71,6 +71,7 @@ class SearchOptions:
         if self.strategy not in strategies.STRATEGIES:
             raise ValueError(f"--strategy {self.strategy!r} is unknown; choose one of "
                              f"{', '.join(strategies.STRATEGIES)}")
+        self.families = tuple(dict.fromkeys(self.families))  # a repeated family is one
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
@@ -100,6 +101,13 @@ class SearchOptions:
         if self.executor != "local":
             raise ValueError(f"--executor {self.executor!r} is not available yet; pass "
                              "--executor local")
+        if self.finalize:  # the finalists' sweep settings: now, not after the whole search
+            from variants.sweep_config import SweepConfig
+
+            SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
+                               timing_warmup=self.timing_warmup,
+                               timing_budget_s=self.timing_budget_s,
+                               cold_start=self.cold_start)).validate()
         return self
 
     def settings(self):
@@ -307,6 +315,14 @@ def _contract_digest(path):
     search."""
     if path is None:
         return None
+    from contracts.contract import PACKAGED
+
+    if path in PACKAGED:  # a packaged contract by name (--contract strict)
+        import hashlib
+        from importlib import resources
+
+        text = resources.files("contracts").joinpath(f"{path}.toml").read_bytes()
+        return hashlib.sha256(text).hexdigest()
     from runs.io import file_sha256
 
     return file_sha256(Path(path))
