@@ -90,3 +90,24 @@ def test_search_contract_digest_takes_packaged_names():
 
     assert _contract_digest("strict") == sha("strict") != _contract_digest("lenient")
     assert _contract_digest(None) is None
+
+
+def test_bits_map_shadowed_pattern_is_refused_like_the_ratio_map():
+    from variants.builders import bits_map
+
+    paths = ["encoder.layers.0.attention.value", "encoder.layers.0.intermediate"]
+    with pytest.raises(ValueError, match=r"--bits-map pattern 'intermediate' sets no layer: .*"
+                                         r"'layers'"):
+        bits_map.resolve("layers=8,intermediate=4", paths, 6, 64)
+    assert bits_map.resolve("intermediate=4,layers=8", paths, 6, 64) == {
+        paths[0]: (8, 64), paths[1]: (4, 64)}
+
+
+@pytest.mark.parametrize("flag, value", [("workload_batch", 100_000), ("workload_calls", 10**6),
+                                         ("workload_batch", 0)])
+def test_exact_workload_sizes_are_bounded(flag, value):
+    from variants.builders.exact_family import ladder
+
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} {value} must be an integer "
+                                         r"in \[1, "):
+        ladder(**{flag: value})

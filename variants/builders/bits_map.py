@@ -175,4 +175,11 @@ def resolve(spec, paths, default_bits, default_group):
             raise _bad(f"pattern {short_repr(r.pattern)} matches no quantizable layer",
                        f"layer paths look like {short_repr(paths[0] if paths else '')}; fix "
                        "the pattern or drop the entry")
+    first = {p: next((r.pattern for r in rules if re.search(r.pattern, p)), None) for p in paths}
+    for r in rules:  # matches, but every layer it matches is taken by an earlier pattern
+        if r.pattern not in first.values():
+            earlier = first[next(p for p in paths if re.search(r.pattern, p))]
+            raise _bad(f"pattern {short_repr(r.pattern)} sets no layer: each layer it matches "
+                       f"is matched first by an earlier pattern (e.g. {short_repr(earlier)})",
+                       "put the narrower pattern first, or drop it")
     return out

@@ -76,9 +76,10 @@ def ladder(*, exact_kinds=DEFAULT_KINDS, cache_sizes=(DEFAULT_CACHE_SIZE,),
             and zipf_exponent > 0):
         raise ValueError(f"--zipf-exponent {zipf_exponent!r} must be a finite number > 0, "
                          "e.g. 1.1")
-    for flag, v in (("--workload-calls", workload_calls), ("--workload-batch", workload_batch)):
-        if not (isinstance(v, int) and v >= 1):
-            raise ValueError(f"{flag} {v!r} must be an integer >= 1")
+    for flag, v, top in (("--workload-calls", workload_calls, 10_000),
+                         ("--workload-batch", workload_batch, 1024)):
+        if not (isinstance(v, int) and 1 <= v <= top):  # the top: minutes, not hours, of timing
+            raise ValueError(f"{flag} {v!r} must be an integer in [1, {top}], e.g. 32")
     if "cache" in exact_kinds and not cache_sizes:
         raise ValueError("no cache size given; pass e.g. --cache-sizes 4096")
     out = []
