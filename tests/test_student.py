@@ -268,3 +268,41 @@ def test_hidden_matching_trains(model, splits):
     # the teacher's layer 0 is untouched; the student's copy moved
     assert np.array_equal(np.array(model.module.encoder.layers[0].intermediate.weight), w)
     assert not np.array_equal(np.array(student.encoder.layers[0].intermediate.weight), w)
+
+
+def test_full_depth_student_has_zero_loss_so_targets_align_with_inputs(model, splits):
+    """A 'student' holding all six teacher layers is the teacher: its distillation loss (KL +
+    hidden MSE) before training is ~0 only if each batch's teacher targets belong to that
+    batch's texts (length-sorted batches, shuffled order, fit + unlabelled rows); with the
+    targets of the batches rotated by one (the bug this rules out) the same loss is large."""
+    ts = splits["fit"].subset(np.arange(40))
+    full = st.make_student(model.module, list(range(6)))
+    curve, _ = st.distill(model, full, list(range(6)), ts, "linear", epochs=1, lr=1e-12,
+                          hidden_weight=1.0)
+    assert curve[0] < 1e-6 and curve[1] < 1e-6
+    batches, _ = model.prepare(ts, batch_size=16)
+    tg = st.teacher_targets(model, ts, batches, "linear")
+    t = np.array(model.module(batches[0].input_ids, batches[0].attention_mask,
+                              batches[0].token_type_ids))
+    p_want = softmax(t / model.temperatures[3], axis=1)
+    assert np.abs(np.array(tg[0][0]) - p_want).max() < 1e-5
+    wrong = st.kl_to_teacher(tg[1][0][:len(batches[0].index)], mx.array(t), tg[0][1], tg[0][2])
+    assert len(batches) > 1 and wrong.item() > 1e-3
+
+
+def test_student_inference_equals_its_training_path_on_padded_batches(model, splits):
+    """The trained student's fast inference forward (streams, fused weights, mean pooling over
+    real tokens) gives the logits of the plain path it was trained through, on batches with
+    padding: a stale fused-weight cache or a different mask would show here."""
+    ts = splits["fit"].subset(np.arange(32))
+    student = st.make_student(model.module, [0, 1])
+    st.distill(model, student, [0, 1], ts, "linear", epochs=1, lr=1e-3, hidden_weight=0.0)
+    b = model.prepare(splits["eval"], batch_size=16)[0][0]
+    assert not bool(b.attention_mask.all().item())  # padded
+    fast = np.array(student(b.input_ids, b.attention_mask, b.token_type_ids))
+    last, _ = st.forward_hidden(student, b.input_ids, b.attention_mask, b.token_type_ids)
+    plain = np.array(st.student_logits(student, "linear", last, b.attention_mask))
+    untrained = np.array(st.make_student(model.module, [0, 1])(
+        b.input_ids, b.attention_mask, b.token_type_ids))
+    assert np.abs(fast - plain).max() < 1e-4
+    assert np.abs(fast - untrained).max() > 1e-3  # the training moved the student

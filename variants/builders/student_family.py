@@ -13,9 +13,15 @@ RULES = ("entropy", "margin")  # as early exit's (variants.builders.exit_rules)
 INITS = ("first", "even")
 DEFAULT_LAYERS = (1, 2, 3)
 DEFAULT_TARGETS = (0.99, 0.97)
-DEFAULT_EPOCHS = 3
-DEFAULT_TRAIN_TEXTS = 600
-DEFAULT_LR = 3e-5
+# Training defaults, measured on minilm-sentiment (k = 2, 300 fit texts, agreement of the student
+# alone with the teacher; the gap between the training texts and calibration is data-limited
+# generalisation, not a target bug, see tests/test_student.py::test_full_depth_student_*):
+#   600 texts, 3 epochs, lr 3e-5: train 0.857, calibration 0.700 (loss 0.179 -> 0.034)
+#   600 texts, 3 epochs, lr 1e-4: train 0.887, calibration 0.673 (more memorisation)
+#  1500 texts, 2 epochs, lr 1e-4: train 0.810, calibration 0.743 (the default)
+DEFAULT_EPOCHS = 2
+DEFAULT_TRAIN_TEXTS = 1500
+DEFAULT_LR = 1e-4
 DEFAULT_HIDDEN_WEIGHT = 0.0
 TRAIN_BATCH = 32
 
