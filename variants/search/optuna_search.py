@@ -12,14 +12,15 @@ lowrank, prune, exit is always on, the others may be "off"):
 
 Each trial's value is the candidate's cost; its constraint (Optuna 5's
 ``Trial.set_constraint``, which TPE reads; <= 0 feasible) is 0 when it passes, else the
-distance to passing: minus the slack of the contract's tightest failing clause (the settled clauses' bound when sequential stopping cut it
-short; 1.0 when no clause has a number; a candidate over ``--budget`` adds its excess share).
+distance to passing: minus the slack of the contract's tightest failing clause (the settled
+clauses' bound when sequential stopping cut it short; 1.0 when no clause has a number; a candidate over ``--budget`` adds its excess share).
 Trials run in sequence (``--batch k``: ``k`` trials asked at once, evaluated together through
 the executor, then told), so a study is deterministic given the seed. A config proposed again is
 told its stored result without evaluating. Resume: a fresh study with the same seed is told
 the stored records of the same configs in the same order, so it retraces the interrupted path
-and goes on from its end. Stops after ``--max-candidates`` distinct candidates, or
-:data:`TRIALS_PER_CANDIDATE` x that many trials (a small space exhausted).
+and goes on from its end. Stops after ``--max-candidates`` distinct candidates, after
+:data:`TRIALS_PER_CANDIDATE` x that many trials, or after :data:`STALE_TRIALS` trials in a row
+that propose nothing new (a small space exhausted).
 """
 
 from variants.search.composed import FAMILIES, composed_id, name_of
@@ -31,6 +32,7 @@ KEEP_RATIOS = (0.9, 0.7, 0.5, 0.3)
 EXIT_TARGETS = (0.999, 0.99, 0.97, 0.95)
 EXIT_RULES = ("entropy", "margin")
 TRIALS_PER_CANDIDATE = 4
+STALE_TRIALS = 20  # trials in a row proposing only known configs: the space is exhausted
 OFF = "off"
 
 
@@ -172,8 +174,9 @@ class OptunaSearch(Search):
         sampler = optuna.samplers.TPESampler(
             seed=o.seed, n_startup_trials=max(3, min(10, o.max_candidates // 3)))
         study = optuna.create_study(direction="minimize", sampler=sampler)
-        seen, order, step, trials = {}, [], 0, 0
-        while len(order) < o.max_candidates and trials < TRIALS_PER_CANDIDATE * o.max_candidates:
+        seen, order, step, trials, stale = {}, [], 0, 0, 0
+        while (len(order) < o.max_candidates and stale < STALE_TRIALS
+               and trials < TRIALS_PER_CANDIDATE * o.max_candidates):
             asked = [study.ask() for _ in range(o.batch)]
             trials += len(asked)
             configs = [suggest(t, o.families, o.bits, n_layers) for t in asked]
@@ -181,6 +184,7 @@ class OptunaSearch(Search):
                         if composed_id(c) not in seen}.values())
             new = new[:o.max_candidates - len(order)]
             step += bool(new)
+            stale = 0 if new else stale + len(asked)
             for r in (self.evaluate_configs(new, step) if new else []):
                 seen[r["id"]] = r
                 order.append(r)
