@@ -46,14 +46,17 @@ def test_lowrank_prune_quant_is_the_builders_by_hand(model, splits):
               "prune": {"keep_ratio": 0.5, "after_layer": 2}, "quant": {"bits": 4}}
     got, infos = composed.build(model, config, BuildInputs(calibration=cal))
     assert [n for n, _ in infos] == ["lowrank", "prune"]
-    v1, i1 = lowrank.build(model, LowRankConfig(method="plain", ratio=0.5), calibration=cal)
-    v2, i2 = prune.build(v1, PruneConfig(after_layer=2, keep_ratio=0.5, bits=4),
-                         calibration=cal)
+    v1, i1 = lowrank.build(model, LowRankConfig(method="plain", ratio=0.5, bits=4),
+                           calibration=cal)
+    v2, i2 = prune.build(v1, PruneConfig(after_layer=2, keep_ratio=0.5), calibration=cal)
     np.testing.assert_array_equal(_logits(got, splits["eval"]), _logits(v2, splits["eval"]))
     assert not np.allclose(_logits(got, splits["eval"]), _logits(model, splits["eval"]), atol=1e-3)
     s = composed.summary(infos)
-    # bytes: the prune build's quantized-encoder bytes; flops ratio: sum k(m+n) / sum mn
-    assert s["model_bytes"] == i2["model_bytes"] == i2["quant"]["model_bytes"]
+    # bytes: the low-rank build's quantized factors (every factor quantized: ranks are whole
+    # groups); flops ratio: sum k(m+n) / sum mn
+    assert s["model_bytes"] == i1["model_bytes"] == i1["quant"]["model_bytes"]
+    assert all(r["dense"] or r["rank"] % 64 == 0 for r in i1["layers"])
+    assert not [p for p, _ in i1["quant"]["skipped"] if p.startswith("encoder.layers.")]
     rows = i1["layers"]
     ratio = sum(r["shape"][0] * r["shape"][1] if r["dense"] else
                 r["rank"] * (r["shape"][0] + r["shape"][1]) for r in rows) / \
@@ -72,12 +75,15 @@ def test_lowrank_exit_quant_is_the_builders_by_hand(model, splits, tmp_path):
               "exit": {"target": 0.95, "rule": "entropy"}, "quant": {"bits": 8}}
     got, infos = composed.build(model, config, BuildInputs(calibration=cal, fit=fit,
                                                            cache_dir=tmp_path))
-    v1, _ = lowrank.build(model, LowRankConfig(method="plain", ratio=0.7), calibration=cal)
-    v2, i2 = early_exit.build(v1, ExitConfig("entropy", target=0.95, bits=8), calibration=cal,
+    v1, i1 = lowrank.build(model, LowRankConfig(method="plain", ratio=0.7, bits=8),
+                           calibration=cal)
+    v2, i2 = early_exit.build(v1, ExitConfig("entropy", target=0.95), calibration=cal,
                               fit=fit, cache_dir=tmp_path)
     np.testing.assert_array_equal(_logits(got, splits["eval"]), _logits(v2, splits["eval"]))
     s = composed.summary(infos)
-    assert s["model_bytes"] == i2["model_bytes"] > i2["quant"]["model_bytes"]  # + fp32 heads
+    # the quantized factors as stored natively + the fp32 exit heads
+    assert s["model_bytes"] == i1["quant"]["model_bytes"] + i2["exit_head_bytes"]
+    assert i2["exit_head_bytes"] > 0
     assert s["exit_expected_cost"] == i2["expected_cost"] <= 1
 
 

@@ -10,17 +10,22 @@ A composed config is a plain dict (JSON-able, what the store keeps), any non-emp
 
 Build order (:func:`build`): ``lowrank`` first (it replaces Linears inside the encoder), then
 ``prune`` or ``exit`` on the low-rank variant (both wrap the encoder's layer loop), with the quant
-width handed to the last family's own ``bits`` field, i.e. each family's own composition with
-quantization (lowrank quantizes its factors; prune and exit quantize the encoder before wrapping
-it, exit fitting its threshold on the quantized encoder); quant alone is the quant builder.
+width handed to the first family's own ``bits`` field, i.e. that family's own composition with
+quantization: lowrank rounds its ranks to whole quant groups and quantizes the factors and every
+other Linear (without ``bits`` its ranks, e.g. 172, leave the up factors unquantizable at group
+64, so quantizing after it would store them fp32); prune and exit (without lowrank) quantize the
+encoder before wrapping it, exit fitting its threshold on the quantized encoder. Quant alone is
+the quant builder. The quantization is thus applied to the encoder's Linears as the last
+transformation of their weights, before any wrapper.
 Chaining means the next family's "reference" is the previous variant: exit heads are distilled
 from, and the exit target agreement is measured against, the low-rank model (the contract still
 judges against the true reference). ``prune`` and ``exit`` do not compose (each drives the
 layers itself: PrunedNet and ExitNet both need the bare encoder): asking for both raises
 ValueError.
 
-Costs (:func:`costs`) come from the build infos: ``bytes`` the last builder's ``model_bytes``
-(native stored form: quantized packed weights + scales + biases, fp32 factors, exit heads);
+Costs (:func:`costs`) come from the build infos: ``bytes`` the native stored form (quantized
+packed weights + scales + biases, fp32 factors, exit heads): lowrank's ``model_bytes`` (+ exit's
+``exit_head_bytes``) when lowrank is in, else the last builder's ``model_bytes``;
 ``bits`` = 8 x (bytes - the parameters no family changes) / the encoder Linears' weights
 (for quant alone exactly :meth:`CostTable.bits_per_weight`); ``flops`` = the dense encoder
 Linear FLOPs per token x lowrank's ``linear_flop_ratio`` x prune's realised work ratio on the
@@ -99,8 +104,8 @@ def family_configs(config, group_size=64):
         chain.append(["exit", dict(rule=e.get("rule", "entropy"), target=e.get("target"),
                                    threshold=e.get("threshold"))])
     if bits is not None:
-        if chain:
-            chain[-1][1].update(bits=int(bits), group_size=group_size)
+        if chain:  # lowrank first: with bits it rounds its ranks to whole quant groups
+            chain[0][1].update(bits=int(bits), group_size=group_size)
         else:
             chain.append(["quant", dict(bits=int(bits), group_size=group_size)])
     types = {"lowrank": LowRankConfig, "prune": PruneConfig, "exit": ExitConfig,
@@ -149,7 +154,10 @@ def summary(infos):
     d = dict(infos)
     out = {"model_bytes": int(infos[-1][1]["model_bytes"]), "linear_flop_ratio": 1.0,
            "prune_work_ratio": 1.0, "exit_expected_cost": 1.0}
-    if "lowrank" in d:
+    if "lowrank" in d:  # it stored (and maybe quantized) the encoder; a simulated-quant wrapper
+        # after it would count fp32 bytes: its native bytes, plus exit's fp32 heads
+        out["model_bytes"] = int(d["lowrank"]["model_bytes"]
+                                 + d.get("exit", {}).get("exit_head_bytes", 0))
         out["linear_flop_ratio"] = float(d["lowrank"]["cost"]["linear_flop_ratio"])
     if "prune" in d:
         p = d["prune"]
