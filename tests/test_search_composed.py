@@ -273,3 +273,11 @@ def test_tiny_optuna_search_quant_prune_resumes(tmp_path, capsys):
     again = json.loads((tmp_path / "s" / "search.json").read_text())
     assert again["totals"]["evaluated"] == 0 and again["totals"]["reused"] == 3
     assert [r["id"] for r in again["candidates"]] == [r["id"] for r in recs]
+
+
+def test_one_width_is_enough_when_other_families_vary():
+    from variants.search.driver import SearchOptions
+
+    SearchOptions(strategy="optuna", families=("quant", "lowrank"), bits=(8,)).validate()
+    with pytest.raises(ValueError, match="give at least two widths"):
+        SearchOptions(strategy="optuna", families=("quant",), bits=(8,)).validate()

@@ -28,7 +28,7 @@ def configure(sub):
     p.add_argument("--families", nargs="+", default=list(d.families),
                    help=f"families searched ({', '.join(FAMILIES)}; beyond quant with "
                         "--strategy optuna, composed; prune and exit do not compose)")
-    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed")
+    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed (and the optuna sampler's)")
     p.add_argument("--max-candidates", type=int, default=d.max_candidates,
                    help="stop after this many distinct candidates")
     p.add_argument("--budget", type=float, default=None,

@@ -89,7 +89,7 @@ class SearchOptions:
         widths = sorted(set(self.bits))
         for b in widths:
             check_bits(b, self.group_size, prefix="--")
-        if len(widths) < 2:
+        if len(widths) < 2 and not (self.strategy == "optuna" and len(self.families) > 1):
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
