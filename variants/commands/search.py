@@ -22,10 +22,13 @@ def configure(sub):
                     "resumes from OUT/candidates/.")
     p.add_argument("--contract", default=None, help="contract TOML (default: the packaged one)")
     p.add_argument("--cost", default=d.cost, help=f"what to minimise: {', '.join(COSTS)}")
-    p.add_argument("--strategy", default=d.strategy, help=f"{' or '.join(STRATEGIES)}")
+    p.add_argument("--strategy", default=d.strategy,
+                   help=f"{' or '.join(STRATEGIES)} (optuna: a seeded TPE study over composed "
+                        "cross-family candidates; pip install 'mlx-variants[search]')")
     p.add_argument("--families", nargs="+", default=list(d.families),
-                   help=f"families searched ({', '.join(FAMILIES)})")
-    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed")
+                   help=f"families searched ({', '.join(FAMILIES)}; beyond quant with "
+                        "--strategy optuna, composed; prune and exit do not compose)")
+    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed (and the optuna sampler's)")
     p.add_argument("--max-candidates", type=int, default=d.max_candidates,
                    help="stop after this many distinct candidates")
     p.add_argument("--budget", type=float, default=None,

@@ -17,7 +17,7 @@ from variants.search import costs as costs_mod
 from variants.search import strategies
 from variants.search.store import Store, candidate_id
 
-FAMILIES = ("quant",)
+FAMILIES = ("quant", "lowrank", "prune", "exit")  # beyond quant: --strategy optuna only
 MAX_CANDIDATES = 10_000
 MAX_SEED = 2**32 - 1
 N_FINALISTS = 3
@@ -75,7 +75,10 @@ class SearchOptions:
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
-                             f"{', '.join(FAMILIES)} so far; pass --families quant")
+                             f"{', '.join(FAMILIES)}; pass e.g. --families quant")
+        from variants.search.optuna_search import check_options
+
+        check_options(self)
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed {self.seed} is out of range; pass 0 to {MAX_SEED}")
         if not 1 <= self.max_candidates <= MAX_CANDIDATES:
@@ -87,7 +90,7 @@ class SearchOptions:
         widths = sorted(set(self.bits))
         for b in widths:
             check_bits(b, self.group_size, prefix="--")
-        if len(widths) < 2:
+        if len(widths) < 2 and not (self.strategy == "optuna" and len(self.families) > 1):
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
@@ -188,7 +191,7 @@ class Search:
             self.latency_path = self.costs.load_latency(o.cost, o.bits,
                                                         Path(o.results_dir) / ".cache")
         cheapest = self.costs.of(o.cost, {p: o.bits[0] for p in self.layers})
-        if o.budget is not None and cheapest > o.budget:
+        if o.budget is not None and cheapest > o.budget and tuple(o.families) == ("quant",):
             raise ValueError(f"--budget {o.budget:g} is below the cheapest candidate's "
                              f"{o.cost} ({cheapest:.6g} {costs_mod.UNITS[o.cost]}, every layer "
                              f"at {o.bits[0]} bits): no candidate can meet it; raise --budget")

@@ -8,6 +8,7 @@ with the smallest slack. For a candidate stopped early the slacks are of the bes
 completion (:mod:`variants.search.sequential`): upper bounds.
 """
 
+import json
 import math
 
 import pandas as pd
@@ -97,8 +98,10 @@ def markdown(frame, result, png):
                          f"| PASS | {'PASS' if f['passed_eval'] else 'FAIL'} | "
                          f"{', '.join(f['failed_eval']) or '-'} |")
         lines.append("")
-    if result.get("winner"):
-        w = result["winner"]
+    w = result.get("winner")
+    if w and set(w.get("config", {"quant": 0})) != {"quant"}:  # composed (--strategy optuna)
+        lines += ["## Winner's configuration", "", f"`{json.dumps(w['config'])}`", ""]
+    elif w:
         lines += ["## Winner's per-layer bits", "", f"`--bits {w['default_bits']} --bits-map "
                   f"'{w['bits_map']}'`" if w["bits_map"] else f"uniform {w['default_bits']} bits",
                   "", "| layer | bits |", "|---|---|"]

@@ -13,7 +13,11 @@ def run_search(opts, log=print):
 
     Raises ValueError / SweepError (bad input, nothing written) before the first write."""
     t0 = time.perf_counter()
-    s = Search(opts.validate(), log=log)
+    opts = opts.validate()
+    cls = Search
+    if opts.strategy == "optuna":
+        from variants.search.optuna_search import OptunaSearch as cls  # composed candidates
+    s = cls(opts, log=log)
     s.prepare()
     s.out.mkdir(parents=True, exist_ok=True)
     remove_temp_files(s.out)
@@ -37,6 +41,11 @@ def run_search(opts, log=print):
                       f"blocked by {', '.join(close['failed']) or close['tightest']} "
                       f"(tightest: {close['tightest']}, slack {close['slack']:+.3f})."
                       if close else ""))
+    elif opts.finalize and not getattr(s, "finalizable", lambda r: True)(passing[0]):
+        winner = passing[0]
+        outcome = (f"Cheapest passing on the search split: {winner['name']} ({opts.cost} "
+                   f"{winner['cost']:.6g}); a composed (cross-family) candidate is not judged "
+                   "on eval (the sweep builds one family per variant).")
     elif opts.finalize:
         winner, finalists = s_finalize(s, passing)
         first = passing[0]

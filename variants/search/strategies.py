@@ -18,7 +18,7 @@ The generator returns when it has nothing more to try. Sensitivity is the per-la
   cheapest passing map bracketed by a failing cheaper one.
 """
 
-STRATEGIES = ("greedy", "bisect")
+STRATEGIES = ("greedy", "bisect", "optuna")  # optuna: variants.search.optuna_search
 
 
 def _up(widths, b):

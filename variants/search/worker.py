@@ -102,9 +102,24 @@ def prepare_reference(state, payload):
 
 
 def build_variant(state, spec):
-    """The candidate's DecisionModel (simulated quant) and the builder's info dict."""
+    """The candidate's DecisionModel (simulated quant) and the builder's info dict; a spec
+    with ``config`` (a composed cross-family config) is built by
+    :func:`variants.search.composed.build` (info: its :func:`~variants.search.composed.summary`)
+    on the sweep's calibration and fit splits."""
     from variants.builders.quant_family import QuantConfig, build
 
+    if "config" in spec:
+        from pathlib import Path
+
+        from variants.builders.family import BuildInputs
+        from variants.search import composed
+
+        ts = state["tasksets"]
+        inputs = BuildInputs(calibration=ts["calibration"], fit=ts.get("fit"),
+                             cache_dir=Path(state["cfg"].results_dir) / ".cache")
+        model, infos = composed.build(state["reference"], spec["config"], inputs,
+                                      group_size=state["group_size"])
+        return model, composed.summary(infos)
     qcfg = QuantConfig(bits=spec["default_bits"], group_size=state["group_size"],
                        bits_map=spec["bits_map"])
     return build(state["reference"], qcfg, mode="simulated")
@@ -132,7 +147,7 @@ def evaluate_candidate(state, spec):
     from variants.search.sequential import settled_failures
 
     t0 = time.perf_counter()
-    model, _ = build_variant(state, spec)
+    model, info = build_variant(state, spec)
     ref, sets, batches = state["ref"], state["sets"], state["batches"]
     cal = _fields(model.outputs(sets["search-calibration"][0], batches["search-calibration"][0]))
     seen, settled, chunk_s = [], [], []
@@ -149,7 +164,8 @@ def evaluate_candidate(state, spec):
     part = concat(seen)
     return {"id": spec["id"], "cal": cal, "eval": part, "n_used": len(part["ids"]),
             "n_total": len(ref["search-eval"]["ids"]), "settled": settled,
-            "wall_s": time.perf_counter() - t0, "chunk_s": chunk_s}
+            "wall_s": time.perf_counter() - t0, "chunk_s": chunk_s,
+            **({"build": info} if "config" in spec else {})}
 
 
 class LocalExecutor:
