@@ -11,6 +11,11 @@
   are the same whichever executor and however many workers run them.
 - ``on_result(index, spec, result)`` is called on the driver, in the driver's thread, as each
   unit completes (completion order, not spec order); ``run`` returns when all are done.
+- ``with executor:`` (``open()`` / ``close()``) keeps the workers across ``run`` calls, so a
+  caller with many small batches (``variants search``: one per strategy step) runs each
+  worker's ``init`` once; ``open`` also connects to Ray at once (an address that does not
+  answer raises :class:`ExecutorError` there). Without it each ``run`` starts and stops its
+  own workers.
 
 Kinds:
 
