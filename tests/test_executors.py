@@ -198,3 +198,28 @@ def test_empty_specs_start_nothing(tmp_path):
     exe = ex.make_executor("process", workers=2)
     exe.run(toys.init, (str(tmp_path), 1.0), toys.fn, [], lambda *a: pytest.fail("called"))
     assert _inits(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["process", pytest.param("ray", marks=needs_ray)])
+def test_open_keeps_workers_across_runs(kind, tmp_path, request):
+    """open(): three run() calls (a search's strategy steps) start the workers once; a lost
+    worker is replaced for the run after; close() stops them; without open() each run starts
+    its own."""
+    if kind == "ray":
+        request.getfixturevalue("ray_local")
+    logs, got = [], {}
+    exe = ex.make_executor(kind, workers=2, log=logs.append)
+    specs = _specs(7, tmp_path, {4: {"die": "once"}})
+    with exe:
+        for batch in (specs[:1], specs[1:4], specs[4:]):  # 1 unit, then 3, then 3
+            exe.run(toys.init, (str(tmp_path), 2.0), toys.fn, batch,
+                    lambda i, spec, r: got.setdefault(spec["id"], r))
+    assert sorted(got) == list(range(7)) and len(logs) == 1 and "unit 0" in logs[0]
+    for i in range(7):
+        np.testing.assert_array_equal(got[i]["x"],
+                                      np.random.default_rng(100 + i).normal(size=5) * 2.0)
+    # 2 workers at the first run (not 1 per unit, not 2 per run) + the fresh one after the loss
+    assert len(_inits(tmp_path)) == 3
+    assert len({got[i]["pid"] for i in range(4)}) <= 2
+    exe.run(toys.init, (str(tmp_path), 2.0), toys.fn, specs[:1], lambda *a: None)
+    assert len(_inits(tmp_path)) == 4  # closed: a plain run starts (and stops) its own worker

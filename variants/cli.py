@@ -71,7 +71,8 @@ def main(argv=None):
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
     except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoint",
-                                                                   "CheckpointError")) as e:
+                                                                   "CheckpointError"),
+            *_loaded("variants.executors", "ExecutorError")) as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files

@@ -11,6 +11,11 @@
   are the same whichever executor and however many workers run them.
 - ``on_result(index, spec, result)`` is called on the driver, in the driver's thread, as each
   unit completes (completion order, not spec order); ``run`` returns when all are done.
+- ``with executor:`` (``open()`` / ``close()``) keeps the workers across ``run`` calls, so a
+  caller with many small batches (``variants search``: one per strategy step) runs each
+  worker's ``init`` once; ``open`` also connects to Ray at once (an address that does not
+  answer raises :class:`ExecutorError` there). Without it each ``run`` starts and stops its
+  own workers.
 
 Kinds:
 
@@ -129,6 +134,19 @@ class LocalExecutor:
         self.workers = 1
         self.log = log
 
+    def open(self):
+        """Nothing to start (the process executors' :meth:`SlotExecutor.open`)."""
+        return self
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
     def run(self, init, init_args, fn, specs, on_result):
         """See the module docstring. Raises :class:`UnitError` when ``init`` or ``fn`` raises."""
         specs = list(specs)
@@ -157,6 +175,32 @@ class SlotExecutor:
     def __init__(self, workers=1, log=_stderr):
         self.workers = workers
         self.log = log
+        self._kept = None  # open(): the slots kept across run() calls, and their init
+
+    def open(self):
+        """Connect now (Ray: ``ray.init`` and the CPU check; raises :class:`ExecutorError`) and
+        keep the workers across :meth:`run` calls until :meth:`close`: a caller running many
+        small batches (a search runs one per strategy step) pays each worker's ``init`` once,
+        not once per batch. The workers start at the first ``run``, ``workers`` of them;
+        another ``init`` or ``init_args`` there replaces them. Returns ``self``."""
+        if self._kept is None:
+            self._open(self.workers)
+            self._kept = {"slots": [], "init": None}
+        return self
+
+    def close(self):
+        """Stop the kept workers and what :meth:`open` started (no-op when not open)."""
+        if self._kept is not None:
+            for slot in self._kept["slots"]:
+                self._drop_slot(slot)
+            self._kept = None
+            self._close()
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
 
     def run(self, init, init_args, fn, specs, on_result):
         """See the module docstring. Raises :class:`UnitError` (a unit's exception) or
@@ -164,12 +208,23 @@ class SlotExecutor:
         specs = list(specs)
         if not specs:
             return
-        n = min(self.workers, len(specs))
-        self._open(n)
-        slots = []
+        kept = self._kept
+        if kept is not None:
+            n = self.workers
+            if kept["init"] != (init, init_args):
+                for slot in kept["slots"]:
+                    self._drop_slot(slot)
+                kept["slots"].clear()
+                kept["init"] = (init, init_args)
+            slots = kept["slots"]
+        else:
+            n = min(self.workers, len(specs))
+            self._open(n)
+            slots = []
         inflight = {}  # handle -> (slot, index)
         try:
-            slots = [self._new_slot(init, init_args, n) for _ in range(n)]
+            while len(slots) < n:
+                slots.append(self._new_slot(init, init_args, n))
             pending = deque(range(len(specs)))
             losses = [0] * len(specs)
             free = list(slots)
@@ -208,9 +263,12 @@ class SlotExecutor:
                     free.append(slot)
                     on_result(i, specs[i], result)
         finally:
-            for slot in slots:
-                self._drop_slot(slot, wait=not inflight)
-            self._close()
+            if kept is None or inflight:  # kept workers stay, unless aborting mid-unit
+                for slot in slots:
+                    self._drop_slot(slot, wait=not inflight)
+                slots.clear()
+            if kept is None:
+                self._close()
 
 
 class ProcessExecutor(SlotExecutor):

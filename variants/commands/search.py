@@ -60,7 +60,16 @@ def configure(sub):
     p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="default RESULTS_DIR/search/<model>-<cost>-<strategy>")
-    p.add_argument("--executor", default=d.executor, help="local (process / ray: see README)")
+    p.add_argument("--executor", default=d.executor,
+                   help="where candidates run: local (this process), process (--workers "
+                        "spawned processes) or ray (--workers Ray actors; needs the ray extra). "
+                        "Results are the same whichever is chosen")
+    p.add_argument("--workers", type=int, default=d.workers,
+                   help="candidates run at once (process / ray); use --batch > 1 so a strategy "
+                        "step has several candidates to give them")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="a running Ray cluster (host:port, ray://host:10001 or auto); default "
+                        "RAY_ADDRESS, else a local Ray with --workers CPUs")
     p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
                    help="the finalists' timing (as variants sweep)")
     p.add_argument("--timing-warmup", type=int, default=d.timing_warmup)
@@ -92,7 +101,8 @@ def run(args):
         n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,
         n_eval=args.n_eval, model=args.model, model_config=args.model_config,
         checkpoint=args.checkpoint, data=args.data, results_dir=args.results_dir, out=args.out,
-        executor=args.executor, timing_rounds=args.timing_rounds,
+        executor=args.executor, workers=args.workers, ray_address=args.ray_address,
+        timing_rounds=args.timing_rounds,
         timing_warmup=args.timing_warmup, timing_budget_s=args.timing_budget_s,
         timing_batch_sizes=tuple(args.timing_batch_sizes), cold_start=args.cold_start,
         finalize=args.finalize, progress=args.progress)

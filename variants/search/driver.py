@@ -52,6 +52,8 @@ class SearchOptions:
     results_dir: str = "results"
     out: str | None = None
     executor: str = "local"
+    workers: int = 1
+    ray_address: str | None = None
     timing_rounds: int = 10
     timing_warmup: int = 2
     timing_budget_s: float = 5.0
@@ -101,9 +103,6 @@ class SearchOptions:
         if not 0 <= self.search_margin < 1:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
-        if self.executor != "local":
-            raise ValueError(f"--executor {self.executor!r} is not available yet; pass "
-                             "--executor local")
         if self.finalize:  # the finalists' sweep settings: now, not after the whole search
             from variants.sweep_config import SweepConfig
 
@@ -116,7 +115,8 @@ class SearchOptions:
     def settings(self):
         """What must match to resume (search_settings.json)."""
         d = asdict(self)
-        for k in ("out", "progress", "executor", "extra", "timing_rounds", "timing_warmup",
+        for k in ("out", "progress", "executor", "workers", "ray_address", "extra",
+                  "timing_rounds", "timing_warmup",
                   "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
@@ -196,6 +196,17 @@ class Search:
                              f"{o.cost} ({cheapest:.6g} {costs_mod.UNITS[o.cost]}, every layer "
                              f"at {o.bits[0]} bits): no candidate can meet it; raise --budget")
 
+    def remote_payload(self):
+        """The payload a process / Ray worker gets: ``self.payload`` with its file paths
+        (``results_dir``, ``contract``, ``model_config``, ``checkpoint``, ``data``) made
+        absolute, as a Ray worker's working directory is not the driver's. Cache keys hold
+        file contents, not paths, so the worker finds the driver's caches."""
+        sweep = dict(self.payload["sweep"])
+        for k in ("results_dir", "contract", "model_config", "checkpoint", "data"):
+            if sweep.get(k) is not None and Path(sweep[k]).exists():
+                sweep[k] = str(Path(sweep[k]).resolve())
+        return dict(self.payload, sweep=sweep)
+
     def sensitivity(self):
         from variants import sensitivity
 
@@ -209,12 +220,21 @@ class Search:
 
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
-        """The candidate's record from the worker's result: judged here, on the driver."""
+        """The candidate's record from the worker's result: judged here, on the driver. A
+        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors`) is a
+        failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
+        stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs
         from variants.search.report import tightest
         from variants.search.sequential import complete
 
         st = self.state
+        if "error" in res:
+            return self._base(layer_bits, spec, step) | {
+                "passed": False, "failed": ["worker lost"], "error": res["error"],
+                "stopped": False, "tightest": None, "slack": None, "clauses": {}, "n_used": 0,
+                "n_total": len(st["parts"]["search-eval"]), "wall_s": 0.0, "saved_s": 0.0,
+                "evaluated": False}
         ref_cal, ref_eval = st["ref"]["search-calibration"], st["ref"]["search-eval"]
         full = complete(ref_eval, res["eval"])
         _, verdict, _ = judge_outputs(ref_cal, ref_eval, res["cal"], full, st["contract"],
@@ -269,7 +289,8 @@ class Search:
         def on_result(j, spec, res):
             i, m, _ = todo[j]
             recs[i] = self.record(m, spec, res, step)
-            self.store.put(recs[i])
+            if "error" not in recs[i]:
+                self.store.put(recs[i])
             r = recs[i]
             self.log(f"  [{step}] {r['name']}: {r['bits_per_weight']:.3f} bpw, "
                      f"{'PASS' if r['passed'] else 'FAIL'}"
@@ -277,7 +298,8 @@ class Search:
                      + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
 
         if todo:
-            self.executor.run(worker.init_worker, (self.payload,), worker.evaluate_candidate,
+            init, init_args = self.worker_init
+            self.executor.run(init, init_args, worker.evaluate_candidate,
                               [s for _, _, s in todo], on_result)
         for r in recs:
             r.setdefault("reused", False)

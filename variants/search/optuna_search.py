@@ -118,7 +118,8 @@ class OptunaSearch(Search):
                 cost[o.cost] = c.of(o.cost, lb)
         else:
             lb = {}
-            cost = composed.costs(c, self._build)
+            cost = (composed.costs(c, self._build) if self._build else  # a lost worker: unbuilt
+                    dict.fromkeys(("bytes", "bits", "flops", o.cost), float("nan")))
         name = name_of(config)
         if quant_only:  # the sweep's variant folder name (finalize reads it)
             from variants.builders.quant_family import QuantConfig
@@ -128,7 +129,8 @@ class OptunaSearch(Search):
                 "families": sorted(config), "layer_bits": lb,
                 "default_bits": config.get("quant", {}).get("bits"), "bits_map": "",
                 "cost": cost[o.cost], "cost_name": o.cost, "bits_per_weight": cost["bits"],
-                "model_bytes": int(cost["bytes"]), "flops": cost["flops"],
+                "model_bytes": int(cost["bytes"]) if cost["bytes"] == cost["bytes"] else 0,
+                "flops": cost["flops"],
                 **({"build": self._build} if self._build else {})}
 
     def record(self, config, spec, res, step):
@@ -152,7 +154,8 @@ class OptunaSearch(Search):
         def on_result(j, spec, res):
             i, cfg, _ = todo[j]
             recs[i] = self.record(cfg, spec, res, step)
-            self.store.put(recs[i])
+            if "error" not in recs[i]:  # a worker lost twice: failed now, retried on resume
+                self.store.put(recs[i])
             r = recs[i]
             self.log(f"  [{step}] {r['name']}: {self.opts.cost} {r['cost']:.6g}, "
                      f"{'PASS' if r['passed'] else 'FAIL'}"
@@ -160,7 +163,8 @@ class OptunaSearch(Search):
                      + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
 
         if todo:
-            self.executor.run(worker.init_worker, (self.payload,), worker.evaluate_candidate,
+            init, init_args = self.worker_init
+            self.executor.run(init, init_args, worker.evaluate_candidate,
                               [s for _, _, s in todo], on_result)
         for r in recs:
             r.setdefault("reused", False)

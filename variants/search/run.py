@@ -5,31 +5,48 @@ import time
 from runs.io import remove_temp_files
 from variants.search.driver import N_FINALISTS, Search, SearchResult
 from variants.search.report import write_all
-from variants.search.worker import LocalExecutor
 
 
 def run_search(opts, log=print):
     """Run the search of validated :class:`SearchOptions`; returns :class:`SearchResult`.
 
-    Raises ValueError / SweepError (bad input, nothing written) before the first write."""
+    Raises ValueError / SweepError (bad input) or :class:`variants.executors.ExecutorError`
+    (``--executor ray`` and Ray missing or its address not answering) before the first write.
+
+    Candidates run on ``opts.executor`` (:func:`variants.executors.make_executor`), its workers
+    kept for the whole search. ``local`` hands the driver's own state to each candidate;
+    ``process`` / ``ray`` workers get only the payload (settings and absolute paths,
+    :meth:`Search.remote_payload`) and load the checkpoint and the reference outputs
+    themselves, from the caches this driver writes before the first worker starts."""
+    from variants.executors import make_executor
+    from variants.search import worker
+
     t0 = time.perf_counter()
     opts = opts.validate()
     cls = Search
     if opts.strategy == "optuna":
         from variants.search.optuna_search import OptunaSearch as cls  # composed candidates
     s = cls(opts, log=log)
-    s.prepare()
-    s.out.mkdir(parents=True, exist_ok=True)
-    remove_temp_files(s.out)
-    s.store.write_settings(s.settings)
-    from variants.search import worker
+    executor = make_executor(opts.executor, workers=opts.workers, ray_address=opts.ray_address,
+                             log=log)
+    with executor:  # Ray: connects here, before anything is loaded or written
+        s.prepare()
+        s.out.mkdir(parents=True, exist_ok=True)
+        remove_temp_files(s.out)
+        s.store.write_settings(s.settings)
+        worker.prepare_reference(s.state, s.payload)  # the caches, before any worker starts
+        s.executor = executor
+        s.worker_init = ((worker.given_state, (s.state,)) if opts.executor == "local"
+                         else (worker.init_worker, (s.remote_payload(),)))
+        sens = s.sensitivity()
+        log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy "
+            f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x {executor.workers}")
+        records = s.walk(sens)
+    # the workers are gone before the finalists' timing
+    return _conclude(s, opts, records, t0, log)
 
-    worker.prepare_reference(s.state, s.payload)
-    s.executor = LocalExecutor(s.state)
-    sens = s.sensitivity()
-    log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy {opts.strategy}, "
-        f"cost {opts.cost}")
-    records = s.walk(sens)
+
+def _conclude(s, opts, records, t0, log):
     passing = sorted((r for r in records if r["passed"]),
                      key=lambda r: (r["cost"], r["model_bytes"], r["id"]))
     winner, finalists, outcome = None, [], ""
@@ -73,6 +90,8 @@ def run_search(opts, log=print):
     n_used = sum(r["n_used"] for r in records if r.get("evaluated"))
     result = {
         "settings": s.settings, "out": str(s.out), "layers": s.layers,
+        "executor": {"kind": opts.executor, "workers": s.executor.workers,
+                     "ray_address": getattr(s.executor, "address", None)},
         "sensitivity_cache": str(s.sens_path), "outcome": outcome,
         "winner": winner, "finalists": finalists, "overfitted": bool(
             finalists and not finalists[0]["passed_eval"]),
@@ -80,6 +99,7 @@ def run_search(opts, log=print):
         "totals": {"candidates": len(records),
                    "evaluated": sum(1 for r in records if not r["reused"]),
                    "reused": sum(1 for r in records if r["reused"]),
+                   "lost": sum(1 for r in records if "error" in r),
                    "n_search_calibration": len(s.state["parts"]["search-calibration"]),
                    "n_search_eval": len(s.state["parts"]["search-eval"]),
                    "examples_used": n_used, "examples_full": n_full,

@@ -168,16 +168,6 @@ def evaluate_candidate(state, spec):
             **({"build": info} if "config" in spec else {})}
 
 
-class LocalExecutor:
-    """The executor shape on one process, one candidate after another: ``init`` runs once (or
-    ``state`` is handed in), then ``fn(state, spec)`` per spec, ``on_result(index, spec,
-    result)`` as each completes. The lead wires ``--executor`` to ``variants.executors``."""
-
-    def __init__(self, state=None):
-        self.state = state
-
-    def run(self, init, init_args, fn, specs, on_result):
-        if self.state is None:
-            self.state = init(*init_args)
-        for i, spec in enumerate(specs):
-            on_result(i, spec, fn(self.state, spec))
+def given_state(state):
+    """``init`` of the local executor: the driver's own state (loaded once, by the driver)."""
+    return state
