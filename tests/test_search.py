@@ -249,6 +249,9 @@ SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-searc
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "1000"], "--budget 1000 is below the cheapest candidate's bytes"),
     (["--n-search", "100000"], "--n-search 100000 is more than the"),
+    (["--contract", "strict", "--n-calibration", "100", "--n-search", "80"],  # alpha 0.01: 99
+     "--n-search 80 gives 40 search-calibration rows, but the contract's alpha=0.01 needs at "
+     "least 99"),
 ])
 def test_cli_dead_budget_and_too_few_rows_exit_2(tmp_path, capsys, argv, message):
     from variants.cli import main

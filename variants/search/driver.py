@@ -174,6 +174,12 @@ class Search:
                         "search_margin": o.search_margin}
         self.state = worker.load(self.payload)
         cfg = self.state["cfg"]
+        alpha = self.state["settings"]["alpha"]  # the search-calibration half gives the ε too
+        need = math.ceil(1.0 / alpha) - 1
+        if o.n_search // 2 < need:
+            raise ValueError(f"--n-search {o.n_search} gives {o.n_search // 2} search-calibration "
+                             f"rows, but the contract's alpha={alpha} needs at least {need} for "
+                             f"the split-conformal ε; raise --n-search to {2 * need} or more")
         module = self.state["source"].build(self.state["checkpoint"]).module
         self.layers = quantizable_layers(module)
         others = sorted(p for p, m in module.named_modules() if isinstance(m, nn.Linear)
