@@ -272,26 +272,19 @@ def parse_model_config(raw, path):
         cfg.marker_scorer = _str(path, "[marker] scorer", m["scorer"])
     if "C" in m:
         cfg.marker_C = _num(path, "[marker] C", m["C"])
-    if "bits_map" in raw.get("quant", {}):
-        from variants.builders import bits_map
+    from variants.builders import bits_map, ratio_map
 
+    for table, key, mod, attr in (("quant", "bits_map", bits_map, "quant_bits_map"),
+                                  ("lowrank", "ratio_map", ratio_map, "lowrank_ratio_map")):
+        if key not in raw.get(table, {}):  # a family's per-layer map: its flag's default
+            continue
+        where = f"[{table}] {key}"
         try:
-            cfg.quant_bits_map = bits_map.canonical(_str(path, "[quant] bits_map",
-                                                         raw["quant"]["bits_map"]))
+            setattr(cfg, attr, mod.canonical(_str(path, where, raw[table][key])))
         except ModelConfigError:
             raise
         except ValueError as e:
-            _fail(path, "[quant] bits_map", str(e).replace(f"{bits_map.FLAG} ", "", 1))
-    if "ratio_map" in raw.get("lowrank", {}):
-        from variants.builders import ratio_map
-
-        try:
-            cfg.lowrank_ratio_map = ratio_map.canonical(_str(path, "[lowrank] ratio_map",
-                                                             raw["lowrank"]["ratio_map"]))
-        except ModelConfigError:
-            raise
-        except ValueError as e:
-            _fail(path, "[lowrank] ratio_map", str(e).replace(f"{ratio_map.FLAG} ", "", 1))
+            _fail(path, where, str(e).replace(f"{mod.FLAG} ", "", 1))
     for table, k in (("cosine", "cosine"), ("linear_head", "linear-head"), ("marker", "marker")):
         if table in raw and kind != k:
             _fail(path, f"[{table}]", f"applies to logits = {k!r}, but logits = {kind!r}; "
