@@ -273,8 +273,6 @@ class Search:
 
     def evaluate_batch(self, maps, step):
         """Records of ``maps`` (one strategy step), from the store or evaluated now."""
-        from variants.search import worker
-
         o = self.opts
         recs, todo = [None] * len(maps), []
         for i, m in enumerate(maps):
@@ -292,14 +290,21 @@ class Search:
             else:
                 todo.append((i, m, spec))
 
+        return self.evaluate_todo(todo, recs, step,
+                                  lambda r: f"{r['bits_per_weight']:.3f} bpw")
+
+    def evaluate_todo(self, todo, recs, step, what):
+        """Evaluate ``todo`` (``(index, config, spec)`` triples) through the executor into
+        ``recs``, logging each as it completes (``what(record)``: the cost part of the line). A
+        candidate whose worker was lost twice (``error``) is not stored: a resume retries it."""
+        from variants.search import worker
+
         def on_result(j, spec, res):
-            i, m, _ = todo[j]
-            recs[i] = self.record(m, spec, res, step)
-            if "error" not in recs[i]:
-                self.store.put(recs[i])
-            r = recs[i]
-            self.log(f"  [{step}] {r['name']}: {r['bits_per_weight']:.3f} bpw, "
-                     f"{'PASS' if r['passed'] else 'FAIL'}"
+            i, config, _ = todo[j]
+            r = recs[i] = self.record(config, spec, res, step)
+            if "error" not in r:
+                self.store.put(r)
+            self.log(f"  [{step}] {r['name']}: {what(r)}, {'PASS' if r['passed'] else 'FAIL'}"
                      + (f" ({', '.join(r['failed'])})" if r["failed"] else "")
                      + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
 

@@ -140,8 +140,6 @@ class OptunaSearch(Search):
     def evaluate_configs(self, configs, step):
         """Records of ``configs`` (distinct), from the store or evaluated now (one batch through
         the executor)."""
-        from variants.search import worker
-
         recs, todo = [None] * len(configs), []
         for i, cfg in enumerate(configs):
             spec = self.spec(cfg)
@@ -151,24 +149,8 @@ class OptunaSearch(Search):
             else:
                 todo.append((i, cfg, spec))
 
-        def on_result(j, spec, res):
-            i, cfg, _ = todo[j]
-            recs[i] = self.record(cfg, spec, res, step)
-            if "error" not in recs[i]:  # a worker lost twice: failed now, retried on resume
-                self.store.put(recs[i])
-            r = recs[i]
-            self.log(f"  [{step}] {r['name']}: {self.opts.cost} {r['cost']:.6g}, "
-                     f"{'PASS' if r['passed'] else 'FAIL'}"
-                     + (f" ({', '.join(r['failed'])})" if r["failed"] else "")
-                     + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
-
-        if todo:
-            init, init_args = self.worker_init
-            self.executor.run(init, init_args, worker.evaluate_candidate,
-                              [s for _, _, s in todo], on_result)
-        for r in recs:
-            r.setdefault("reused", False)
-        return recs
+        return self.evaluate_todo(todo, recs, step,
+                                  lambda r: f"{self.opts.cost} {r['cost']:.6g}")
 
     def walk(self, sens=None):
         """Run the study; returns every distinct record in evaluation order."""
