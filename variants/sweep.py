@@ -4,9 +4,9 @@ Writes ``results/<run>/`` (results/README.md). Every file is written atomically;
 resumes: a variant whose outputs and timing exist is not rebuilt, only judged again (timing
 fields an older run lacks are measured then).
 
-Its parts: config (``sweep_config``), inputs (``sweep_inputs``), resume checks
-(``sweep_resume``), timing (``sweep_timing``), its own time (``sweep_clock``), run.json
-(``sweep_meta``), all in :mod:`variants`; this module is the run loop.
+Its parts: config (``sweep_config``), inputs (``sweep_inputs``), resume checks and a resumed
+variant's missing timing (``sweep_resume``), timing (``sweep_timing``), its own time
+(``sweep_clock``), run.json (``sweep_meta``), all in :mod:`variants`; this module is the run loop.
 """
 
 import shutil
@@ -25,7 +25,7 @@ from runs.family_text import family_extras
 from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
 from runs.judge import judge_variant
 from runs.outputs import DecisionOutputs
-from runs.readers import CorruptFileError, read_timing
+from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.builders import get_family
 from variants.builders.family import BuildInputs
@@ -35,7 +35,8 @@ from variants.models import fitted_reference
 from variants.sweep_clock import SweepClock, format_breakdown
 from variants.sweep_config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep_meta import run_metadata
-from variants.sweep_resume import check_run_folder, check_run_tokenizer, read_json
+from variants.sweep_resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
+                                   read_json)
 from variants.sweep_inputs import cache_parts, load_inputs
 from variants.sweep_timing import cold_start_spec, time_pair, timing_batches
 
@@ -175,7 +176,6 @@ class Sweep:
 
     def variant(self, family, vcfg, timing_sets):
         """Build, run and time one variant unless its folder already holds the results."""
-        cfg = self.cfg
         vdir = self.out / vcfg.name
         files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
                                        "timing.json")}
@@ -184,43 +184,7 @@ class Sweep:
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
             self.reused.append(vcfg.name)
             self.clock.counts["variants_reused"] += 1
-            timing = read_timing(files["timing.json"])
-            sizes = list(dict.fromkeys(cfg.timing_batch_sizes))
-            missing = [b for b in sizes if str(b) not in timing.get("batches", {})
-                       or str(b) not in timing.get("end_to_end", {})]
-            changed = False
-            if missing:
-                self.log(f"{vcfg.name}: timing of batch sizes {missing} incomplete (forward or "
-                         "end to end missing); timing them")
-                t1 = time.perf_counter()
-                new = self._time_variant(family, vcfg, {b: timing_sets[b] for b in missing},
-                                         extra=False)
-                timing.setdefault("batches", {})
-                timing.setdefault("end_to_end", {})
-                for b in missing:
-                    # keep an earlier forward measurement; add what is missing
-                    timing["batches"].setdefault(str(b), new["batches"][str(b)])
-                    timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
-                for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel"):
-                    timing.setdefault(k, new[k])
-                timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
-                changed = True
-            stale = family.extra_stale and family.extra_stale(timing, cfg, vcfg)
-            if stale:  # e.g. exact workloads of another --zipf-exponent: measure them again
-                self.log(f"{vcfg.name}: {stale}; timing them again")
-                with self.clock("variant_build"):
-                    var_model, _ = family.build(self.ref_model, vcfg, self._inputs(family),
-                                                mode=cfg.speed_mode)
-                with self.clock("timing"):
-                    timing.update(family.time_extra(self.ref_model, var_model,
-                                                    self.tasksets["eval"], cfg, vcfg))
-                changed = True
-            if cfg.cold_start == "all" and "cold_start" not in timing:
-                timing["cold_start"] = self._cold_start(
-                    cold_start_spec(self, timing_sets, family, vcfg), vcfg.name)
-                changed = True
-            if changed:
-                write_json(files["timing.json"], timing)
+            complete_reused_timing(self, family, vcfg, timing_sets, files["timing.json"])
         else:
             try:
                 return self._build_variant(family, vcfg, timing_sets, files)

@@ -1,17 +1,21 @@
 """Resume checks: before a sweep writes anything, the run folder it would resume must hold the
 same sweep (identity, tokenizer settings) and each variant folder the same variant, in files
 that are not corrupt (read with the validating readers of :mod:`runs.readers` and
-:mod:`runs.npz_readers`)."""
+:mod:`runs.npz_readers`); a resumed variant's timing.json gets what it lacks measured
+(:func:`complete_reused_timing`)."""
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from metrics._checks import short_repr
+from runs.io import write_json
 from runs.judge import require_family
 from runs.npz_readers import check_same_ids, read_outputs
 from runs.readers import read_build, read_run_json, read_timing
 from variants.sweep_config import SweepError
+from variants.sweep_timing import cold_start_spec
 
 
 def read_json(path):
@@ -115,3 +119,50 @@ def check_variant_folders(out, variants, tasksets):
                 f"variant {vcfg.name}: {build_json} was built with other settings ({fields})"
                 f"; resuming would reuse the wrong variant. Choose another --run name or "
                 f"delete {build_json.parent}")
+
+
+def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
+    """Measure what the timing.json at ``path`` of a reused variant (``vcfg`` of ``family``)
+    lacks for ``sweep`` (a :class:`variants.sweep.Sweep` with its reference ready): batch sizes
+    of ``timing_sets`` ({B: (TaskSet, seq_len)}) without forward or end-to-end timing, the
+    family's extra fields its ``extra_stale`` calls stale, the cold start under
+    ``--cold-start all``. An earlier forward measurement is kept; the file is rewritten
+    (atomically) only when something was added."""
+    cfg = sweep.cfg
+    timing = read_timing(path)
+    sizes = list(dict.fromkeys(cfg.timing_batch_sizes))
+    missing = [b for b in sizes if str(b) not in timing.get("batches", {})
+               or str(b) not in timing.get("end_to_end", {})]
+    changed = False
+    if missing:
+        sweep.log(f"{vcfg.name}: timing of batch sizes {missing} incomplete (forward or "
+                  "end to end missing); timing them")
+        t1 = time.perf_counter()
+        new = sweep._time_variant(family, vcfg, {b: timing_sets[b] for b in missing},
+                                  extra=False)
+        timing.setdefault("batches", {})
+        timing.setdefault("end_to_end", {})
+        for b in missing:
+            # keep an earlier forward measurement; add what is missing
+            timing["batches"].setdefault(str(b), new["batches"][str(b)])
+            timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
+        for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel"):
+            timing.setdefault(k, new[k])
+        timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
+        changed = True
+    stale = family.extra_stale and family.extra_stale(timing, cfg, vcfg)
+    if stale:  # e.g. exact workloads of another --zipf-exponent: measure them again
+        sweep.log(f"{vcfg.name}: {stale}; timing them again")
+        with sweep.clock("variant_build"):
+            var_model, _ = family.build(sweep.ref_model, vcfg, sweep._inputs(family),
+                                        mode=cfg.speed_mode)
+        with sweep.clock("timing"):
+            timing.update(family.time_extra(sweep.ref_model, var_model,
+                                            sweep.tasksets["eval"], cfg, vcfg))
+        changed = True
+    if cfg.cold_start == "all" and "cold_start" not in timing:
+        timing["cold_start"] = sweep._cold_start(
+            cold_start_spec(sweep, timing_sets, family, vcfg), vcfg.name)
+        changed = True
+    if changed:
+        write_json(path, timing)
