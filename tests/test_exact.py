@@ -346,3 +346,42 @@ def test_describe_puts_the_workloads_side_by_side_with_the_cost_model():
     assert "ε = 0.020" in text and "same request repeated on purpose" in text
     assert "U/N" in describe({"kind": "dedup", "cache_size": None, "exactness": "x"},
                              {"workloads": wl})
+
+
+def test_cache_sizes_without_the_cache_kind_is_refused():
+    from variants.builders import get_family
+
+    fam = get_family("exact")
+    with pytest.raises(ValueError, match="--cache-sizes") as e:
+        fam.ladder(exact_kinds=["dedup", "outsel"], cache_sizes=[64])
+    assert "add cache to --exact-kinds or drop --cache-sizes" in str(e.value)
+    # not given: the default size when cache is asked for, nothing otherwise
+    assert [c.name for c in fam.ladder(exact_kinds=["cache"])] == ["cache-4096"]
+    assert [c.name for c in fam.ladder(exact_kinds=["dedup"])] == ["dedup"]
+
+
+def test_cache_sizes_without_the_cache_kind_exits_2_and_writes_nothing(tmp_path, capsys):
+    from variants.cli import main
+
+    code = main(["sweep", "--family", "exact", "--exact-kinds", "dedup", "--cache-sizes", "64",
+                 "--results-dir", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--cache-sizes" in err and "add cache to --exact-kinds" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_repeated_exact_kinds_and_cache_sizes_are_recorded_once():
+    from dataclasses import asdict
+
+    from variants.cli import build_parser
+    from variants.commands.sweep import config_from_args
+
+    argv = ["sweep", "--family", "exact", "--exact-kinds", "dedup", "cache", "dedup",
+            "--cache-sizes", "16", "64", "16"]
+    cfg = config_from_args(build_parser(argv).parse_args(argv))
+    # run.json's config is asdict(cfg) (variants.sweep_meta.run_metadata)
+    assert asdict(cfg)["params"]["exact_kinds"] == ["dedup", "cache"]
+    assert asdict(cfg)["params"]["cache_sizes"] == [16, 64]
+    assert [v.name for v in cfg.variants] == ["dedup", "cache-16", "cache-64"]
+    assert cfg.run == "minilm-sentiment-exact-dedup-cache"

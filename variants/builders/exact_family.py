@@ -8,9 +8,11 @@ Every variant must show zero drift against the reference (0 flips, every example
 and ``outsel`` float round-off (build.json's ``exactness`` says which).
 """
 
+import argparse
 import math
 from dataclasses import dataclass
 
+from metrics._checks import short_repr
 from variants.builders import unique_by_name
 from variants.builders.family import BuildInputs, Family
 
@@ -48,15 +50,25 @@ class ExactConfig:
 PARAMS = ("exact_kinds", "cache_sizes", "zipf_exponent", "workload_calls", "workload_batch")
 
 
+class _Unique(argparse.Action):
+    """Stores a ``nargs="+"`` flag's values once each, in the order given (``--exact-kinds
+    dedup dedup`` is one dedup variant, and run.json records it once)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+
+
 def add_arguments(parser):
     """This family's ``variants sweep`` flags (dests are PARAMS)."""
     g = parser.add_argument_group("exact family (--family exact)")
     g.add_argument("--exact-kinds", nargs="+", choices=KINDS, default=list(DEFAULT_KINDS),
+                   action=_Unique,
                    help="dedup: identical prepared rows of a call run once; cache: + an LRU of "
                         "results across calls; outsel: the last layer only at the positions the "
                         "output reads (CLS heads, marker models; not mean pooling)")
-    g.add_argument("--cache-sizes", type=int, nargs="+", default=[DEFAULT_CACHE_SIZE],
-                   metavar="N", help="LRU entries (rows) of each cache variant")
+    g.add_argument("--cache-sizes", type=int, nargs="+", default=None, action=_Unique,
+                   metavar="N", help="LRU entries (rows) of each cache variant (only with "
+                                     f"cache in --exact-kinds; None = {DEFAULT_CACHE_SIZE})")
     g.add_argument("--zipf-exponent", type=float, default=DEFAULT_ZIPF_EXPONENT, metavar="A",
                    help="repeated workload: eval rows drawn with P(rank k) ∝ k^-A (seeded by "
                         "--seed)")
@@ -66,12 +78,22 @@ def add_arguments(parser):
                    help="rows per call of the workload streams")
 
 
-def ladder(*, exact_kinds=DEFAULT_KINDS, cache_sizes=(DEFAULT_CACHE_SIZE,),
+def ladder(*, exact_kinds=DEFAULT_KINDS, cache_sizes=None,
            zipf_exponent=DEFAULT_ZIPF_EXPONENT, workload_calls=DEFAULT_WORKLOAD_CALLS,
            workload_batch=DEFAULT_WORKLOAD_BATCH):
-    """The variant configs of one sweep (ValueError naming the flag if a value is bad)."""
+    """The variant configs of one sweep (ValueError naming the flag if a value is bad).
+
+    ``cache_sizes`` None means (DEFAULT_CACHE_SIZE,) when ``cache`` is among ``exact_kinds``;
+    sizes given without the cache kind are refused (they would be ignored). Repeated kinds and
+    sizes give one variant each."""
     if not exact_kinds:
         raise ValueError("no exact kind given; pass e.g. --exact-kinds dedup cache")
+    if cache_sizes is not None and "cache" not in exact_kinds:
+        raise ValueError(f"--cache-sizes is for the cache kind, which --exact-kinds "
+                         f"{short_repr(' '.join(map(str, dict.fromkeys(exact_kinds))))} leaves "
+                         "out; add cache to --exact-kinds or drop --cache-sizes")
+    if cache_sizes is None:
+        cache_sizes = (DEFAULT_CACHE_SIZE,)
     if not (isinstance(zipf_exponent, (int, float)) and math.isfinite(zipf_exponent)
             and zipf_exponent > 0):
         raise ValueError(f"--zipf-exponent {zipf_exponent!r} must be a finite number > 0, "
