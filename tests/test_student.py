@@ -306,3 +306,25 @@ def test_student_inference_equals_its_training_path_on_padded_batches(model, spl
         b.input_ids, b.attention_mask, b.token_type_ids))
     assert np.abs(fast - plain).max() < 1e-4
     assert np.abs(fast - untrained).max() > 1e-3  # the training moved the student
+
+
+def test_timing_json_model_bytes_agree_with_build_json(model, built):
+    """timing.json's model_bytes.variant (variants.sweep_timing.time_pair) counts the shared
+    embeddings and head once, as build.json does: teacher + the student's own layers."""
+    from types import SimpleNamespace
+
+    from mlx.utils import tree_flatten
+
+    from variants.sweep_timing import time_pair
+
+    variant, info, _ = built
+    cfg = SimpleNamespace(speed_mode="simulated", timing_warmup=0, timing_rounds=1,
+                          timing_min_rounds=1, timing_budget_s=1.0)
+    got = time_pair(model, variant, {}, cfg)["model_bytes"]  # no batch size: nothing timed
+    teacher = sum(v.nbytes for _, v in tree_flatten(model.module.parameters()))
+    own = sum(v.nbytes for _, v in tree_flatten(variant.module.student.encoder.layers))
+    assert got == {"reference": teacher, "variant": teacher + own}
+    assert got["variant"] == info["model_bytes"]
+    # the shared arrays are really reached twice: the tree's plain sum is larger
+    plain = sum(v.nbytes for _, v in tree_flatten(variant.module.parameters()))
+    assert plain > teacher + own

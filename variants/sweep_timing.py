@@ -16,8 +16,10 @@ TIMING_SCHEMA_VERSION = 2
 
 def model_bytes(model):
     """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
-    scales + biases; fp32 elsewhere)."""
-    return int(sum(v.nbytes for _, v in tree_flatten(model.module.parameters())))
+    scales + biases; fp32 elsewhere). An array the module tree reaches twice is stored once and
+    counted once (the student family's student shares the teacher's embeddings and head)."""
+    arrays = {id(v): v for _, v in tree_flatten(model.module.parameters())}
+    return int(sum(v.nbytes for v in arrays.values()))
 
 
 def kernel(model):
