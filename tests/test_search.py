@@ -385,3 +385,22 @@ def test_slack_and_pareto_by_hand():
     assert slack("<=", 0, 0) is None and slack("<=", 0, 2) == -2
     f = pd.DataFrame({"cost": [1, 2, 3, 4], "slack": [-0.5, 0.1, 0.05, 0.3]})
     assert pareto(f).index.tolist() == [0, 1, 3]
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file", "proc"])
+def test_cli_unwritable_out_exits_2_naming_it(tmp_path, capsys, where):
+    import os
+
+    from variants.cli import main
+
+    if where == "proc" and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    (tmp_path / "f").write_text("x")
+    out = {"file": tmp_path / "f", "under-a-file": tmp_path / "f" / "s",
+           "proc": "/proc/x"}[where]
+    assert main(["search", *SMALL, "--results-dir", str(tmp_path / "r"), "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out}" in err and "pass a" in err
+    assert (tmp_path / "f").read_text() == "x" and not os.path.exists("/proc/x")
+    assert not (tmp_path / "r").exists()  # no cache written either
