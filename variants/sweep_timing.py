@@ -7,7 +7,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from variants import BLAS_INFO, device, qlinear
-from variants.timing import TIMED_REGIONS, end_to_end_call, split_regions, time_alternating
+from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
+                             time_alternating)
 
 #: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
 #: model_bytes, cold_start). Documented in results/README.md.
@@ -29,30 +30,66 @@ def kernel(model):
     return ", ".join(qlinear.kernels(model.module)) or "fp32 gemm"
 
 
+#: Texts the B=1 timing cycles over (one per call, the same for reference and variant): a
+#: family whose path depends on the input (a student's fallback, an exit layer) is timed on a
+#: mix of paths, not on one text's.
+B1_TEXTS = 8
+
+
+def _central_texts(texts, lengths, n):
+    """Indices of ``n`` distinct texts nearest the median token length: the median text
+    (stable sort) first, then the others in eval order."""
+    order = np.argsort(lengths, kind="stable")
+    m = len(order) // 2
+    ranks = sorted(range(len(order)), key=lambda r: (abs(r - m), r))  # outward from the median
+    picked, seen = [], set()
+    for r in ranks:
+        i = int(order[r])
+        if texts[i] not in seen:
+            seen.add(texts[i])
+            picked.append(i)
+        if len(picked) == n:
+            break
+    return [picked[0]] + sorted(picked[1:])
+
+
 def timing_batches(reference, taskset, batch_sizes, seed):
-    """{B: (TaskSet, seq_len)} for each of ``batch_sizes``: B=1 the text of ``taskset`` (the eval
-    split) of median token length, B>1 B texts drawn with ``seed``. ``seq_len`` is the padded
-    length of the batch as ``reference`` (a DecisionModel) prepares it."""
+    """{B: (TaskSet, seq_len)} for each of ``batch_sizes``: B=1 up to :data:`B1_TEXTS`
+    distinct texts of ``taskset`` (the eval split) nearest its median token length, the median
+    text first (timed one per call in rotation, :func:`time_pair`), B>1 B texts drawn with
+    ``seed`` (one batch). ``seq_len`` is the padded length of the first batch (the median text
+    at B=1) as ``reference`` (a DecisionModel) prepares it."""
     ts = taskset
     encs, _ = reference.tokenizer.encode(list(ts.texts))
     lengths = np.array([len(e.ids) for e in encs])
-    median_idx = int(np.argsort(lengths, kind="stable")[len(lengths) // 2])
     out = {}
     for b in dict.fromkeys(batch_sizes):
         rng = np.random.default_rng(seed)
-        idx = (np.array([median_idx]) if b == 1
+        idx = (np.array(_central_texts(list(ts.texts), lengths, B1_TEXTS)) if b == 1
                else np.sort(rng.choice(len(ts), min(b, len(ts)), replace=False)))
         sub = ts.subset(idx)
-        batches, _ = reference.prepare(sub, batch_size=len(sub))
+        first = timed_batches(sub, b)[0]
+        batches, _ = reference.prepare(first, batch_size=len(first))
         out[b] = (sub, int(batches[0].input_ids.shape[1]))
     return out
+
+
+def timed_batches(ts, b):
+    """The calls of a timing set: ``ts`` itself when it holds at most ``b`` texts (one batch,
+    repeated), else its consecutive ``b``-text batches (timed in rotation)."""
+    if len(ts) <= b:
+        return [ts]
+    return [ts.subset(np.arange(i, i + b)) for i in range(0, len(ts) - b + 1, b)]
 
 
 def time_pair(reference, variant, timing_sets, cfg):
     """timing.json content: per batch size of ``timing_sets`` ({B: (TaskSet, seq_len)}) one
     alternated measurement of end-to-end calls of ``reference`` and ``variant`` (built in the
     speed mode, parameters evaluated) gives both regions (``batches`` = forward,
-    ``end_to_end``); ``cfg`` (a validated SweepConfig) gives the mode and timing settings."""
+    ``end_to_end``); ``cfg`` (a validated SweepConfig) gives the mode and timing settings.
+    A set of more than B texts is timed as its B-text batches in rotation
+    (:func:`timed_batches`), the same batch for both models in each round; its entries add
+    ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length)."""
     result = {"schema_version": TIMING_SCHEMA_VERSION,
               "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
               "mode": cfg.speed_mode, "dtype": device.key_part()["dtype"],
@@ -69,15 +106,24 @@ def time_pair(reference, variant, timing_sets, cfg):
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
               "batches": {}, "end_to_end": {}}
     for b, (ts, seq_len) in timing_sets.items():
-        r = time_alternating(end_to_end_call(reference, ts),
-                             end_to_end_call(variant, ts), warmup=cfg.timing_warmup,
+        calls = timed_batches(ts, b)
+        # each model cycles over the same batches; time_alternating calls the two alike (warm-ups
+        # and rounds), so round k times batch k mod n for both
+        r = time_alternating(rotating([end_to_end_call(reference, c) for c in calls]),
+                             rotating([end_to_end_call(variant, c) for c in calls]),
+                             warmup=cfg.timing_warmup,
                              rounds=cfg.timing_rounds, min_rounds=cfg.timing_min_rounds,
                              budget_s=cfg.timing_budget_s)
         fwd, e2e = split_regions(r)
+        cycled = {} if len(calls) == 1 else {
+            "texts_cycled": len(calls),
+            "seq_lens": [int(reference.prepare(c, batch_size=len(c))[0][0].input_ids.shape[1])
+                         for c in calls]}
         for entry in (fwd, e2e):
             entry["kernel"] = result["kernel"]["variant"]
-            entry["batch_size"] = len(ts)
+            entry["batch_size"] = len(calls[0])
             entry["seq_len"] = seq_len
+            entry.update(cycled)
         result["batches"][str(b)] = fwd
         result["end_to_end"][str(b)] = e2e
     return result
@@ -93,7 +139,8 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
     source = sweep.cfg.resolve_model()
     ck = checkpoint_path(sweep.cfg, source)
     spec = {"model": source, "checkpoint": None if ck is None else str(ck),
-            "taskset": timing_sets[b][0], "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
+            "taskset": timed_batches(timing_sets[b][0], b)[0],  # B=1: the median text
+            "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
             "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
                              .resolve())}
     if vcfg is not None:

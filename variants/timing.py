@@ -19,6 +19,7 @@ alternated measurement yields both regions: the ``forward`` times are the forwar
 same calls (same rounds, same alternation).
 """
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -118,6 +119,16 @@ def end_to_end_call(model, taskset):
         return Staged(ms=ms, peak_bytes=peak, result=result)
 
     return call
+
+
+def rotating(calls):
+    """One function calling ``calls`` in turn (call k runs ``calls[k % len(calls)]``): two
+    rotations given to :func:`time_alternating`, which calls both alike, run the same
+    position in every round (e.g. the same text for reference and variant)."""
+    if len(calls) == 1:
+        return calls[0]
+    it = itertools.cycle(calls)
+    return lambda: next(it)()
 
 
 def _call(fn):

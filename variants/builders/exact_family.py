@@ -171,8 +171,9 @@ def describe(info, timing=None):
                      f"miss path {hc['miss_overhead']:.3f}× the reference's "
                      f"{hc['ref_median_ms']:.2f} ms): the same request repeated on purpose")
         lines.append("- timing.json `batches`/`end_to_end` (the summary's speed-up) time the "
-                     "miss path: the common timing repeats one request, so the cache is emptied "
-                     "before each of its calls; repeats are priced in the table above")
+                     "miss path: the common timing repeats its requests (B=1: a few texts in "
+                     "turn), so the cache is emptied before each of its calls; repeats are "
+                     "priced in the table above")
     return "\n".join(lines) + "\n"
 
 
@@ -208,7 +209,7 @@ def time_extra(reference, variant, eval_taskset, cfg, vcfg):
     p = cfg.params
     out = {} if vcfg.kind != "cache" else {"timed_as": (
         "batches/end_to_end: the miss path (cache emptied before every call, since the timing "
-        "repeats one request); workloads: streams with the cache cold at the start")}
+        "repeats its requests); workloads: streams with the cache cold at the start")}
     out["workloads"] = workload_timing(
         reference, variant, eval_taskset, kind=vcfg.kind,
         batch_size=p.get("workload_batch", DEFAULT_WORKLOAD_BATCH),

@@ -173,7 +173,10 @@ def describe(info, timing=None):
         lines.append(f"- B={b} (L={t['seq_len']}): measured speed-up "
                      f"{t['speedup']['speedup_median']:.2f}×; mean {v['mean_ms']:.1f} ms, p95 "
                      f"{v['p95_ms']:.1f} ms vs teacher {r['mean_ms']:.1f} / {r['p95_ms']:.1f} ms "
-                     + ("(one text, repeated: either the student's path or the fallback's, "
+                     + (f"({t['texts_cycled']} texts in turn, the same for the teacher: the "
+                        "student's path or the fallback's as each text takes it)"
+                        if t.get("texts_cycled") else
+                        "(one text, repeated: either the student's path or the fallback's, "
                         "not the mix)" if str(b) == "1" else
                         "(a batch with any routed row pays the student plus a teacher pass on "
                         "those rows: with q well above 1/B nearly every batch does, so mean and "
