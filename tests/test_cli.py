@@ -1,6 +1,7 @@
 """The `variants` command line: help, bad input (exit 2, nothing written), a small real sweep."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -144,6 +145,17 @@ def test_results_dir_that_is_a_file_exits_2(tmp_path, capsys):
     f.write_text("x")
     assert main(["sweep", "--results-dir", str(f), *TINY]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "proc"])
+def test_results_dir_that_cannot_be_created_exits_2_naming_it(tmp_path, capsys, where):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    root = f / "r" if where == "under-a-file" else Path("/proc/variants-no-such-dir")
+    assert main(["sweep", "--results-dir", str(root), *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--results-dir {root}: cannot create" in err
+    assert "pass a writable folder" in err and f.read_text() == "x"
 
 
 def _snapshot(folder):

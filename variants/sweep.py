@@ -251,7 +251,12 @@ class Sweep:
         self.clock = SweepClock()
         with self.clock("setup"):
             self.prepare()
-            self.out.mkdir(parents=True, exist_ok=True)
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise SweepError(f"--results-dir {self.root}: cannot create {self.out.name}/ "
+                                 f"({e.strerror or type(e).__name__}); pass a writable folder"
+                                 ) from None
         with runlock.hold(self.out, log=self.log), \
                 runlock.cache_lock(self.cache, when_alone=self._clean_cache):
             try:
