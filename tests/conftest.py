@@ -9,6 +9,21 @@ def checkpoint():
     return load_checkpoint()
 
 
+@pytest.fixture(scope="session")
+def plotted_sweep_small(tmp_path_factory):
+    """``(run_dir, paths)``: a copy of tests/fixtures/sweep_small with its plots written by
+    ``plot_run`` (default dpi), drawn once per session (a plot pass takes seconds). Read-only:
+    copy ``run_dir`` before changing anything in it."""
+    import shutil
+    from pathlib import Path
+
+    from runs.plots.render import plot_run
+
+    run = tmp_path_factory.mktemp("plotted") / "sweep_small"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_small", run)
+    return run, plot_run(run)
+
+
 @pytest.fixture(scope="module")
 def enc():
     """A tiny random BERT encoder (2 layers, 4 heads of 8, FFN 64), one per test module, for

@@ -24,13 +24,11 @@ FIXTURE = Path(__file__).parent / "fixtures" / "sweep_small"
 
 
 @pytest.fixture(scope="module")
-def plotted_run(tmp_path_factory):
-    """The fixture sweep with its plots written (plots/*.png), built once per module."""
-    from runs.plots.render import plot_run
-
-    run = tmp_path_factory.mktemp("finished") / "run"
-    shutil.copytree(FIXTURE, run)
-    assert len(plot_run(run)) == 5
+def plotted_run(plotted_sweep_small):
+    """The fixture sweep with its plots written (plots/*.png), drawn once per session
+    (conftest); each test gets its own copy (``run``)."""
+    run, paths = plotted_sweep_small
+    assert len(paths) == 5
     return run
 
 

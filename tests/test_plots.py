@@ -40,9 +40,12 @@ def _keep_only(run_dir, keep):
 
 
 @pytest.mark.parametrize("name", RUNS)
-def test_plot_run_writes_every_plot(run_copy, name):
-    run_dir = run_copy(name)
-    paths = plot_run(run_dir)
+def test_plot_run_writes_every_plot(run_copy, name, request):
+    if name == "sweep_small":  # drawn once per session (conftest), shared with other tests
+        run_dir, paths = request.getfixturevalue("plotted_sweep_small")
+    else:
+        run_dir = run_copy(name)
+        paths = plot_run(run_dir)
     stems = [p.stem for p in paths]
     assert stems == ["pareto_b1", "reliability", "margin_drift", "flip_strata", "family_quant"]
     for p in paths:
@@ -121,9 +124,9 @@ def test_family_plot_skips_when_columns_absent(run_copy, caplog):
     assert "skipped family_prune.png" in caplog.text
 
 
-def test_plots_markdown_links_relative(run_copy):
-    run_dir = run_copy()
-    paths = plot_run(run_dir, dpi=40)
+def test_plots_markdown_links_relative(plotted_sweep_small):
+    run_dir, paths = plotted_sweep_small
+    assert len(paths) == 5
     md = plots_markdown(paths, run_dir)
     assert md.startswith("====== Plots ======")
     for p in paths:

@@ -98,11 +98,16 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_switched_off_the_layer_falls_back_with_the_same_numbers(monkeypatch, fresh):
+def test_switched_off_the_layer_falls_back_with_the_same_numbers(monkeypatch):
+    """A layer made while the kernel is loaded (the process's own state and cache, so nothing
+    is built here: with ``fresh`` use_cpu_path compiled the kernel again, ~35 s) switches to
+    the unpacking path when the kernel is switched off."""
     lin = nn.Linear(384, 160)
     lin.weight = _weights()
     fast = qlinear.use_cpu_path(nn.QuantizedLinear.from_linear(lin, 64, 4))
     x = mx.random.normal((6, 384), key=mx.random.key(3))
+    if qkernel.load() is not None:
+        assert fast.kernel == "dequant-cpp+gemm"  # the compiled kernel, before the switch
     monkeypatch.setenv(qkernel.ENV_SWITCH, "off")
     assert qkernel.load() is None and qlinear.resolve("cpp") == "unpack"
     assert fast.kernel == "unpack+gemm"
