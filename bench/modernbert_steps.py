@@ -10,7 +10,10 @@ rotating, so machine load hits every step alike; per-round ratios against step 0
 2. the fast layers on one stream (transposed fused weights, scale folded, GeGLU halves
    contiguous, transposed scores with the compiled exp, rotary tables kept, no window bias
    when the window covers every key);
-3. + the work over two streams (B >= 2 by sequences, B = 1 by heads and MLP features): shipped.
+3. + the work over two streams (B >= 2 by sequences, B = 1 by heads and MLP features);
+4. + rotary q and k in one compiled kernel from the fused projection (``rope_qk``);
+5. + the windowed blocks' scores transposed with the compiled exp (``windowed_core``; only
+   from L >= 2 · window, 256 at base shapes): shipped.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.py
 ``make_modernbert``; needs torch + transformers in ``--peer-python``), or ``--model`` a saved one.
@@ -37,7 +40,8 @@ from variants import modernbert_fast, parallel  # noqa: E402
 from variants.encoder import mean_pool  # noqa: E402
 
 STEPS = ("0 plain, BLAS default threads, default cache", "1 plain, 1 BLAS thread, 1 GB cache",
-         "2 fast layers, one stream", "3 fast layers, two streams (shipped)")
+         "2 fast layers, one stream", "3 + two streams", "4 + compiled rotary",
+         "5 + fast windowed blocks (shipped)")
 
 
 class _OneStream:
@@ -60,10 +64,13 @@ def step(i, enc, blas_default, cache_default):
     enc.fast = i >= 2
     if i == 2:
         modernbert_fast.parallel = _OneStream
+    modernbert_fast.COMPILED_ROPE = i >= 4
+    modernbert_fast.FAST_WINDOW = i >= 5
     try:
         yield
     finally:
         modernbert_fast.parallel = parallel
+        modernbert_fast.COMPILED_ROPE = modernbert_fast.FAST_WINDOW = True
         enc.fast = True
         if len(ss) > 1:
             parallel._set_blas_threads(1)

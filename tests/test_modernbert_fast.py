@@ -148,3 +148,19 @@ def test_a_replaced_linear_takes_the_plain_path_and_new_weights_are_seen(loaded)
     finally:
         layer.mlp.Wo = old
         layer.attn.Wo.weight = layer.attn.Wo.weight / 2.0
+
+
+def test_the_compiled_rotary_equals_apply_rope():
+    from variants.modernbert_layers import apply_rope
+    B, L, H, d = 2, 7, 3, 8
+    qkv = mx.array(np.random.default_rng(3).normal(size=(B, L, 3 * H * d)).astype(np.float32))
+    tables = fast.rope_for_length(L, 10000.0, d)
+    q, k = fast.rope_qk(qkv, H, d, tables)
+    heads = qkv.reshape(B, L, 3, H, d).transpose(2, 0, 3, 1, 4)
+    for got, t in ((q, heads[0]), (k, heads[1])):
+        want = np.array(apply_rope(t, tables[0], tables[1]))
+        assert got.shape == (B, H, L, d)
+        np.testing.assert_allclose(np.array(got), want, rtol=0, atol=1e-6)
+    # position 0 is unrotated; position 1 is not
+    np.testing.assert_array_equal(np.array(q)[:, :, 0], np.array(heads[0])[:, :, 0])
+    assert np.abs(np.array(q)[:, :, 1] - np.array(heads[0])[:, :, 1]).max() > 1e-2

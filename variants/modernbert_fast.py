@@ -32,20 +32,49 @@ from variants.derived import DerivedWeights, transposed
 from variants.encoder import ACTIVATIONS, MASK_BIAS
 from variants.modernbert_layers import apply_rope, rope_tables
 
-_ROPE = {}  # (L, theta, head_dim) -> (cos, sin) (1, 1, L, head_dim), evaluated on first use
+_ROPE = {}  # (L, theta, head_dim) -> (cos, sin·[-1, 1]) (L, 2, head_dim / 2), evaluated once
+#: False: rotary by :func:`variants.modernbert_layers.apply_rope` on each head (before the
+#: compiled kernel; bench/modernbert_steps.py's A/B)
+COMPILED_ROPE = True
+#: False: the local layers' windowed blocks by :func:`variants.modernbert_window.windowed_attention`
+#: (bench/modernbert_steps.py's A/B) instead of :func:`windowed_core`
+FAST_WINDOW = True
 
 
 def rope_for_length(L, theta, head_dim):
-    """Rotary (cos, sin), each (1, 1, L, head_dim) float32, for positions 0..L-1, kept per
-    (L, θ, head_dim) (:func:`variants.modernbert_layers.rope_tables`)."""
+    """Rotary tables for positions 0..L-1, kept per (L, θ, head_dim)
+    (:func:`variants.modernbert_layers.rope_tables`): ``(cos, sin)`` each (1, 1, L, head_dim),
+    and ``(cos, signed_sin)`` each (L, 2, head_dim / 2) for :func:`rope_qk` (sin negated on the
+    first half: rotate_half(x) · sin = swap_halves(x) · signed_sin)."""
     key = (int(L), float(theta), int(head_dim))
     if key not in _ROPE:
         if len(_ROPE) > 256:
             _ROPE.clear()
-        tabs = rope_tables(mx.arange(L)[None], theta, head_dim)
+        cos, sin = rope_tables(mx.arange(L)[None], theta, head_dim)
+        h = head_dim // 2
+        tabs = (cos, sin, cos[0, 0].reshape(L, 2, h),
+                sin[0, 0].reshape(L, 2, h) * mx.array([-1.0, 1.0]).reshape(1, 2, 1))
         mx.eval(*tabs)
         _ROPE[key] = tabs
     return _ROPE[key]
+
+
+@mx.compile
+def _rotate(x, swapped, cos, signed_sin):
+    return x * cos + swapped * signed_sin
+
+
+def rope_qk(qkv, n_heads, head_dim, tables):
+    """Rotary q and k straight from the fused projection ``qkv`` (B, L, 3·n_heads·head_dim):
+    one compiled kernel reading q|k in place (each head's halves swapped by a reversed view)
+    and writing (2, B, n_heads, L, head_dim) contiguous, the heads layout attention reads.
+    Same arithmetic as :func:`variants.modernbert_layers.apply_rope` (x·cos + rotate_half(x)·sin,
+    bit-identical here); 2.8-3.7x its time for q and k (B=1 L=24 / 512, B=8 L=128)."""
+    B, L, _ = qkv.shape
+    h = head_dim // 2
+    x = qkv[..., :2 * n_heads * head_dim].reshape(B, L, 2, n_heads, 2, h)
+    x = x.transpose(2, 0, 3, 1, 4, 5)
+    return _rotate(x, x[..., ::-1, :], tables[2], tables[3]).reshape(2, B, n_heads, L, head_dim)
 
 
 def _plain(m):
@@ -140,7 +169,10 @@ class FastContext:
         self.plan = None
         self.local_t = self.bias_t
         if window.use_window(mode, L, args.local_attention, True):
-            self.plan = window.make_plan(mx_mask, mx.broadcast_to(mx.arange(L), (B, L)), half)
+            rows = B if self.padded else 1  # without padding the window is the same per row
+            self.plan = window.make_plan(mx_mask[:rows], mx.broadcast_to(mx.arange(L), (rows, L)),
+                                         half)
+            self.plan_bias_t = mx.contiguous(self.plan.bias.swapaxes(-1, -2))
         elif L - 1 > half:
             p = mx.arange(L)
             far = (mx.abs(p[:, None] - p[None, :]) > half)[None, None]
@@ -161,18 +193,45 @@ def attention_core(q, k, v, bias_t):
     return r[..., :d] / r[..., d:]
 
 
+def windowed_core(q, k, v, plan, bias_t):
+    """:func:`variants.modernbert_window.windowed_attention` (same blocks, same window) with the
+    scores of each block transposed (keys on axis -2) and the compiled exp, as
+    :func:`attention_core`: ``q`` (already scaled), ``k``, ``v`` (B, H, L, d); ``bias_t``
+    (B or 1, 1, n_blocks, span, block), the plan's bias transposed -> (B, H, L, d)."""
+    B, H, L, d = q.shape
+    nb, w, h = plan.n_blocks, plan.block, plan.half
+    tail = nb * w - L
+    if tail:
+        q = mx.pad(q, [(0, 0), (0, 0), (0, tail), (0, 0)])
+    qb = q.reshape(B, H, nb, w, d)
+    pad = [(0, 0), (0, 0), (h, tail + h), (0, 0)]
+    v1 = mx.concatenate([v, mx.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    kb = window._key_blocks(mx.pad(k, pad), nb, w, w + 2 * h)
+    vb = window._key_blocks(mx.pad(v1, pad), nb, w, w + 2 * h)
+    e = fast_ops.softmax_parts(kb @ qb.swapaxes(-1, -2), bias_t, total=False, axis=-2)
+    r = (e.swapaxes(-1, -2) @ vb).reshape(B, H, nb * w, d + 1)
+    out = r[..., :d] / r[..., d:]
+    return out[:, :, :L] if tail else out
+
+
 def _attend(layer, h, w_qkv, b_qkv, ctx):
     """Attention of ``h`` (B, L, D) normed input through ``w_qkv`` (D, 3·n) for its n / head_dim
     heads -> (B, L, n) context before the output projection."""
     att = layer.attn
     B, L, _ = h.shape
     n = w_qkv.shape[1] // 3
-    qkv = _linear(h, w_qkv, b_qkv).reshape(B, L, 3, n // att.head_dim, att.head_dim)
-    qkv = qkv.transpose(2, 0, 3, 1, 4)
-    cos, sin = ctx.rope[layer.is_global]
-    q, k, v = apply_rope(qkv[0], cos, sin), apply_rope(qkv[1], cos, sin), qkv[2]
+    heads = n // att.head_dim
+    qkv = _linear(h, w_qkv, b_qkv)
+    tables = ctx.rope[layer.is_global]
+    v = qkv[..., 2 * n:].reshape(B, L, heads, att.head_dim).transpose(0, 2, 1, 3)
+    if COMPILED_ROPE:
+        q, k = rope_qk(qkv, heads, att.head_dim, tables)
+    else:
+        qk = qkv[..., :2 * n].reshape(B, L, 2, heads, att.head_dim).transpose(2, 0, 3, 1, 4)
+        q, k = (apply_rope(t, tables[0], tables[1]) for t in (qk[0], qk[1]))
     if not layer.is_global and ctx.plan is not None:
-        out = window.windowed_attention(q, k, v, 1.0, ctx.plan)
+        out = (windowed_core(q, k, v, ctx.plan, ctx.plan_bias_t) if FAST_WINDOW else
+               window.windowed_attention(q, k, v, 1.0, ctx.plan))
     else:
         out = attention_core(q, k, v, ctx.bias(layer.is_global))
     return out.transpose(0, 2, 1, 3).reshape(B, L, n)
