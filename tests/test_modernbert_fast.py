@@ -164,3 +164,12 @@ def test_the_compiled_rotary_equals_apply_rope():
     # position 0 is unrotated; position 1 is not
     np.testing.assert_array_equal(np.array(q)[:, :, 0], np.array(heads[0])[:, :, 0])
     assert np.abs(np.array(q)[:, :, 1] - np.array(heads[0])[:, :, 1]).max() > 1e-2
+
+
+def test_the_fast_path_stands_aside_off_the_cpu(loaded, monkeypatch):
+    enc = loaded["modernbert_g2"]
+    ids, mask, _ = _batch(1, 20, False)
+    x = enc.embed(ids)
+    assert fast.forward(enc, x, np.array(mask), "auto") is not None
+    monkeypatch.setattr(fast.device, "is_cpu", lambda: False)
+    assert fast.forward(enc, x, np.array(mask), "auto") is None

@@ -16,17 +16,21 @@ path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
 - rotary tables for positions 0..L-1 computed once per (L, θ) and kept;
 - the work split over :func:`variants.parallel.streams` (one OpenBLAS thread each, MLX's buffer
   cache raised): B >= 2 by sequences, one whole layer stack per stream; B = 1 by heads and MLP
-  features (tensor parallelism, partial outputs summed before each residual add).
+  features (tensor parallelism, partial outputs summed before each residual add) from
+  :data:`variants.parallel.MIN_ROWS` real tokens (below, the halves' GEMMs are too thin: B=1
+  L=24 ran 0.89x [0.74, 0.97] split, 6 alternated rounds).
 
-Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the layer then takes
-the plain path (:func:`layer_weights` is None).
+Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
+the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``).
+Memory: the derived weights are a second copy of each layer's weights (+ the B = 1 shards' q|k|v
+and MLP-input columns), kept while the weights stay the same arrays.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import fast_ops, parallel
+from variants import device, fast_ops, parallel
 from variants import modernbert_window as window
 from variants.derived import DerivedWeights, transposed
 from variants.encoder import ACTIVATIONS, MASK_BIAS
@@ -273,8 +277,10 @@ def layer_forward_sharded(layer, x, ctx, w, shards):
 
 def forward(encoder, x, mask, mode):
     """The layer stack on embeddings ``x`` (B, L, D) with ``mask`` (B, L) NumPy 0/1 and
-    positions 0..L-1, before ``final_norm``; None when a layer is not plain (the caller then
-    runs the plain path)."""
+    positions 0..L-1, before ``final_norm``; None when a layer is not plain or MLX's default
+    device is not the CPU (the caller then runs the plain path)."""
+    if not device.is_cpu():
+        return None
     weights = [layer_weights(layer) for layer in encoder.layers]
     if any(w is None for w in weights):
         return None
@@ -292,7 +298,7 @@ def forward(encoder, x, mask, mode):
         return mx.concatenate(outs, axis=0)
     ctx = FastContext(encoder.args, mask, mode)
     shards = None
-    if len(ss) > 1:
+    if len(ss) > 1 and mask.sum() >= parallel.MIN_ROWS:  # as MiniLM: B=1 L=24 0.89x when split
         shards = [head_shards(layer, len(ss)) for layer in encoder.layers]
     for i, (layer, w) in enumerate(zip(encoder.layers, weights)):
         if shards is not None and shards[i] is not None:
