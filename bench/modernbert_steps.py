@@ -87,7 +87,9 @@ def run(enc, shapes, rounds, iters, block_s):
     mx.set_cache_limit(cache_default)
     parallel.streams()
     for B, L in shapes:
-        ids = mx.array(np.random.default_rng(0).integers(1000, 30000, (B, L)).astype(np.int32))
+        vocab = enc.args.vocab_size  # ids past the table would read out of bounds
+        ids = mx.array(np.random.default_rng(0).integers(min(1000, vocab // 2), min(30000, vocab),
+                                                         (B, L)).astype(np.int32))
         mask = mx.ones((B, L), mx.int32)
 
         def fwd():
@@ -121,18 +123,26 @@ def run(enc, shapes, rounds, iters, block_s):
                   flush=True)
 
 
+def shape(text):
+    """``"BxL"`` -> (B, L) ints >= 1 (argparse type: a bad value is one line, exit 2)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not BxL (e.g. 1x24)")
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="a saved ModernBERT folder (default: build one)")
     p.add_argument("--layers", type=int, default=3, help="layers of the built model")
-    p.add_argument("--shapes", nargs="+", default=["1x24", "1x128", "1x512", "8x24", "8x128"],
-                   help="BxL shapes")
+    p.add_argument("--shapes", nargs="+", type=shape,
+                   default=[(1, 24), (1, 128), (1, 512), (8, 24), (8, 128)], help="BxL shapes")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=5, help="timed calls per block at most")
     p.add_argument("--block-s", type=float, default=0.3)
     p.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", sys.executable))
     args = p.parse_args(argv)
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
+    shapes = args.shapes
     from variants.checkpoint import load_checkpoint
     with tempfile.TemporaryDirectory(prefix="mbsteps-") as tmp:
         path = args.model

@@ -128,10 +128,12 @@ def head_shards(layer, k):
     parallelism): a list of (w_qkv_t, b_qkv, w_o_t, w_in_t, b_in, w_gate_t, b_gate, w_out_t),
     or None (plain path, or fewer than 2 parts)."""
     w = layer_weights(layer)
+    if w is None:
+        return None
     att = layer.attn
-    F = layer.mlp.Wo.weight.shape[1]
+    F = w[8].shape[0]
     k = min(k, att.n_heads, F)
-    if w is None or k < 2:
+    if k < 2:
         return None
     cache = layer.__dict__.setdefault("_fast_shards", DerivedWeights())
 
@@ -157,9 +159,11 @@ class FastContext:
     0..L-1: rotary tables per θ, the attention biases laid out keys first (``bias_t``: (B, 1, L,
     1) padding bias or None; ``local_t``: the local layers' (B or 1, 1, L, L) bias with the
     window, or ``bias_t`` when the window covers every key) and the local layers'
-    :class:`variants.modernbert_window.WindowPlan` when they take the windowed path."""
+    :class:`variants.modernbert_window.WindowPlan` (``plan``, its bias transposed in
+    ``plan_bias_t``; one row when no key is padding) when they take the windowed path.
+    ``mode``: auto / windowed / masked (:func:`variants.modernbert_window.resolve_mode`)."""
 
-    def __init__(self, args, mask, mode, *, rows=None, parent=None):
+    def __init__(self, args, mask, mode):
         self.args = args
         B, L = mask.shape
         half = args.local_attention // 2
