@@ -12,7 +12,9 @@ embed -> apply_layer over all -> finish.
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
+from variants import modernbert_fast, parallel
 from variants import modernbert_window as window
 from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
@@ -95,9 +97,14 @@ class ModernBertEncoder(nn.Module):
     whose ``hidden_states`` are the embeddings and each layer's output before it (as HF).
 
     ``local_attention_impl``: ``auto`` / ``windowed`` / ``masked`` for the local layers (see
-    :mod:`variants.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``."""
+    :mod:`variants.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``.
+
+    ``fast`` (default True): without hidden states or probabilities, and outside
+    :func:`variants.parallel.single_stream`, the stack runs on :mod:`variants.modernbert_fast`
+    (same outputs to float32 round-off); False keeps the plain layer-by-layer path."""
 
     local_attention_impl = None
+    fast = True
 
     def __init__(self, args: ModernBertArgs):
         super().__init__()
@@ -130,6 +137,12 @@ class ModernBertEncoder(nn.Module):
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
         x = self.embed(input_ids)
+        if self.fast and not (output_hidden_states or output_attentions
+                              or parallel.whole_batches()):
+            y = modernbert_fast.forward(self, x, np.array(attention_mask),
+                                        window.resolve_mode(self.local_attention_impl))
+            if y is not None:
+                return EncoderOutput(self.finish(y))
         ctx = self.context(attention_mask)
         hidden = [x] if output_hidden_states else None
         attns = [] if output_attentions else None
