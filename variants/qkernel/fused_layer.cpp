@@ -1,0 +1,474 @@
+// A whole post-norm BERT encoder layer as ONE MLX CPU primitive (mlx-variants,
+// variants/fused_layer.py is the Python side).
+//
+//   y = LN2(h + GELU(h Wi + bi) Wu + bu),  h = LN1(x + Attn(x) Wo + bo)
+//
+// with the reference's folded weights (variants/fused.py): one (D, 3D) q|k|v weight with
+// 1/sqrt(head_dim) folded into the query part and its bias, no key bias (softmax ignores it),
+// the value bias folded into bo. Rows are sequences laid end to end: `lens` gives each
+// sequence's row count (a padded (B, L) batch: B times L; a packed batch: the real tokens of each
+// sequence). Each sequence's rows attend to its own rows only, with an optional additive key
+// bias per row (the padding bias), so one primitive serves the padded and the packed layouts.
+//
+// Why: at B=1 L=24 a layer is ~30 MLX ops of ~16 us fixed cost each; here it is one op whose
+// arithmetic is 5 cblas_sgemm calls (projections, OpenBLAS), 2 small sgemm per (sequence, head)
+// for the attention, and fused row loops (softmax with exp(s - max), bias + GELU,
+// residual + layer norm). `threads` > 0: OpenBLAS runs that many threads during the call (its
+// previous setting restored after), for a caller that knows no other stream is busy (B = 1).
+//
+// Numerics (float32 throughout): softmax exp(s - rowmax) by the Cody-Waite reduction and the
+// Cephes expf polynomial (max rel. error ~1.2e-7, as variants/fast_ops.exp_nonpositive),
+// normalised after e @ V; GELU 0.5x(1 + erf(x/sqrt 2)) with erf as Eigen's rational
+// approximation (as variants/fast_ops.gelu); layer norm two-pass (mean, then the mean of squared
+// deviations: no E[x^2] - mean^2 cancellation). AVX2+FMA code (compiled from the same loops in a
+// target("avx2,fma") clone, chosen at run time) and a portable build of the same loops.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <dlfcn.h>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
+                            float alpha, const float* a, int lda, const float* b, int ldb,
+                            float beta, float* c, int ldc);
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx::core {
+
+namespace {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+#define FL_INLINE inline __attribute__((always_inline))
+
+// ---- row loops (always inlined into the AVX2 clone and into the portable entry) ----------
+
+FL_INLINE float exp_nonpos(float x) {
+  // exp(x) for x <= 0 (Cody & Waite 1980 reduction, Cephes expf polynomial)
+  x = x < -87.3f ? -87.3f : x;
+  const float n = (x * 1.4426950408889634f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return (p * r2 + r + 1.0f) * scale;
+}
+
+FL_INLINE float gelu_erf(float x) {
+  // 0.5 x (1 + erf(x / sqrt 2)), erf(u) ~ u P(u^2) / Q(u^2) on |u| <= 4 (Eigen / XLA float32)
+  float u = x * 0.70710678118654752f;
+  u = u < -4.0f ? -4.0f : (u > 4.0f ? 4.0f : u);
+  const float z = u * u;
+  float p = -2.72614225801306e-10f;
+  p = p * z + 2.77068142495902e-08f;
+  p = p * z + -2.10102402082508e-06f;
+  p = p * z + -5.69250639462346e-05f;
+  p = p * z + -7.34990630326855e-04f;
+  p = p * z + -2.95459980854025e-03f;
+  p = p * z + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * z + -2.13374055278905e-04f;
+  q = q * z + -1.68282697438203e-03f;
+  q = q * z + -7.37332916720468e-03f;
+  q = q * z + -1.42647390514189e-02f;
+  const float half = 0.5f * x;
+  return half + (half * u) * p / q;
+}
+
+// e = exp(s + kb - max(s + kb)) in place over one row of n scores; returns sum(e)
+FL_INLINE float softmax_row(float* s, const float* kb, int n) {
+  float m = -INFINITY;
+  if (kb) {
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < n; ++j) {
+      s[j] += kb[j];
+      m = std::max(m, s[j]);
+    }
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    s[j] = exp_nonpos(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// out = LN(a + b) * g + beta over one row of d (out may alias a or b)
+FL_INLINE void add_layer_norm_row(const float* a, const float* b, const float* g,
+                                  const float* beta, float eps, float* out, int d) {
+  float mean = 0.0f;
+#pragma omp simd reduction(+ : mean)
+  for (int j = 0; j < d; ++j) {
+    out[j] = a[j] + b[j];
+    mean += out[j];
+  }
+  mean /= float(d);
+  float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int j = 0; j < d; ++j) {
+    const float c = out[j] - mean;
+    var += c * c;
+  }
+  const float inv = 1.0f / std::sqrt(var / float(d) + eps);
+#pragma omp simd
+  for (int j = 0; j < d; ++j) out[j] = (out[j] - mean) * inv * g[j] + beta[j];
+}
+
+FL_INLINE void fill_rows(float* c, const float* bias, int64_t rows, int64_t n, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(c + i * ldc, bias, size_t(n) * sizeof(float));
+}
+
+// ---- C (M, N) += A (M, K) B (K, N) for few rows M (<= 32: one short sequence). OpenBLAS packs
+// the whole of B (a weight, K x N) on every call, which at M = 24 costs a good part of what the
+// arithmetic does; here B comes pre-packed once per weight set as N/16 panels of K x 16
+// (contiguous), and each 6-row tile of A runs over a panel with 6 x 16 accumulators in 12 AVX
+// registers (measured alone, M = 24, MiniLM's four GEMMs: 0.85-1.2 ms against OpenBLAS's
+// 1.08-1.34; at M >= 48 OpenBLAS is as fast or faster, so larger calls use it).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+template <int MR>
+__attribute__((target("avx2,fma"))) FL_INLINE void tile_avx2(int K, const float* A, int lda,
+                                                             const float* P, float* C,
+                                                             int ldc) {
+  __m256 c0[MR], c1[MR];
+  for (int i = 0; i < MR; ++i) {
+    c0[i] = _mm256_loadu_ps(C + int64_t(i) * ldc);
+    c1[i] = _mm256_loadu_ps(C + int64_t(i) * ldc + 8);
+  }
+  for (int k = 0; k < K; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(P + 16 * k), b1 = _mm256_loadu_ps(P + 16 * k + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(A + int64_t(i) * lda + k);
+      c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(C + int64_t(i) * ldc, c0[i]);
+    _mm256_storeu_ps(C + int64_t(i) * ldc + 8, c1[i]);
+  }
+}
+
+// P: N/16 panels, panel p = B[:, 16p:16p+16] as K x 16 row-major (N % 16 == 0)
+__attribute__((target("avx2,fma"))) void panel_gemm_avx2(int M, int N, int K, const float* A,
+                                                         int lda, const float* P, float* C,
+                                                         int ldc) {
+  for (int n0 = 0; n0 < N; n0 += 16) {
+    const float* p = P + int64_t(n0) * K;
+    int m0 = 0;
+    for (; m0 + 6 <= M; m0 += 6)
+      tile_avx2<6>(K, A + int64_t(m0) * lda, lda, p, C + int64_t(m0) * ldc + n0, ldc);
+    const float* a = A + int64_t(m0) * lda;
+    float* c = C + int64_t(m0) * ldc + n0;
+    switch (M - m0) {
+      case 5: tile_avx2<5>(K, a, lda, p, c, ldc); break;
+      case 4: tile_avx2<4>(K, a, lda, p, c, ldc); break;
+      case 3: tile_avx2<3>(K, a, lda, p, c, ldc); break;
+      case 2: tile_avx2<2>(K, a, lda, p, c, ldc); break;
+      case 1: tile_avx2<1>(K, a, lda, p, c, ldc); break;
+      default: break;
+    }
+  }
+}
+#define FL_HAVE_PANELS 1
+#endif
+
+// C += A B: by the panel kernel when panels P are given and the CPU has AVX2+FMA, else OpenBLAS
+void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, const float* P,
+              float* C, int ldc, bool avx2) {
+#ifdef FL_HAVE_PANELS
+  if (avx2 && P) return panel_gemm_avx2(M, N, K, A, lda, P, C, ldc);
+#endif
+  cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, M, N, K, 1.0f, A, lda, B, N, 1.0f, C, ldc);
+}
+
+struct Args {
+  const float *x, *kb, *w_qkv, *b_q, *w_o, *b_o, *g1, *be1, *w_i, *b_i, *w_u, *b_u, *g2, *be2;
+  const float *p_qkv, *p_o, *p_i, *p_u;  // the weights as 16-column panels, or all null
+  float *y, *qkv, *ctx, *h, *inter, *scores;
+  const int* lens;
+  int n_seqs, rows, d, f, heads, act;
+  bool avx2;
+  float eps1, eps2;
+};
+
+FL_INLINE void layer_impl(const Args& a) {
+  const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  // q|k|v = x Wqkv (+ b_q on the query columns)
+  for (int i = 0; i < N; ++i) {
+    std::memcpy(a.qkv + int64_t(i) * D3, a.b_q, size_t(D) * sizeof(float));
+    std::memset(a.qkv + int64_t(i) * D3 + D, 0, size_t(2 * D) * sizeof(float));
+  }
+  gemm_acc(N, D3, D, a.x, D, a.w_qkv, a.p_qkv, a.qkv, D3, a.avx2);
+  // attention per (sequence, head): S = Q K^T, e = exp(S + kb - max), ctx = (e V) / sum(e)
+  int r0 = 0;
+  for (int s = 0; s < a.n_seqs; ++s) {
+    const int L = a.lens[s];
+    if (L == 0) continue;
+    const float* kb = a.kb ? a.kb + r0 : nullptr;
+    for (int h = 0; h < a.heads; ++h) {
+      const float* q = a.qkv + int64_t(r0) * D3 + h * hd;
+      const float* k = q + D;
+      const float* v = q + 2 * D;
+      float* c = a.ctx + int64_t(r0) * D + h * hd;
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, k, D3, 0.0f, a.scores,
+                  L);
+      float inv[4096];
+      float* invp = L <= 4096 ? inv : nullptr;
+      std::vector<float> big;
+      if (!invp) {
+        big.resize(L);
+        invp = big.data();
+      }
+      for (int i = 0; i < L; ++i) invp[i] = 1.0f / softmax_row(a.scores + int64_t(i) * L, kb, L);
+      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, a.scores, L, v, D3, 0.0f, c,
+                  D);
+      for (int i = 0; i < L; ++i) {
+        float* ci = c + int64_t(i) * D;
+        const float t = invp[i];
+#pragma omp simd
+        for (int j = 0; j < hd; ++j) ci[j] *= t;
+      }
+    }
+    r0 += L;
+  }
+  // h = LN1(x + ctx Wo + bo)
+  fill_rows(a.h, a.b_o, N, D, D);
+  gemm_acc(N, D, D, a.ctx, D, a.w_o, a.p_o, a.h, D, a.avx2);
+  for (int i = 0; i < N; ++i) {
+    float* hi = a.h + int64_t(i) * D;
+    add_layer_norm_row(a.x + int64_t(i) * D, hi, a.g1, a.be1, a.eps1, hi, D);
+  }
+  // inter = act(h Wi + bi)
+  fill_rows(a.inter, a.b_i, N, F, F);
+  gemm_acc(N, F, D, a.h, D, a.w_i, a.p_i, a.inter, F, a.avx2);
+  const int64_t NF = int64_t(N) * F;
+  float* t = a.inter;
+  if (a.act == 0) {
+#pragma omp simd
+    for (int64_t j = 0; j < NF; ++j) t[j] = gelu_erf(t[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < NF; ++j) t[j] = t[j] > 0.0f ? t[j] : 0.0f;
+  }
+  // y = LN2(h + inter Wu + bu)
+  fill_rows(a.y, a.b_u, N, D, D);
+  gemm_acc(N, D, F, a.inter, F, a.w_u, a.p_u, a.y, D, a.avx2);
+  for (int i = 0; i < N; ++i) {
+    float* yi = a.y + int64_t(i) * D;
+    add_layer_norm_row(a.h + int64_t(i) * D, yi, a.g2, a.be2, a.eps2, yi, D);
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FL_HAVE_AVX2 1
+__attribute__((target("avx2,fma"))) void layer_avx2(const Args& a) { layer_impl(a); }
+#endif
+
+void layer_portable(const Args& a) { layer_impl(a); }
+
+std::atomic<bool> g_allow_avx2{true};
+
+bool cpu_has_avx2_fma() {
+#ifdef FL_HAVE_AVX2
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// OpenBLAS's thread count, set for the duration of a call (no-op when the BLAS is not OpenBLAS)
+struct BlasThreads {
+  using Set = void (*)(int);
+  using Get = int (*)();
+  int old = -1;
+  Set set = nullptr;
+  explicit BlasThreads(int n) {
+    if (n <= 0) return;
+    set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    if (!set || !get) {
+      set = nullptr;
+      return;
+    }
+    old = get();
+    if (old == n) {
+      set = nullptr;
+      return;
+    }
+    set(n);
+  }
+  ~BlasThreads() {
+    if (set) set(old);
+  }
+};
+
+}  // namespace
+
+class FusedBertLayerCpu : public UnaryPrimitive {
+ public:
+  FusedBertLayerCpu(Stream s, std::vector<int> lens, bool has_kb, int heads, float eps1,
+                    float eps2, int act, int threads)
+      : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), heads_(heads),
+        eps1_(eps1), eps2_(eps2), act_(act), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    std::vector<array> ins;
+    for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
+    enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
+                  has_kb = has_kb_, heads = heads_, eps1 = eps1_, eps2 = eps2_, act = act_,
+                  threads = threads_]() mutable {
+      const int N = ins[0].shape(0), D = ins[0].shape(1);
+      int i = has_kb ? 2 : 1;
+      auto p = [&](int j) { return ins[j].data<float>(); };
+      const int F = ins[i + 6].shape(1);
+      const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+      const size_t floats = size_t(N) * (3 * D + D + D + F) + size_t(Lmax) * Lmax;
+      auto buf = allocator::allocator().malloc(floats * sizeof(float));
+      float* w = static_cast<float*>(buf.raw_ptr());
+      const bool panels = int(ins.size()) == i + 16;
+      auto q = [&](int j) { return panels ? p(i + 12 + j) : nullptr; };
+      Args a{p(0), has_kb ? p(1) : nullptr, p(i), p(i + 1), p(i + 2), p(i + 3), p(i + 4),
+             p(i + 5), p(i + 6), p(i + 7), p(i + 8), p(i + 9), p(i + 10), p(i + 11),
+             q(0), q(1), q(2), q(3),
+             o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
+             w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
+             int(lens.size()), N, D, F, heads, act, false, eps1, eps2};
+      {
+        BlasThreads bt(threads);
+#ifdef FL_HAVE_AVX2
+        a.avx2 = g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+        if (a.avx2)
+          layer_avx2(a);
+        else
+#endif
+          layer_portable(a);
+      }
+      allocator::allocator().free(buf);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("FusedBertLayerCpu has no GPU implementation");
+  }
+  DEFINE_NAME(FusedBertLayerCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const FusedBertLayerCpu&>(other);
+    return lens_ == o.lens_ && has_kb_ == o.has_kb_ && heads_ == o.heads_ &&
+           eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ && threads_ == o.threads_;
+  }
+
+ private:
+  std::vector<int> lens_;
+  bool has_kb_;
+  int heads_;
+  float eps1_, eps2_;
+  int act_, threads_;
+};
+
+namespace {
+
+array contig(const array& a, const Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return contiguous(a, false, s);
+}
+
+void need(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("fused_layer: ") + what);
+}
+
+}  // namespace
+
+array fused_bert_layer_cpu(const array& x, const std::vector<int>& lens,
+                           const std::optional<array>& key_bias, const std::vector<array>& w,
+                           int heads, float eps1, float eps2, int act, int threads) {
+  auto s = to_stream({});
+  need(s.device == Device::cpu, "CPU stream only");
+  need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
+  need(w.size() == 12 || w.size() == 16,
+       "weights: w_qkv_t, b_q, w_o_t, b_o, g1, b1, w_i_t, b_i, w_u_t, b_u, g2, b2 [, the four "
+       "weights as 16-column panels]");
+  const int N = x.shape(0), D = x.shape(1);
+  need(heads > 0 && D % heads == 0, "heads must divide D");
+  need(act == 0 || act == 1, "act must be 0 (erf GELU) or 1 (ReLU)");
+  int64_t total = 0;
+  for (int L : lens) {
+    need(L >= 0, "lens must be >= 0");
+    total += L;
+  }
+  need(total == N, "lens must sum to the rows of x");
+  for (auto& a : w) need(a.dtype() == float32, "weights must be float32");
+  const int F = w[6].ndim() == 2 ? w[6].shape(1) : -1;
+  need(w[0].ndim() == 2 && w[0].shape(0) == D && w[0].shape(1) == 3 * D, "w_qkv_t (D, 3D)");
+  need(w[2].ndim() == 2 && w[2].shape(0) == D && w[2].shape(1) == D, "w_o_t (D, D)");
+  need(F > 0 && w[6].shape(0) == D, "w_i_t (D, F)");
+  need(w[8].ndim() == 2 && w[8].shape(0) == F && w[8].shape(1) == D, "w_u_t (F, D)");
+  for (int j : {1, 3, 4, 5, 9, 10, 11}) need(w[j].ndim() == 1 && w[j].shape(0) == D, "(D,) vectors");
+  need(w[7].ndim() == 1 && w[7].shape(0) == F, "b_i (F,)");
+  if (w.size() == 16) {  // panels: (N/16, K, 16) of each (K, N) weight
+    const int kn[4][2] = {{D, 3 * D}, {D, D}, {D, F}, {F, D}};
+    for (int j = 0; j < 4; ++j)
+      need(kn[j][1] % 16 == 0 && w[12 + j].ndim() == 3 && w[12 + j].shape(0) == kn[j][1] / 16 &&
+               w[12 + j].shape(1) == kn[j][0] && w[12 + j].shape(2) == 16,
+           "panels (N/16, K, 16) of w_qkv_t, w_o_t, w_i_t, w_u_t");
+  }
+  std::vector<array> in = {contig(x, s)};
+  if (key_bias) {
+    need(key_bias->dtype() == float32 && key_bias->size() == size_t(N), "key_bias (rows,)");
+    in.push_back(contig(reshape(*key_bias, {N}, s), s));
+  }
+  for (auto& a : w) in.push_back(contig(a, s));
+  return array({N, D}, float32,
+               std::make_shared<FusedBertLayerCpu>(s, lens, bool(key_bias), heads, eps1, eps2,
+                                                   act, threads),
+               in);
+}
+
+void register_fused_layer(nb::module_& m) {
+  m.def("fused_bert_layer", &fused_bert_layer_cpu, "x"_a, "lens"_a, "key_bias"_a = nb::none(),
+        "weights"_a, "heads"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0,
+        "One post-norm BERT layer on rows x (N, D) float32 (sequences of `lens` rows end to "
+        "end), folded weights (see fused_layer.cpp); CPU stream. -> (N, D).");
+  m.def("fused_allow_avx2", [](bool on) { return g_allow_avx2.exchange(on); }, "on"_a,
+        "Allow (True, the default) or forbid the AVX2+FMA build of the layer's loops; returns "
+        "the previous setting.");
+  m.def("fused_has_avx2", &cpu_has_avx2_fma, "Whether the AVX2+FMA loops can run here.");
+}
+
+}  // namespace mlx::core
