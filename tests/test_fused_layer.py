@@ -88,11 +88,13 @@ def _small(act="gelu", seed=3):
     return e
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["one-part", "two-parts"])
 @pytest.mark.parametrize("act", ["gelu", "relu"])
 @pytest.mark.parametrize("B,L,padded", [(1, 1, False), (1, 24, False), (2, 7, True),
                                         (3, 40, True), (1, 512, False)])
-def test_layer_equals_float64_numpy(qk, act, B, L, padded):
-    """Real positions within 2e-5 of the float64 layer (padded query rows are not compared)."""
+def test_layer_equals_float64_numpy(qk, act, B, L, padded, threads):
+    """Real positions within 2e-5 of the float64 layer (padded query rows are not compared),
+    run in one part or split in two (heads, columns, rows) over the kernel's helper thread."""
     layer = _small(act).layers[0]
     rng = np.random.default_rng(B * 1000 + L)
     x = rng.standard_normal((B, L, 32)).astype(np.float32)
@@ -101,7 +103,7 @@ def test_layer_equals_float64_numpy(qk, act, B, L, padded):
         for b, n in enumerate(rng.integers(1, L + 1, B)):
             mask[b, n:] = 0
     bias = None if mask.all() else attention_bias(mx.array(mask))
-    y = fused_layer.forward(layer, mx.array(x), bias)
+    y = fused_layer.forward(layer, mx.array(x), bias, threads=threads)
     assert y is not None
     kb = None if bias is None else np.array(bias).reshape(B, L)
     want = _numpy_layer(layer, x, kb)
@@ -175,13 +177,17 @@ def test_switch_off_and_missing_kernel_fall_back(monkeypatch):
 def test_non_reference_layers_take_the_mlx_path(qk):
     enc = _small()
     layer = enc.layers[0]
-    assert fused_layer.path_name(enc.layers) == fused_layer.NAME
+    assert fused_layer.path_name(enc.layers) == fused_layer.used_in(enc) == fused_layer.NAME
     x = mx.array(np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32))
     per_query = mx.zeros((2, 1, 5, 5))
     assert fused_layer.forward(layer, x, per_query) is None
     layer.attention.query = nn.QuantizedLinear.from_linear(layer.attention.query, 32, 8)
     assert fused_layer.weights(layer) is None and fused_layer.forward(layer, x, None) is None
     assert fused_layer.path_name(enc.layers) is None
+    assert fused_layer.used_in(enc) == fused_layer.NAME  # layer 1 still runs compiled
+    for lyr in enc.layers:
+        lyr.intermediate = nn.QuantizedLinear.from_linear(lyr.intermediate, 32, 8)
+    assert fused_layer.used_in(enc) is None
     other = _small("gelu_new").layers[0]
     assert fused_layer.weights(other) is None
 
@@ -206,3 +212,15 @@ def test_bad_arguments_are_refused(qk):
     with pytest.raises(ValueError, match="w_qkv_t"):
         qk.fused_bert_layer(mx.zeros((4, 32)), [4], None, [w[2]] + w[1:], heads=4, eps1=1e-6,
                             eps2=1e-6)
+
+
+def test_panel_cache_starts_empty_in_deep_copies(qk):
+    import copy
+
+    layer = _small().layers[0]
+    x = mx.array(np.random.default_rng(4).standard_normal((1, 9, 32)).astype(np.float32))
+    y = np.array(fused_layer.forward(layer, x, None))
+    assert layer._fused_panels.arrays is not None
+    twin = copy.deepcopy(layer)
+    assert twin._fused_panels.arrays is None
+    np.testing.assert_array_equal(np.array(fused_layer.forward(twin, x, None)), y)

@@ -49,16 +49,15 @@ def _kernel():
 
 
 def one_stream_threads():
-    """OpenBLAS threads for a compiled layer that runs while no other stream is busy (B = 1):
-    ``VARIANTS_FUSED_THREADS`` (default 1), or 0 (leave OpenBLAS as it is) when the stream
-    split is off (:func:`variants.parallel.streams` then leaves OpenBLAS's own thread count).
-    Measured on the shared 2-core machine (load ~5), B = 1, L = 24 / 512, whole forward:
-    1 thread 11.8 / 401 ms (best of 90 / 18), 2 threads 17.5 / 632 ms: OpenBLAS's second thread
-    spin-waits and loses its core to other processes."""
-    if len(parallel.streams()) == 1:
-        return 0
+    """How many parts a compiled layer splits into when no other stream is busy (B = 1): each
+    phase's heads, output columns or rows in two, the second part on the kernel's helper thread
+    (blocking waits, no spinning). ``VARIANTS_FUSED_THREADS`` (1 or 2; default: the number of
+    streams, at most 2), 1 when the stream split is off."""
+    n = len(parallel.streams())
+    if n == 1:
+        return 1
     raw = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else 1
+    return int(raw) if raw in ("1", "2") else min(n, 2)
 
 
 def _affine_norm(n):
@@ -119,8 +118,8 @@ def _run(kernel, layer, w, rows, lens, key_bias, threads):
 def forward(layer, x, bias, threads=0):
     """The layer on ``x`` (B, L, D) float32 with ``bias`` (B or 1, 1, 1, L) additive key bias or
     None -> (B, L, D), or None when the fused layer does not apply (the caller runs the MLX
-    path). ``threads`` > 0: OpenBLAS threads during the call (only when no other stream is
-    busy), 0: as set."""
+    path). ``threads`` >= 2: split over the kernel's helper thread (only when no other stream
+    is busy, :func:`one_stream_threads`); 0 or 1: on the calling stream alone."""
     kernel = _kernel()
     if kernel is None or x.ndim != 3 or x.dtype != mx.float32:
         return None
@@ -160,6 +159,15 @@ def applies(layers):
 def path_name(layers):
     """``"fused-layer-cpp"`` when :func:`applies`, else None."""
     return NAME if layers and applies(layers) else None
+
+
+def used_in(module):
+    """``"fused-layer-cpp"`` when any BERT layer (:class:`variants.encoder.TransformerLayer`)
+    of ``module`` (an ``nn.Module``) runs compiled here, else None: for timing records."""
+    from variants.encoder import TransformerLayer
+
+    layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
+    return NAME if any(applies([layer]) for layer in layers) else None
 
 
 def lens_of(mask_rows):

@@ -13,8 +13,9 @@
 // Why: at B=1 L=24 a layer is ~30 MLX ops of ~16 us fixed cost each; here it is one op whose
 // arithmetic is 5 cblas_sgemm calls (projections, OpenBLAS), 2 small sgemm per (sequence, head)
 // for the attention, and fused row loops (softmax with exp(s - max), bias + GELU,
-// residual + layer norm). `threads` > 0: OpenBLAS runs that many threads during the call (its
-// previous setting restored after), for a caller that knows no other stream is busy (B = 1).
+// residual + layer norm). `threads` >= 2: the layer's work is split in two parts (heads, output
+// columns, rows), the second run by one helper thread of this library, for a caller that knows
+// no other stream is busy (B = 1); OpenBLAS keeps its own thread setting (1 under the streams).
 //
 // Numerics (float32 throughout): softmax exp(s - rowmax) by the Cody-Waite reduction and the
 // Cephes expf polynomial (max rel. error ~1.2e-7, as variants/fast_ops.exp_nonpositive),
@@ -28,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <dlfcn.h>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -205,99 +205,202 @@ __attribute__((target("avx2,fma"))) void panel_gemm_avx2(int M, int N, int K, co
 #define FL_HAVE_PANELS 1
 #endif
 
-// C += A B: by the panel kernel when panels P are given and the CPU has AVX2+FMA, else OpenBLAS
-void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, const float* P,
-              float* C, int ldc, bool avx2) {
+// C (M, N) += A B, B the columns [c0, c0 + N) of a (K, ldb) weight: by the panel kernel when
+// its panels P are given, the block starts and ends on a panel edge and the CPU has AVX2+FMA,
+// else OpenBLAS
+void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, int ldb, int c0,
+              const float* P, float* C, int ldc, bool avx2) {
+  if (N <= 0 || M <= 0) return;
 #ifdef FL_HAVE_PANELS
-  if (avx2 && P) return panel_gemm_avx2(M, N, K, A, lda, P, C, ldc);
+  if (avx2 && P && c0 % 16 == 0 && N % 16 == 0)
+    return panel_gemm_avx2(M, N, K, A, lda, P + int64_t(c0) * K, C, ldc);
 #endif
-  cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, M, N, K, 1.0f, A, lda, B, N, 1.0f, C, ldc);
+  cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, M, N, K, 1.0f, A, lda, B + c0, ldb, 1.0f, C, ldc);
 }
 
 struct Args {
   const float *x, *kb, *w_qkv, *b_q, *w_o, *b_o, *g1, *be1, *w_i, *b_i, *w_u, *b_u, *g2, *be2;
   const float *p_qkv, *p_o, *p_i, *p_u;  // the weights as 16-column panels, or all null
-  float *y, *qkv, *ctx, *h, *inter, *scores;
+  float *y, *qkv, *ctx, *h, *inter, *scores;  // scores: lmax^2 floats per part
   const int* lens;
-  int n_seqs, rows, d, f, heads, act;
+  int n_seqs, rows, d, f, heads, act, lmax;
   bool avx2;
   float eps1, eps2;
 };
 
-FL_INLINE void layer_impl(const Args& a) {
-  const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
-  // q|k|v = x Wqkv (+ b_q on the query columns)
-  for (int i = 0; i < N; ++i) {
-    std::memcpy(a.qkv + int64_t(i) * D3, a.b_q, size_t(D) * sizeof(float));
-    std::memset(a.qkv + int64_t(i) * D3 + D, 0, size_t(2 * D) * sizeof(float));
-  }
-  gemm_acc(N, D3, D, a.x, D, a.w_qkv, a.p_qkv, a.qkv, D3, a.avx2);
-  // attention per (sequence, head): S = Q K^T, e = exp(S + kb - max), ctx = (e V) / sum(e)
-  int r0 = 0;
-  for (int s = 0; s < a.n_seqs; ++s) {
-    const int L = a.lens[s];
-    if (L == 0) continue;
-    const float* kb = a.kb ? a.kb + r0 : nullptr;
-    for (int h = 0; h < a.heads; ++h) {
-      const float* q = a.qkv + int64_t(r0) * D3 + h * hd;
-      const float* k = q + D;
-      const float* v = q + 2 * D;
-      float* c = a.ctx + int64_t(r0) * D + h * hd;
-      cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, k, D3, 0.0f, a.scores,
-                  L);
-      float inv[4096];
-      float* invp = L <= 4096 ? inv : nullptr;
-      std::vector<float> big;
-      if (!invp) {
-        big.resize(L);
-        invp = big.data();
-      }
-      for (int i = 0; i < L; ++i) invp[i] = 1.0f / softmax_row(a.scores + int64_t(i) * L, kb, L);
-      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, a.scores, L, v, D3, 0.0f, c,
-                  D);
-      for (int i = 0; i < L; ++i) {
-        float* ci = c + int64_t(i) * D;
-        const float t = invp[i];
-#pragma omp simd
-        for (int j = 0; j < hd; ++j) ci[j] *= t;
-      }
-    }
-    r0 += L;
-  }
-  // h = LN1(x + ctx Wo + bo)
-  fill_rows(a.h, a.b_o, N, D, D);
-  gemm_acc(N, D, D, a.ctx, D, a.w_o, a.p_o, a.h, D, a.avx2);
-  for (int i = 0; i < N; ++i) {
-    float* hi = a.h + int64_t(i) * D;
-    add_layer_norm_row(a.x + int64_t(i) * D, hi, a.g1, a.be1, a.eps1, hi, D);
-  }
-  // inter = act(h Wi + bi)
-  fill_rows(a.inter, a.b_i, N, F, F);
-  gemm_acc(N, F, D, a.h, D, a.w_i, a.p_i, a.inter, F, a.avx2);
-  const int64_t NF = int64_t(N) * F;
-  float* t = a.inter;
-  if (a.act == 0) {
-#pragma omp simd
-    for (int64_t j = 0; j < NF; ++j) t[j] = gelu_erf(t[j]);
-  } else {
-#pragma omp simd
-    for (int64_t j = 0; j < NF; ++j) t[j] = t[j] > 0.0f ? t[j] : 0.0f;
-  }
-  // y = LN2(h + inter Wu + bu)
-  fill_rows(a.y, a.b_u, N, D, D);
-  gemm_acc(N, D, F, a.inter, F, a.w_u, a.p_u, a.y, D, a.avx2);
-  for (int i = 0; i < N; ++i) {
-    float* yi = a.y + int64_t(i) * D;
-    add_layer_norm_row(a.h + int64_t(i) * D, yi, a.g2, a.be2, a.eps2, yi, D);
+// part p of n of [0, len), cut at multiples of `unit` when len is one
+FL_INLINE void cut(int len, int unit, int p, int n, int& lo, int& hi) {
+  const int u = len % unit == 0 ? unit : 1, units = len / u;
+  lo = int(int64_t(units) * p / n) * u;
+  hi = int(int64_t(units) * (p + 1) / n) * u;
+}
+
+// columns [c0, c1) of every row of c: the bias's entries, or zeros
+FL_INLINE void fill_cols(float* c, const float* bias, int rows, int c0, int c1, int ldc) {
+  for (int i = 0; i < rows; ++i) {
+    float* ci = c + int64_t(i) * ldc;
+    if (bias)
+      std::memcpy(ci + c0, bias + c0, size_t(c1 - c0) * sizeof(float));
+    else
+      std::memset(ci + c0, 0, size_t(c1 - c0) * sizeof(float));
   }
 }
 
+// The layer in six phases; part p (of n) of a phase touches only its own heads, columns or
+// rows, so the parts of a phase can run at once; the phases follow each other.
+FL_INLINE void phase(const Args& a, int k, int p, int n) {
+  const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  int lo, hi;
+  if (k == 0) {  // q|k|v for this part's heads (+ b_q), then their attention
+    int h0, h1;
+    cut(a.heads, 1, p, n, h0, h1);
+    lo = h0 * hd, hi = h1 * hd;
+    for (int j = 0; j < 3; ++j) {
+      float* c = a.qkv + j * D;
+      fill_cols(c, j == 0 ? a.b_q : nullptr, N, lo, hi, D3);
+      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2);
+    }
+    float* scores = a.scores + int64_t(p) * a.lmax * a.lmax;
+    std::vector<float> inv(size_t(a.lmax));
+    int r0 = 0;
+    for (int s = 0; s < a.n_seqs; ++s) {
+      const int L = a.lens[s];
+      if (L == 0) continue;
+      const float* kb = a.kb ? a.kb + r0 : nullptr;
+      for (int h = h0; h < h1; ++h) {
+        // S = Q K^T, e = exp(S + kb - rowmax), ctx = (e V) / rowsum(e)
+        const float* q = a.qkv + int64_t(r0) * D3 + h * hd;
+        const float* kk = q + D;
+        const float* v = q + 2 * D;
+        float* c = a.ctx + int64_t(r0) * D + h * hd;
+        cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, kk, D3, 0.0f, scores, L);
+        for (int i = 0; i < L; ++i) inv[i] = 1.0f / softmax_row(scores + int64_t(i) * L, kb, L);
+        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, scores, L, v, D3, 0.0f, c, D);
+        for (int i = 0; i < L; ++i) {
+          float* ci = c + int64_t(i) * D;
+          const float t = inv[i];
+#pragma omp simd
+          for (int j = 0; j < hd; ++j) ci[j] *= t;
+        }
+      }
+      r0 += L;
+    }
+  } else if (k == 1) {  // h = ctx Wo + bo, this part's columns
+    cut(D, 16, p, n, lo, hi);
+    fill_cols(a.h, a.b_o, N, lo, hi, D);
+    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2);
+  } else if (k == 2) {  // h = LN1(x + h), this part's rows
+    cut(N, 1, p, n, lo, hi);
+    for (int i = lo; i < hi; ++i) {
+      float* r = a.h + int64_t(i) * D;
+      add_layer_norm_row(a.x + int64_t(i) * D, r, a.g1, a.be1, a.eps1, r, D);
+    }
+  } else if (k == 3) {  // inter = act(h Wi + bi), this part's columns
+    cut(F, 16, p, n, lo, hi);
+    fill_cols(a.inter, a.b_i, N, lo, hi, F);
+    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2);
+    for (int i = 0; i < N; ++i) {
+      float* t = a.inter + int64_t(i) * F;
+      if (a.act == 0) {
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) t[j] = gelu_erf(t[j]);
+      } else {
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) t[j] = t[j] > 0.0f ? t[j] : 0.0f;
+      }
+    }
+  } else if (k == 4) {  // y = inter Wu + bu, this part's columns
+    cut(D, 16, p, n, lo, hi);
+    fill_cols(a.y, a.b_u, N, lo, hi, D);
+    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2);
+  } else {  // y = LN2(h + y), this part's rows
+    cut(N, 1, p, n, lo, hi);
+    for (int i = lo; i < hi; ++i) {
+      float* r = a.y + int64_t(i) * D;
+      add_layer_norm_row(a.h + int64_t(i) * D, r, a.g2, a.be2, a.eps2, r, D);
+    }
+  }
+}
+
+constexpr int kPhases = 6;
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FL_HAVE_AVX2 1
-__attribute__((target("avx2,fma"))) void layer_avx2(const Args& a) { layer_impl(a); }
+__attribute__((target("avx2,fma"))) void phase_avx2(const Args& a, int k, int p, int n) {
+  phase(a, k, p, n);
+}
 #endif
 
-void layer_portable(const Args& a) { layer_impl(a); }
+void phase_portable(const Args& a, int k, int p, int n) { phase(a, k, p, n); }
+
+void run_phase(const Args& a, int k, int p, int n) {
+#ifdef FL_HAVE_AVX2
+  if (a.avx2) return phase_avx2(a, k, p, n);
+#endif
+  phase_portable(a, k, p, n);
+}
+
+// One helper thread for a layer split in two parts (B = 1: the other stream is idle): the
+// calling thread runs part 0 of each phase, the helper part 1, and each waits for the other
+// (blocking waits, no spinning: on a shared machine a spinning thread keeps a core from the
+// other). Created on first use and never joined (a detached thread parked on its condition
+// variable); one layer at a time uses it (`busy`), a second one meanwhile runs its parts in turn.
+class Helper {
+ public:
+  static Helper& get() {
+    static Helper* h = new Helper();  // leaked on purpose: no join at exit
+    return *h;
+  }
+  std::mutex busy;
+  void run(const Args& a) {
+    for (int k = 0; k < kPhases; ++k) {
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        args_ = &a;
+        phase_ = k;
+        ticket_++;
+      }
+      cv_.notify_one();
+      run_phase(a, k, 0, 2);
+      std::unique_lock<std::mutex> lk(m_);
+      done_cv_.wait(lk, [&] { return done_ == ticket_; });
+    }
+  }
+
+ private:
+  Helper() { std::thread([this] { loop(); }).detach(); }
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return ticket_ != seen; });
+      seen = ticket_;
+      const Args* a = args_;
+      const int k = phase_;
+      lk.unlock();
+      run_phase(*a, k, 1, 2);
+      lk.lock();
+      done_ = seen;
+      lk.unlock();
+      done_cv_.notify_one();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  const Args* args_ = nullptr;
+  int phase_ = 0;
+  uint64_t ticket_ = 0, done_ = 0;
+};
+
+// the layer: split in two parts over the helper when parts >= 2 and it is free, else in turn
+void run_layer(const Args& a, int parts) {
+  if (parts >= 2) {
+    Helper& h = Helper::get();
+    std::unique_lock<std::mutex> lk(h.busy, std::try_to_lock);
+    if (lk.owns_lock()) return h.run(a);
+  }
+  for (int k = 0; k < kPhases; ++k) run_phase(a, k, 0, 1);
+}
 
 std::atomic<bool> g_allow_avx2{true};
 
@@ -309,32 +412,6 @@ bool cpu_has_avx2_fma() {
   return false;
 #endif
 }
-
-// OpenBLAS's thread count, set for the duration of a call (no-op when the BLAS is not OpenBLAS)
-struct BlasThreads {
-  using Set = void (*)(int);
-  using Get = int (*)();
-  int old = -1;
-  Set set = nullptr;
-  explicit BlasThreads(int n) {
-    if (n <= 0) return;
-    set = reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    if (!set || !get) {
-      set = nullptr;
-      return;
-    }
-    old = get();
-    if (old == n) {
-      set = nullptr;
-      return;
-    }
-    set(n);
-  }
-  ~BlasThreads() {
-    if (set) set(old);
-  }
-};
 
 }  // namespace
 
@@ -360,7 +437,8 @@ class FusedBertLayerCpu : public UnaryPrimitive {
       auto p = [&](int j) { return ins[j].data<float>(); };
       const int F = ins[i + 6].shape(1);
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
-      const size_t floats = size_t(N) * (3 * D + D + D + F) + size_t(Lmax) * Lmax;
+      const int parts = threads >= 2 ? 2 : 1;
+      const size_t floats = size_t(N) * (3 * D + D + D + F) + size_t(parts) * Lmax * Lmax;
       auto buf = allocator::allocator().malloc(floats * sizeof(float));
       float* w = static_cast<float*>(buf.raw_ptr());
       const bool panels = int(ins.size()) == i + 16;
@@ -370,17 +448,9 @@ class FusedBertLayerCpu : public UnaryPrimitive {
              q(0), q(1), q(2), q(3),
              o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
              w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
-             int(lens.size()), N, D, F, heads, act, false, eps1, eps2};
-      {
-        BlasThreads bt(threads);
-#ifdef FL_HAVE_AVX2
-        a.avx2 = g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
-        if (a.avx2)
-          layer_avx2(a);
-        else
-#endif
-          layer_portable(a);
-      }
+             int(lens.size()), N, D, F, heads, act, Lmax, false, eps1, eps2};
+      a.avx2 = g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+      run_layer(a, parts);
       allocator::allocator().free(buf);
     });
   }
