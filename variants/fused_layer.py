@@ -49,15 +49,20 @@ def _kernel():
 
 
 def one_stream_threads():
-    """How many parts a compiled layer splits into when no other stream is busy (B = 1): each
-    phase's heads, output columns or rows in two, the second part on the kernel's helper thread
-    (blocking waits, no spinning). ``VARIANTS_FUSED_THREADS`` (1 or 2; default: the number of
-    streams, at most 2), 1 when the stream split is off."""
-    n = len(parallel.streams())
-    if n == 1:
+    """How many parts a compiled layer splits into when no other stream is busy (B = 1):
+    ``VARIANTS_FUSED_THREADS=2`` splits each phase's heads, output columns or rows in two, the
+    second part on the kernel's helper thread (blocking waits, no spinning); default 1 (the
+    calling stream alone), and 1 whenever the stream split is off.
+
+    Measured on the shared 2-core machine (load 5-7, alternated in one process, median ms of
+    the whole forward; bench/peers.py gives the same picture): B = 1, L = 24 / 128 / 512: one
+    part 18.4 / 102 / 487, two parts 20.1 / 124 / 546, the MLX path (head split over two
+    streams) 27.2 / 93 / 575. On a machine whose second core is free, two parts should win
+    at long L (re-measure with ``VARIANTS_FUSED_THREADS=2``)."""
+    if len(parallel.streams()) == 1:
         return 1
     raw = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()
-    return int(raw) if raw in ("1", "2") else min(n, 2)
+    return 2 if raw == "2" else 1
 
 
 def _affine_norm(n):
