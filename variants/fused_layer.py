@@ -76,7 +76,8 @@ def weights(layer):
     :meth:`variants.fused.FusedMLP.mlp_weights`) or None when ``layer`` is not a plain fp32
     reference layer."""
     att = getattr(layer, "attention", None)
-    if att is None or getattr(layer, "hidden_act", None) not in ACTS:
+    if (not hasattr(att, "folded") or not hasattr(layer, "mlp_weights")
+            or getattr(layer, "hidden_act", None) not in ACTS):
         return None
     if not (_affine_norm(layer.attention_norm) and _affine_norm(layer.output_norm)):
         return None
