@@ -136,11 +136,14 @@ def test_transposed_mlp_weights_equal_the_linears_and_follow_replacement(checkpo
         layer.intermediate.weight, layer.output = old_w, old_lin
 
 
-def test_derived_weight_caches_start_empty_in_deep_copies_and_go_when_unused(checkpoint):
+def test_derived_weight_caches_start_empty_in_deep_copies_and_go_when_unused(checkpoint,
+                                                                             monkeypatch):
     """A variant deep-copied from a warmed reference does not carry the reference's folded /
     transposed / shard arrays (they were ~85 MB of dead weight in a quantised copy), and a
-    layer whose Linear is replaced drops its caches."""
+    layer whose Linear is replaced drops its caches. (The MLX path's caches: the compiled layer,
+    tests/test_fused_layer.py, runs B = 1 without shards.)"""
     import copy
+    monkeypatch.setenv("VARIANTS_FUSED_LAYER", "off")
 
     import mlx.nn as nn
 

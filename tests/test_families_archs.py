@@ -133,7 +133,10 @@ def test_exit_rows_that_stay_are_the_models_own(setup):
     h1 = enc(*batch, output_hidden_states=True).hidden_states[1]
     z = np.array(head(mean_pool(h1, batch[1])))
     stat = rule_statistic(z, "margin", None, None)
-    tau = float(np.median(stat))
+    # tau halfway between two rows' statistics: a row exactly at tau (the median of 9) could
+    # fall either side on float32 round-off between the padded and the packed forward
+    srt = np.sort(stat)
+    tau = float(srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2
     go = fires(stat, "margin", tau)
     assert 0 < go.sum() < len(go)  # some rows leave after layer 1, the rest run on
     net = ExitNet(model.module, [head], [1], "margin", tau)

@@ -73,6 +73,7 @@ def test_halves_are_what_each_stream_sees(enc, monkeypatch):
     by_size = {n: {str(s[2]) for s in seen if s[0][0] == n} for n in (2, 3)}
     assert all(len(v) == 1 for v in by_size.values()) and by_size[2] != by_size[3]
     seen.clear()
+    monkeypatch.setenv("VARIANTS_FUSED_LAYER", "off")  # the compiled layer runs B = 1 whole
     ids, mask = _inputs(1, 40)
     x = enc.embed(ids)
     mx.eval(enc.layers[0](x, None)[0], enc.layers[1](x, None)[0])
@@ -89,9 +90,11 @@ def test_halves_are_what_each_stream_sees(enc, monkeypatch):
 @pytest.mark.parametrize("L,pad_from", [(40, None), (48, 40)])
 def test_b1_heads_and_features_split_over_streams(enc, monkeypatch, L, pad_from):
     """B = 1 through the encoder: tensor parallelism (heads and MLP features per stream), the
-    same numbers as one stream, and no layer's work done twice."""
+    same numbers as one stream, and no layer's work done twice. (The MLX path: the compiled
+    layer, tests/test_fused_layer.py, runs B = 1 whole on one stream.)"""
     if len(parallel.streams()) < 2:
         pytest.skip("single stream configured")
+    monkeypatch.setenv("VARIANTS_FUSED_LAYER", "off")
     calls = []
     orig = TransformerLayer.forward_sharded
 

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import fast_ops, parallel
+from variants import fast_ops, fused_layer, parallel
 from variants.derived import DerivedWeights, plain_linear, transposed
 from variants.fused import FusedAttention, FusedMLP
 from variants.streams import StreamEncoder, StreamLayer
@@ -176,6 +176,10 @@ class TransformerLayer(StreamLayer, FusedMLP, nn.Module):
         return ACTIVATIONS[self.hidden_act](x)
 
     def _forward(self, x, bias, return_attention=False, kv=None):
+        if not return_attention and kv is None:
+            y = fused_layer.forward(self, x, bias)  # one compiled op when it applies
+            if y is not None:
+                return y, None
         a, attn = self.attention(x, bias, return_attention, kv)
         x = self.attention_norm(x + a)
         x = self.output_norm(x + self.mlp(x))

@@ -30,7 +30,8 @@ class Part:
     ``pad_index`` ((b−a)·L,) int32: for every padded position, its row among this part's packed
     rows (any valid row for padding: those keys are masked, those queries dropped);
     ``real_index`` (n,) int32: for every packed row, its position in the part's (b−a)·L layout;
-    ``bias`` (b−a, 1, 1, L) float32: the additive key padding bias.
+    ``bias`` (b−a, 1, 1, L) float32: the additive key padding bias; ``lens``: real tokens per
+    sequence (the packed rows are these sequences end to end; :mod:`variants.fused_layer`).
     """
 
     seqs: tuple
@@ -39,6 +40,7 @@ class Part:
     pad_index: mx.array
     real_index: mx.array
     bias: mx.array
+    lens: tuple = None
 
 
 @dataclass
@@ -154,6 +156,6 @@ def plan(mask, bias, bounds, *, order=None, min_padding=MIN_PADDING):
         local[sub] = np.arange(k, dtype=np.int32)
         parts.append(Part((a, b), (start, start + k), Lp, mx.array(local),
                           mx.array(np.flatnonzero(sub).astype(np.int32)),
-                          _part_bias(bias, a, b, Lp)))
+                          _part_bias(bias, a, b, Lp), tuple(int(n) for n in m[a:b].sum(axis=1))))
         start += k
     return Plan(B, L, mx.array(real), mx.array(unpack), parts)

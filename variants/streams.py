@@ -10,7 +10,7 @@ list of them); :mod:`variants.encoder` uses both. Every row's arithmetic is unch
 import mlx.core as mx
 import numpy as np
 
-from variants import packing, parallel
+from variants import fused_layer, packing, parallel
 
 
 def _packed_step(layer, rows, part):
@@ -91,7 +91,12 @@ class StreamLayer:
         padding) -> (x', probs)."""
         ss = parallel.streams()
         B, L, _ = x.shape
-        if len(ss) == 1 or B * L < parallel.MIN_ROWS or (B == 1 and L < len(ss)):
+        one = len(ss) == 1 or B * L < parallel.MIN_ROWS or (B == 1 and L < len(ss))
+        if not return_attention and (one or B < len(ss)):  # one stream busy: all BLAS threads
+            y = fused_layer.forward(self, x, bias, threads=fused_layer.one_stream_threads())
+            if y is not None:
+                return y, None
+        if one:
             return self._forward(x, bias, return_attention)
         outs = []
         if B >= len(ss):  # split the batch: each half is a complete, independent sub-batch
@@ -113,6 +118,9 @@ class StreamLayer:
     def _forward_packed(self, x, part):
         """The layer on one part of a packed batch (:mod:`variants.packing`): ``x`` (n, D) the
         part's real tokens -> (n, D); the attention core runs on the part's (B, part.L) layout."""
+        y = fused_layer.forward_packed(self, x, part)
+        if y is not None:
+            return y
         att = self.attention
         x = self.attention_norm(x + att.output(att.packed_core(*att.packed_project(x, part), part)))
         return self.output_norm(x + self.mlp(x))
@@ -156,6 +164,12 @@ class StreamEncoder:
         NumPy 0/1; ``bias`` as :func:`variants.encoder.attention_bias` gives, or None when no
         key is padding. Padded positions of a packed result are zeros."""
         B, L = mask.shape
+        if B < len(parallel.streams()) and fused_layer.applies(self.layers):
+            # one sequence: the compiled layer on one stream with every BLAS thread (measured
+            # faster than the head split, bench/peers.py)
+            for layer in self.layers:
+                x = layer(x, bias)[0]
+            return x
         shards = self._head_split(mask)
         if shards is not None:  # too few sequences to split: split heads
             for layer, sh in zip(self.layers, shards):

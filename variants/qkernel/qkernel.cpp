@@ -302,6 +302,8 @@ array qlinear_cpu(const array& x, const array& w, const array& scales, const arr
   return reshape(y, shape, s);
 }
 
+void register_fused_layer(nb::module_& m);  // fused_layer.cpp
+
 }  // namespace mlx::core
 
 NB_MODULE(_qkernel, m) {
@@ -316,4 +318,5 @@ NB_MODULE(_qkernel, m) {
   m.def("has_avx2", &mlx::core::cpu_has_avx2, "Whether the AVX2 unpacking loop can run here.");
   m.def("allow_avx2", [](bool on) { return mlx::core::g_allow_avx2.exchange(on); }, "on"_a,
         "Allow (True, the default) or forbid the AVX2 loop; returns the previous setting.");
+  mlx::core::register_fused_layer(m);
 }

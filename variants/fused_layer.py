@@ -1,0 +1,181 @@
+"""A whole post-norm BERT layer as one compiled MLX op on the CPU (``fused_layer.cpp`` in
+:mod:`variants.qkernel`): the reference layer's fast path.
+
+A MiniLM layer in MLX ops is ~30 primitives of ~16 us fixed cost each on this CPU: at B=1 L=24
+about 1.5 of its 3.3 ms were not arithmetic. The compiled layer does the same algebra as
+:class:`variants.encoder.TransformerLayer` on the folded weights (:mod:`variants.fused`): five
+OpenBLAS GEMMs for the projections, the attention per (sequence, head) with the additive key
+bias, exp(s - max) softmax, bias + erf-GELU (or ReLU), residual + layer norm, all float32
+(outputs equal the MLX path to float32 round-off: tests/test_fused_layer.py).
+
+It runs only when all of these hold, else the caller keeps the MLX path (the same results):
+MLX's default device is the CPU, the extension is built (:func:`variants.qkernel.load`),
+``VARIANTS_FUSED_LAYER`` is not ``off``, the layer is a plain fp32 reference layer (plain
+biased ``nn.Linear`` projections at full width, affine layer norms, ``hidden_act`` ``gelu`` /
+``gelu_exact`` / ``relu``), no attention probabilities are asked for, and the bias is a key
+padding bias (B or 1, 1, 1, L) or None. Quantized, low-rank or pruned variants fail the plain
+Linear test and take the MLX path.
+"""
+
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from variants import device, parallel, qkernel
+from variants.derived import DerivedWeights
+
+ENV_SWITCH = "VARIANTS_FUSED_LAYER"
+#: the forward path's name in timing records (:func:`path_name`)
+NAME = "fused-layer-cpp"
+#: hidden_act -> the kernel's activation code (gelu: erf form, as variants.fast_ops.gelu)
+ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1}
+#: calls of at most this many rows multiply by the kernel's own GEMM on weights pre-packed in
+#: 16-column panels (:func:`panels`); larger ones by OpenBLAS on the (K, N) weights
+PANEL_ROWS = 32
+
+
+def enabled():
+    """False when ``VARIANTS_FUSED_LAYER`` is ``off`` / ``0`` / ``false`` / ``no``."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def _kernel():
+    if not (enabled() and device.is_cpu()):
+        return None
+    mod = qkernel.load()
+    return mod if mod is not None and hasattr(mod, "fused_bert_layer") else None
+
+
+def one_stream_threads():
+    """How many parts a compiled layer splits into when no other stream is busy (B = 1):
+    ``VARIANTS_FUSED_THREADS=2`` splits each phase's heads, output columns or rows in two, the
+    second part on the kernel's helper thread (blocking waits, no spinning); default 1 (the
+    calling stream alone), and 1 whenever the stream split is off.
+
+    Measured on the shared 2-core machine (load 5-7, alternated in one process, median ms of
+    the whole forward; bench/peers.py gives the same picture): B = 1, L = 24 / 128 / 512: one
+    part 18.4 / 102 / 487, two parts 20.1 / 124 / 546, the MLX path (head split over two
+    streams) 27.2 / 93 / 575. On a machine whose second core is free, two parts should win
+    at long L (re-measure with ``VARIANTS_FUSED_THREADS=2``)."""
+    if len(parallel.streams()) == 1:
+        return 1
+    raw = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()
+    return 2 if raw == "2" else 1
+
+
+def _affine_norm(n):
+    return isinstance(n, nn.LayerNorm) and "weight" in n and "bias" in n
+
+
+def weights(layer):
+    """The kernel's 12 arrays ``(w_qkv_t (D, 3D), b_q, w_o_t (D, D), b_o, g1, b1,
+    w_i_t (D, F), b_i (F,), w_u_t (F, D), b_u, g2, b2)`` (vectors (D,) unless noted; cached
+    derived weights, :meth:`variants.fused.FusedAttention.folded` and
+    :meth:`variants.fused.FusedMLP.mlp_weights`) or None when ``layer`` is not a plain fp32
+    reference layer."""
+    att = getattr(layer, "attention", None)
+    if (not hasattr(att, "folded") or not hasattr(layer, "mlp_weights")
+            or getattr(layer, "hidden_act", None) not in ACTS):
+        return None
+    if not (_affine_norm(layer.attention_norm) and _affine_norm(layer.output_norm)):
+        return None
+    folded = att.folded()
+    mlp = layer.mlp_weights() if folded is not None else None
+    if mlp is None:
+        return None
+    w_qkv, b_q, b_o, w_o = folded
+    D = w_o.shape[0]
+    if (w_qkv.shape != (D, 3 * D) or w_o.shape != (D, D) or att.n_heads * att.head_dim != D
+            or w_qkv.dtype != mx.float32):
+        return None
+    n1, n2 = layer.attention_norm, layer.output_norm
+    return (w_qkv, b_q, w_o, b_o, n1.weight, n1.bias, mlp[0], mlp[1], mlp[2], mlp[3],
+            n2.weight, n2.bias)
+
+
+def panels(layer, w):
+    """The four (K, N) projection weights of ``w`` (:func:`weights`) as (N/16, K, 16) panels
+    (panel p = columns 16p..16p+15, contiguous; one extra copy of the projection weights, built
+    on the first call with at most ``PANEL_ROWS`` rows and cached like ``w``), or None when a
+    width is not a multiple of 16."""
+    mats = (w[0], w[2], w[6], w[8])
+    if any(m.shape[1] % 16 for m in mats):
+        return None
+    cache = getattr(layer, "_fused_panels", None)
+    if cache is None:
+        cache = layer._fused_panels = DerivedWeights()
+    return cache.get(mats, lambda: tuple(
+        mx.contiguous(m.reshape(m.shape[0], m.shape[1] // 16, 16).transpose(1, 0, 2))
+        for m in mats))
+
+
+def _run(kernel, layer, w, rows, lens, key_bias, threads):
+    if rows.shape[0] <= PANEL_ROWS:
+        p = panels(layer, w)
+        w = w if p is None else (*w, *p)
+    return kernel.fused_bert_layer(
+        rows, [int(n) for n in lens], key_bias, list(w), heads=layer.attention.n_heads,
+        eps1=float(layer.attention_norm.eps), eps2=float(layer.output_norm.eps),
+        act=ACTS[layer.hidden_act], threads=int(threads))
+
+
+def forward(layer, x, bias, threads=0):
+    """The layer on ``x`` (B, L, D) float32 with ``bias`` (B or 1, 1, 1, L) additive key bias or
+    None -> (B, L, D), or None when the fused layer does not apply (the caller runs the MLX
+    path). ``threads`` >= 2: split over the kernel's helper thread (only when no other stream
+    is busy, :func:`one_stream_threads`); 0 or 1: on the calling stream alone."""
+    kernel = _kernel()
+    if kernel is None or x.ndim != 3 or x.dtype != mx.float32:
+        return None
+    w = weights(layer)
+    if w is None or x.shape[-1] != w[2].shape[0]:
+        return None
+    B, L, D = x.shape
+    kb = None
+    if bias is not None:
+        if bias.ndim != 4 or bias.shape[1:3] != (1, 1) or bias.shape[0] not in (1, B) \
+                or bias.shape[-1] != L:
+            return None  # a per-query or per-head bias: the MLX path
+        kb = mx.broadcast_to(bias.reshape(bias.shape[0], L).astype(mx.float32), (B, L))
+        kb = kb.reshape(B * L)
+    y = _run(kernel, layer, w, x.reshape(B * L, D), [L] * B, kb, threads)
+    return y.reshape(B, L, D)
+
+
+def forward_packed(layer, x, part, threads=0):
+    """The layer on a packed part (:mod:`variants.packing`): ``x`` (n, D) the part's real tokens,
+    sequence after sequence -> (n, D), or None when the fused layer does not apply. No bias:
+    each sequence attends to its own real tokens only."""
+    kernel = _kernel()
+    if kernel is None or x.ndim != 2 or x.dtype != mx.float32 or part.lens is None:
+        return None
+    w = weights(layer)
+    if w is None or x.shape[-1] != w[2].shape[0]:
+        return None
+    return _run(kernel, layer, w, x, part.lens, None, threads)
+
+
+def applies(layers):
+    """Whether the fused layer runs for every layer of ``layers`` here (for timing records)."""
+    return _kernel() is not None and all(weights(layer) is not None for layer in layers)
+
+
+def path_name(layers):
+    """``"fused-layer-cpp"`` when :func:`applies`, else None."""
+    return NAME if layers and applies(layers) else None
+
+
+def used_in(module):
+    """``"fused-layer-cpp"`` when any BERT layer (:class:`variants.encoder.TransformerLayer`)
+    of ``module`` (an ``nn.Module``) runs compiled here, else None: for timing records."""
+    from variants.encoder import TransformerLayer
+
+    layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
+    return NAME if any(applies([layer]) for layer in layers) else None
+
+
+def lens_of(mask_rows):
+    """Real tokens per sequence of ``mask_rows`` (b, L) 0/1 NumPy: a tuple of ints."""
+    return tuple(int(n) for n in np.asarray(mask_rows).astype(bool).sum(axis=1))

@@ -1,0 +1,492 @@
+// A whole post-norm BERT encoder layer as ONE MLX CPU primitive (mlx-variants,
+// variants/fused_layer.py is the Python side).
+//
+//   y = LN2(h + GELU(h Wi + bi) Wu + bu),  h = LN1(x + Attn(x) Wo + bo)
+//
+// with the reference's folded weights (variants/fused.py): one (D, 3D) q|k|v weight with
+// 1/sqrt(head_dim) folded into the query part and its bias, no key bias (softmax ignores it),
+// the value bias folded into bo. Rows are sequences laid end to end: `lens` gives each
+// sequence's row count (a padded (B, L) batch: B times L; a packed batch: the real tokens of each
+// sequence). Each sequence's rows attend to its own rows only, with an optional additive key
+// bias per row (the padding bias), so one primitive serves the padded and the packed layouts.
+//
+// Why: at B=1 L=24 a layer is ~30 MLX ops of ~16 us fixed cost each; here it is one op whose
+// arithmetic is 5 cblas_sgemm calls (projections, OpenBLAS), 2 small sgemm per (sequence, head)
+// for the attention, and fused row loops (softmax with exp(s - max), bias + GELU,
+// residual + layer norm). `threads` >= 2: the layer's work is split in two parts (heads, output
+// columns, rows), the second run by one helper thread of this library, for a caller that knows
+// no other stream is busy (B = 1); OpenBLAS keeps its own thread setting (1 under the streams).
+//
+// Numerics (float32 throughout): softmax exp(s - rowmax) by the Cody-Waite reduction and the
+// Cephes expf polynomial (max rel. error ~1.2e-7, as variants/fast_ops.exp_nonpositive),
+// normalised after e @ V; GELU 0.5x(1 + erf(x/sqrt 2)) with erf as Eigen's rational
+// approximation (as variants/fast_ops.gelu); layer norm two-pass (mean, then the mean of squared
+// deviations: no E[x^2] - mean^2 cancellation). AVX2+FMA code (compiled from the same loops in a
+// target("avx2,fma") clone, chosen at run time) and a portable build of the same loops.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
+                            float alpha, const float* a, int lda, const float* b, int ldb,
+                            float beta, float* c, int ldc);
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx::core {
+
+namespace {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+#define FL_INLINE inline __attribute__((always_inline))
+
+// ---- row loops (always inlined into the AVX2 clone and into the portable entry) ----------
+
+FL_INLINE float exp_nonpos(float x) {
+  // exp(x) for x <= 0 (Cody & Waite 1980 reduction, Cephes expf polynomial)
+  x = x < -87.3f ? -87.3f : x;
+  const float n = (x * 1.4426950408889634f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return (p * r2 + r + 1.0f) * scale;
+}
+
+FL_INLINE float gelu_erf(float x) {
+  // 0.5 x (1 + erf(x / sqrt 2)), erf(u) ~ u P(u^2) / Q(u^2) on |u| <= 4 (Eigen / XLA float32)
+  float u = x * 0.70710678118654752f;
+  u = u < -4.0f ? -4.0f : (u > 4.0f ? 4.0f : u);
+  const float z = u * u;
+  float p = -2.72614225801306e-10f;
+  p = p * z + 2.77068142495902e-08f;
+  p = p * z + -2.10102402082508e-06f;
+  p = p * z + -5.69250639462346e-05f;
+  p = p * z + -7.34990630326855e-04f;
+  p = p * z + -2.95459980854025e-03f;
+  p = p * z + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * z + -2.13374055278905e-04f;
+  q = q * z + -1.68282697438203e-03f;
+  q = q * z + -7.37332916720468e-03f;
+  q = q * z + -1.42647390514189e-02f;
+  const float half = 0.5f * x;
+  return half + (half * u) * p / q;
+}
+
+// e = exp(s + kb - max(s + kb)) in place over one row of n scores; returns sum(e)
+FL_INLINE float softmax_row(float* s, const float* kb, int n) {
+  float m = -INFINITY;
+  if (kb) {
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < n; ++j) {
+      s[j] += kb[j];
+      m = std::max(m, s[j]);
+    }
+  } else {
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < n; ++j) m = std::max(m, s[j]);
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; ++j) {
+    s[j] = exp_nonpos(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// out = LN(a + b) * g + beta over one row of d (out may alias a or b)
+FL_INLINE void add_layer_norm_row(const float* a, const float* b, const float* g,
+                                  const float* beta, float eps, float* out, int d) {
+  float mean = 0.0f;
+#pragma omp simd reduction(+ : mean)
+  for (int j = 0; j < d; ++j) {
+    out[j] = a[j] + b[j];
+    mean += out[j];
+  }
+  mean /= float(d);
+  float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int j = 0; j < d; ++j) {
+    const float c = out[j] - mean;
+    var += c * c;
+  }
+  const float inv = 1.0f / std::sqrt(var / float(d) + eps);
+#pragma omp simd
+  for (int j = 0; j < d; ++j) out[j] = (out[j] - mean) * inv * g[j] + beta[j];
+}
+
+FL_INLINE void fill_rows(float* c, const float* bias, int64_t rows, int64_t n, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(c + i * ldc, bias, size_t(n) * sizeof(float));
+}
+
+#include "panel_gemm.h"  // panel_gemm_avx2: the GEMM for <= 32 rows
+
+// C (M, N) += A B, B the columns [c0, c0 + N) of a (K, ldb) weight: by the panel kernel when
+// its panels P are given, the block starts and ends on a panel edge and the CPU has AVX2+FMA,
+// else OpenBLAS
+void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, int ldb, int c0,
+              const float* P, float* C, int ldc, bool avx2) {
+  if (N <= 0 || M <= 0) return;
+#ifdef FL_HAVE_PANELS
+  if (avx2 && P && c0 % 16 == 0 && N % 16 == 0)
+    return panel_gemm_avx2(M, N, K, A, lda, P + int64_t(c0) * K, C, ldc);
+#endif
+  cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, M, N, K, 1.0f, A, lda, B + c0, ldb, 1.0f, C, ldc);
+}
+
+struct Args {
+  const float *x, *kb, *w_qkv, *b_q, *w_o, *b_o, *g1, *be1, *w_i, *b_i, *w_u, *b_u, *g2, *be2;
+  const float *p_qkv, *p_o, *p_i, *p_u;  // the weights as 16-column panels, or all null
+  float *y, *qkv, *ctx, *h, *inter, *scores;  // scores: lmax^2 floats per part
+  const int* lens;
+  int n_seqs, rows, d, f, heads, act, lmax;
+  bool avx2;
+  float eps1, eps2;
+};
+
+// part p of n of [0, len), cut at multiples of `unit` when len is one
+FL_INLINE void cut(int len, int unit, int p, int n, int& lo, int& hi) {
+  const int u = len % unit == 0 ? unit : 1, units = len / u;
+  lo = int(int64_t(units) * p / n) * u;
+  hi = int(int64_t(units) * (p + 1) / n) * u;
+}
+
+// columns [c0, c1) of every row of c: the bias's entries, or zeros
+FL_INLINE void fill_cols(float* c, const float* bias, int rows, int c0, int c1, int ldc) {
+  for (int i = 0; i < rows; ++i) {
+    float* ci = c + int64_t(i) * ldc;
+    if (bias)
+      std::memcpy(ci + c0, bias + c0, size_t(c1 - c0) * sizeof(float));
+    else
+      std::memset(ci + c0, 0, size_t(c1 - c0) * sizeof(float));
+  }
+}
+
+// The layer in six phases; part p (of n) of a phase touches only its own heads, columns or
+// rows, so the parts of a phase can run at once; the phases follow each other.
+FL_INLINE void phase(const Args& a, int k, int p, int n) {
+  const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  int lo, hi;
+  if (k == 0) {  // q|k|v for this part's heads (+ b_q), then their attention
+    int h0, h1;
+    cut(a.heads, 1, p, n, h0, h1);
+    lo = h0 * hd, hi = h1 * hd;
+    for (int j = 0; j < 3; ++j) {
+      float* c = a.qkv + j * D;
+      fill_cols(c, j == 0 ? a.b_q : nullptr, N, lo, hi, D3);
+      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2);
+    }
+    float* scores = a.scores + int64_t(p) * a.lmax * a.lmax;
+    std::vector<float> inv(size_t(a.lmax));
+    int r0 = 0;
+    for (int s = 0; s < a.n_seqs; ++s) {
+      const int L = a.lens[s];
+      if (L == 0) continue;
+      const float* kb = a.kb ? a.kb + r0 : nullptr;
+      for (int h = h0; h < h1; ++h) {
+        // S = Q K^T, e = exp(S + kb - rowmax), ctx = (e V) / rowsum(e)
+        const float* q = a.qkv + int64_t(r0) * D3 + h * hd;
+        const float* kk = q + D;
+        const float* v = q + 2 * D;
+        float* c = a.ctx + int64_t(r0) * D + h * hd;
+        cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, kk, D3, 0.0f, scores, L);
+        for (int i = 0; i < L; ++i) inv[i] = 1.0f / softmax_row(scores + int64_t(i) * L, kb, L);
+        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, scores, L, v, D3, 0.0f, c, D);
+        for (int i = 0; i < L; ++i) {
+          float* ci = c + int64_t(i) * D;
+          const float t = inv[i];
+#pragma omp simd
+          for (int j = 0; j < hd; ++j) ci[j] *= t;
+        }
+      }
+      r0 += L;
+    }
+  } else if (k == 1) {  // h = ctx Wo + bo, this part's columns
+    cut(D, 16, p, n, lo, hi);
+    fill_cols(a.h, a.b_o, N, lo, hi, D);
+    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2);
+  } else if (k == 2) {  // h = LN1(x + h), this part's rows
+    cut(N, 1, p, n, lo, hi);
+    for (int i = lo; i < hi; ++i) {
+      float* r = a.h + int64_t(i) * D;
+      add_layer_norm_row(a.x + int64_t(i) * D, r, a.g1, a.be1, a.eps1, r, D);
+    }
+  } else if (k == 3) {  // inter = act(h Wi + bi), this part's columns
+    cut(F, 16, p, n, lo, hi);
+    fill_cols(a.inter, a.b_i, N, lo, hi, F);
+    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2);
+    for (int i = 0; i < N; ++i) {
+      float* t = a.inter + int64_t(i) * F;
+      if (a.act == 0) {
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) t[j] = gelu_erf(t[j]);
+      } else {
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) t[j] = t[j] > 0.0f ? t[j] : 0.0f;
+      }
+    }
+  } else if (k == 4) {  // y = inter Wu + bu, this part's columns
+    cut(D, 16, p, n, lo, hi);
+    fill_cols(a.y, a.b_u, N, lo, hi, D);
+    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2);
+  } else {  // y = LN2(h + y), this part's rows
+    cut(N, 1, p, n, lo, hi);
+    for (int i = lo; i < hi; ++i) {
+      float* r = a.y + int64_t(i) * D;
+      add_layer_norm_row(a.h + int64_t(i) * D, r, a.g2, a.be2, a.eps2, r, D);
+    }
+  }
+}
+
+constexpr int kPhases = 6;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FL_HAVE_AVX2 1
+__attribute__((target("avx2,fma"))) void phase_avx2(const Args& a, int k, int p, int n) {
+  phase(a, k, p, n);
+}
+#endif
+
+void phase_portable(const Args& a, int k, int p, int n) { phase(a, k, p, n); }
+
+void run_phase(const Args& a, int k, int p, int n) {
+#ifdef FL_HAVE_AVX2
+  if (a.avx2) return phase_avx2(a, k, p, n);
+#endif
+  phase_portable(a, k, p, n);
+}
+
+// One helper thread for a layer split in two parts (B = 1: the other stream is idle): the
+// calling thread runs part 0 of each phase, the helper part 1, and each waits for the other
+// (blocking waits, no spinning: on a shared machine a spinning thread keeps a core from the
+// other). Created on first use and never joined (a detached thread parked on its condition
+// variable); one layer at a time uses it (`busy`), a second one meanwhile runs its parts in turn.
+class Helper {
+ public:
+  static Helper& get() {
+    static Helper* h = new Helper();  // leaked on purpose: no join at exit
+    return *h;
+  }
+  std::mutex busy;
+  void run(const Args& a) {
+    for (int k = 0; k < kPhases; ++k) {
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        args_ = &a;
+        phase_ = k;
+        ticket_++;
+      }
+      cv_.notify_one();
+      run_phase(a, k, 0, 2);
+      std::unique_lock<std::mutex> lk(m_);
+      done_cv_.wait(lk, [&] { return done_ == ticket_; });
+    }
+  }
+
+ private:
+  Helper() { std::thread([this] { loop(); }).detach(); }
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return ticket_ != seen; });
+      seen = ticket_;
+      const Args* a = args_;
+      const int k = phase_;
+      lk.unlock();
+      run_phase(*a, k, 1, 2);
+      lk.lock();
+      done_ = seen;
+      lk.unlock();
+      done_cv_.notify_one();
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  const Args* args_ = nullptr;
+  int phase_ = 0;
+  uint64_t ticket_ = 0, done_ = 0;
+};
+
+// the layer: split in two parts over the helper when parts >= 2 and it is free, else in turn
+void run_layer(const Args& a, int parts) {
+  if (parts >= 2) {
+    Helper& h = Helper::get();
+    std::unique_lock<std::mutex> lk(h.busy, std::try_to_lock);
+    if (lk.owns_lock()) return h.run(a);
+  }
+  for (int k = 0; k < kPhases; ++k) run_phase(a, k, 0, 1);
+}
+
+std::atomic<bool> g_allow_avx2{true};
+
+bool cpu_has_avx2_fma() {
+#ifdef FL_HAVE_AVX2
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+class FusedBertLayerCpu : public UnaryPrimitive {
+ public:
+  FusedBertLayerCpu(Stream s, std::vector<int> lens, bool has_kb, int heads, float eps1,
+                    float eps2, int act, int threads)
+      : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), heads_(heads),
+        eps1_(eps1), eps2_(eps2), act_(act), threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    std::vector<array> ins;
+    for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
+    enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
+                  has_kb = has_kb_, heads = heads_, eps1 = eps1_, eps2 = eps2_, act = act_,
+                  threads = threads_]() mutable {
+      const int N = ins[0].shape(0), D = ins[0].shape(1);
+      int i = has_kb ? 2 : 1;
+      auto p = [&](int j) { return ins[j].data<float>(); };
+      const int F = ins[i + 6].shape(1);
+      const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+      const int parts = threads >= 2 ? 2 : 1;
+      const size_t floats = size_t(N) * (3 * D + D + D + F) + size_t(parts) * Lmax * Lmax;
+      auto buf = allocator::allocator().malloc(floats * sizeof(float));
+      float* w = static_cast<float*>(buf.raw_ptr());
+      const bool panels = int(ins.size()) == i + 16;
+      auto q = [&](int j) { return panels ? p(i + 12 + j) : nullptr; };
+      Args a{p(0), has_kb ? p(1) : nullptr, p(i), p(i + 1), p(i + 2), p(i + 3), p(i + 4),
+             p(i + 5), p(i + 6), p(i + 7), p(i + 8), p(i + 9), p(i + 10), p(i + 11),
+             q(0), q(1), q(2), q(3),
+             o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
+             w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
+             int(lens.size()), N, D, F, heads, act, Lmax, false, eps1, eps2};
+      a.avx2 = g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+      run_layer(a, parts);
+      allocator::allocator().free(buf);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("FusedBertLayerCpu has no GPU implementation");
+  }
+  DEFINE_NAME(FusedBertLayerCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const FusedBertLayerCpu&>(other);
+    return lens_ == o.lens_ && has_kb_ == o.has_kb_ && heads_ == o.heads_ &&
+           eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ && threads_ == o.threads_;
+  }
+
+ private:
+  std::vector<int> lens_;
+  bool has_kb_;
+  int heads_;
+  float eps1_, eps2_;
+  int act_, threads_;
+};
+
+namespace {
+
+array contig(const array& a, const Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return contiguous(a, false, s);
+}
+
+void need(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("fused_layer: ") + what);
+}
+
+}  // namespace
+
+array fused_bert_layer_cpu(const array& x, const std::vector<int>& lens,
+                           const std::optional<array>& key_bias, const std::vector<array>& w,
+                           int heads, float eps1, float eps2, int act, int threads) {
+  auto s = to_stream({});
+  need(s.device == Device::cpu, "CPU stream only");
+  need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
+  need(w.size() == 12 || w.size() == 16,
+       "weights: w_qkv_t, b_q, w_o_t, b_o, g1, b1, w_i_t, b_i, w_u_t, b_u, g2, b2 [, the four "
+       "weights as 16-column panels]");
+  const int N = x.shape(0), D = x.shape(1);
+  need(heads > 0 && D % heads == 0, "heads must divide D");
+  need(act == 0 || act == 1, "act must be 0 (erf GELU) or 1 (ReLU)");
+  int64_t total = 0;
+  for (int L : lens) {
+    need(L >= 0, "lens must be >= 0");
+    total += L;
+  }
+  need(total == N, "lens must sum to the rows of x");
+  for (auto& a : w) need(a.dtype() == float32, "weights must be float32");
+  const int F = w[6].ndim() == 2 ? w[6].shape(1) : -1;
+  need(w[0].ndim() == 2 && w[0].shape(0) == D && w[0].shape(1) == 3 * D, "w_qkv_t (D, 3D)");
+  need(w[2].ndim() == 2 && w[2].shape(0) == D && w[2].shape(1) == D, "w_o_t (D, D)");
+  need(F > 0 && w[6].shape(0) == D, "w_i_t (D, F)");
+  need(w[8].ndim() == 2 && w[8].shape(0) == F && w[8].shape(1) == D, "w_u_t (F, D)");
+  for (int j : {1, 3, 4, 5, 9, 10, 11}) need(w[j].ndim() == 1 && w[j].shape(0) == D, "(D,) vectors");
+  need(w[7].ndim() == 1 && w[7].shape(0) == F, "b_i (F,)");
+  if (w.size() == 16) {  // panels: (N/16, K, 16) of each (K, N) weight
+    const int kn[4][2] = {{D, 3 * D}, {D, D}, {D, F}, {F, D}};
+    for (int j = 0; j < 4; ++j)
+      need(kn[j][1] % 16 == 0 && w[12 + j].ndim() == 3 && w[12 + j].shape(0) == kn[j][1] / 16 &&
+               w[12 + j].shape(1) == kn[j][0] && w[12 + j].shape(2) == 16,
+           "panels (N/16, K, 16) of w_qkv_t, w_o_t, w_i_t, w_u_t");
+  }
+  std::vector<array> in = {contig(x, s)};
+  if (key_bias) {
+    need(key_bias->dtype() == float32 && key_bias->size() == size_t(N), "key_bias (rows,)");
+    in.push_back(contig(reshape(*key_bias, {N}, s), s));
+  }
+  for (auto& a : w) in.push_back(contig(a, s));
+  return array({N, D}, float32,
+               std::make_shared<FusedBertLayerCpu>(s, lens, bool(key_bias), heads, eps1, eps2,
+                                                   act, threads),
+               in);
+}
+
+void register_fused_layer(nb::module_& m) {
+  m.def("fused_bert_layer", &fused_bert_layer_cpu, "x"_a, "lens"_a, "key_bias"_a = nb::none(),
+        "weights"_a, "heads"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0,
+        "One post-norm BERT layer on rows x (N, D) float32 (sequences of `lens` rows end to "
+        "end), folded weights (see fused_layer.cpp); CPU stream. -> (N, D).");
+  m.def("fused_allow_avx2", [](bool on) { return g_allow_avx2.exchange(on); }, "on"_a,
+        "Allow (True, the default) or forbid the AVX2+FMA build of the layer's loops; returns "
+        "the previous setting.");
+  m.def("fused_has_avx2", &cpu_has_avx2_fma, "Whether the AVX2+FMA loops can run here.");
+}
+
+}  // namespace mlx::core
