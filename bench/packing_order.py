@@ -34,8 +34,9 @@ def attention_positions(mask, order):
     return None if p is None else sum((q.seqs[1] - q.seqs[0]) * q.L ** 2 for q in p.parts)
 
 
-def measure(rounds=12, n_random=8, n_texts=800, seed=0):
-    """Returns {case: {"positions_ratio": [...], "time_ratios": [...]}} (longest first / own)."""
+def measure(rounds=12, n_random=8, n_texts=800, seed=0, warmup=2):
+    """Returns {case: {"positions_ratio": [...], "time_ratios": [...]}} (longest first / own);
+    ``warmup`` untimed runs of each order (alternated) come before the timed rounds."""
     ck = load_checkpoint()
     enc, tok = ck.encoder, ck.tokenizer
     texts = list(data.sample(data.split_frame(data.load_vader(), "eval"), n_texts,
@@ -64,7 +65,7 @@ def measure(rounds=12, n_random=8, n_texts=800, seed=0):
             def run(order_fn):
                 packing.longest_first = order_fn
                 mx.eval([mean_pool(enc(i, m, t).last_hidden, m) for i, m, t in batches])
-            for fn in (shipped, _own_order, shipped, _own_order):  # warm-up, both orders
+            for fn in (shipped, _own_order) * warmup:  # warm-up, both orders
                 run(fn)
             ratios = []
             for r in range(rounds):

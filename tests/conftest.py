@@ -1,5 +1,59 @@
+"""Shared fixtures.
+
+Plots are stubbed unless a test asks for them (:func:`_plots_only_where_marked`): a sweep's plot
+pass (``runs.plots.render.plot_run``, five matplotlib figures) takes ~3 s alone and 5-14 s under
+load, and most tests that run a sweep check its numbers, files, resume or errors, not its
+pictures. During a test marked ``@pytest.mark.plots`` (the test, its class or module; also the
+module/session fixtures that test sets up first) ``plot_run`` is the real one; otherwise it
+writes nothing and returns ``[]`` (as a run whose plots were all skipped; report.md then has no
+plot section). Marked: every test that asserts anything about plots/*.png, report.md's plot
+links, ``variants plot`` or that a complete run has its plots (tests/test_plots.py, the
+run-lifecycle invariant tests, one small real sweep in tests/test_cli.py, ...); the marked set
+was found by running the whole suite with the stub everywhere. Subprocesses (``variants sweep``
+in a child process, the notebooks) always plot.
+"""
 import variants  # noqa: F401  (loads OpenBLAS before any test imports mlx)
 import pytest
+
+_REAL = {"plots": False}  # does the test being set up / run want the real plot_run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures are set up: real plots only for a test marked ``plots``."""
+    _REAL["plots"] = item.get_closest_marker("plots") is not None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plots_only_where_marked():
+    """``runs.plots.render.plot_run`` for the session: the real one during a test marked
+    ``plots``, else a stub writing nothing (returns ``[]``); see the module docstring."""
+    import runs.plots.render as render
+
+    real = render.plot_run
+
+    def plot_run(run_dir, **kw):
+        return real(run_dir, **kw) if _REAL["plots"] else []
+
+    render.plot_run = plot_run
+    yield real
+    render.plot_run = real
+
+
+@pytest.fixture(scope="session")
+def real_plots():
+    """A context manager under which ``plot_run`` is the real one whatever the test's marks:
+    for a module/session fixture whose sweep must have its plots for every test using it."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def real():
+        before, _REAL["plots"] = _REAL["plots"], True
+        try:
+            yield
+        finally:
+            _REAL["plots"] = before
+    return real
 
 
 @pytest.fixture(scope="session")
@@ -10,14 +64,14 @@ def checkpoint():
 
 
 @pytest.fixture(scope="session")
-def plotted_sweep_small(tmp_path_factory):
+def plotted_sweep_small(tmp_path_factory, _plots_only_where_marked):
     """``(run_dir, paths)``: a copy of tests/fixtures/sweep_small with its plots written by
     ``plot_run`` (default dpi), drawn once per session (a plot pass takes seconds). Read-only:
     copy ``run_dir`` before changing anything in it."""
     import shutil
     from pathlib import Path
 
-    from runs.plots.render import plot_run
+    plot_run = _plots_only_where_marked  # the real one, whichever test sets this up
 
     run = tmp_path_factory.mktemp("plotted") / "sweep_small"
     shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_small", run)

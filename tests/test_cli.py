@@ -83,6 +83,7 @@ def test_missing_data_file_names_the_fix(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.plots  # the one in-process sweep here that draws its plots (conftest stubs them)
 def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
     root = tmp_path / "results"
     args = ["sweep", "--bits", "8", "2", "--results-dir", str(root), "--run", "t",

@@ -21,6 +21,7 @@ from runs.readers import (CorruptFileError, read_build, read_metrics, read_run_j
                           read_timing, read_verdict)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep_small"
+pytestmark = pytest.mark.plots  # `variants plot` must read (and refuse) the files for real
 
 
 @pytest.fixture(scope="module")

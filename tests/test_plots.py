@@ -20,6 +20,7 @@ from runs.plots.render import plot_run
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNS = ("sweep_small", "sweep_small_choice")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.plots  # the real plot_run everywhere here (conftest stubs it elsewhere)
 
 
 @pytest.fixture

@@ -138,6 +138,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
 
 
 @pytest.mark.slow
+@pytest.mark.plots  # the early-exit table comes with its histogram plot
 def test_check_keeps_the_family_sections_of_an_exit_sweep(tmp_path, capsys):
     """`variants check` rewrote report.md without the describe() blocks and the early-exit
     table, in place and with --output-dir; a rerun with a threshold that rounds to the same
