@@ -60,10 +60,6 @@ def _fused(layer, x, bias, threads=0):
 
 # ---- open bugs --------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="fused_layer.weights() checks only w_qkv's dtype; the C++ op then "
-                          "raises 'fused_layer: weights must be float32' instead of the layer "
-                          "taking the MLX path")
 @pytest.mark.parametrize("which", ["norm-weight-fp16", "query-bias-bf16"])
 def test_a_layer_with_one_non_float32_parameter_takes_the_mlx_path(qk, which, monkeypatch):
     """fp32 projections but one low-precision norm weight / bias: the docstring promises the
@@ -79,14 +75,30 @@ def test_a_layer_with_one_non_float32_parameter_takes_the_mlx_path(qk, which, mo
     assert np.abs(got - want).max() < 1e-2  # fp16/bf16 parameter: loose
 
 
-@pytest.mark.xfail(strict=True, reason="MLX path: '[reshape] Cannot infer the shape of an empty "
-                                       "array' at L = 0, while the fused path returns (B, 0, D)")
-def test_zero_length_batch_gives_the_same_shape_on_both_paths(qk, monkeypatch):
+def test_zero_length_batch_is_refused_on_both_paths(qk, monkeypatch):
+    """L = 0 (no token at all): the same one-line ValueError with the fused layer on and off
+    (the MLX path used to fail deep inside the attention, the fused one returned (B, 0, D))."""
     e = _enc()
     ids, mask = mx.zeros((2, 0), mx.int32), mx.ones((2, 0), mx.int32)
-    assert e(ids, mask).last_hidden.shape == (2, 0, 32)  # fused: fine
+    with pytest.raises(ValueError, match="L >= 1"):
+        e(ids, mask)
     monkeypatch.setenv(fused_layer.ENV_SWITCH, "off")
-    assert e(ids, mask).last_hidden.shape == (2, 0, 32)  # MLX path: raises
+    with pytest.raises(ValueError, match="L >= 1"):
+        e(ids, mask)
+
+
+def test_ids_outside_the_table_and_too_long_rows_are_refused(qk):
+    """In-process: a negative id, vocab_size itself, and a row longer than the position table
+    (max_position_embeddings; RoBERTa pad_token_id + 1 fewer) are refused naming the limit."""
+    e = _enc()
+    with pytest.raises(ValueError, match=r"token id -1 .*vocab_size 50"):
+        e(mx.array([[3, -1]]), mx.ones((1, 2), mx.int32))
+    with pytest.raises(ValueError, match=r"token id 50 .*ids 0\.\.49"):
+        e(mx.array([[50, 1]]), mx.ones((1, 2), mx.int32))
+    long = mx.zeros((1, e.args.max_position_embeddings + 1), mx.int32)
+    with pytest.raises(ValueError, match="exceeds the model's 600 positions"):
+        e(long, mx.ones(long.shape, mx.int32))
+    assert e(long[:, :600], mx.ones((1, 600), mx.int32)).last_hidden.shape == (1, 600, 32)
 
 
 _OOB = """
@@ -104,9 +116,6 @@ except (ValueError, IndexError) as err:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="token ids >= vocab_size are gathered unchecked by "
-                                       "nn.Embedding: SIGSEGV (rc -11) for a far id, silent "
-                                       "garbage for vocab_size..~N; both paths (not fused-only)")
 def test_token_id_beyond_the_vocabulary_is_refused_not_a_segfault():
     """A checkpoint whose tokenizer knows more tokens than config.json's vocab_size (added
     tokens) reaches this; the process must not die with SIGSEGV."""

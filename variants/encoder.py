@@ -84,6 +84,32 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
+def check_ids(input_ids, vocab_size, max_positions=None):
+    """Refuse token ids the embedding table does not have, before any gather: MLX's
+    ``nn.Embedding`` does not check its indices (an id far past the table ends the process with
+    SIGSEGV; one just past it reads another array's memory). ``input_ids`` (B, L) int;
+    ``max_positions``: the longest L a learned position table allows (None: no table).
+
+    Raises ValueError naming the bad id (or length) and the limit, e.g. a tokenizer with added
+    tokens that the checkpoint's ``config.json`` ``vocab_size`` does not count."""
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be (B, L) with L >= 1, got shape "
+                         f"{tuple(input_ids.shape)}; every text has at least one token "
+                         "([CLS]/[SEP] included)")
+    if input_ids.size:
+        lo, hi = (int(v) for v in mx.stack([input_ids.min(), input_ids.max()]).tolist())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the embedding table (vocab_size "
+                             f"{vocab_size}: ids 0..{vocab_size - 1}); the tokenizer and the "
+                             "checkpoint's config.json disagree, use the checkpoint's own "
+                             "tokenizer")
+    if max_positions is not None and input_ids.shape[-1] > max_positions:
+        raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds the model's "
+                         f"{max_positions} positions (max_position_embeddings); truncate the "
+                         "texts (the tokenizer's max_length)")
+
+
 def _keys_first(bias):
     """An additive attention bias laid out for (…, L keys, Lq queries) scores: the last two axes
     swapped; a (L,) key bias becomes (L, 1); None and scalars pass through."""
@@ -114,7 +140,7 @@ class Attention(FusedAttention, nn.Module):
 
     def heads(self, t, B, L):
         """(B·L, D') or (B, L, D') -> (B, D' / head_dim heads, L, head_dim)."""
-        return t.reshape(B, L, -1, self.head_dim).transpose(0, 2, 1, 3)
+        return t.reshape(B, L, t.shape[-1] // self.head_dim, self.head_dim).transpose(0, 2, 1, 3)
 
     def project(self, x, kv=None):
         """(q, k, v), each (B, heads, L, head_dim); q already scaled by 1/sqrt(head_dim)."""
@@ -229,6 +255,9 @@ class BertEncoder(StreamEncoder, nn.Module):
         for RoBERTa / XLM-R cumsum(real) * real + pad_token_id with real = ids != pad (Hugging
         Face ``create_position_ids_from_input_ids``)."""
         B, L = input_ids.shape
+        # RoBERTa / XLM-R positions start after pad_token_id
+        offset = self.args.pad_token_id + 1 if self.args.roberta_positions else 0
+        check_ids(input_ids, self.args.vocab_size, self.args.max_position_embeddings - offset)
         if token_type_ids is None:
             token_type_ids = mx.zeros_like(input_ids)
         if self.args.roberta_positions:

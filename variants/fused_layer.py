@@ -91,8 +91,10 @@ def weights(layer):
             or w_qkv.dtype != mx.float32):
         return None
     n1, n2 = layer.attention_norm, layer.output_norm
-    return (w_qkv, b_q, w_o, b_o, n1.weight, n1.bias, mlp[0], mlp[1], mlp[2], mlp[3],
-            n2.weight, n2.bias)
+    w = (w_qkv, b_q, w_o, b_o, n1.weight, n1.bias, mlp[0], mlp[1], mlp[2], mlp[3],
+         n2.weight, n2.bias)
+    # one float16 / bfloat16 parameter (a norm, a bias) keeps the whole layer on the MLX path
+    return w if all(a.dtype == mx.float32 for a in w) else None
 
 
 def panels(layer, w):

@@ -16,7 +16,7 @@ import numpy as np
 
 from variants import modernbert_fast, parallel
 from variants import modernbert_window as window
-from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm
+from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
 
 __all__ = ["ModernBertArgs", "ModernBertContext", "ModernBertEncoder", "sanitize"]
@@ -114,7 +114,9 @@ class ModernBertEncoder(nn.Module):
         self.final_norm = LayerNorm(args.hidden_size, eps=args.norm_eps, bias=args.norm_bias)
 
     def embed(self, input_ids, token_type_ids=None):
-        """``input_ids`` (B, L) int32 -> (B, L, D) float32 (normed token embeddings)."""
+        """``input_ids`` (B, L) int32 -> (B, L, D) float32 (normed token embeddings). Raises
+        ValueError for an id outside the embedding table (:func:`variants.encoder.check_ids`)."""
+        check_ids(input_ids, self.args.vocab_size)
         return self.embeddings(input_ids)
 
     def context(self, attention_mask, positions=None):

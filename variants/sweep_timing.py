@@ -52,7 +52,7 @@ def _central_texts(texts, lengths, n):
             picked.append(i)
         if len(picked) == n:
             break
-    return [picked[0]] + sorted(picked[1:])
+    return [picked[0]] + sorted(picked[1:]) if picked else []
 
 
 def timing_batches(reference, taskset, batch_sizes, seed):
