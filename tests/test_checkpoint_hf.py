@@ -129,6 +129,20 @@ def test_a_missing_file_is_named(tmp_path, missing):
     _one_line_error(folder, str(folder / missing))
 
 
+@pytest.mark.parametrize("name", ["bert", "modernbert"])
+def test_a_tokenizer_with_more_tokens_than_the_embedding_table_is_refused(tmp_path, name):
+    """An added token (id 2968 of a 2968-row table) would be gathered past the table at the
+    first forward (MLX does not check: SIGSEGV), so loading refuses it naming both files."""
+    from tokenizers import Tokenizer
+
+    folder = _copy(tmp_path, name)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == 2968
+    tok.add_tokens(["<an-added-token>"])
+    tok.save(str(folder / "tokenizer.json"))
+    _one_line_error(folder, "tokenizer.json has 2969 tokens", "config.json says vocab_size 2968")
+
+
 def test_weights_of_another_shape_are_refused(tmp_path):
     folder = _copy(tmp_path, "roberta")
     _edit_config(folder, intermediate_size=100)

@@ -230,6 +230,11 @@ def load_checkpoint(path=None, dtype=mx.float32):
     except Exception as e:  # tokenizers raises its own Exception type
         raise CheckpointError(f"{tok_file} could not be read ({short_repr(str(e))}); "
                               f"re-save it with the tokenizer's save_pretrained") from None
+    n_tok = raw_tok.get_vocab_size(with_added_tokens=True)
+    if n_tok > args.vocab_size:  # an id past the embedding table: refused at the first forward
+        raise CheckpointError(f"{tok_file} has {n_tok} tokens but {config_file} says vocab_size "
+                              f"{args.vocab_size}; use the tokenizer saved with these weights "
+                              "(or resize the embeddings and re-save both)")
     max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config)
     tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
                               decided=decided)
