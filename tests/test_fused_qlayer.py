@@ -167,3 +167,34 @@ def test_bad_arguments_raise_before_running(qk):
     with pytest.raises(ValueError, match="projection shapes"):
         qk.fused_bert_qlayer(x, [3], None, proj[16:20] + proj[4:], gs, bits, norms, heads=4,
                              q_scale=0.25, eps1=1e-6, eps2=1e-6)
+
+
+@pytest.mark.parametrize("heads,threads", [(4, 1), (4, 2), (8, 2)])
+def test_panels_equal_the_openblas_rows(qk, heads, threads):
+    """Few rows: the weights dequantized into 16-column panels for the kernel's own GEMM
+    (head_dim 16; with head_dim 8 split in two parts, or without AVX2, it keeps OpenBLAS on
+    the (N, K) rows): the same outputs to float32 round-off."""
+    layer = _quantized("mixed").layers[0]
+    layer.attention.n_heads, layer.attention.head_dim = heads, 64 // heads
+    layer.attention.scale = layer.attention.head_dim ** -0.5
+    proj, gs, bits, norms = fused_layer.qweights(layer)
+    x = mx.array(np.random.default_rng(heads).standard_normal((20, 64)).astype(np.float32))
+
+    def run(panels):
+        return np.array(qk.fused_bert_qlayer(x, [12, 8], None, proj, gs, bits, norms,
+                                             heads=heads, q_scale=layer.attention.scale,
+                                             eps1=1e-6, eps2=1e-6, threads=threads,
+                                             panels=panels))
+    want = _numpy_layer(_dequantized(layer), np.array(x)[None, :12])[0]
+    for panels in (True, False):
+        y = run(panels)
+        assert np.abs(y[:12] - want).max() < 2e-5
+    assert np.abs(run(True) - run(False)).max() < 1e-5
+    # head_dim 8 in two parts: the panels do not apply, the very same OpenBLAS path runs
+    assert np.array_equal(run(True), run(False)) == (heads == 8)
+    before = qk.fused_allow_avx2(False)
+    try:
+        portable = run(True)
+    finally:
+        qk.fused_allow_avx2(before)
+    assert np.abs(portable - run(True)).max() < 1e-5

@@ -166,7 +166,8 @@ def _run(kernel, layer, w, rows, lens, key_bias, threads, quantized=False):
             rows, [int(n) for n in lens], key_bias, proj, gs, bits, norms,
             heads=layer.attention.n_heads, q_scale=float(layer.attention.scale),
             eps1=float(layer.attention_norm.eps), eps2=float(layer.output_norm.eps),
-            act=ACTS[layer.hidden_act], threads=int(threads))
+            act=ACTS[layer.hidden_act], threads=int(threads),
+            panels=rows.shape[0] <= PANEL_ROWS)
     if rows.shape[0] <= PANEL_ROWS:
         p = panels(layer, w)
         w = w if p is None else (*w, *p)

@@ -174,8 +174,14 @@ void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, int 
 using Args = FusedArgs;  // fused_layer.h
 
 // quantized layers: rows [lo, hi) of projection j into the scratch buffer at row `at`
-FL_INLINE void dequant_part(const Args& a, int j, int64_t at, int lo, int hi) {
-  if (a.qw && hi > lo) qk_dequant(a.qw[j], a.wbuf + (at + lo) * a.qw[j].in, lo, hi);
+// (qpanels: as 16-column panels, part p's rows through its own 16-row staging buffer)
+FL_INLINE void dequant_part(const Args& a, int j, int64_t at, int lo, int hi, int p) {
+  if (!a.qw || hi <= lo) return;
+  float* dst = a.wbuf + (at + lo) * a.qw[j].in;
+  if (a.qpanels)
+    qk_dequant_panels(a.qw[j], dst, lo, hi, a.qtmp + int64_t(p) * 16 * std::max(a.d, a.f));
+  else
+    qk_dequant(a.qw[j], dst, lo, hi);
 }
 
 // part p of n of [0, len), cut at multiples of `unit` when len is one
@@ -200,6 +206,7 @@ FL_INLINE void fill_cols(float* c, const float* bias, int rows, int c0, int c1, 
 // rows, so the parts of a phase can run at once; the phases follow each other.
 FL_INLINE void phase(const Args& a, int k, int p, int n) {
   const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  const bool tb = a.qw && !a.qpanels;  // quantized: B^T from (N, K) rows (else the panels)
   int lo, hi;
   if (k == 0) {  // q|k|v for this part's heads (+ b_q), then their attention
     int h0, h1;
@@ -208,9 +215,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     const bool tq = a.qw != nullptr;  // quantized: (x W^T + b) per projection, q then scaled
     for (int j = 0; j < 3; ++j) {
       float* c = a.qkv + j * D;
-      dequant_part(a, j, int64_t(j) * D, lo, hi);
+      dequant_part(a, j, int64_t(j) * D, lo, hi, p);
       fill_cols(c, j == 0 ? a.b_q : (j == 1 ? a.b_k : a.b_v), N, lo, hi, D3);
-      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2, tq);
+      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2, tb);
       if (tq && j == 0)
         for (int i = 0; i < N; ++i) {
           float* ci = c + int64_t(i) * D3;
@@ -244,9 +251,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 1) {  // h = ctx Wo + bo, this part's columns
     cut(D, 16, p, n, lo, hi);
-    dequant_part(a, 3, 0, lo, hi);
+    dequant_part(a, 3, 0, lo, hi, p);
     fill_cols(a.h, a.b_o, N, lo, hi, D);
-    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2, a.qw != nullptr);
+    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2, tb);
   } else if (k == 2) {  // h = LN1(x + h), this part's rows
     cut(N, 1, p, n, lo, hi);
     for (int i = lo; i < hi; ++i) {
@@ -255,9 +262,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 3) {  // inter = act(h Wi + bi), this part's columns
     cut(F, 16, p, n, lo, hi);
-    dequant_part(a, 4, 0, lo, hi);
+    dequant_part(a, 4, 0, lo, hi, p);
     fill_cols(a.inter, a.b_i, N, lo, hi, F);
-    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2, a.qw != nullptr);
+    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2, tb);
     for (int i = 0; i < N; ++i) {
       float* t = a.inter + int64_t(i) * F;
       if (a.act == 0) {
@@ -270,9 +277,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 4) {  // y = inter Wu + bu, this part's columns
     cut(D, 16, p, n, lo, hi);
-    dequant_part(a, 5, 0, lo, hi);
+    dequant_part(a, 5, 0, lo, hi, p);
     fill_cols(a.y, a.b_u, N, lo, hi, D);
-    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2, a.qw != nullptr);
+    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2, tb);
   } else {  // y = LN2(h + y), this part's rows
     cut(N, 1, p, n, lo, hi);
     for (int i = lo; i < hi; ++i) {

@@ -19,6 +19,10 @@ struct QProj {
 // rows [r0, r1) of a quantized weight into dst (row stride in), bit-identical to
 // mx.dequantize (qkernel.cpp; AVX2 or portable loop)
 void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1);
+// rows [r0, r1) (multiples of 16) as 16-column panels of W^T (panel_gemm.h's layout: panel
+// (r - r0) / 16 at dst + (r - r0) * in, each (in, 16) contiguous), the same values as
+// qk_dequant; tmp: 16 * in floats (fused_qlayer.cpp; AVX2 only)
+void qk_dequant_panels(const QProj& q, float* dst, int64_t r0, int64_t r1, float* tmp);
 
 // The layer's arrays. Folded fp32 weights (fused_layer.cpp's op): w_* are (K, N) row-major
 // (w_qkv (D, 3D) with 1/sqrt(head_dim) in the query part, b_k = b_v = null, qw = null).
@@ -38,6 +42,8 @@ struct FusedArgs {
   float* wbuf = nullptr;      // the dequantized rows (max(3D, F) x D floats)
   const float *b_k = nullptr, *b_v = nullptr;
   float q_scale = 1.0f;
+  bool qpanels = false;    // quantized: wbuf holds 16-column panels (panel_gemm), not (N, K)
+  float* qtmp = nullptr;   // qpanels: 16 * max(D, F) floats per part
 };
 
 // the layer, in one part or split in two over fused_layer.cpp's helper thread (parts >= 2)

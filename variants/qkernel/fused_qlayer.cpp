@@ -21,6 +21,10 @@
 #include <stdexcept>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
@@ -55,16 +59,51 @@ array contig(const array& a, const Stream& s) {
   return contiguous(a, false, s);
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// 16 staged rows (16, in) -> one (in, 16) panel: 8x8 blocks transposed in AVX registers
+__attribute__((target("avx2"))) void to_panel_avx2(const float* t, float* P, int64_t in) {
+  for (int64_t k = 0; k < in; k += 8)
+    for (int h = 0; h < 16; h += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(t + (h + i) * in + k);
+      __m256 u0 = _mm256_unpacklo_ps(r[0], r[1]), u1 = _mm256_unpackhi_ps(r[0], r[1]);
+      __m256 u2 = _mm256_unpacklo_ps(r[2], r[3]), u3 = _mm256_unpackhi_ps(r[2], r[3]);
+      __m256 u4 = _mm256_unpacklo_ps(r[4], r[5]), u5 = _mm256_unpackhi_ps(r[4], r[5]);
+      __m256 u6 = _mm256_unpacklo_ps(r[6], r[7]), u7 = _mm256_unpackhi_ps(r[6], r[7]);
+      __m256 s0 = _mm256_shuffle_ps(u0, u2, 0x44), s1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+      __m256 s2 = _mm256_shuffle_ps(u1, u3, 0x44), s3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+      __m256 s4 = _mm256_shuffle_ps(u4, u6, 0x44), s5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+      __m256 s6 = _mm256_shuffle_ps(u5, u7, 0x44), s7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+      const __m256 c[8] = {_mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+                           _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+                           _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+                           _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(P + (k + i) * 16 + h, c[i]);
+    }
+}
+#endif
+
 }  // namespace
+
+void qk_dequant_panels(const QProj& q, float* dst, int64_t r0, int64_t r1, float* tmp) {
+  for (int64_t r = r0; r < r1; r += 16) {
+    qk_dequant(q, tmp, r, r + 16);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    to_panel_avx2(tmp, dst + (r - r0) * q.in, q.in);
+#else
+    throw std::logic_error("fused_qlayer: panels need AVX2");
+#endif
+  }
+}
 
 class FusedBertQLayerCpu : public UnaryPrimitive {
  public:
   FusedBertQLayerCpu(Stream s, std::vector<int> lens, bool has_kb, int heads, float eps1,
                      float eps2, int act, int threads, float q_scale, std::vector<int> gs,
-                     std::vector<int> bits)
+                     std::vector<int> bits, bool panels)
       : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), heads_(heads), eps1_(eps1),
         eps2_(eps2), act_(act), threads_(threads), q_scale_(q_scale), gs_(std::move(gs)),
-        bits_(std::move(bits)) {}
+        bits_(std::move(bits)), panels_(panels) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& enc = cpu::get_command_encoder(stream());
@@ -75,7 +114,8 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
     for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
     enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
                   has_kb = has_kb_, heads = heads_, eps1 = eps1_, eps2 = eps2_, act = act_,
-                  threads = threads_, q_scale = q_scale_, gs = gs_, bits = bits_]() mutable {
+                  threads = threads_, q_scale = q_scale_, gs = gs_, bits = bits_,
+                  panels = panels_]() mutable {
       const int N = ins[0].shape(0), D = ins[0].shape(1);
       const int i = has_kb ? 2 : 1, n = i + 4 * kProj;  // projections, then the norms
       auto f = [&](int j) { return ins[j].data<float>(); };
@@ -92,15 +132,21 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
       const int parts = threads >= 2 ? 2 : 1;
       const size_t acts = size_t(N) * (3 * D + D + D + F) + size_t(parts) * Lmax * Lmax;
       const size_t wfloats = size_t(std::max(3 * D, F)) * D;
-      auto buf = allocator::allocator().malloc((acts + wfloats) * sizeof(float));
+      // panels (few rows): the kernel's own GEMM on W^T in 16-column panels, where it runs
+      // (AVX2+FMA, every part's rows on a panel edge), else OpenBLAS on the (N, K) rows
+      const bool pan = panels && fused_use_avx2() && D % 16 == 0 && F % 16 == 0 &&
+                       (parts == 1 || (D / heads) % 16 == 0);
+      const size_t tfloats = pan ? size_t(parts) * 16 * std::max(D, F) : 0;
+      auto buf = allocator::allocator().malloc((acts + wfloats + tfloats) * sizeof(float));
       float* w = static_cast<float*>(buf.raw_ptr());
       float* wb = w + acts;
+      float* pw = pan ? wb : nullptr;
       FusedArgs a{f(0), has_kb ? f(1) : nullptr, wb, b(0), wb, b(3), f(n), f(n + 1), wb, b(4),
-                  wb, b(5), f(n + 2), f(n + 3), nullptr, nullptr, nullptr, nullptr,
+                  wb, b(5), f(n + 2), f(n + 3), pw, pw, pw, pw,
                   o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
                   w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
                   int(lens.size()), N, D, F, heads, act, Lmax, fused_use_avx2(), eps1, eps2,
-                  q, wb, b(1), b(2), q_scale};
+                  q, wb, b(1), b(2), q_scale, pan, wb + wfloats};
       fused_run_layer(a, parts);
       allocator::allocator().free(buf);
     });
@@ -113,7 +159,7 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
     auto& o = static_cast<const FusedBertQLayerCpu&>(other);
     return lens_ == o.lens_ && has_kb_ == o.has_kb_ && heads_ == o.heads_ && eps1_ == o.eps1_ &&
            eps2_ == o.eps2_ && act_ == o.act_ && threads_ == o.threads_ &&
-           q_scale_ == o.q_scale_ && gs_ == o.gs_ && bits_ == o.bits_;
+           q_scale_ == o.q_scale_ && gs_ == o.gs_ && bits_ == o.bits_ && panels_ == o.panels_;
   }
 
  private:
@@ -124,13 +170,14 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
   int act_, threads_;
   float q_scale_;
   std::vector<int> gs_, bits_;
+  bool panels_;
 };
 
 array fused_bert_qlayer_cpu(const array& x, const std::vector<int>& lens,
                             const std::optional<array>& key_bias, const std::vector<array>& proj,
                             const std::vector<int>& group_sizes, const std::vector<int>& bits,
                             const std::vector<array>& norms, int heads, float q_scale,
-                            float eps1, float eps2, int act, int threads) {
+                            float eps1, float eps2, int act, int threads, bool panels) {
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
   need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
@@ -170,16 +217,18 @@ array fused_bert_qlayer_cpu(const array& x, const std::vector<int>& lens,
   for (auto& a : norms) in.push_back(contig(a, s));
   return array({N, D}, float32,
                std::make_shared<FusedBertQLayerCpu>(s, lens, bool(key_bias), heads, eps1, eps2,
-                                                    act, threads, q_scale, group_sizes, bits),
+                                                    act, threads, q_scale, group_sizes, bits,
+                                                    panels),
                in);
 }
 
 void register_fused_qlayer(nb::module_& m) {
   m.def("fused_bert_qlayer", &fused_bert_qlayer_cpu, "x"_a, "lens"_a,
         "key_bias"_a = nb::none(), "proj"_a, "group_sizes"_a, "bits"_a, "norms"_a, "heads"_a,
-        "q_scale"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0,
+        "q_scale"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0, "panels"_a = false,
         "One post-norm BERT layer on rows x (N, D) float32 with quantized projections "
-        "(see fused_qlayer.cpp); CPU stream. -> (N, D).");
+        "(see fused_qlayer.cpp); panels: the kernel's small-M GEMM on weights dequantized into "
+        "16-column panels (few rows); CPU stream. -> (N, D).");
 }
 
 }  // namespace mlx::core
