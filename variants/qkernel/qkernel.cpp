@@ -172,12 +172,15 @@ void dequant(int bits, const array& wa, const float* s, const float* b, float* d
 }  // namespace
 
 void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1) {
+  const float *s = q.scales, *b = q.biases;
+  const int64_t in = q.in;
+  const int gs = q.group_size;
   switch (q.bits) {
-    case 2: return dequant_bits<2>(q.w, q.w_end, q.scales, q.biases, dst, r0, r1, q.in, q.group_size);
-    case 3: return dequant_bits<3>(q.w, q.w_end, q.scales, q.biases, dst, r0, r1, q.in, q.group_size);
-    case 4: return dequant_bits<4>(q.w, q.w_end, q.scales, q.biases, dst, r0, r1, q.in, q.group_size);
-    case 6: return dequant_bits<6>(q.w, q.w_end, q.scales, q.biases, dst, r0, r1, q.in, q.group_size);
-    case 8: return dequant_bits<8>(q.w, q.w_end, q.scales, q.biases, dst, r0, r1, q.in, q.group_size);
+    case 2: return dequant_bits<2>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 3: return dequant_bits<3>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 4: return dequant_bits<4>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 6: return dequant_bits<6>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 8: return dequant_bits<8>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
     default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
   }
 }
