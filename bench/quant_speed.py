@@ -26,7 +26,7 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import device, qlinear
+from variants import device, fused_layer, qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
@@ -76,7 +76,7 @@ def main(argv=None):
                for b in args.batch_sizes}
     print(f"{RULE} native quantized MiniLM vs fp32 reference (g{args.group_size}, "
           f"device {mx.default_device()}, split below {args.split_rows} rows) {RULE}")
-    print(f"{'bits':>4} {'B':>3} {'L':>3} {'kernel':>16} {'ref p50 ms':>10} {'var p50 ms':>10} "
+    print(f"{'bits':>4} {'B':>3} {'L':>3} {'kernel':>34} {'ref p50 ms':>10} {'var p50 ms':>10} "
           f"{'speed-up':>8} {'95% CI':>13} {'ref MB':>7} {'var MB':>7}")
     saved, saved_split, saved_tile = dict(qlinear.KERNELS), qlinear.SPLIT_ROWS, qlinear.TILE
     qlinear.SPLIT_ROWS, qlinear.TILE = args.split_rows, args.tile
@@ -99,7 +99,9 @@ def main(argv=None):
                 else:
                     var_k = var
                     qlinear.KERNELS[bits] = kernel
-                name = ", ".join(qlinear.kernels(var_k))
+                # + fused-qlayer-cpp when the layers run as one compiled op (variants.fused_layer)
+                name = ", ".join(qlinear.kernels(var_k) + [n for n in (
+                    fused_layer.used_in(var_k),) if n])
                 for b, (ids, mask) in batches.items():
                     types = mx.zeros_like(ids)
                     if kernel == "native" and b > 1:
@@ -107,7 +109,7 @@ def main(argv=None):
                     r = time_alternating(lambda: ref(ids, mask, types), lambda: var_k(ids, mask, types),
                                          warmup=2, rounds=args.rounds, budget_s=args.budget_s)
                     s = r["speedup"]
-                    print(f"{bits:4d} {b:3d} {ids.shape[1]:3d} {name:>16} "
+                    print(f"{bits:4d} {b:3d} {ids.shape[1]:3d} {name:>34} "
                           f"{r['ref']['p50_ms']:10.2f} {r['var']['p50_ms']:10.2f} "
                           f"{s['speedup_median']:7.2f}x "
                           f"[{s['speedup_ci_low']:.2f}, {s['speedup_ci_high']:.2f}] "

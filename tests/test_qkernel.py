@@ -129,9 +129,8 @@ def test_missing_tools_give_one_line_and_no_kernel(monkeypatch, fresh, capsys):
 def test_a_failed_build_is_remembered_and_named(monkeypatch, fresh):
     src = fresh / "src"
     src.mkdir()
-    (src / "qkernel.cpp").write_text("// empty\n")
-    (src / "fused_layer.cpp").write_text("// empty\n")
-    (src / "panel_gemm.h").write_text("// empty\n")
+    for name in qkernel.SOURCES[:-1]:  # the sources, CMakeLists.txt last
+        (src / name).write_text("// empty\n")
     (src / "CMakeLists.txt").write_text('cmake_minimum_required(VERSION 3.20)\n'
                                         'project(x NONE)\nmessage(FATAL_ERROR "broken on purpose")\n')
     monkeypatch.setattr(qkernel, "HERE", src)

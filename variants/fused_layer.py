@@ -13,8 +13,16 @@ MLX's default device is the CPU, the extension is built (:func:`variants.qkernel
 ``VARIANTS_FUSED_LAYER`` is not ``off``, the layer is a plain fp32 reference layer (plain
 biased ``nn.Linear`` projections at full width, affine layer norms, ``hidden_act`` ``gelu`` /
 ``gelu_exact`` / ``relu``), no attention probabilities are asked for, and the bias is a key
-padding bias (B or 1, 1, 1, L) or None. Quantized, low-rank or pruned variants fail the plain
-Linear test and take the MLX path.
+padding bias (B or 1, 1, 1, L) or None. Low-rank or pruned variants fail the plain Linear
+test and take the MLX path.
+
+A quantized layer whose six projections all run :mod:`variants.qlinear`'s compiled
+``dequant-cpp+gemm`` (:func:`qweights`) runs as ``fused_bert_qlayer`` (``fused_qlayer.cpp``):
+the same op on the packed weights, dequantized per call into one scratch buffer (the size of
+the largest single Linear's qlinear buffer, from MLX's allocator: it counts in the peak memory)
+and multiplied unfolded as the MLX path does (``q = (x Wq^T + bq) * scale``, ``k``, ``v`` with
+their biases), named ``fused-qlayer-cpp`` in timing records; bit widths and group sizes may
+differ per projection (mixed-precision maps).
 """
 
 import os
@@ -23,12 +31,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import device, parallel, qkernel
+from variants import device, parallel, qkernel, qlinear
 from variants.derived import DerivedWeights
 
 ENV_SWITCH = "VARIANTS_FUSED_LAYER"
 #: the forward path's name in timing records (:func:`path_name`)
 NAME = "fused-layer-cpp"
+#: the quantized layer's path name (:func:`qweights`)
+QNAME = "fused-qlayer-cpp"
 #: hidden_act -> the kernel's activation code (gelu: erf form, as variants.fast_ops.gelu)
 ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1}
 #: calls of at most this many rows multiply by the kernel's own GEMM on weights pre-packed in
@@ -97,6 +107,44 @@ def weights(layer):
     return w if all(a.dtype == mx.float32 for a in w) else None
 
 
+def _cpp_qlinear(m):
+    """Whether ``m`` is a biased :class:`variants.qlinear.CpuQuantizedLinear` whose calls run
+    the compiled ``dequant-cpp+gemm`` kernel now."""
+    return (type(m) is qlinear.CpuQuantizedLinear and "bias" in m
+            and m.kernel == qlinear.NAMES["cpp"] and m["weight"].dtype == mx.uint32
+            and m["scales"].dtype == mx.float32 and m["bias"].dtype == mx.float32)
+
+
+def qweights(layer):
+    """The quantized layer's arrays for ``fused_bert_qlayer``: ``(proj, group_sizes, bits,
+    norms)`` with ``proj`` the 24 arrays ``(w uint32 (N, K * bits / 32), scales (N, K /
+    group_size), biases (same), bias (N,))`` of query, key, value, out, intermediate, output
+    (``mx.quantize``'s affine packing; N, K = D, D for the attention and D, F / F, D for the
+    MLP), ``group_sizes`` and ``bits`` 6 ints each, ``norms`` ``(g1, b1, g2, b2)`` (D,); or None
+    unless every projection is a compiled-kernel :class:`variants.qlinear.CpuQuantizedLinear`
+    (:func:`_cpp_qlinear`) and the layer is otherwise a reference layer (affine norms, an
+    ``ACTS`` activation)."""
+    att = getattr(layer, "attention", None)
+    if not hasattr(att, "folded") or getattr(layer, "hidden_act", None) not in ACTS:
+        return None
+    mods = tuple(getattr(o, n, None) for o, n in (
+        (att, "query"), (att, "key"), (att, "value"), (att, "out"), (layer, "intermediate"),
+        (layer, "output")))
+    if not all(_cpp_qlinear(m) for m in mods):
+        return None
+    n1, n2 = getattr(layer, "attention_norm", None), getattr(layer, "output_norm", None)
+    if not (_affine_norm(n1) and _affine_norm(n2)):
+        return None
+    D = mods[3]["weight"].shape[0]
+    F = mods[4]["weight"].shape[0]
+    shapes = [(m["weight"].shape[0], m["scales"].shape[1] * m.group_size) for m in mods]
+    if shapes != [(D, D)] * 4 + [(F, D), (D, F)] or att.n_heads * att.head_dim != D:
+        return None
+    proj = [m[k] for m in mods for k in ("weight", "scales", "biases", "bias")]
+    return (proj, [int(m.group_size) for m in mods], [int(m.bits) for m in mods],
+            [n1.weight, n1.bias, n2.weight, n2.bias])
+
+
 def panels(layer, w):
     """The four (K, N) projection weights of ``w`` (:func:`weights`) as (N/16, K, 16) panels
     (panel p = columns 16p..16p+15, contiguous; one extra copy of the projection weights, built
@@ -113,7 +161,15 @@ def panels(layer, w):
         for m in mats))
 
 
-def _run(kernel, layer, w, rows, lens, key_bias, threads):
+def _run(kernel, layer, w, rows, lens, key_bias, threads, quantized=False):
+    if quantized:
+        proj, gs, bits, norms = w
+        return kernel.fused_bert_qlayer(
+            rows, [int(n) for n in lens], key_bias, proj, gs, bits, norms,
+            heads=layer.attention.n_heads, q_scale=float(layer.attention.scale),
+            eps1=float(layer.attention_norm.eps), eps2=float(layer.output_norm.eps),
+            act=ACTS[layer.hidden_act], threads=int(threads),
+            panels=rows.shape[0] <= PANEL_ROWS)
     if rows.shape[0] <= PANEL_ROWS:
         p = panels(layer, w)
         w = w if p is None else (*w, *p)
@@ -123,16 +179,30 @@ def _run(kernel, layer, w, rows, lens, key_bias, threads):
         act=ACTS[layer.hidden_act], threads=int(threads))
 
 
+def _weights_any(layer):
+    """(arrays, quantized): :func:`weights` or else :func:`qweights`, or (None, False)."""
+    w = weights(layer)
+    if w is not None:
+        return w, False
+    q = qweights(layer)
+    return q, q is not None
+
+
+def _width(w, quantized):
+    return w[3][0].shape[0] if quantized else w[2].shape[0]
+
+
 def forward(layer, x, bias, threads=0):
     """The layer on ``x`` (B, L, D) float32 with ``bias`` (B or 1, 1, 1, L) additive key bias or
     None -> (B, L, D), or None when the fused layer does not apply (the caller runs the MLX
     path). ``threads`` >= 2: split over the kernel's helper thread (only when no other stream
-    is busy, :func:`one_stream_threads`); 0 or 1: on the calling stream alone."""
+    is busy, :func:`one_stream_threads`); 0 or 1: on the calling stream alone. A quantized
+    layer (:func:`qweights`) runs ``fused_bert_qlayer``."""
     kernel = _kernel()
     if kernel is None or x.ndim != 3 or x.dtype != mx.float32:
         return None
-    w = weights(layer)
-    if w is None or x.shape[-1] != w[2].shape[0]:
+    w, quantized = _weights_any(layer)
+    if w is None or x.shape[-1] != _width(w, quantized):
         return None
     B, L, D = x.shape
     kb = None
@@ -142,7 +212,7 @@ def forward(layer, x, bias, threads=0):
             return None  # a per-query or per-head bias: the MLX path
         kb = mx.broadcast_to(bias.reshape(bias.shape[0], L).astype(mx.float32), (B, L))
         kb = kb.reshape(B * L)
-    y = _run(kernel, layer, w, x.reshape(B * L, D), [L] * B, kb, threads)
+    y = _run(kernel, layer, w, x.reshape(B * L, D), [L] * B, kb, threads, quantized)
     return y.reshape(B, L, D)
 
 
@@ -153,29 +223,39 @@ def forward_packed(layer, x, part, threads=0):
     kernel = _kernel()
     if kernel is None or x.ndim != 2 or x.dtype != mx.float32 or part.lens is None:
         return None
-    w = weights(layer)
-    if w is None or x.shape[-1] != w[2].shape[0]:
+    w, quantized = _weights_any(layer)
+    if w is None or x.shape[-1] != _width(w, quantized):
         return None
-    return _run(kernel, layer, w, x, part.lens, None, threads)
+    return _run(kernel, layer, w, x, part.lens, None, threads, quantized)
 
 
 def applies(layers):
-    """Whether the fused layer runs for every layer of ``layers`` here (for timing records)."""
-    return _kernel() is not None and all(weights(layer) is not None for layer in layers)
+    """Whether the fused layer (fp32 or quantized) runs for every layer of ``layers`` here."""
+    return _kernel() is not None and all(_weights_any(layer)[0] is not None
+                                         for layer in layers)
+
+
+def _names(layers):
+    """The compiled paths ``layers`` run here: a sorted list of NAME / QNAME."""
+    if _kernel() is None:
+        return []
+    return sorted({QNAME if q else NAME for w, q in map(_weights_any, layers) if w is not None})
 
 
 def path_name(layers):
-    """``"fused-layer-cpp"`` when :func:`applies`, else None."""
-    return NAME if layers and applies(layers) else None
+    """``"fused-layer-cpp"`` (fp32 layers) or ``"fused-qlayer-cpp"`` (quantized ones), both
+    comma-joined when mixed, when :func:`applies`; else None."""
+    return ", ".join(_names(layers)) if layers and applies(layers) else None
 
 
 def used_in(module):
-    """``"fused-layer-cpp"`` when any BERT layer (:class:`variants.encoder.TransformerLayer`)
-    of ``module`` (an ``nn.Module``) runs compiled here, else None: for timing records."""
+    """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any BERT layer
+    (:class:`variants.encoder.TransformerLayer`) of ``module`` (an ``nn.Module``) runs compiled
+    here, else None: for timing records."""
     from variants.encoder import TransformerLayer
 
     layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
-    return NAME if any(applies([layer]) for layer in layers) else None
+    return ", ".join(_names(layers)) or None
 
 
 def lens_of(mask_rows):

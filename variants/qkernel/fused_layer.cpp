@@ -49,6 +49,8 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "fused_layer.h"
+
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
                             float alpha, const float* a, int lda, const float* b, int ldb,
                             float beta, float* c, int ldc);
@@ -155,10 +157,13 @@ FL_INLINE void fill_rows(float* c, const float* bias, int64_t rows, int64_t n, i
 
 // C (M, N) += A B, B the columns [c0, c0 + N) of a (K, ldb) weight: by the panel kernel when
 // its panels P are given, the block starts and ends on a panel edge and the CPU has AVX2+FMA,
-// else OpenBLAS
+// else OpenBLAS. trans: B^T, B the rows [c0, c0 + N) of an (N_all, K) weight (OpenBLAS).
 void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, int ldb, int c0,
-              const float* P, float* C, int ldc, bool avx2) {
+              const float* P, float* C, int ldc, bool avx2, bool trans = false) {
   if (N <= 0 || M <= 0) return;
+  if (trans)
+    return cblas_sgemm(kRowMajor, kNoTrans, kTrans, M, N, K, 1.0f, A, lda, B + int64_t(c0) * K,
+                       K, 1.0f, C, ldc);
 #ifdef FL_HAVE_PANELS
   if (avx2 && P && c0 % 16 == 0 && N % 16 == 0)
     return panel_gemm_avx2(M, N, K, A, lda, P + int64_t(c0) * K, C, ldc);
@@ -166,15 +171,18 @@ void gemm_acc(int M, int N, int K, const float* A, int lda, const float* B, int 
   cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, M, N, K, 1.0f, A, lda, B + c0, ldb, 1.0f, C, ldc);
 }
 
-struct Args {
-  const float *x, *kb, *w_qkv, *b_q, *w_o, *b_o, *g1, *be1, *w_i, *b_i, *w_u, *b_u, *g2, *be2;
-  const float *p_qkv, *p_o, *p_i, *p_u;  // the weights as 16-column panels, or all null
-  float *y, *qkv, *ctx, *h, *inter, *scores;  // scores: lmax^2 floats per part
-  const int* lens;
-  int n_seqs, rows, d, f, heads, act, lmax;
-  bool avx2;
-  float eps1, eps2;
-};
+using Args = FusedArgs;  // fused_layer.h
+
+// quantized layers: rows [lo, hi) of projection j into the scratch buffer at row `at`
+// (qpanels: as 16-column panels, part p's rows through its own 16-row staging buffer)
+FL_INLINE void dequant_part(const Args& a, int j, int64_t at, int lo, int hi, int p) {
+  if (!a.qw || hi <= lo) return;
+  float* dst = a.wbuf + (at + lo) * a.qw[j].in;
+  if (a.qpanels)
+    qk_dequant_panels(a.qw[j], dst, lo, hi, a.qtmp + int64_t(p) * 16 * std::max(a.d, a.f));
+  else
+    qk_dequant(a.qw[j], dst, lo, hi);
+}
 
 // part p of n of [0, len), cut at multiples of `unit` when len is one
 FL_INLINE void cut(int len, int unit, int p, int n, int& lo, int& hi) {
@@ -198,15 +206,23 @@ FL_INLINE void fill_cols(float* c, const float* bias, int rows, int c0, int c1, 
 // rows, so the parts of a phase can run at once; the phases follow each other.
 FL_INLINE void phase(const Args& a, int k, int p, int n) {
   const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  const bool tb = a.qw && !a.qpanels;  // quantized: B^T from (N, K) rows (else the panels)
   int lo, hi;
   if (k == 0) {  // q|k|v for this part's heads (+ b_q), then their attention
     int h0, h1;
     cut(a.heads, 1, p, n, h0, h1);
     lo = h0 * hd, hi = h1 * hd;
+    const bool tq = a.qw != nullptr;  // quantized: (x W^T + b) per projection, q then scaled
     for (int j = 0; j < 3; ++j) {
       float* c = a.qkv + j * D;
-      fill_cols(c, j == 0 ? a.b_q : nullptr, N, lo, hi, D3);
-      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2);
+      dequant_part(a, j, int64_t(j) * D, lo, hi, p);
+      fill_cols(c, j == 0 ? a.b_q : (j == 1 ? a.b_k : a.b_v), N, lo, hi, D3);
+      gemm_acc(N, hi - lo, D, a.x, D, a.w_qkv, D3, j * D + lo, a.p_qkv, c + lo, D3, a.avx2, tb);
+      if (tq && j == 0)
+        for (int i = 0; i < N; ++i) {
+          float* ci = c + int64_t(i) * D3;
+          for (int t = lo; t < hi; ++t) ci[t] *= a.q_scale;
+        }
     }
     float* scores = a.scores + int64_t(p) * a.lmax * a.lmax;
     std::vector<float> inv(size_t(a.lmax));
@@ -235,8 +251,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 1) {  // h = ctx Wo + bo, this part's columns
     cut(D, 16, p, n, lo, hi);
+    dequant_part(a, 3, 0, lo, hi, p);
     fill_cols(a.h, a.b_o, N, lo, hi, D);
-    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2);
+    gemm_acc(N, hi - lo, D, a.ctx, D, a.w_o, D, lo, a.p_o, a.h + lo, D, a.avx2, tb);
   } else if (k == 2) {  // h = LN1(x + h), this part's rows
     cut(N, 1, p, n, lo, hi);
     for (int i = lo; i < hi; ++i) {
@@ -245,8 +262,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 3) {  // inter = act(h Wi + bi), this part's columns
     cut(F, 16, p, n, lo, hi);
+    dequant_part(a, 4, 0, lo, hi, p);
     fill_cols(a.inter, a.b_i, N, lo, hi, F);
-    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2);
+    gemm_acc(N, hi - lo, D, a.h, D, a.w_i, F, lo, a.p_i, a.inter + lo, F, a.avx2, tb);
     for (int i = 0; i < N; ++i) {
       float* t = a.inter + int64_t(i) * F;
       if (a.act == 0) {
@@ -259,8 +277,9 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
     }
   } else if (k == 4) {  // y = inter Wu + bu, this part's columns
     cut(D, 16, p, n, lo, hi);
+    dequant_part(a, 5, 0, lo, hi, p);
     fill_cols(a.y, a.b_u, N, lo, hi, D);
-    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2);
+    gemm_acc(N, hi - lo, F, a.inter, F, a.w_u, D, lo, a.p_u, a.y + lo, D, a.avx2, tb);
   } else {  // y = LN2(h + y), this part's rows
     cut(N, 1, p, n, lo, hi);
     for (int i = lo; i < hi; ++i) {
@@ -362,6 +381,12 @@ bool cpu_has_avx2_fma() {
 }
 
 }  // namespace
+
+void fused_run_layer(const FusedArgs& a, int parts) { run_layer(a, parts); }
+
+bool fused_use_avx2() {
+  return g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+}
 
 class FusedBertLayerCpu : public UnaryPrimitive {
  public:

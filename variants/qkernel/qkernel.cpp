@@ -35,6 +35,8 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "fused_layer.h"
+
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
                             float alpha, const float* a, int lda, const float* b, int ldb,
                             float beta, float* c, int ldc);
@@ -167,6 +169,24 @@ void dequant(int bits, const array& wa, const float* s, const float* b, float* d
   }
 }
 
+}  // namespace
+
+void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1) {
+  const float *s = q.scales, *b = q.biases;
+  const int64_t in = q.in;
+  const int gs = q.group_size;
+  switch (q.bits) {
+    case 2: return dequant_bits<2>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 3: return dequant_bits<3>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 4: return dequant_bits<4>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 6: return dequant_bits<6>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 8: return dequant_bits<8>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+  }
+}
+
+namespace {
+
 void check_args(const array& w, const array& scales, const array& biases, int group_size,
                 int bits) {
   if (bits != 2 && bits != 3 && bits != 4 && bits != 6 && bits != 8)
@@ -183,6 +203,11 @@ void check_args(const array& w, const array& scales, const array& biases, int gr
 }
 
 }  // namespace
+
+void qk_check_args(const array& w, const array& scales, const array& biases, int group_size,
+                   int bits) {
+  check_args(w, scales, biases, group_size, bits);
+}
 
 class QDequantCpu : public UnaryPrimitive {
  public:
@@ -303,6 +328,7 @@ array qlinear_cpu(const array& x, const array& w, const array& scales, const arr
 }
 
 void register_fused_layer(nb::module_& m);  // fused_layer.cpp
+void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
 
 }  // namespace mlx::core
 
@@ -319,4 +345,5 @@ NB_MODULE(_qkernel, m) {
   m.def("allow_avx2", [](bool on) { return mlx::core::g_allow_avx2.exchange(on); }, "on"_a,
         "Allow (True, the default) or forbid the AVX2 loop; returns the previous setting.");
   mlx::core::register_fused_layer(m);
+  mlx::core::register_fused_qlayer(m);
 }
