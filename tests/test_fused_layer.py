@@ -224,3 +224,21 @@ def test_panel_cache_starts_empty_in_deep_copies(qk):
     twin = copy.deepcopy(layer)
     assert twin._fused_panels.arrays is None
     np.testing.assert_array_equal(np.array(fused_layer.forward(twin, x, None)), y)
+
+
+def test_b1_splits_in_two_parts_from_min_rows_unless_forced(monkeypatch):
+    """The B = 1 default: two parts (both cores on one sequence) from parallel.MIN_ROWS rows, one
+    below it and whenever the stream split is off; VARIANTS_FUSED_THREADS=1/2 forces it."""
+    from variants import parallel
+
+    monkeypatch.delenv("VARIANTS_FUSED_THREADS", raising=False)
+    monkeypatch.setattr(parallel, "streams", lambda: ["s0", "s1"])
+    n = parallel.MIN_ROWS
+    assert [fused_layer.one_stream_threads(r) for r in (1, n - 1, n, 512)] == [1, 1, 2, 2]
+    assert fused_layer.one_stream_threads() == 2
+    monkeypatch.setenv("VARIANTS_FUSED_THREADS", "1")
+    assert fused_layer.one_stream_threads(512) == 1
+    monkeypatch.setenv("VARIANTS_FUSED_THREADS", "2")
+    assert fused_layer.one_stream_threads(1) == 2
+    monkeypatch.setattr(parallel, "streams", lambda: ["s0"])
+    assert fused_layer.one_stream_threads(512) == 1

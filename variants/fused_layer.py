@@ -58,21 +58,24 @@ def _kernel():
     return mod if mod is not None and hasattr(mod, "fused_bert_layer") else None
 
 
-def one_stream_threads():
-    """How many parts a compiled layer splits into when no other stream is busy (B = 1):
-    ``VARIANTS_FUSED_THREADS=2`` splits each phase's heads, output columns or rows in two, the
-    second part on the kernel's helper thread (blocking waits, no spinning); default 1 (the
-    calling stream alone), and 1 whenever the stream split is off.
+def one_stream_threads(rows=None):
+    """How many parts a compiled layer splits into when no other stream is busy (B = 1): 2
+    splits each phase's heads, output columns or rows in two, the second part on the kernel's
+    helper thread (blocking waits, no spinning), so both cores work on one sequence. Default:
+    2 from ``parallel.MIN_ROWS`` rows (``rows``: B * L of the call; None counts as many), else 1;
+    always 1 when the stream split is off (``VARIANTS_STREAMS=1``). ``VARIANTS_FUSED_THREADS=1``
+    or ``2`` forces it.
 
-    Measured on the shared 2-core machine (load 5-7, alternated in one process, median ms of
-    the whole forward; bench/peers.py gives the same picture): B = 1, L = 24 / 128 / 512: one
-    part 18.4 / 102 / 487, two parts 20.1 / 124 / 546, the MLX path (head split over two
-    streams) 27.2 / 93 / 575. On a machine whose second core is free, two parts should win
-    at long L (re-measure with ``VARIANTS_FUSED_THREADS=2``)."""
+    Measured (bench/peers.py, MiniLM B = 1, MLX/ORT fp32 tokens/s, 7 alternated rounds, fresh
+    clone on the quiet 2-core machine): one part 0.78 / 0.78 / 0.62 at L = 24 / 128 / 512, two
+    parts 0.78 / 0.86 / 0.92. On the shared machine under load 5-7 two parts were slower (median
+    ms 20.1 / 124 / 546 against 18.4 / 102 / 487): the helper thread then waits for a core."""
     if len(parallel.streams()) == 1:
         return 1
     raw = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()
-    return 2 if raw == "2" else 1
+    if raw in ("1", "2"):
+        return int(raw)
+    return 2 if rows is None or rows >= parallel.MIN_ROWS else 1
 
 
 def _affine_norm(n):

@@ -93,7 +93,8 @@ class StreamLayer:
         B, L, _ = x.shape
         one = len(ss) == 1 or B * L < parallel.MIN_ROWS or (B == 1 and L < len(ss))
         if not return_attention and (one or B < len(ss)):  # one stream busy: all BLAS threads
-            y = fused_layer.forward(self, x, bias, threads=fused_layer.one_stream_threads())
+            y = fused_layer.forward(self, x, bias,
+                                    threads=fused_layer.one_stream_threads(B * L))
             if y is not None:
                 return y, None
         if one:
