@@ -17,8 +17,7 @@ path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
 - the work split over :func:`variants.parallel.streams` (one OpenBLAS thread each, MLX's buffer
   cache raised): B >= 2 by sequences, one whole layer stack per stream; B = 1 by heads and MLP
   features (tensor parallelism, partial outputs summed before each residual add) from
-  :data:`variants.parallel.MIN_ROWS` real tokens (below, the halves' GEMMs are too thin: B=1
-  L=24 ran 0.89x [0.74, 0.97] split, 6 alternated rounds).
+  :data:`SPLIT_ROWS_B1` real tokens.
 
 Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
 the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``).
@@ -279,6 +278,14 @@ def layer_forward_sharded(layer, x, ctx, w, shards):
         return x + (m if w[9] is None else m + w[9])
 
 
+#: B = 1 splits heads and MLP features over the streams from this many real tokens. ModernBERT's
+#: projections are 768 wide, so even 24 rows pay for the split on an idle second core: MLX/ORT
+#: fp32 at B=1 L=24 (bench/peers.py, 7-9 alternated rounds, quiet 2-core machine) 0.61-0.65
+#: split against 0.49-0.51 on one stream. Under heavy load the split measured 0.89x (the other
+#: core busy elsewhere).
+SPLIT_ROWS_B1 = 8
+
+
 def forward(encoder, x, mask, mode):
     """The layer stack on embeddings ``x`` (B, L, D) with ``mask`` (B, L) NumPy 0/1 and
     positions 0..L-1, before ``final_norm``; None when a layer is not plain or MLX's default
@@ -302,7 +309,7 @@ def forward(encoder, x, mask, mode):
         return mx.concatenate(outs, axis=0)
     ctx = FastContext(encoder.args, mask, mode)
     shards = None
-    if len(ss) > 1 and mask.sum() >= parallel.MIN_ROWS:  # as MiniLM: B=1 L=24 0.89x when split
+    if len(ss) > 1 and mask.sum() >= SPLIT_ROWS_B1:
         shards = [head_shards(layer, len(ss)) for layer in encoder.layers]
     for i, (layer, w) in enumerate(zip(encoder.layers, weights)):
         if shards is not None and shards[i] is not None:
