@@ -51,10 +51,6 @@
 
 #include "fused_layer.h"
 
-extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
-                            float alpha, const float* a, int lda, const float* b, int ldb,
-                            float beta, float* c, int ldc);
-
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -62,7 +58,6 @@ namespace mlx::core {
 
 namespace {
 
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 #define FL_INLINE inline __attribute__((always_inline))
 
 // ---- row loops (always inlined into the AVX2 clone and into the portable entry) ----------
@@ -411,7 +406,7 @@ class FusedBertLayerCpu : public UnaryPrimitive {
       const int F = ins[i + 6].shape(1);
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
       const int parts = threads >= 2 ? 2 : 1;
-      const size_t floats = size_t(N) * (3 * D + D + D + F) + size_t(parts) * Lmax * Lmax;
+      const size_t floats = fused_act_floats(N, D, F, Lmax, parts);
       auto buf = allocator::allocator().malloc(floats * sizeof(float));
       float* w = static_cast<float*>(buf.raw_ptr());
       const bool panels = int(ins.size()) == i + 16;
@@ -419,10 +414,9 @@ class FusedBertLayerCpu : public UnaryPrimitive {
       Args a{p(0), has_kb ? p(1) : nullptr, p(i), p(i + 1), p(i + 2), p(i + 3), p(i + 4),
              p(i + 5), p(i + 6), p(i + 7), p(i + 8), p(i + 9), p(i + 10), p(i + 11),
              q(0), q(1), q(2), q(3),
-             o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
-             w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
-             int(lens.size()), N, D, F, heads, act, Lmax, false, eps1, eps2};
-      a.avx2 = g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2_fma();
+             o.data<float>(), nullptr, nullptr, nullptr, nullptr, nullptr, lens.data(),
+             int(lens.size()), N, D, F, heads, act, Lmax, fused_use_avx2(), eps1, eps2};
+      fused_set_acts(a, w);
       run_layer(a, parts);
       allocator::allocator().free(buf);
     });

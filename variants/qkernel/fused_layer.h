@@ -3,9 +3,17 @@
 // its entry point (mlx-variants, variants/qkernel).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+// OpenBLAS (preloaded by variants/_blas.py before MLX): the one BLAS call the kernels make
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
+                            float alpha, const float* a, int lda, const float* b, int ldb,
+                            float beta, float* c, int ldc);
+
 namespace mlx::core {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS enum values
 
 // One affine-quantized projection (mx.quantize's packing, see qkernel.cpp): rows of `in`
 // values, `bits` per value, one scale and bias per `group_size` values.
@@ -45,6 +53,21 @@ struct FusedArgs {
   bool qpanels = false;    // quantized: wbuf holds 16-column panels (panel_gemm), not (N, K)
   float* qtmp = nullptr;   // qpanels: 16 * max(D, F) floats per part
 };
+
+// The layer's activation scratch, one buffer: q|k|v (rows x 3D), ctx, h (rows x D each),
+// inter (rows x F), then each part's lmax x lmax scores. Its size in floats:
+inline size_t fused_act_floats(int rows, int d, int f, int lmax, int parts) {
+  return size_t(rows) * (5 * size_t(d) + f) + size_t(parts) * lmax * lmax;
+}
+// ... and a's five pointers into it (a.rows, a.d, a.f set)
+inline void fused_set_acts(FusedArgs& a, float* w) {
+  const size_t n = size_t(a.rows);
+  a.qkv = w;
+  a.ctx = w + n * 3 * a.d;
+  a.h = w + n * 4 * a.d;
+  a.inter = w + n * 5 * a.d;
+  a.scores = w + n * (5 * size_t(a.d) + a.f);
+}
 
 // the layer, in one part or split in two over fused_layer.cpp's helper thread (parts >= 2)
 void fused_run_layer(const FusedArgs& a, int parts);

@@ -131,7 +131,7 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
       auto b = [&](int j) { return f(i + 4 * j + 3); };
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
       const int parts = threads >= 2 ? 2 : 1;
-      const size_t acts = size_t(N) * (3 * D + D + D + F) + size_t(parts) * Lmax * Lmax;
+      const size_t acts = fused_act_floats(N, D, F, Lmax, parts);
       const size_t wfloats = size_t(std::max(3 * D, F)) * D;
       // panels (few rows): the kernel's own GEMM on W^T in 16-column panels, where it runs
       // (AVX2+FMA, every part's rows on a panel edge), else OpenBLAS on the (N, K) rows
@@ -144,10 +144,10 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
       float* pw = pan ? wb : nullptr;
       FusedArgs a{f(0), has_kb ? f(1) : nullptr, wb, b(0), wb, b(3), f(n), f(n + 1), wb, b(4),
                   wb, b(5), f(n + 2), f(n + 3), pw, pw, pw, pw,
-                  o.data<float>(), w, w + size_t(N) * 3 * D, w + size_t(N) * 4 * D,
-                  w + size_t(N) * 5 * D, w + size_t(N) * (5 * D + F), lens.data(),
+                  o.data<float>(), nullptr, nullptr, nullptr, nullptr, nullptr, lens.data(),
                   int(lens.size()), N, D, F, heads, act, Lmax, fused_use_avx2(), eps1, eps2,
                   q, wb, b(1), b(2), q_scale, pan, wb + wfloats};
+      fused_set_acts(a, w);
       fused_run_layer(a, parts);
       allocator::allocator().free(buf);
     });

@@ -37,10 +37,6 @@
 
 #include "fused_layer.h"
 
-extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k,
-                            float alpha, const float* a, int lda, const float* b, int ldb,
-                            float beta, float* c, int ldc);
-
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -48,7 +44,6 @@ namespace mlx::core {
 
 namespace {
 
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 // rows [r0, r1) of W into dst (row stride in): the portable loop (the compiler vectorises what
 // it can at the baseline ISA)
