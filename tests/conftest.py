@@ -104,3 +104,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def qk():
+    """The compiled extension with its fused BERT layer ops (variants.qkernel), or a skip naming
+    why it is unavailable here (tests/test_qkernel.py has its own, for the dequantizer alone)."""
+    from variants import qkernel
+
+    mod = qkernel.load()
+    if mod is None or not hasattr(mod, "fused_bert_layer"):
+        pytest.skip(f"compiled kernel unavailable here: {qkernel.why_unavailable()}")
+    return mod

@@ -18,21 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from variants import fused_layer, qkernel  # noqa: I001  (variants before mlx: OpenBLAS)
+from variants import fused_layer  # noqa: I001  (variants before mlx: OpenBLAS)
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from variants.encoder import BertEncoder, ModelArgs, attention_bias
 
 HF = Path(__file__).parent / "fixtures" / "hf"
-
-
-@pytest.fixture(scope="module")
-def qk():
-    mod = qkernel.load()
-    if mod is None or not hasattr(mod, "fused_bert_layer"):
-        pytest.skip(f"compiled kernel unavailable here: {qkernel.why_unavailable()}")
-    return mod
 
 
 def _enc(D=32, H=4, F=64, act="gelu", seed=0, **kw):

@@ -13,14 +13,6 @@ from variants import fused_layer, qkernel
 from variants.encoder import BertEncoder, ModelArgs, TransformerLayer, attention_bias, mean_pool
 
 
-@pytest.fixture(scope="module")
-def qk():
-    mod = qkernel.load()
-    if mod is None or not hasattr(mod, "fused_bert_layer"):
-        pytest.skip(f"compiled kernel unavailable here: {qkernel.why_unavailable()}")
-    return mod
-
-
 @pytest.fixture
 def calls(monkeypatch):
     """How many times the compiled layer ran (unpacked, packed)."""

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from test_fused_layer import _numpy_layer, calls, qk  # noqa: F401  (fixtures)
+from test_fused_layer import _numpy_layer, calls  # noqa: F401  (fixtures)
 
 from variants import fused_layer, qlinear, sweep_timing
 from variants.encoder import BertEncoder, ModelArgs, attention_bias, mean_pool
