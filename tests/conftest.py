@@ -116,3 +116,30 @@ def qk():
     if mod is None or not hasattr(mod, "fused_bert_layer"):
         pytest.skip(f"compiled kernel unavailable here: {qkernel.why_unavailable()}")
     return mod
+
+
+class FakeClock:
+    """A ``perf_counter`` that moves only when a timed function says so (``advance_ms``): the
+    timing harness's bookkeeping and statistics tested on exact durations, not on how loaded
+    the machine is (a real-clock A-vs-A test failed on CI with a median ratio of 1.15)."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def perf_counter(self):
+        return self.t
+
+    def advance_ms(self, ms):
+        self.t += ms / 1e3
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """:class:`FakeClock` standing in for ``time.perf_counter`` inside ``variants.timing``."""
+    from types import SimpleNamespace
+
+    import variants.timing as timing
+
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    return clock

@@ -2,7 +2,6 @@
 cold start in a fresh process, and old timing.json files still readable."""
 
 import gc
-import time
 
 import mlx.core as mx
 import numpy as np
@@ -14,43 +13,41 @@ from variants.timing import (TIMED_REGIONS, Staged, end_to_end_call, split_regio
                              time_alternating)
 
 
-def _sleeper(ms):
+def _sleeper(clock, ms):
+    """A call that takes exactly ``ms`` on the fake clock (tests/conftest.py)."""
     def fn():
-        time.sleep(ms / 1e3)
+        clock.advance_ms(ms)
         return mx.array(0.0)
     return fn
 
 
-def test_budget_stops_rounds_and_records_why():
-    r = time_alternating(_sleeper(5), _sleeper(5), warmup=2, rounds=1000, min_rounds=3,
-                         budget_s=0.25)
+def test_budget_stops_rounds_and_records_why(fake_clock):
+    r = time_alternating(_sleeper(fake_clock, 5), _sleeper(fake_clock, 5), warmup=2,
+                         rounds=1000, min_rounds=3, budget_s=0.25)
     assert r["stopped_by"] == "budget"
-    assert 3 <= r["rounds"] < 1000 and r["rounds_requested"] == 1000
-    assert r["elapsed_s"] < 0.25 + 0.1  # no round starts that would end past the budget
-    assert len(r["ref_ms"]) == len(r["var_ms"]) == r["rounds"]
+    # 2 warm-ups (20 ms) + 10 ms rounds: after 23 rounds (250 ms) a 24th would end past it
+    assert r["rounds"] == 23 and r["rounds_requested"] == 1000
+    assert r["elapsed_s"] == pytest.approx(0.25)  # no round starts that would end past it
+    assert r["ref_ms"] == r["var_ms"] == pytest.approx([5.0] * 23)
 
 
-def test_min_rounds_run_past_the_budget_and_warmups_stop_early():
-    r = time_alternating(_sleeper(20), _sleeper(20), warmup=50, rounds=10, min_rounds=4,
-                         budget_s=0.05)
+def test_min_rounds_run_past_the_budget_and_warmups_stop_early(fake_clock):
+    r = time_alternating(_sleeper(fake_clock, 20), _sleeper(fake_clock, 20), warmup=50,
+                         rounds=10, min_rounds=4, budget_s=0.05)
     assert r["rounds"] == 4 and r["stopped_by"] == "budget"
     assert r["warmup"] == 50 and r["warmup_run"] == 1  # the first warm-up used the budget share
-    full = time_alternating(_sleeper(1), _sleeper(1), warmup=2, rounds=5, budget_s=30)
+    full = time_alternating(_sleeper(fake_clock, 1), _sleeper(fake_clock, 1), warmup=2,
+                            rounds=5, budget_s=30)
     assert full["stopped_by"] == "rounds" and full["rounds"] == 5 and full["warmup_run"] == 2
     with pytest.raises(ValueError, match="budget_s"):
-        time_alternating(_sleeper(1), _sleeper(1), budget_s=0)
+        time_alternating(_sleeper(fake_clock, 1), _sleeper(fake_clock, 1), budget_s=0)
 
 
-def test_staged_calls_give_both_regions_from_the_same_rounds():
+def test_staged_calls_give_both_regions_from_the_same_rounds(fake_clock):
     def staged(fwd_ms):
         def fn():
-            t0 = time.perf_counter()
-            time.sleep(0.001)
-            t1 = time.perf_counter()
-            time.sleep(fwd_ms / 1e3)
-            t2 = time.perf_counter()
-            return Staged(ms={"tokenise": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
-                              "postprocess": 0.0},
+            fake_clock.advance_ms(1.0 + fwd_ms)
+            return Staged(ms={"tokenise": 1.0, "forward": float(fwd_ms), "postprocess": 0.0},
                           peak_bytes={"tokenise": 1, "forward": 10, "postprocess": 1})
         return fn
 
@@ -60,8 +57,8 @@ def test_staged_calls_give_both_regions_from_the_same_rounds():
     assert e2e["timed_region"] == TIMED_REGIONS["end_to_end"]
     assert fwd["rounds"] == e2e["rounds"] == 5
     assert all(f <= e for f, e in zip(fwd["var_ms"], e2e["var_ms"]))  # forward is inside
-    assert fwd["speedup"]["speedup_median"] == pytest.approx(2.0, rel=0.3)
-    assert e2e["speedup"]["speedup_median"] < fwd["speedup"]["speedup_median"]  # diluted
+    assert fwd["speedup"]["speedup_median"] == pytest.approx(2.0)
+    assert e2e["speedup"]["speedup_median"] == pytest.approx(9.0 / 5.0)  # diluted by tokenising
     assert set(e2e["stages_p50_ms"]) == {"tokenise", "forward", "postprocess"}
     assert fwd["var_peak_memory_bytes"] == 10
     assert r["stages"]["postprocess"]["speedup"] is None  # 0 ms: no ratio, no crash
@@ -87,8 +84,10 @@ def sentiment(checkpoint):
     return model, mod.make_taskset(frame)
 
 
-def test_a_vs_a_end_to_end_is_centred_on_one_and_does_not_grow(sentiment):
-    """Issue #6: the harness must not pollute itself (no growing state across rounds)."""
+def test_a_vs_a_end_to_end_does_not_grow(sentiment):
+    """Issue #6: the harness must not pollute itself (no growing state across rounds). That A vs
+    A is centred on one is tested on exact durations (test_profile.py, a fake clock): on this
+    shared machine a real-clock ratio is the benchmarks' business, not a test's."""
     model, ts = sentiment
     call = end_to_end_call(model, ts)
     gc.collect()
@@ -98,9 +97,7 @@ def test_a_vs_a_end_to_end_is_centred_on_one_and_does_not_grow(sentiment):
     assert len(gc.get_objects()) - objects < 500  # no table growing per round
     fwd, e2e = split_regions(r)
     for region in (fwd, e2e):
-        s = region["speedup"]
-        assert 0.8 < s["speedup_median"] < 1.25
-        assert s["speedup_ci_low"] <= 1.05 and s["speedup_ci_high"] >= 0.95
+        assert region["rounds"] == 12 and region["speedup"]["n_rounds"] == 12
     # memory: every round's peak ~ the first round's, nothing left allocated between rounds
     for key in ("ref_peak_memory_bytes_rounds", "var_peak_memory_bytes_rounds"):
         peaks = np.array(e2e[key], float)
