@@ -177,10 +177,8 @@ def test_interrupted_run_refuses_other_settings_and_corrupt_files(
     line naming it, nothing in the run folder modified; deleted, the rerun rebuilds that part.
     (Eleven sweeps: their plots are not drawn here, ~3 s each; a sweep's plots are checked in
     test_small_real_sweep_writes_results_and_resumes and tests/test_run_lifecycle.py.)"""
-    import runs.plots.render
     from variants.sweep import Sweep
 
-    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
 
     root = tmp_path / "results"
     args = ["sweep", "--bits", "8", "--results-dir", str(root), "--run", "t",

@@ -99,10 +99,7 @@ def test_completed_sweep_with_a_failing_variant_exits_0_and_is_complete(base):
 
 
 @pytest.mark.slow
-def test_fail_on_violation_exits_1_and_0_when_all_pass(copy, tmp_path, capsys, monkeypatch):
-    import runs.plots.render
-
-    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
+def test_fail_on_violation_exits_1_and_0_when_all_pass(copy, tmp_path, capsys):
     assert sweep(copy, "--fail-on-violation") == 1
     assert "fails its contract (--fail-on-violation)" in capsys.readouterr().err
     assert status(copy / "t") == "complete"  # the sweep itself finished
@@ -267,10 +264,7 @@ def test_cache_temp_files_are_removed_only_when_no_other_sweep_uses_the_cache(tm
 
 
 @pytest.mark.slow
-def test_resume_removes_leftover_temp_files_and_takes_over_a_stale_lock(copy, capsys, monkeypatch):
-    import runs.plots.render
-
-    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
+def test_resume_removes_leftover_temp_files_and_takes_over_a_stale_lock(copy, capsys):
     run = copy / "t"
     planted = [run / ".run.json.a1b2c3d4.tmp", run / "summary.csv.tmp",
                run / "q8-g64" / ".outputs.npz.zz99_x0y.tmp", run / "reference" / ".outputs.npz.k2j3h4g5.tmp",

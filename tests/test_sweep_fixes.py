@@ -98,7 +98,6 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
     the sweep: the others are built, summary.csv/report.md written, the failure listed, exit 2."""
     import pandas as pd
 
-    import runs.plots.render
     from variants.builders import quantize
 
     real_build = quantize.build
@@ -109,7 +108,6 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
         return real_build(reference, cfg, *a, **k)
 
     monkeypatch.setattr(quantize, "build", build)
-    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
     root = tmp_path / "r"
     args = ["sweep", "--bits", "8", "4", "--speed-mode", "simulated", "--results-dir", str(root),
             "--run", "t", *TINY]

@@ -14,7 +14,6 @@ TINY = ["sweep", "--bits", "8", "--n-fit", "60", "--n-calibration", "40", "--n-e
 
 @pytest.mark.slow
 def test_rerun_skips_reference_forwards_and_resume_fills_old_timing(tmp_path, monkeypatch, capsys):
-    import runs.plots.render
     import variants.sweep as sweep_mod
     from runs.judge import check_run
     from variants.models.sentiment import SentimentNet
@@ -38,7 +37,6 @@ def test_rerun_skips_reference_forwards_and_resume_fills_old_timing(tmp_path, mo
     monkeypatch.setattr(SentimentNet, "__call__", counted(real_call))
     monkeypatch.setattr(SentimentNet, "embed", counted(real_embed))
     monkeypatch.setattr(sweep_mod, "measure_cold_start", fake_cold)
-    monkeypatch.setattr(runs.plots.render, "plot_run", lambda run, **kw: [])
     args = [*TINY, "--results-dir", str(tmp_path / "r")]
     run = tmp_path / "r" / "t"
 
