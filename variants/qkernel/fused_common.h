@@ -99,8 +99,6 @@ namespace {
 
 // ---- row loops (always inlined into the AVX2 clone and into the portable entry) ----------
 
-// ---- row loops (always inlined into the AVX2 clone and into the portable entry) ----------
-
 FL_INLINE float exp_nonpos(float x) {
   // exp(x) for x <= 0 (Cody & Waite 1980 reduction, Cephes expf polynomial)
   x = x < -87.3f ? -87.3f : x;
