@@ -37,9 +37,12 @@ NAME = "fused-mbert-layer-cpp"
 ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2}
 #: B = 1 splits each layer in two parts over the kernel's helper thread from this many rows
 SPLIT_ROWS_B1 = 8
-#: B >= 2: True splits the batch by sequences over :func:`variants.parallel.streams` (one op per
-#: stream and layer, one part each); False runs one op per layer in two parts
-SPLIT_BATCH = True
+#: B >= 2 splits the batch by sequences over :func:`variants.parallel.streams` (one op per stream
+#: and layer, one part each) from this many rows B * L; below, one op per layer runs in two parts
+#: over the helper thread. Measured (3 ModernBERT-base layers, /tmp A/B in one process, 5
+#: alternated rounds, shared machine at load ~2.5; two parts / stream split time): B=8 L=24
+#: 0.94, B=3 L=70 0.95, B=8 L=128 1.07.
+SPLIT_BATCH_ROWS = 512
 
 
 def _kernel():
@@ -132,7 +135,7 @@ def forward(encoder, x, mask, mode):
         return None
     ss = parallel.streams()
     B, L = mask.shape
-    if B >= 2 and SPLIT_BATCH and len(ss) > 1 and B * L >= parallel.MIN_ROWS:
+    if B >= 2 and len(ss) > 1 and B * L >= SPLIT_BATCH_ROWS:
         outs = []
         for s, (a, b) in zip(ss, parallel.bounds(B, len(ss))):
             with mx.stream(s):
