@@ -19,6 +19,10 @@ path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
   features (tensor parallelism, partial outputs summed before each residual add) from
   :data:`SPLIT_ROWS_B1` real tokens.
 
+Where the compiled extension is built, each layer instead runs as one compiled op
+(:mod:`variants.modernbert_fused`, same algebra and weights; ``VARIANTS_FUSED_LAYER=off`` keeps
+the MLX ops described here).
+
 Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
 the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``).
 Memory: the derived weights are a second copy of each layer's weights (+ the B = 1 shards' q|k|v
