@@ -104,7 +104,7 @@ def _flat(layer):
     return dict(tree_flatten(layer.parameters()))
 
 
-def _op(mk, enc, i, x, mask, half=None, threads=1, key_bias=True):
+def _op(mk, enc, i, x, mask, half=None, threads=1, key_bias=True, local_block=0):
     """Layer i of enc through the op on x (B, L, D); half None: the layer's own (global: -1)."""
     layer = enc.layers[i]
     w, eps1, eps2, act = modernbert_fused.layer_args(layer)
@@ -120,7 +120,7 @@ def _op(mk, enc, i, x, mask, half=None, threads=1, key_bias=True):
         if key_bias and not mask.all() else None
     y = mk.fused_mbert_layer(mx.array(x.reshape(B * L, D)), [L] * B, kb, cos, sin, list(w),
                              heads=layer.attn.n_heads, eps1=eps1, eps2=eps2, act=act, half=half,
-                             threads=threads)
+                             local_block=local_block, threads=threads)
     return np.array(y).reshape(B, L, D), np.array(cos), np.array(sin), half
 
 
@@ -145,6 +145,19 @@ def test_layer_equals_float64_numpy(mk, loaded, name, i, half, B, L, pad, thread
     real = mask.astype(bool)
     assert np.abs(y[real] - want[real]).max() <= 1e-5
     assert np.abs(want[real]).std() > 0.5
+
+
+@pytest.mark.parametrize("block", [1, 5, 16, 64])
+@pytest.mark.parametrize("half", [3, 20])
+def test_any_query_block_gives_the_exact_window(mk, loaded, block, half):
+    """The windowed blocks' size changes which keys are multiplied, not the result."""
+    enc = loaded["modernbert_g2"]
+    x = np.random.default_rng(7).standard_normal((2, 90, 64)).astype(np.float32)
+    mask = _mask(2, 90, True)
+    y, cos, sin, h = _op(mk, enc, 1, x, mask, half, local_block=block)
+    want = _numpy_layer(enc.layers[1], x, mask, h, cos, sin)
+    real = mask.astype(bool)
+    assert np.abs(y[real] - want[real]).max() <= 1e-5
 
 
 def test_the_padding_bias_and_the_window_matter(mk, loaded):
@@ -233,6 +246,7 @@ def test_switch_off_and_masked_mode_fall_back(mk, loaded, runs, monkeypatch):
     enc.local_attention_impl = "masked"
     try:
         enc(ids, mask)
+        assert modernbert_fused.used_in(enc) is None
     finally:
         enc.local_attention_impl = None
     assert runs[0] == 0

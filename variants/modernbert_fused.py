@@ -38,11 +38,14 @@ ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1, "gelu_new": 2, "gelu_pytorch_tanh
 #: B = 1 splits each layer in two parts over the kernel's helper thread from this many rows
 SPLIT_ROWS_B1 = 8
 #: B >= 2 splits the batch by sequences over :func:`variants.parallel.streams` (one op per stream
-#: and layer, one part each) from this many rows B * L; below, one op per layer runs in two parts
-#: over the helper thread. Measured (3 ModernBERT-base layers, /tmp A/B in one process, 5
-#: alternated rounds, shared machine at load ~2.5; two parts / stream split time): B=8 L=24
-#: 0.94, B=3 L=70 0.95, B=8 L=128 1.07.
-SPLIT_BATCH_ROWS = 512
+#: and layer, one part each) from this many rows B * L (as the MLX fast path); below, one op per
+#: layer runs in two parts over the helper thread. Measured (3 ModernBERT-base layers, one
+#: process, 7 alternated rounds, shared 2-core machine; split-by-streams time / two-parts time):
+#: B=2 L=24 0.88 (24 rows a stream: the panel GEMM), B=8 L=24 0.99 and 1.06 (two runs),
+#: B=8 L=64 0.98, B=3 L=70 1.05, B=4 L=128 0.92, B=8 L=128 0.93.
+SPLIT_BATCH_ROWS = parallel.MIN_ROWS
+#: a local layer's query block in the op (0: its own choice, see fused_mbert_layer.cpp)
+LOCAL_BLOCK = 0
 
 
 def _kernel():
@@ -119,7 +122,8 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
         cos, sin = tabs[layer.is_global]
         h = kernel.fused_mbert_layer(h, [L] * b, kb, cos, sin, list(w), heads=layer.attn.n_heads,
                                      eps1=eps1, eps2=eps2, act=act,
-                                     half=-1 if layer.is_global else half, threads=threads)
+                                     half=-1 if layer.is_global else half,
+                                     local_block=LOCAL_BLOCK, threads=threads)
     return h.reshape(b, L, D)
 
 
@@ -158,8 +162,10 @@ def used_in(module):
     """:data:`NAME` when a ModernBERT encoder inside ``module`` (an ``nn.Module``) runs its
     layers through the op here, else None: for timing records."""
     from variants.modernbert import ModernBertEncoder
+    from variants.modernbert_window import resolve_mode
 
     for _, m in module.named_modules():
-        if isinstance(m, ModernBertEncoder) and m.fast and applies(m):
+        if (isinstance(m, ModernBertEncoder) and m.fast and applies(m)
+                and resolve_mode(m.local_attention_impl) != "masked"):
             return NAME
     return None

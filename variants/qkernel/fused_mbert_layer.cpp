@@ -13,10 +13,11 @@
 // passed in (row t of `cos` / `sin` (>= max(lens), head_dim): position t of a sequence, the
 // layer's global or local θ). Attention per (sequence, head) with the additive key bias
 // (padding) by blocks of queries: a global layer (or a local one whose window holds every key,
-// L - 1 <= half) visits every key; a local layer's block of BQ_LOCAL queries multiplies only the
-// keys [q0 - half, q1 - 1 + half] and each query's softmax runs over its own keys |q - k| <= half
-// alone (the block's other keys, at most BQ_LOCAL - 1 per row, get an exact 0 weight, not a
-// -1e9 bias): the local layers' cost grows linearly with L. Activation: 0 erf GELU, 1 ReLU,
+// L - 1 <= half) visits every key; a local layer's block of queries [q0, q1) multiplies only
+// the keys [q0 - half, q1 - 1 + half] and each query's softmax runs over its own keys
+// |q - k| <= half alone (the block's other keys, at most q1 - q0 - 1 per row, get an exact 0
+// weight, not a -1e9 bias): the local layers' cost grows linearly with L. Blocks of BQ_LOCAL
+// queries, or BQ_GLOBAL where those reach every key anyway (L <= 2 half + BQ_GLOBAL). Activation: 0 erf GELU, 1 ReLU,
 // 2 tanh GELU (MLX's gelu_approx). Row loops, GEMMs (panel kernel at <= 32 rows when panels are
 // given, OpenBLAS else) and the two-part helper thread: fused_common.h.
 
@@ -57,6 +58,7 @@ struct MbArgs {
   float *y, *qkv, *ctx, *h, *inter, *gate, *scores;  // h, scores: per part
   const int* lens;
   int n_seqs, rows, d, f, heads, act, half, lmax;  // half < 0: a global layer
+  int lblock;  // a local layer's query block (0: auto)
   bool avx2;
   float eps1, eps2;
 };
@@ -112,7 +114,11 @@ FL_INLINE void attend(const MbArgs& a, const float* q, const float* kb, float* o
                       float* sc, float* inv) {
   const int D = a.d, D3 = 3 * D, hd = D / a.heads;
   const bool local = a.half >= 0 && L - 1 > a.half;
-  const int bq = local ? BQ_LOCAL : BQ_GLOBAL;
+  // auto: where blocks of BQ_GLOBAL would reach every key anyway (L <= 2 half + BQ_GLOBAL),
+  // BQ_GLOBAL (fewer, larger GEMMs), else BQ_LOCAL (fewer keys outside the window)
+  const int bq = !local ? BQ_GLOBAL
+                        : (a.lblock > 0 ? std::min(a.lblock, BQ_GLOBAL)
+                                        : (L <= 2 * a.half + BQ_GLOBAL ? BQ_GLOBAL : BQ_LOCAL));
   const float *k = q + D, *v = q + 2 * D;
   for (int q0 = 0; q0 < L; q0 += bq) {
     const int q1 = std::min(L, q0 + bq), nq = q1 - q0;
@@ -233,9 +239,10 @@ void run_phase(const void* v, int k, int p, int n) {
 class FusedMbertLayerCpu : public UnaryPrimitive {
  public:
   FusedMbertLayerCpu(Stream s, std::vector<int> lens, bool has_kb, uint32_t present, int heads,
-                     float eps1, float eps2, int act, int half, int threads)
+                     float eps1, float eps2, int act, int half, int lblock, int threads)
       : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), present_(present),
-        heads_(heads), eps1_(eps1), eps2_(eps2), act_(act), half_(half), threads_(threads) {}
+        heads_(heads), eps1_(eps1), eps2_(eps2), act_(act), half_(half), lblock_(lblock),
+        threads_(threads) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& enc = cpu::get_command_encoder(stream());
@@ -246,7 +253,8 @@ class FusedMbertLayerCpu : public UnaryPrimitive {
     for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
     enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
                   has_kb = has_kb_, present = present_, heads = heads_, eps1 = eps1_,
-                  eps2 = eps2_, act = act_, half = half_, threads = threads_]() mutable {
+                  eps2 = eps2_, act = act_, half = half_, lblock = lblock_,
+                  threads = threads_]() mutable {
       MbArgs a{};
       const int N = ins[0].shape(0), D = ins[0].shape(1);
       int i = 0;
@@ -276,6 +284,7 @@ class FusedMbertLayerCpu : public UnaryPrimitive {
       a.lens = lens.data();
       a.n_seqs = int(lens.size());
       a.rows = N, a.d = D, a.f = F, a.heads = heads, a.act = act, a.half = half, a.lmax = Lmax;
+      a.lblock = lblock;
       a.avx2 = fused_use_avx2();
       a.eps1 = eps1, a.eps2 = eps2;
       run_parts(run_phase, &a, kPhases, parts);
@@ -290,7 +299,7 @@ class FusedMbertLayerCpu : public UnaryPrimitive {
     auto& o = static_cast<const FusedMbertLayerCpu&>(other);
     return lens_ == o.lens_ && has_kb_ == o.has_kb_ && present_ == o.present_ &&
            heads_ == o.heads_ && eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ &&
-           half_ == o.half_ && threads_ == o.threads_;
+           half_ == o.half_ && lblock_ == o.lblock_ && threads_ == o.threads_;
   }
 
  private:
@@ -299,7 +308,7 @@ class FusedMbertLayerCpu : public UnaryPrimitive {
   uint32_t present_;
   int heads_;
   float eps1_, eps2_;
-  int act_, half_, threads_;
+  int act_, half_, lblock_, threads_;
 };
 
 namespace {
@@ -317,7 +326,8 @@ bool shaped(const std::optional<array>& a, std::initializer_list<int> shape) {
 array fused_mbert_layer_cpu(const array& x, const std::vector<int>& lens,
                             const std::optional<array>& key_bias, const array& cos,
                             const array& sin, const std::vector<std::optional<array>>& w,
-                            int heads, float eps1, float eps2, int act, int half, int threads) {
+                            int heads, float eps1, float eps2, int act, int half, int local_block,
+                            int threads) {
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
   need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
@@ -371,17 +381,18 @@ array fused_mbert_layer_cpu(const array& x, const std::vector<int>& lens,
   }
   return array({N, D}, float32,
                std::make_shared<FusedMbertLayerCpu>(s, lens, bool(key_bias), present, heads, eps1,
-                                                    eps2, act, half, threads),
+                                                    eps2, act, half, local_block, threads),
                in);
 }
 
 void register_fused_mbert_layer(nb::module_& m) {
   m.def("fused_mbert_layer", &fused_mbert_layer_cpu, "x"_a, "lens"_a, "key_bias"_a = nb::none(),
         "cos"_a, "sin"_a, "weights"_a, "heads"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "half"_a = -1,
-        "threads"_a = 0,
+        "local_block"_a = 0, "threads"_a = 0,
         "One ModernBERT pre-norm layer on rows x (N, D) float32 (sequences of `lens` rows end "
         "to end), modernbert_fast.layer_weights + norms (see fused_mbert_layer.cpp); half: the "
-        "local window's half width, -1 global; CPU stream. -> (N, D).");
+        "local window's half width, -1 global; local_block: a local layer's query block "
+        "(<= 64; 0: auto); CPU stream. -> (N, D).");
 }
 
 }  // namespace mlx::core
