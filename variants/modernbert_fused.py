@@ -44,6 +44,14 @@ SPLIT_ROWS_B1 = 8
 #: B=2 L=24 0.88 (24 rows a stream: the panel GEMM), B=8 L=24 0.99 and 1.06 (two runs),
 #: B=8 L=64 0.98, B=3 L=70 1.05, B=4 L=128 0.92, B=8 L=128 0.93.
 SPLIT_BATCH_ROWS = parallel.MIN_ROWS
+#: calls of at most this many rows (per stream) multiply by the kernel's panel GEMM on weights
+#: pre-packed in 16-column panels (:func:`panels`: one more copy of the projection weights,
+#: built on the first such call), larger ones by OpenBLAS. Unlike MiniLM's 384-wide layers
+#: (fused_layer.PANEL_ROWS = 32), ModernBERT-base's gain up to a few hundred rows: time with
+#: panels / with OpenBLAS (3 layers, one process, 5-7 alternated rounds, shared machine) B=1
+#: L=48 0.90, 64 0.90, 96 0.89, 128 0.97 and 0.88, 256 0.95 and 0.96, 512 0.98; B=8 L=128
+#: (512 rows a stream) 1.04.
+PANEL_ROWS = 256
 #: a local layer's query block in the op (0: its own choice, see fused_mbert_layer.cpp)
 LOCAL_BLOCK = 0
 
@@ -116,7 +124,7 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
         kb = mx.array(((1 - mask.astype(np.float32)) * MASK_BIAS).reshape(b * L))
     h = x.reshape(b * L, D)
     for layer, (w, eps1, eps2, act) in zip(encoder.layers, all_args):
-        if b * L <= fused_layer.PANEL_ROWS:
+        if b * L <= PANEL_ROWS:
             p = panels(layer, w)
             w = w if p is None else (*w, *p)
         cos, sin = tabs[layer.is_global]
