@@ -18,6 +18,11 @@ layer op reads, :mod:`variants.fused_layer`), every layer has fast weights (plai
 ``nn.Linear`` projections) and float32 layer norms, the activation is in :data:`ACTS`, and the
 local attention mode is not ``masked`` (kept as the A/B baseline of
 :mod:`variants.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_in`).
+
+Work split: B = 1 from :data:`SPLIT_ROWS_B1` real tokens, each layer in two parts (heads, output
+columns) over the kernel's helper thread; B >= 2 by sequences over the streams. Memory: besides
+the fast path's derived weights, calls of at most :data:`PANEL_ROWS` rows build the projection
+weights once more as 16-column panels (ModernBERT-base: ~20 MB a layer), kept with the layer.
 """
 
 import os
