@@ -13,7 +13,9 @@ rotating, so machine load hits every step alike; per-round ratios against step 0
 3. + the work over two streams (B >= 2 by sequences, B = 1 by heads and MLP features);
 4. + rotary q and k in one compiled kernel from the fused projection (``rope_qk``);
 5. + the windowed blocks' scores transposed with the compiled exp (``windowed_core``; only
-   from L >= 2 · window, 256 at base shapes): shipped.
+   from L >= 2 · window, 256 at base shapes): the MLX fast path;
+6. + each layer as one compiled op (:mod:`variants.modernbert_fused`; steps 0-5 run with
+   ``VARIANTS_FUSED_LAYER=off``): shipped where the extension is built.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.py
 ``make_modernbert``; needs torch + transformers in ``--peer-python``), or ``--model`` a saved one.
@@ -41,7 +43,7 @@ from variants.encoder import mean_pool  # noqa: E402
 
 STEPS = ("0 plain, BLAS default threads, default cache", "1 plain, 1 BLAS thread, 1 GB cache",
          "2 fast layers, one stream", "3 + two streams", "4 + compiled rotary",
-         "5 + fast windowed blocks (shipped)")
+         "5 + fast windowed blocks", "6 + one compiled op per layer (shipped)")
 
 
 class _OneStream:
@@ -66,9 +68,16 @@ def step(i, enc, blas_default, cache_default):
         modernbert_fast.parallel = _OneStream
     modernbert_fast.COMPILED_ROPE = i >= 4
     modernbert_fast.FAST_WINDOW = i >= 5
+    switch = os.environ.get("VARIANTS_FUSED_LAYER")
+    if i < 6:
+        os.environ["VARIANTS_FUSED_LAYER"] = "off"
     try:
         yield
     finally:
+        if switch is None:
+            os.environ.pop("VARIANTS_FUSED_LAYER", None)
+        else:
+            os.environ["VARIANTS_FUSED_LAYER"] = switch
         modernbert_fast.parallel = parallel
         modernbert_fast.COMPILED_ROPE = modernbert_fast.FAST_WINDOW = True
         enc.fast = True

@@ -19,6 +19,10 @@ path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
   features (tensor parallelism, partial outputs summed before each residual add) from
   :data:`SPLIT_ROWS_B1` real tokens.
 
+Where the compiled extension is built, each layer instead runs as one compiled op
+(:mod:`variants.modernbert_fused`, same algebra and weights; ``VARIANTS_FUSED_LAYER=off`` keeps
+the MLX ops described here).
+
 Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
 the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``).
 Memory: the derived weights are a second copy of each layer's weights (+ the B = 1 shards' q|k|v
@@ -295,6 +299,11 @@ def forward(encoder, x, mask, mode):
     weights = [layer_weights(layer) for layer in encoder.layers]
     if any(w is None for w in weights):
         return None
+    from variants import modernbert_fused  # each layer as one compiled op, when it applies
+
+    y = modernbert_fused.forward(encoder, x, mask, mode)
+    if y is not None:
+        return y
     ss = parallel.streams()
     B, L = mask.shape
     if len(ss) > 1 and B >= len(ss) and B * L >= parallel.MIN_ROWS:

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import BLAS_INFO, device, fused_layer, qlinear
+from variants import BLAS_INFO, device, fused_layer, modernbert_fused, qlinear
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
@@ -27,8 +27,10 @@ def kernel(model):
     """The Linear kernel(s) a DecisionModel's forward runs now, for timing records: the
     quantized Linears' (:func:`variants.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
     ``quantized_matmul``) and ``fused-layer-cpp`` when fp32 layers run as one compiled op
-    (:mod:`variants.fused_layer`), comma-joined when mixed, else ``fp32 gemm``."""
-    names = qlinear.kernels(model.module) + [n for n in (fused_layer.used_in(model.module),) if n]
+    (:mod:`variants.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
+    :mod:`variants.modernbert_fused`), comma-joined when mixed, else ``fp32 gemm``."""
+    fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module))
+    names = qlinear.kernels(model.module) + [n for n in fused if n]
     return ", ".join(names) or "fp32 gemm"
 
 

@@ -324,6 +324,7 @@ array qlinear_cpu(const array& x, const array& w, const array& scales, const arr
 
 void register_fused_layer(nb::module_& m);  // fused_layer.cpp
 void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
+void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
 
 }  // namespace mlx::core
 
@@ -341,4 +342,5 @@ NB_MODULE(_qkernel, m) {
         "Allow (True, the default) or forbid the AVX2 loop; returns the previous setting.");
   mlx::core::register_fused_layer(m);
   mlx::core::register_fused_qlayer(m);
+  mlx::core::register_fused_mbert_layer(m);
 }

@@ -1,0 +1,398 @@
+// A whole ModernBERT pre-norm encoder layer as ONE MLX CPU primitive (mlx-variants;
+// variants/modernbert_fused.py is the Python side, variants/modernbert_fast.py the MLX path it
+// replaces, same algebra):
+//
+//   x1 = x + Attn(LN1(x)) Wo + bo,   y = x1 + (act(h Win + bin) * (h Wgate + bgate)) Wout + bout,
+//   h = LN2(x1)
+//
+// on modernbert_fast.layer_weights (transposed (K, N) weights, 1/sqrt(head_dim) folded into the
+// query columns and bias, GeGLU's Wi cut into its input and gate halves). LN1 may be the
+// identity (layer 0), the layer norms' and the Linears' biases may be absent (ModernBERT has
+// none: norm_bias, attention_bias, mlp_bias false). Rows are sequences laid end to end (`lens`,
+// as fused_layer.cpp); q and k are rotated (rotary, x cos + rotate_half(x) sin) by the tables
+// passed in (row t of `cos` / `sin` (>= max(lens), head_dim): position t of a sequence, the
+// layer's global or local θ). Attention per (sequence, head) with the additive key bias
+// (padding) by blocks of queries: a global layer (or a local one whose window holds every key,
+// L - 1 <= half) visits every key; a local layer's block of queries [q0, q1) multiplies only
+// the keys [q0 - half, q1 - 1 + half] and each query's softmax runs over its own keys
+// |q - k| <= half alone (the block's other keys, at most q1 - q0 - 1 per row, get an exact 0
+// weight, not a -1e9 bias): the local layers' cost grows linearly with L. Blocks of BQ_LOCAL
+// queries, or BQ_GLOBAL where those reach every key anyway (L <= 2 half + BQ_GLOBAL). Activation: 0 erf GELU, 1 ReLU,
+// 2 tanh GELU (MLX's gelu_approx). Row loops, GEMMs (panel kernel at <= 32 rows when panels are
+// given, OpenBLAS else) and the two-part helper thread: fused_common.h.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+#include "fused_common.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx::core {
+
+namespace {
+
+constexpr int kSlots = 19;  // the weights' slots, see fused_mbert_layer_cpu
+constexpr int kPhases = 4, BQ_GLOBAL = 64, BQ_LOCAL = 16;
+
+struct MbArgs {
+  const float *x, *kb, *cos, *sin;
+  const float* w[kSlots];  // w_qkv b_qkv w_o b_o w_in b_in w_g b_g w_out b_out g1 be1 g2 be2,
+                           // then the panels of w_qkv w_o w_in w_g w_out (absent: null)
+  float *y, *qkv, *ctx, *h, *inter, *gate, *scores;  // h, scores: per part
+  const int* lens;
+  int n_seqs, rows, d, f, heads, act, half, lmax;  // half < 0: a global layer
+  int lblock;  // a local layer's query block (0: auto)
+  bool avx2;
+  float eps1, eps2;
+};
+
+enum { WQKV, BQKV, WO, BO, WIN, BIN, WG, BG, WOUT, BOUT, G1, BE1, G2, BE2, P0 };
+
+// out = (a - mean(a)) / sqrt(var(a) + eps) * g (+ beta) over one row of d (two-pass)
+FL_INLINE void layer_norm_row(const float* a, const float* g, const float* beta, float eps,
+                              float* out, int d) {
+  float mean = 0.0f;
+#pragma omp simd reduction(+ : mean)
+  for (int j = 0; j < d; ++j) mean += a[j];
+  mean /= float(d);
+  float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int j = 0; j < d; ++j) {
+    const float c = a[j] - mean;
+    var += c * c;
+  }
+  const float inv = 1.0f / std::sqrt(var / float(d) + eps);
+  if (beta) {
+#pragma omp simd
+    for (int j = 0; j < d; ++j) out[j] = (a[j] - mean) * inv * g[j] + beta[j];
+  } else {
+#pragma omp simd
+    for (int j = 0; j < d; ++j) out[j] = (a[j] - mean) * inv * g[j];
+  }
+}
+
+// src itself when g is null (layer 0's identity norm), else LN(src) into this part's buffer
+FL_INLINE const float* normed(const MbArgs& a, const float* src, const float* g,
+                              const float* beta, float eps, int p) {
+  if (!g) return src;
+  float* h = a.h + int64_t(p) * a.rows * a.d;
+  for (int i = 0; i < a.rows; ++i)
+    layer_norm_row(src + int64_t(i) * a.d, g, beta, eps, h + int64_t(i) * a.d, a.d);
+  return h;
+}
+
+// x cos + rotate_half(x) sin on one head's row (hd values, position's table rows c, s)
+FL_INLINE void rope_row(float* x, const float* c, const float* s, int hd) {
+  const int m = hd / 2;
+#pragma omp simd
+  for (int j = 0; j < m; ++j) {
+    const float u = x[j], v = x[j + m];
+    x[j] = u * c[j] - v * s[j];
+    x[j + m] = v * c[j + m] + u * s[j + m];
+  }
+}
+
+// softmax(q k^T + kb) v for one (sequence, head): L rows at q (stride 3D), k, v; out stride D
+FL_INLINE void attend(const MbArgs& a, const float* q, const float* kb, float* out, int L,
+                      float* sc, float* inv) {
+  const int D = a.d, D3 = 3 * D, hd = D / a.heads;
+  const bool local = a.half >= 0 && L - 1 > a.half;
+  // auto: where blocks of BQ_GLOBAL would reach every key anyway (L <= 2 half + BQ_GLOBAL),
+  // BQ_GLOBAL (fewer, larger GEMMs), else BQ_LOCAL (fewer keys outside the window)
+  const int bq = !local ? BQ_GLOBAL
+                        : (a.lblock > 0 ? std::min(a.lblock, BQ_GLOBAL)
+                                        : (L <= 2 * a.half + BQ_GLOBAL ? BQ_GLOBAL : BQ_LOCAL));
+  const float *k = q + D, *v = q + 2 * D;
+  for (int q0 = 0; q0 < L; q0 += bq) {
+    const int q1 = std::min(L, q0 + bq), nq = q1 - q0;
+    const int k0 = local ? std::max(0, q0 - a.half) : 0;
+    const int k1 = local ? std::min(L, q1 + a.half) : L, span = k1 - k0;
+    cblas_sgemm(kRowMajor, kNoTrans, kTrans, nq, span, hd, 1.0f, q + int64_t(q0) * D3, D3,
+                k + int64_t(k0) * D3, D3, 0.0f, sc, span);
+    for (int i = 0; i < nq; ++i) {
+      float* s = sc + int64_t(i) * span;
+      const int lo = local ? std::max(0, q0 + i - a.half) - k0 : 0;
+      const int hi = local ? std::min(L, q0 + i + a.half + 1) - k0 : span;
+      inv[i] = 1.0f / softmax_row(s + lo, kb ? kb + k0 + lo : nullptr, hi - lo);
+      if (lo > 0) std::memset(s, 0, size_t(lo) * sizeof(float));
+      if (hi < span) std::memset(s + hi, 0, size_t(span - hi) * sizeof(float));
+    }
+    float* o = out + int64_t(q0) * D;
+    cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, nq, hd, span, 1.0f, sc, span,
+                v + int64_t(k0) * D3, D3, 0.0f, o, D);
+    for (int i = 0; i < nq; ++i) {
+      float* oi = o + int64_t(i) * D;
+      const float t = inv[i];
+#pragma omp simd
+      for (int j = 0; j < hd; ++j) oi[j] *= t;
+    }
+  }
+}
+
+FL_INLINE float act_one(int act, float t) {
+  if (act == 0) return gelu_erf(t);
+  if (act == 1) return t > 0.0f ? t : 0.0f;
+  return 0.5f * t * (1.0f + std::tanh(0.7978845608028654f * (t + 0.044715f * t * t * t)));
+}
+
+FL_INLINE void phase(const MbArgs& a, int k, int p, int n) {
+  const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
+  const float* const* w = a.w;
+  int lo, hi;
+  if (k == 0) {  // h = LN1(x); q|k|v of this part's heads, rotary q, k; their attention
+    int h0, h1;
+    cut(a.heads, 1, p, n, h0, h1);
+    lo = h0 * hd, hi = h1 * hd;
+    const float* h = normed(a, a.x, w[G1], w[BE1], a.eps1, p);
+    for (int j = 0; j < 3; ++j) {
+      float* c = a.qkv + j * D;
+      fill_cols(c, w[BQKV] ? w[BQKV] + j * D : nullptr, N, lo, hi, D3);
+      gemm_acc(N, hi - lo, D, h, D, w[WQKV], D3, j * D + lo, w[P0], c + lo, D3, a.avx2);
+    }
+    float* sc = a.scores + int64_t(p) * BQ_GLOBAL * a.lmax;  // nq x span, both within
+    std::vector<float> inv(BQ_GLOBAL);
+    int r0 = 0;
+    for (int s = 0; s < a.n_seqs; ++s) {
+      const int L = a.lens[s];
+      for (int i = 0; i < L; ++i) {
+        float* row = a.qkv + int64_t(r0 + i) * D3;
+        const float *c = a.cos + int64_t(i) * hd, *sn = a.sin + int64_t(i) * hd;
+        for (int hh = h0; hh < h1; ++hh) {
+          rope_row(row + hh * hd, c, sn, hd);
+          rope_row(row + D + hh * hd, c, sn, hd);
+        }
+      }
+      for (int hh = h0; hh < h1 && L > 0; ++hh)
+        attend(a, a.qkv + int64_t(r0) * D3 + hh * hd, a.kb ? a.kb + r0 : nullptr,
+               a.ctx + int64_t(r0) * D + hh * hd, L, sc, inv.data());
+      r0 += L;
+    }
+  } else if (k == 1 || k == 3) {  // y = x (k 1) + ctx Wo + bo, or y += inter Wout + bout
+    cut(D, 16, p, n, lo, hi);
+    const bool o = k == 1;
+    const float* bias = w[o ? BO : BOUT];
+    for (int i = 0; i < N; ++i) {
+      float* yi = a.y + int64_t(i) * D;
+      if (o) std::memcpy(yi + lo, a.x + int64_t(i) * D + lo, size_t(hi - lo) * sizeof(float));
+      if (bias)
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) yi[j] += bias[j];
+    }
+    gemm_acc(N, hi - lo, o ? D : F, o ? a.ctx : a.inter, o ? D : F, w[o ? WO : WOUT], D, lo,
+             w[o ? P0 + 1 : P0 + 4], a.y + lo, D, a.avx2);
+  } else {  // h = LN2(x1); inter = act(h Win + bin) * (h Wgate + bgate), this part's columns
+    cut(F, 16, p, n, lo, hi);
+    const float* h = normed(a, a.y, w[G2], w[BE2], a.eps2, p);
+    fill_cols(a.inter, w[BIN], N, lo, hi, F);
+    gemm_acc(N, hi - lo, D, h, D, w[WIN], F, lo, w[P0 + 2], a.inter + lo, F, a.avx2);
+    fill_cols(a.gate, w[BG], N, lo, hi, F);
+    gemm_acc(N, hi - lo, D, h, D, w[WG], F, lo, w[P0 + 3], a.gate + lo, F, a.avx2);
+    for (int i = 0; i < N; ++i) {
+      float* t = a.inter + int64_t(i) * F;
+      const float* g = a.gate + int64_t(i) * F;
+      if (a.act == 0) {
+#pragma omp simd
+        for (int j = lo; j < hi; ++j) t[j] = gelu_erf(t[j]) * g[j];
+      } else {
+        for (int j = lo; j < hi; ++j) t[j] = act_one(a.act, t[j]) * g[j];
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MB_HAVE_AVX2 1
+__attribute__((target("avx2,fma"))) void phase_avx2(const MbArgs& a, int k, int p, int n) {
+  phase(a, k, p, n);
+}
+#endif
+
+void phase_portable(const MbArgs& a, int k, int p, int n) { phase(a, k, p, n); }
+
+void run_phase(const void* v, int k, int p, int n) {
+  const MbArgs& a = *static_cast<const MbArgs*>(v);
+#ifdef MB_HAVE_AVX2
+  if (a.avx2) return phase_avx2(a, k, p, n);
+#endif
+  phase_portable(a, k, p, n);
+}
+
+}  // namespace
+
+class FusedMbertLayerCpu : public UnaryPrimitive {
+ public:
+  FusedMbertLayerCpu(Stream s, std::vector<int> lens, bool has_kb, uint32_t present, int heads,
+                     float eps1, float eps2, int act, int half, int lblock, int threads)
+      : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), present_(present),
+        heads_(heads), eps1_(eps1), eps2_(eps2), act_(act), half_(half), lblock_(lblock),
+        threads_(threads) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    std::vector<array> ins;
+    for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
+    enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
+                  has_kb = has_kb_, present = present_, heads = heads_, eps1 = eps1_,
+                  eps2 = eps2_, act = act_, half = half_, lblock = lblock_,
+                  threads = threads_]() mutable {
+      MbArgs a{};
+      const int N = ins[0].shape(0), D = ins[0].shape(1);
+      int i = 0;
+      a.x = ins[i++].data<float>();
+      a.kb = has_kb ? ins[i++].data<float>() : nullptr;
+      a.cos = ins[i++].data<float>();
+      a.sin = ins[i++].data<float>();
+      int F = 0;
+      for (int j = 0; j < kSlots; ++j) {
+        if (!((present >> j) & 1u)) continue;
+        if (j == WIN) F = ins[i].shape(1);  // w_in_t (D, F)
+        a.w[j] = ins[i++].data<float>();
+      }
+      const int Lmax = lens.empty() ? 1 : std::max(1, *std::max_element(lens.begin(), lens.end()));
+      const int parts = threads >= 2 ? 2 : 1;
+      const size_t n = size_t(N), floats = n * (5 * size_t(D) + 2 * size_t(F)) +
+                                           size_t(parts) * (n * D + size_t(BQ_GLOBAL) * Lmax);
+      auto buf = allocator::allocator().malloc(floats * sizeof(float));
+      float* b = static_cast<float*>(buf.raw_ptr());
+      a.y = o.data<float>();
+      a.qkv = b;
+      a.ctx = b + n * 3 * D;
+      a.inter = b + n * 4 * D;
+      a.gate = a.inter + n * F;
+      a.h = a.gate + n * F;
+      a.scores = a.h + size_t(parts) * n * D;
+      a.lens = lens.data();
+      a.n_seqs = int(lens.size());
+      a.rows = N, a.d = D, a.f = F, a.heads = heads, a.act = act, a.half = half, a.lmax = Lmax;
+      a.lblock = lblock;
+      a.avx2 = fused_use_avx2();
+      a.eps1 = eps1, a.eps2 = eps2;
+      run_parts(run_phase, &a, kPhases, parts);
+      allocator::allocator().free(buf);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("FusedMbertLayerCpu has no GPU implementation");
+  }
+  DEFINE_NAME(FusedMbertLayerCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const FusedMbertLayerCpu&>(other);
+    return lens_ == o.lens_ && has_kb_ == o.has_kb_ && present_ == o.present_ &&
+           heads_ == o.heads_ && eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ &&
+           half_ == o.half_ && lblock_ == o.lblock_ && threads_ == o.threads_;
+  }
+
+ private:
+  std::vector<int> lens_;
+  bool has_kb_;
+  uint32_t present_;
+  int heads_;
+  float eps1_, eps2_;
+  int act_, half_, lblock_, threads_;
+};
+
+namespace {
+
+void need(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("fused_mbert_layer: ") + what);
+}
+
+bool shaped(const std::optional<array>& a, std::initializer_list<int> shape) {
+  return a && a->shape() == Shape(shape);
+}
+
+}  // namespace
+
+array fused_mbert_layer_cpu(const array& x, const std::vector<int>& lens,
+                            const std::optional<array>& key_bias, const array& cos,
+                            const array& sin, const std::vector<std::optional<array>>& w,
+                            int heads, float eps1, float eps2, int act, int half, int local_block,
+                            int threads) {
+  auto s = to_stream({});
+  need(s.device == Device::cpu, "CPU stream only");
+  need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
+  need(w.size() == 14 || w.size() == kSlots,
+       "weights: w_qkv_t, b_qkv, w_o_t, b_o, w_in_t, b_in, w_gate_t, b_gate, w_out_t, b_out, g1, "
+       "b1, g2, b2 (biases, g1, b1, b2 may be None) [, the five weights as 16-column panels]");
+  const int N = x.shape(0), D = x.shape(1);
+  need(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0, "heads must divide D, even head_dim");
+  need(act >= 0 && act <= 2, "act must be 0 (erf GELU), 1 (ReLU) or 2 (tanh GELU)");
+  int64_t total = 0;
+  int Lmax = 0;
+  for (int L : lens) {
+    need(L >= 0, "lens must be >= 0");
+    total += L;
+    Lmax = std::max(Lmax, L);
+  }
+  need(total == N, "lens must sum to the rows of x");
+  const int hd = D / heads;
+  for (auto* t : {&cos, &sin})
+    need(t->dtype() == float32 && t->ndim() == 2 && t->shape(0) >= Lmax && t->shape(1) == hd,
+         "cos, sin (>= max(lens), head_dim) float32");
+  const int F = w[4] && w[4]->ndim() == 2 ? w[4]->shape(1) : -1;
+  need(F > 0, "w_in_t (D, F)");
+  need(shaped(w[0], {D, 3 * D}) && shaped(w[2], {D, D}) && shaped(w[4], {D, F}) &&
+           shaped(w[6], {D, F}) && shaped(w[8], {F, D}) && shaped(w[12], {D}),
+       "w_qkv_t (D, 3D), w_o_t (D, D), w_in_t, w_gate_t (D, F), w_out_t (F, D), g2 (D,)");
+  const int vec[14] = {0, 3 * D, 0, D, 0, F, 0, F, 0, D, D, D, D, D};  // (n,) slots
+  for (int j : {1, 3, 5, 7, 9, 10, 11, 13})
+    need(!w[j] || shaped(w[j], {vec[j]}), "b_qkv (3D,), b_o, b_out, g1, b1, b2 (D,), b_in, "
+                                          "b_gate (F,)");
+  need(w[10] || !w[11], "b1 without g1");
+  if (w.size() == kSlots) {
+    const int kn[5][2] = {{D, 3 * D}, {D, D}, {D, F}, {D, F}, {F, D}};
+    for (int j = 0; j < 5; ++j)
+      need(kn[j][1] % 16 == 0 && shaped(w[14 + j], {kn[j][1] / 16, kn[j][0], 16}),
+           "panels (N/16, K, 16) of w_qkv_t, w_o_t, w_in_t, w_gate_t, w_out_t");
+  }
+  std::vector<array> in = {contiguous(x, false, s)};
+  if (key_bias) {
+    need(key_bias->dtype() == float32 && key_bias->size() == size_t(N), "key_bias (rows,)");
+    in.push_back(contiguous(reshape(*key_bias, {N}, s), false, s));
+  }
+  in.push_back(contiguous(cos, false, s));
+  in.push_back(contiguous(sin, false, s));
+  uint32_t present = 0;
+  for (size_t j = 0; j < w.size(); ++j) {
+    if (!w[j]) continue;
+    need(w[j]->dtype() == float32, "weights must be float32");
+    present |= 1u << j;
+    in.push_back(contiguous(*w[j], false, s));
+  }
+  return array({N, D}, float32,
+               std::make_shared<FusedMbertLayerCpu>(s, lens, bool(key_bias), present, heads, eps1,
+                                                    eps2, act, half, local_block, threads),
+               in);
+}
+
+void register_fused_mbert_layer(nb::module_& m) {
+  m.def("fused_mbert_layer", &fused_mbert_layer_cpu, "x"_a, "lens"_a, "key_bias"_a = nb::none(),
+        "cos"_a, "sin"_a, "weights"_a, "heads"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "half"_a = -1,
+        "local_block"_a = 0, "threads"_a = 0,
+        "One ModernBERT pre-norm layer on rows x (N, D) float32 (sequences of `lens` rows end "
+        "to end), modernbert_fast.layer_weights + norms (see fused_mbert_layer.cpp); half: the "
+        "local window's half width, -1 global; local_block: a local layer's query block "
+        "(<= 64; 0: auto); CPU stream. -> (N, D).");
+}
+
+}  // namespace mlx::core
