@@ -3,7 +3,9 @@ path computes, to float32 round-off: padded and unpadded batches, B = 1 (head sp
 (sequence split), lengths on both sides of the window (every key inside it, the dense window
 bias, the windowed blocks), global and local layers, with and without biases (the two fixture
 checkpoints: window 128 without biases, window 64 with every bias); and it stands aside for a
-replaced Linear, and follows replaced weights."""
+replaced Linear, and follows replaced weights. The compiled layer op (variants/modernbert_fused.py)
+is switched off here (VARIANTS_FUSED_LAYER=off) so these tests hold the MLX fast path, which runs
+where the kernel is not built; tests/test_modernbert_fused.py holds the op."""
 
 from pathlib import Path
 
@@ -17,6 +19,11 @@ from variants import parallel
 from variants.checkpoint import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.fixture(autouse=True)
+def _mlx_fast_path(monkeypatch):
+    monkeypatch.setenv("VARIANTS_FUSED_LAYER", "off")
 
 
 @pytest.fixture(scope="module")
