@@ -297,8 +297,10 @@ def forward(encoder, x, mask, mode):
     if not device.is_cpu():
         return None
     weights = [layer_weights(layer) for layer in encoder.layers]
-    if any(w is None for w in weights):
-        return None
+    if any(w is None for w in weights):  # quantized layers: one compiled op each, when it applies
+        from variants import modernbert_fused_q
+
+        return modernbert_fused_q.forward(encoder, x, mask, mode)
     from variants import modernbert_fused  # each layer as one compiled op, when it applies
 
     y = modernbert_fused.forward(encoder, x, mask, mode)
