@@ -98,7 +98,7 @@ def main(argv=None):
             line = f"  {n:9s} median {np.median(ms[n]):8.1f} ms"
             if n != "fp32":
                 med, lo, hi = ratio(ms[n], ms["fp32"])
-                line += f"   fp32/{n} {med:.2f} [{lo:.2f}, {hi:.2f}]"
+                line += f"   speed-up vs fp32 {med:.2f} [{lo:.2f}, {hi:.2f}]"
             print(line, flush=True)
 
 

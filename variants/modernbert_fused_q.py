@@ -38,8 +38,12 @@ from variants.encoder import MASK_BIAS
 #: the quantized layers' path name in timing records
 NAME = "fused-mbert-qlayer-cpp"
 #: calls of at most this many rows (per stream) dequantize into 16-column panels for the
-#: kernel's small-row GEMM, larger ones into (N, K) rows for OpenBLAS
-QPANEL_ROWS = 256
+#: kernel's small-row GEMM, larger ones into (N, K) rows for OpenBLAS. Measured (3
+#: ModernBERT-base layers, q8 / q4 g64, 7 alternated rounds, shared machine; OpenBLAS time /
+#: panels time): B=1 L=24 1.07 / 1.03, L=128 0.98 / 1.01, L=256 0.97 / 0.97, B=2 L=64 0.90 /
+#: 0.93 (the panels' transposing dequantization costs what the panel GEMM saves beyond a few
+#: dozen rows; the fp32 op's panels are built once, hence its larger PANEL_ROWS)
+QPANEL_ROWS = 64
 
 
 def _kernel():
