@@ -134,7 +134,7 @@ def test_layer_equals_float64_numpy(mk, fp32, quant, name, config, i, half, B, L
 def test_the_query_scale_and_the_gate_rows_matter(mk, fp32, quant):
     """The comparisons here can fail: without the 1/sqrt(head_dim) query scale the rows move far
     beyond round-off. (Checked once by hand: reading GeGLU's gate from Wi's rows [0, F) instead
-    of [F, 2F) in fused_mbert_layer.cpp's proj_gemm made 197 of this file's 202 tests fail.)"""
+    of [F, 2F) in fused_mbert_layer.cpp's proj_gemm made 197 of this file's then 202 tests fail.)"""
     enc = quant("modernbert_g2", "4bit")
     x = np.random.default_rng(5).standard_normal((3, 70, 64)).astype(np.float32)
     mask = _mask(3, 70, True)
@@ -227,6 +227,26 @@ def test_switch_masked_mode_and_timing_names(mk, quant, runs, monkeypatch):
         enc.local_attention_impl = None
     enc(ids, mask)
     assert runs[0] == 1
+
+
+@pytest.mark.parametrize("panels", [False, True], ids=["openblas", "panels"])
+def test_the_scratch_buffer_counts_in_peak_memory(mk, quant, panels):
+    """Peak memory of one call: x and y (n, D), the activations (fused_mbert_run: n (5D + 2F)
+    + n D + 64 L floats, one part) and the dequantization buffer max(3D, 2F) D floats (+ 16 F
+    staging floats with panels), within 4 KB (alone it was exact; after other tests MLX's small
+    arrays add 2.5 KB): the buffer is not hidden from the report."""
+    enc = quant("modernbert_g2", "4bit")
+    n, D, F = 200, 64, 96
+    x = np.random.default_rng(0).standard_normal((1, n, D)).astype(np.float32)
+    mask = _mask(1, n, False)
+    _op(mk, enc, 1, x, mask, panels=panels)  # rotary tables and the like built once
+    mx.synchronize()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    _op(mk, enc, 1, x, mask, panels=panels)
+    floats = 2 * n * D + n * (5 * D + 2 * F) + n * D + 64 * n + max(3 * D, 2 * F) * D
+    extra = mx.get_peak_memory() - base - 4 * (floats + (16 * F if panels else 0))
+    assert 0 <= extra < 4096
 
 
 def test_bad_arguments_name_the_problem(mk, quant):

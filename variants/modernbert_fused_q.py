@@ -85,7 +85,8 @@ def qlayer_args(layer):
 
 
 def _layer_args(layer):
-    """("q", :func:`qlayer_args`) or ("f", :func:`variants.modernbert_fused.layer_args`), or None."""
+    """("q", :func:`qlayer_args`) or ("f", :func:`variants.modernbert_fused.layer_args`), or
+    None."""
     q = qlayer_args(layer)
     if q is not None:
         return "q", q
