@@ -233,8 +233,9 @@ def test_switch_masked_mode_and_timing_names(mk, quant, runs, monkeypatch):
 def test_the_scratch_buffer_counts_in_peak_memory(mk, quant, panels):
     """Peak memory of one call: x and y (n, D), the activations (fused_mbert_run: n (5D + 2F)
     + n D + 64 L floats, one part) and the dequantization buffer max(3D, 2F) D floats (+ 16 F
-    staging floats with panels), within 4 KB (alone it was exact; after other tests MLX's small
-    arrays add 2.5 KB): the buffer is not hidden from the report."""
+    staging floats with panels), up to 16 KB more (alone it was exact; after other tests MLX's
+    small arrays added 2.5-6 KB). A buffer outside MLX's allocator (48 KB here) would make the
+    difference negative: it is not hidden from the report."""
     enc = quant("modernbert_g2", "4bit")
     n, D, F = 200, 64, 96
     x = np.random.default_rng(0).standard_normal((1, n, D)).astype(np.float32)
@@ -246,7 +247,7 @@ def test_the_scratch_buffer_counts_in_peak_memory(mk, quant, panels):
     _op(mk, enc, 1, x, mask, panels=panels)
     floats = 2 * n * D + n * (5 * D + 2 * F) + n * D + 64 * n + max(3 * D, 2 * F) * D
     extra = mx.get_peak_memory() - base - 4 * (floats + (16 * F if panels else 0))
-    assert 0 <= extra < 4096
+    assert 0 <= extra < 16384
 
 
 def test_bad_arguments_name_the_problem(mk, quant):
