@@ -24,7 +24,9 @@ Where the compiled extension is built, each layer instead runs as one compiled o
 the MLX ops described here).
 
 Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
-the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``).
+the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``), except
+quantized layers on the compiled ``dequant-cpp+gemm`` kernel, which run as one compiled op each
+(:mod:`variants.modernbert_fused_q`).
 Memory: the derived weights are a second copy of each layer's weights (+ the B = 1 shards' q|k|v
 and MLP-input columns), kept while the weights stay the same arrays.
 """
@@ -297,8 +299,10 @@ def forward(encoder, x, mask, mode):
     if not device.is_cpu():
         return None
     weights = [layer_weights(layer) for layer in encoder.layers]
-    if any(w is None for w in weights):
-        return None
+    if any(w is None for w in weights):  # quantized layers: one compiled op each, when it applies
+        from variants import modernbert_fused_q
+
+        return modernbert_fused_q.forward(encoder, x, mask, mode)
     from variants import modernbert_fused  # each layer as one compiled op, when it applies
 
     y = modernbert_fused.forward(encoder, x, mask, mode)

@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import BLAS_INFO, device, fused_layer, modernbert_fused, qlinear
+from variants import (BLAS_INFO, device, fused_layer, modernbert_fused, modernbert_fused_q,
+                      qlinear)
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
@@ -28,8 +29,10 @@ def kernel(model):
     quantized Linears' (:func:`variants.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
     ``quantized_matmul``) and ``fused-layer-cpp`` when fp32 layers run as one compiled op
     (:mod:`variants.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
-    :mod:`variants.modernbert_fused`), comma-joined when mixed, else ``fp32 gemm``."""
-    fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module))
+    :mod:`variants.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
+    :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
+    fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module),
+             modernbert_fused_q.used_in(model.module))
     names = qlinear.kernels(model.module) + [n for n in fused if n]
     return ", ".join(names) or "fp32 gemm"
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("qkernel.cpp", "fused_layer.cpp", "fused_qlayer.cpp", "fused_mbert_layer.cpp",
-           "fused_layer.h", "fused_common.h", "panel_gemm.h", "CMakeLists.txt")
+           "fused_mbert_qlayer.cpp", "fused_mbert.h", "fused_layer.h", "fused_common.h",
+           "panel_gemm.h", "CMakeLists.txt")
 ENV_CACHE, ENV_SWITCH = "VARIANTS_KERNEL_CACHE", "VARIANTS_QKERNEL"
 #: nanobind must match the ABI MLX 0.32.4 was built with (nanobind internals v22)
 NANOBIND = "nanobind==3.1.0"

@@ -40,6 +40,7 @@
 #include "mlx/utils.h"
 
 #include "fused_common.h"
+#include "fused_mbert.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -48,22 +49,8 @@ namespace mlx::core {
 
 namespace {
 
-constexpr int kSlots = 19;  // the weights' slots, see fused_mbert_layer_cpu
+constexpr int kSlots = kMbSlots;  // the weights' slots, see fused_mbert_layer_cpu
 constexpr int kPhases = 4, BQ_GLOBAL = 64, BQ_LOCAL = 16;
-
-struct MbArgs {
-  const float *x, *kb, *cos, *sin;
-  const float* w[kSlots];  // w_qkv b_qkv w_o b_o w_in b_in w_g b_g w_out b_out g1 be1 g2 be2,
-                           // then the panels of w_qkv w_o w_in w_g w_out (absent: null)
-  float *y, *qkv, *ctx, *h, *inter, *gate, *scores;  // h, scores: per part
-  const int* lens;
-  int n_seqs, rows, d, f, heads, act, half, lmax;  // half < 0: a global layer
-  int lblock;  // a local layer's query block (0: auto)
-  bool avx2;
-  float eps1, eps2;
-};
-
-enum { WQKV, BQKV, WO, BO, WIN, BIN, WG, BG, WOUT, BOUT, G1, BE1, G2, BE2, P0 };
 
 // out = (a - mean(a)) / sqrt(var(a) + eps) * g (+ beta) over one row of d (two-pass)
 FL_INLINE void layer_norm_row(const float* a, const float* g, const float* beta, float eps,
@@ -152,6 +139,29 @@ FL_INLINE float act_one(int act, float t) {
   return 0.5f * t * (1.0f + std::tanh(0.7978845608028654f * (t + 0.044715f * t * t * t)));
 }
 
+// C (rows, c1 - c0) += A (rows, K) times columns [c0, c1) of matrix m (0 w_qkv, 1 w_o, 2 w_in,
+// 3 w_gate, 4 w_out): the fp32 (K, N) weight (or its panels), or, quantized, those rows of
+// the projection (Wi's gate half: rows F + c) dequantized first into wbuf by part p
+FL_INLINE void proj_gemm(const MbArgs& a, int m, int c0, int c1, int K, const float* A, float* C,
+                         int ldc, int p) {
+  static constexpr int slot[5] = {WQKV, WO, WIN, WG, WOUT}, proj[5] = {0, 1, 2, 2, 3};
+  if (!a.qw) {
+    const int ldb = m == 0 ? 3 * a.d : (m == 2 || m == 3 ? a.f : a.d);
+    return gemm_acc(a.rows, c1 - c0, K, A, K, a.w[slot[m]], ldb, c0, a.w[P0 + m], C, ldc,
+                    a.avx2);
+  }
+  if (c1 <= c0) return;
+  const QProj& q = a.qw[proj[m]];
+  const int r0 = c0 + (m == 3 ? a.f : 0), r1 = r0 + (c1 - c0);
+  float* dst = a.wbuf + int64_t(r0) * q.in;
+  if (a.qpanels)
+    qk_dequant_panels(q, dst, r0, r1, a.qtmp + int64_t(p) * 16 * std::max(a.d, a.f));
+  else
+    qk_dequant(q, dst, r0, r1);
+  gemm_acc(a.rows, c1 - c0, K, A, K, a.wbuf, K, r0, a.qpanels ? a.wbuf : nullptr, C, ldc,
+           a.avx2, !a.qpanels);
+}
+
 FL_INLINE void phase(const MbArgs& a, int k, int p, int n) {
   const int N = a.rows, D = a.d, F = a.f, hd = D / a.heads, D3 = 3 * D;
   const float* const* w = a.w;
@@ -164,7 +174,10 @@ FL_INLINE void phase(const MbArgs& a, int k, int p, int n) {
     for (int j = 0; j < 3; ++j) {
       float* c = a.qkv + j * D;
       fill_cols(c, w[BQKV] ? w[BQKV] + j * D : nullptr, N, lo, hi, D3);
-      gemm_acc(N, hi - lo, D, h, D, w[WQKV], D3, j * D + lo, w[P0], c + lo, D3, a.avx2);
+      proj_gemm(a, 0, j * D + lo, j * D + hi, D, h, c + lo, D3, p);
+      if (a.qw && j == 0)  // quantized: q = (h Wq^T + b_q) * scale (fp32: folded in w_qkv)
+        for (int i = 0; i < N; ++i)
+          for (int t = lo; t < hi; ++t) c[int64_t(i) * D3 + t] *= a.q_scale;
     }
     float* sc = a.scores + int64_t(p) * BQ_GLOBAL * a.lmax;  // nq x span, both within
     std::vector<float> inv(BQ_GLOBAL);
@@ -195,15 +208,14 @@ FL_INLINE void phase(const MbArgs& a, int k, int p, int n) {
 #pragma omp simd
         for (int j = lo; j < hi; ++j) yi[j] += bias[j];
     }
-    gemm_acc(N, hi - lo, o ? D : F, o ? a.ctx : a.inter, o ? D : F, w[o ? WO : WOUT], D, lo,
-             w[o ? P0 + 1 : P0 + 4], a.y + lo, D, a.avx2);
+    proj_gemm(a, o ? 1 : 4, lo, hi, o ? D : F, o ? a.ctx : a.inter, a.y + lo, D, p);
   } else {  // h = LN2(x1); inter = act(h Win + bin) * (h Wgate + bgate), this part's columns
     cut(F, 16, p, n, lo, hi);
     const float* h = normed(a, a.y, w[G2], w[BE2], a.eps2, p);
     fill_cols(a.inter, w[BIN], N, lo, hi, F);
-    gemm_acc(N, hi - lo, D, h, D, w[WIN], F, lo, w[P0 + 2], a.inter + lo, F, a.avx2);
+    proj_gemm(a, 2, lo, hi, D, h, a.inter + lo, F, p);
     fill_cols(a.gate, w[BG], N, lo, hi, F);
-    gemm_acc(N, hi - lo, D, h, D, w[WG], F, lo, w[P0 + 3], a.gate + lo, F, a.avx2);
+    proj_gemm(a, 3, lo, hi, D, h, a.gate + lo, F, p);
     for (int i = 0; i < N; ++i) {
       float* t = a.inter + int64_t(i) * F;
       const float* g = a.gate + int64_t(i) * F;
@@ -235,6 +247,24 @@ void run_phase(const void* v, int k, int p, int n) {
 }
 
 }  // namespace
+
+void fused_mbert_run(MbArgs& a, int parts) {
+  const int* e = a.lens + a.n_seqs;
+  const int Lmax = a.n_seqs == 0 ? 1 : std::max(1, *std::max_element(a.lens, e));
+  const size_t n = size_t(a.rows), D = size_t(a.d), F = size_t(a.f);
+  const size_t floats = n * (5 * D + 2 * F) + size_t(parts) * (n * D + size_t(BQ_GLOBAL) * Lmax);
+  auto buf = allocator::allocator().malloc(floats * sizeof(float));
+  float* b = static_cast<float*>(buf.raw_ptr());
+  a.qkv = b;
+  a.ctx = b + n * 3 * D;
+  a.inter = b + n * 4 * D;
+  a.gate = a.inter + n * F;
+  a.h = a.gate + n * F;
+  a.scores = a.h + size_t(parts) * n * D;
+  a.lmax = Lmax;
+  run_parts(run_phase, &a, kPhases, parts);
+  allocator::allocator().free(buf);
+}
 
 class FusedMbertLayerCpu : public UnaryPrimitive {
  public:
@@ -268,27 +298,14 @@ class FusedMbertLayerCpu : public UnaryPrimitive {
         if (j == WIN) F = ins[i].shape(1);  // w_in_t (D, F)
         a.w[j] = ins[i++].data<float>();
       }
-      const int Lmax = lens.empty() ? 1 : std::max(1, *std::max_element(lens.begin(), lens.end()));
-      const int parts = threads >= 2 ? 2 : 1;
-      const size_t n = size_t(N), floats = n * (5 * size_t(D) + 2 * size_t(F)) +
-                                           size_t(parts) * (n * D + size_t(BQ_GLOBAL) * Lmax);
-      auto buf = allocator::allocator().malloc(floats * sizeof(float));
-      float* b = static_cast<float*>(buf.raw_ptr());
       a.y = o.data<float>();
-      a.qkv = b;
-      a.ctx = b + n * 3 * D;
-      a.inter = b + n * 4 * D;
-      a.gate = a.inter + n * F;
-      a.h = a.gate + n * F;
-      a.scores = a.h + size_t(parts) * n * D;
       a.lens = lens.data();
       a.n_seqs = int(lens.size());
-      a.rows = N, a.d = D, a.f = F, a.heads = heads, a.act = act, a.half = half, a.lmax = Lmax;
+      a.rows = N, a.d = D, a.f = F, a.heads = heads, a.act = act, a.half = half;
       a.lblock = lblock;
       a.avx2 = fused_use_avx2();
       a.eps1 = eps1, a.eps2 = eps2;
-      run_parts(run_phase, &a, kPhases, parts);
-      allocator::allocator().free(buf);
+      fused_mbert_run(a, threads >= 2 ? 2 : 1);
     });
   }
   void eval_gpu(const std::vector<array>&, array&) override {

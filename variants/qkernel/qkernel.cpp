@@ -325,6 +325,7 @@ array qlinear_cpu(const array& x, const array& w, const array& scales, const arr
 void register_fused_layer(nb::module_& m);  // fused_layer.cpp
 void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
 void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
+void register_fused_mbert_qlayer(nb::module_& m);  // fused_mbert_qlayer.cpp
 
 }  // namespace mlx::core
 
@@ -343,4 +344,5 @@ NB_MODULE(_qkernel, m) {
   mlx::core::register_fused_layer(m);
   mlx::core::register_fused_qlayer(m);
   mlx::core::register_fused_mbert_layer(m);
+  mlx::core::register_fused_mbert_qlayer(m);
 }
