@@ -1,0 +1,63 @@
+"""Breaking the compiled ModernBERT layer (variants/modernbert_fused.py) and what it runs in:
+each test here failed before the fix its commit names."""
+
+import threading
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from variants import parallel
+from variants.checkpoint import load_checkpoint
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.fixture
+def two_streams(monkeypatch):
+    """The two-stream split on, built afresh (and rebuilt for later tests)."""
+    monkeypatch.setenv("VARIANTS_STREAMS", "2")
+    monkeypatch.setitem(parallel._state, "streams", None)
+    yield
+    monkeypatch.undo()
+    parallel._state["streams"] = None
+
+
+def _in_thread(fn):
+    out = {}
+
+    def run():
+        try:
+            out["y"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported to the test below
+            out["error"] = f"{type(e).__name__}: {e}"
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out
+
+
+@pytest.mark.parametrize("which", ["modernbert", "bert"])
+def test_batches_split_by_streams_run_from_another_thread(two_streams, enc, which):
+    """MLX 0.32's streams belong to the thread that made them: a B >= 2 batch (split over the
+    streams) from a second thread raised "There is no Stream(cpu, 1) in current thread" (and
+    the MLX path's process then aborted at exit, SIGABRT). Now each thread splits over its own
+    streams, with the main thread's results."""
+    if which == "modernbert":
+        model = load_checkpoint(HF / "modernbert").encoder
+        vocab = model.args.vocab_size
+    else:
+        model, vocab = enc, 50
+    rng = np.random.default_rng(1)
+    ids = mx.array(rng.integers(5, vocab, (3, 40)).astype(np.int32))
+    mask = np.ones((3, 40), np.int32)
+    mask[1, 7:] = 0
+    mask = mx.array(mask)
+    assert len(parallel.streams()) == 2
+    want = np.array(model(ids, mask).last_hidden)
+    got = _in_thread(lambda: np.array(model(ids, mask).last_hidden))
+    assert "error" not in got, got.get("error")
+    real = np.array(mask).astype(bool)
+    assert np.abs(got["y"][real] - want[real]).max() <= 1e-6
+    assert np.abs(want[real]).std() > 0.1
