@@ -61,3 +61,27 @@ def test_batches_split_by_streams_run_from_another_thread(two_streams, enc, whic
     real = np.array(mask).astype(bool)
     assert np.abs(got["y"][real] - want[real]).max() <= 1e-6
     assert np.abs(want[real]).std() > 0.1
+
+
+def test_an_odd_head_dim_is_refused_when_the_config_is_read(tmp_path):
+    """Rotary rotates pairs of dimensions (HF ModernBERT needs an even head_dim too): a
+    config with num_attention_heads 64 on hidden_size 64 (head_dim 1) loaded, then every
+    forward failed deep inside MLX ("[reshape] Cannot reshape array of size 6 into shape
+    (3,2,0)", and `variants sweep` exited 2 with that line). Now reading it raises one
+    ValueError naming the fields (load_checkpoint: a CheckpointError naming config.json; the
+    sweep: that line, exit 2, no run folder)."""
+    import json
+    import shutil
+
+    from variants.checkpoint_files import CheckpointError
+    from variants.modernbert_layers import ModernBertArgs
+
+    folder = tmp_path / "odd"
+    shutil.copytree(HF / "modernbert", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"head_dim \(hidden_size / num_attention_heads = 1\)"):
+        ModernBertArgs.from_dict({**cfg, "num_attention_heads": 64})
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 64}))
+    with pytest.raises(CheckpointError, match=r"config\.json: head_dim .* must be even"):
+        load_checkpoint(folder)
+    assert ModernBertArgs.from_dict({**cfg, "num_attention_heads": 32}).num_attention_heads == 32
