@@ -85,3 +85,27 @@ def test_an_odd_head_dim_is_refused_when_the_config_is_read(tmp_path):
     with pytest.raises(CheckpointError, match=r"config\.json: head_dim .* must be even"):
         load_checkpoint(folder)
     assert ModernBertArgs.from_dict({**cfg, "num_attention_heads": 32}).num_attention_heads == 32
+
+
+def test_panels_are_dropped_when_a_layer_stops_being_plain(qk):
+    """The 16-column panels (one more fp32 copy of every projection weight, ~20 MB a
+    ModernBERT-base layer) stayed with each layer after its Linears were quantized in place
+    (nn.quantize): the op no longer applies, but every layer's panels stayed alive (measured:
+    4 layers of D=256, F=512: 22.8 MB active after quantizing, 1.8 MB with the fix). Now they
+    go with the fast weights (modernbert_fast.layer_weights drops every derived copy)."""
+    import mlx.nn as nn
+
+    from variants import modernbert_fused
+
+    if not hasattr(qk, "fused_mbert_layer"):
+        pytest.skip("this build has no fused_mbert_layer")
+    enc = load_checkpoint(HF / "modernbert").encoder
+    ids, mask = mx.array([[5, 6, 7, 8, 9, 10]]), mx.ones((1, 6), mx.int32)
+    mx.eval(enc(ids, mask).last_hidden)
+    assert all(layer._mbert_panels.arrays is not None for layer in enc.layers)
+    nn.quantize(enc, group_size=32, bits=4,
+                class_predicate=lambda _, m: isinstance(m, nn.Linear))
+    assert modernbert_fused.used_in(enc) is None
+    y = np.array(enc(ids, mask).last_hidden)
+    assert np.isfinite(y).all() and y.std() > 0.1
+    assert all(layer._mbert_panels.arrays is None for layer in enc.layers)
