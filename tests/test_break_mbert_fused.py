@@ -1,6 +1,7 @@
 """Breaking the compiled ModernBERT layer (variants/modernbert_fused.py) and what it runs in:
 each test here failed before the fix its commit names."""
 
+import re
 import threading
 from pathlib import Path
 
@@ -109,3 +110,23 @@ def test_panels_are_dropped_when_a_layer_stops_being_plain(qk):
     y = np.array(enc(ids, mask).last_hidden)
     assert np.isfinite(y).all() and y.std() > 0.1
     assert all(layer._mbert_panels.arrays is None for layer in enc.layers)
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (2, 7), (3, 4), (4, 6), (2, 6, 1)])
+@pytest.mark.parametrize("which", ["modernbert", "bert"])
+def test_a_mask_of_another_shape_is_refused(enc, which, shape):
+    """ids (2, 6) with a mask of another shape: the compiled op ran and returned (2, 6, D)
+    reading the mask as if it fit (all ones: ignored; (3, 4): 12 key biases laid over 12
+    rows), where ModernBERT's plain path failed in MLX's broadcasting; BERT ran on both
+    paths. Now one ValueError naming both shapes, on every path."""
+    model = load_checkpoint(HF / "modernbert").encoder if which == "modernbert" else enc
+    ids = mx.array(np.random.default_rng(0).integers(5, 50, (2, 6)).astype(np.int32))
+    for fast in (True, False) if which == "modernbert" else (True,):
+        model.fast = fast  # ModernBERT: the compiled op / MLX fast path, then the plain path
+        try:
+            with pytest.raises(ValueError, match=r"attention_mask .*\(2, 6\).* got " +
+                               re.escape(str(shape))):
+                model(ids, mx.ones(shape, mx.int32))
+        finally:
+            model.fast = True
+    assert model(ids, mx.ones((2, 6), mx.int32)).last_hidden.shape[:2] == (2, 6)
