@@ -187,3 +187,20 @@ def test_two_threads_share_the_helper_thread(qk, enc, monkeypatch):
     for t in threads:
         t.join()
     assert len(diffs) == 60 and max(diffs) <= 1e-5  # one part or two: float32 round-off
+
+
+def test_streams_of_a_thread_that_ended_are_not_reused(two_streams):
+    """The first fix told threads apart by threading.get_ident(), which Python reuses once a
+    thread has ended: with the streams first built by a short-lived thread, later threads that
+    got its ident failed with "There is no Stream(cpu, 2) in current thread" (measured: 2 of
+    5 later threads, 4 distinct idents of 6). Now each thread knows the streams it made."""
+    model = load_checkpoint(HF / "modernbert").encoder
+    ids = mx.array(np.random.default_rng(2).integers(5, 2900, (3, 40)).astype(np.int32))
+    mask = np.ones((3, 40), np.int32)
+    mask[2, 9:] = 0
+    mask = mx.array(mask)
+    want = np.array(model(ids, mask).last_hidden)  # weights, caches: evaluated on this thread
+    parallel._state["streams"] = None  # the streams: first built by the first thread below
+    outs = [_in_thread(lambda: np.array(model(ids, mask).last_hidden)) for _ in range(6)]
+    assert [o.get("error") for o in outs] == [None] * 6
+    assert max(np.abs(o["y"] - want).max() for o in outs) <= 1e-6
