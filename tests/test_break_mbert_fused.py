@@ -204,3 +204,22 @@ def test_streams_of_a_thread_that_ended_are_not_reused(two_streams):
     outs = [_in_thread(lambda: np.array(model(ids, mask).last_hidden)) for _ in range(6)]
     assert [o.get("error") for o in outs] == [None] * 6
     assert max(np.abs(o["y"] - want).max() for o in outs) <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["modernbert", "bert"])
+def test_a_model_loaded_on_one_thread_runs_on_another(monkeypatch, name):
+    """Load on the main thread, first forward on a worker thread (a server's pool): failed
+    with "There is no Stream(cpu, 0) in current thread" for both architectures. The layer
+    norm's cached column of 1/D (fast_ops._AVG) was made lazily by load_checkpoint's head
+    check on the loading thread's stream and never evaluated there. Now it is made from NumPy
+    (no graph, no stream)."""
+    from variants import fast_ops
+
+    monkeypatch.setattr(fast_ops, "_AVG", {})  # as in a fresh process
+    model = load_checkpoint(HF / name).encoder
+    ids = mx.array(np.random.default_rng(3).integers(5, 900, (1, 12)).astype(np.int32))
+    mask = mx.array(np.ones((1, 12), np.int32))
+    got = _in_thread(lambda: np.array(model(ids, mask).last_hidden))
+    assert "error" not in got, got.get("error")
+    want = np.array(model(ids, mask).last_hidden)
+    assert np.abs(got["y"] - want).max() <= 1e-6 and want.std() > 0.1
