@@ -110,6 +110,16 @@ def check_ids(input_ids, vocab_size, max_positions=None):
                          "texts (the tokenizer's max_length)")
 
 
+def check_mask(input_ids, attention_mask):
+    """Refuse an ``attention_mask`` whose shape is not ``input_ids``' (B, L): the fast paths
+    would otherwise read it laid over the wrong rows (ModernBERT's compiled op ran on a (3, 4)
+    mask for (2, 6) ids). Raises ValueError naming both shapes."""
+    got, want = tuple(np.shape(attention_mask)), tuple(input_ids.shape)
+    if got != want:
+        raise ValueError(f"attention_mask must have input_ids' shape (B, L) = {want}, got "
+                         f"{got}; pass the mask the tokenizer made for the same batch")
+
+
 def _keys_first(bias):
     """An additive attention bias laid out for (…, L keys, Lq queries) scores: the last two axes
     swapped; a (L,) key bias becomes (L, 1); None and scalars pass through."""
@@ -290,6 +300,7 @@ class BertEncoder(StreamEncoder, nn.Module):
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
         x = self.embed(input_ids, token_type_ids)
+        check_mask(input_ids, attention_mask)
         mask = np.array(attention_mask)
         bias = None if mask.all() else attention_bias(attention_mask, x.dtype)  # None: no padding
         if not (output_hidden_states or output_attentions or parallel.whole_batches()):

@@ -32,6 +32,7 @@ round-off of the PyTorch fixtures (tests/test_encoder_parity.py).
 import math
 
 import mlx.core as mx
+import numpy as np
 
 from variants import device
 
@@ -168,8 +169,8 @@ _AVG = {}
 
 def _row_mean_weights(D, dtype):
     key = (D, dtype)
-    if key not in _AVG:  # evaluated with the first graph that uses it, then kept
-        _AVG[key] = mx.full((D, 1), 1.0 / D, dtype)
+    if key not in _AVG:  # from NumPy, not a lazy op: no stream (another thread may use it)
+        _AVG[key] = mx.array(np.full((D, 1), 1.0 / D, np.float32), dtype)
     return _AVG[key]
 
 

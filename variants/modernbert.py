@@ -16,7 +16,7 @@ import numpy as np
 
 from variants import modernbert_fast, parallel
 from variants import modernbert_window as window
-from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids
+from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids, check_mask
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
 
 __all__ = ["ModernBertArgs", "ModernBertContext", "ModernBertEncoder", "sanitize"]
@@ -139,6 +139,7 @@ class ModernBertEncoder(nn.Module):
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
         x = self.embed(input_ids)
+        check_mask(input_ids, attention_mask)
         if self.fast and not (output_hidden_states or output_attentions
                               or parallel.whole_batches()):
             y = modernbert_fast.forward(self, x, np.array(attention_mask),

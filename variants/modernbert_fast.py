@@ -105,7 +105,9 @@ def layer_weights(layer):
     mods = (att.Wqkv, att.Wo, mlp.Wi, mlp.Wo)
     cache = layer.__dict__.setdefault("_fast_weights", DerivedWeights())
     if not all(_plain(m) for m in mods):
-        cache.clear()
+        for name in ("_fast_weights", "_fast_shards", "_mbert_panels"):  # every derived copy
+            if name in layer.__dict__:
+                layer.__dict__[name].clear()
         return None
     sources = tuple(a for m in mods for a in (m.weight, _bias(m)))
 

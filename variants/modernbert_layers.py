@@ -71,6 +71,10 @@ class ModernBertArgs:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_attention_heads ({self.num_attention_heads})")
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(f"head_dim (hidden_size / num_attention_heads = "
+                             f"{self.hidden_size // self.num_attention_heads}) must be even: "
+                             "rotary embeddings rotate pairs of dimensions (as HF ModernBERT)")
         if self.layer_types is not None and (
                 len(self.layer_types) != self.num_hidden_layers
                 or not set(self.layer_types) <= {"full_attention", "sliding_attention"}):

@@ -95,10 +95,23 @@ def streams():
         if n > 1:
             s += [mx.new_stream(mx.cpu) for _ in range(n - 1)]
             _state["blas_threads"] = _set_blas_threads(1)
-        _state["streams"] = s
+        _state["streams"] = _local.base = _local.streams = s  # this thread's own
+    ss = _thread_streams(_state["streams"])
     if getattr(_local, "off", 0):
-        return _state["streams"][:1]
-    return _state["streams"]
+        return ss[:1]
+    return ss
+
+
+def _thread_streams(first):
+    """This thread's own streams, as many as ``first`` (the first caller's): MLX's streams
+    belong to the thread that made them (MLX 0.32: another thread's stream raises "There is no
+    Stream(cpu, N) in current thread"), so each thread splits over streams of its own (known
+    by the thread itself: Python reuses a finished thread's ident)."""
+    if getattr(_local, "base", None) is not first:
+        _local.base = first
+        _local.streams = [mx.default_stream(mx.default_device())] + [
+            mx.new_stream(mx.cpu) for _ in range(len(first) - 1)]
+    return _local.streams
 
 
 def info():
