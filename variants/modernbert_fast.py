@@ -56,7 +56,8 @@ def rope_for_length(L, theta, head_dim):
     and ``(cos, signed_sin)`` each (L, 2, head_dim / 2) for :func:`rope_qk` (sin negated on the
     first half: rotate_half(x) · sin = swap_halves(x) · signed_sin)."""
     key = (int(L), float(theta), int(head_dim))
-    if key not in _ROPE:
+    tabs = _ROPE.get(key)
+    if tabs is None:  # a local: another thread may clear the cache meanwhile
         if len(_ROPE) > 256:
             _ROPE.clear()
         cos, sin = rope_tables(mx.arange(L)[None], theta, head_dim)
@@ -65,7 +66,7 @@ def rope_for_length(L, theta, head_dim):
                 sin[0, 0].reshape(L, 2, h) * mx.array([-1.0, 1.0]).reshape(1, 2, 1))
         mx.eval(*tabs)
         _ROPE[key] = tabs
-    return _ROPE[key]
+    return tabs
 
 
 @mx.compile
