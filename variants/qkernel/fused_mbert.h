@@ -3,9 +3,14 @@
 // arguments and its runner (mlx-variants, variants/qkernel).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "fused_layer.h"
+#include "mlx/array.h"
 
 namespace mlx::core {
 
@@ -38,5 +43,32 @@ struct MbArgs {
 // a's activation scratch from MLX's allocator (x, lens, rows, d, f set), the layer in one part
 // or two (parts >= 2: over fused_common.h's helper thread), the scratch freed
 void fused_mbert_run(MbArgs& a, int parts);
+
+// Both ops' common argument checks: x (rows, D) float32, lens (>= 0) summing to rows, heads
+// dividing D with an even head_dim, act 0..2, cos and sin float32 (>= max(lens), head_dim).
+// Throws std::invalid_argument "<op>: ..." naming the argument; returns max(lens).
+inline int fused_mbert_check(const char* op, const array& x, const std::vector<int>& lens,
+                             const array& cos, const array& sin, int heads, int act) {
+  auto check = [op](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string(op) + ": " + what);
+  };
+  check(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
+  const int N = x.shape(0), D = x.shape(1);
+  check(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0, "heads must divide D, even head_dim");
+  check(act >= 0 && act <= 2, "act must be 0 (erf GELU), 1 (ReLU) or 2 (tanh GELU)");
+  int64_t total = 0;
+  int Lmax = 0;
+  for (int L : lens) {
+    check(L >= 0, "lens must be >= 0");
+    total += L;
+    Lmax = std::max(Lmax, L);
+  }
+  check(total == N, "lens must sum to the rows of x");
+  const int hd = D / heads;
+  for (auto* t : {&cos, &sin})
+    check(t->dtype() == float32 && t->ndim() == 2 && t->shape(0) >= Lmax && t->shape(1) == hd,
+          "cos, sin (>= max(lens), head_dim) float32");
+  return Lmax;
+}
 
 }  // namespace mlx::core

@@ -347,25 +347,11 @@ array fused_mbert_layer_cpu(const array& x, const std::vector<int>& lens,
                             int threads) {
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
-  need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
   need(w.size() == 14 || w.size() == kSlots,
        "weights: w_qkv_t, b_qkv, w_o_t, b_o, w_in_t, b_in, w_gate_t, b_gate, w_out_t, b_out, g1, "
        "b1, g2, b2 (biases, g1, b1, b2 may be None) [, the five weights as 16-column panels]");
+  fused_mbert_check("fused_mbert_layer", x, lens, cos, sin, heads, act);
   const int N = x.shape(0), D = x.shape(1);
-  need(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0, "heads must divide D, even head_dim");
-  need(act >= 0 && act <= 2, "act must be 0 (erf GELU), 1 (ReLU) or 2 (tanh GELU)");
-  int64_t total = 0;
-  int Lmax = 0;
-  for (int L : lens) {
-    need(L >= 0, "lens must be >= 0");
-    total += L;
-    Lmax = std::max(Lmax, L);
-  }
-  need(total == N, "lens must sum to the rows of x");
-  const int hd = D / heads;
-  for (auto* t : {&cos, &sin})
-    need(t->dtype() == float32 && t->ndim() == 2 && t->shape(0) >= Lmax && t->shape(1) == hd,
-         "cos, sin (>= max(lens), head_dim) float32");
   const int F = w[4] && w[4]->ndim() == 2 ? w[4]->shape(1) : -1;
   need(F > 0, "w_in_t (D, F)");
   need(shaped(w[0], {D, 3 * D}) && shaped(w[2], {D, D}) && shaped(w[4], {D, F}) &&

@@ -157,26 +157,12 @@ array fused_mbert_qlayer_cpu(const array& x, const std::vector<int>& lens,
                              int threads, bool panels) {
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
-  need(x.dtype() == float32 && x.ndim() == 2, "x must be float32 (rows, D)");
   need(proj.size() == 4 * kProj && group_sizes.size() == kProj && bits.size() == kProj,
        "proj: (w, scales, biases, bias or None) of Wqkv, Wo, Wi, Wout; group_sizes and bits: "
        "4 each");
   need(norms.size() == 4, "norms: g1, b1, g2, b2 (g1, b1, b2 may be None)");
+  fused_mbert_check("fused_mbert_qlayer", x, lens, cos, sin, heads, act);
   const int N = x.shape(0), D = x.shape(1);
-  need(heads > 0 && D % heads == 0 && (D / heads) % 2 == 0, "heads must divide D, even head_dim");
-  need(act >= 0 && act <= 2, "act must be 0 (erf GELU), 1 (ReLU) or 2 (tanh GELU)");
-  int64_t total = 0;
-  int Lmax = 0;
-  for (int L : lens) {
-    need(L >= 0, "lens must be >= 0");
-    total += L;
-    Lmax = std::max(Lmax, L);
-  }
-  need(total == N, "lens must sum to the rows of x");
-  const int hd = D / heads;
-  for (auto* t : {&cos, &sin})
-    need(t->dtype() == float32 && t->ndim() == 2 && t->shape(0) >= Lmax && t->shape(1) == hd,
-         "cos, sin (>= max(lens), head_dim) float32");
   for (int j = 0; j < 3 * kProj; ++j)
     need(proj[4 * (j / 3) + j % 3].has_value(), "each projection's w, scales, biases");
   const int F2 = proj[8]->ndim() == 2 ? proj[8]->shape(0) : -1;
