@@ -8,7 +8,13 @@ from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Flag defaults shown, and the description and the data schema (epilog) kept as laid out."""
+    """Flag defaults shown, and the description and the data schema (epilog) kept as laid out.
+    A ``--no-x`` switch (store_false) shows none: "(default: True)" read as "off by default"."""
+
+    def _get_help_string(self, action):
+        if isinstance(action, argparse._StoreFalseAction):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def configure(sub):
@@ -69,7 +75,9 @@ def configure(sub):
     p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
                    help="how quality is evaluated: simulated = dequantized dense weights")
     p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
-                   help="what is timed: native = MLX quantized kernels")
+                   help="what is timed: native = the packed quantized weights (on the CPU the "
+                        "compiled dequant-cpp+gemm kernel and layer ops, else MLX's "
+                        "quantized_matmul); simulated = dequantized dense weights")
     p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
                    help="alternated timing rounds wanted per batch size (seed analysis: 50); "
                         "fewer run when --timing-budget-s runs out (timing.json records rounds "
@@ -103,7 +111,7 @@ def configure(sub):
                    help="parameter dtype; float16/bfloat16 only with --device gpu (MLX's CPU "
                         "backend has no BLAS path for them)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bars")
+                   help="no progress bars (shown by default)")
     p.add_argument("--fail-on-violation", action="store_true",
                    help="exit 1 when any variant fails its contract (for CI gates; without it a "
                         "completed sweep exits 0)")
