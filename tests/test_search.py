@@ -286,9 +286,15 @@ def test_tiny_search_resumes_and_is_deterministic(tmp_path, monkeypatch, capsys)
     first = json.loads((tmp_path / "s" / "search.json").read_text())
     recs = first["candidates"]
     assert len(recs) == 3 and first["totals"]["evaluated"] == 3
-    assert recs[0]["bits_per_weight"] == pytest.approx(5.0)  # every layer at 4 bits first
-    # greedy raised the "most sensitive" layer (layer 0 in this table) first
-    assert recs[1]["layer_bits"]["encoder.layers.0.intermediate"] == 8
+    assert recs[0]["bits_per_weight"] == pytest.approx(5.0)  # every unit at 4 bits first
+    # the units: the three embedding tables first, then the 36 encoder Linears (head kept)
+    units = list(recs[0]["layer_bits"])
+    assert len(units) == 39 and units[:3] == ["encoder.embeddings.position_embeddings",
+                                              "encoder.embeddings.token_type_embeddings",
+                                              "encoder.embeddings.word_embeddings"]
+    assert "head" not in units
+    # greedy raised the "most sensitive" unit (the first in this table) first
+    assert recs[1]["layer_bits"]["encoder.embeddings.position_embeddings"] == 8
     for r in recs:
         assert 0 < r["n_used"] <= r["n_total"] == 20 and r["n_used"] % 10 == 0
         assert r["stopped"] == (r["n_used"] < 20) and (not r["stopped"] or not r["passed"])
@@ -325,9 +331,9 @@ def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
             str(tmp_path / "s")]
     assert main(argv) == 0
     res = json.loads((tmp_path / "s" / "search.json").read_text())
-    assert res["winner"]["name"] == "q4-g64" and res["totals"]["candidates"] == 1
+    assert res["winner"]["name"] == "q4-g64-emb" and res["totals"]["candidates"] == 1
     assert res["finalists"][0]["passed_eval"] and not res["overfitted"]
-    folder = tmp_path / "s" / "final" / "q4-g64"
+    folder = tmp_path / "s" / "final" / "q4-g64-emb"
     for f in ("outputs.npz", "calibration_outputs.npz", "build.json", "timing.json",
               "verdict.json", "report.md"):
         assert (folder / f).exists(), f
@@ -406,3 +412,43 @@ def test_cli_unwritable_out_exits_2_naming_it(tmp_path, capsys, where):
     assert len(err.splitlines()) == 1 and f"--out {out}" in err and "pass a" in err
     assert (tmp_path / "f").read_text() == "x" and not os.path.exists("/proc/x")
     assert not (tmp_path / "r").exists()  # no cache written either
+
+
+def test_units_cover_embeddings_and_the_head_by_role_for_every_kind(checkpoint):
+    """Every model kind is searchable: the three embedding tables and the 36 encoder Linears
+    are units; the head (by role: ``head``, ``classifier``, ``scorer``, a factory's ``proto``)
+    is kept with its reason unless --quantize-head, when its Linears join at the end. Bytes of
+    a map with quantized embeddings equal the builder's own sum."""
+    from variants.builders.quant_family import QuantConfig
+    from variants.builders.quantize import quantize_module
+    from variants.heads import DEFAULT
+    from variants.models import marker, sentiment
+    from variants.search.costs import CostTable
+    from variants.search.driver import spec_of
+    from variants.search.units import search_units
+    from examples.own_model import Prototypes
+
+    sent = sentiment.build(checkpoint)
+    mk = marker.MarkerNet(checkpoint.encoder)
+    proto = Prototypes(checkpoint.encoder)
+    for module, head in ((sent.module, "head"), (mk, "scorer"), (proto, "proto")):
+        u = search_units(module)
+        assert len(u.paths) == 39 and u.heads == (head,) and u.head_why == DEFAULT
+        assert u.kept == [(head, DEFAULT)]
+        with_head = search_units(module, quantize_head=True)
+        assert with_head.paths == u.paths + [head] and with_head.kept == []
+    u = search_units(sent.module)
+    assert u.embeddings(sent.module) == u.paths[:3]
+    table = CostTable(sent.module, u.paths, (4, 8), 64)
+    lb = {p: (8 if "word" in p or "value" in p else 4) for p in u.paths}
+    cfg = spec_of(lb)
+    _, info = quantize_module(sent.module, QuantConfig(
+        bits=cfg["default_bits"], group_size=64, bits_map=cfg["bits_map"],
+        quantize_embeddings=True), mode="native")
+    assert table.model_bytes(lb) == info["model_bytes"]
+    assert info["layer_bits"]["encoder.embeddings.word_embeddings"] == [8, 64]
+    assert ("head", DEFAULT) in info["skipped"] and info["head"]["paths"] == ["head"]
+    # word embeddings 30522 x 384 at 8 bits: packed 1 byte + 2 fp32 (scale, bias) per 64
+    assert table.q_bytes["encoder.embeddings.word_embeddings", 8] == 30522 * 384 * 9 // 8
+    # a lookup adds no FLOPs: the same as the Linears alone
+    assert table.flops(lb) == 2 * 6 * (4 * 384 * 384 + 2 * 384 * 1536)

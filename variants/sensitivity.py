@@ -70,7 +70,7 @@ def _compare(ref, out, mask):
 
 
 def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
-            progress=None):
+            progress=None, paths=None):
     """The sensitivity table (module docstring) of ``reference`` on ``taskset``.
 
     Parameters
@@ -88,6 +88,10 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         Regex keeping only the matching layer paths (:func:`quantizable_layers`).
     progress : callable(int), optional
         Called with 1 after each (layer, bits) pair.
+    paths : list of str, optional
+        The units to measure instead of :func:`quantizable_layers` (the search's: embedding
+        tables as well as Linears; an embedding's round trip is over its rows, as
+        ``nn.QuantizedEmbedding`` stores them).
 
     Returns
     -------
@@ -111,10 +115,10 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     mask = np.asarray(taskset.option_mask, bool)
     mods = dict(work.module.named_modules())
     rows = []
-    for path in quantizable_layers(work.module, layers):
+    for path in paths or quantizable_layers(work.module, layers):
         m = mods[path]
         w = m.weight
-        if type(m) is not nn.Linear or w.shape[1] % group_size:
+        if type(m) not in (nn.Linear, nn.Embedding) or w.shape[1] % group_size:
             continue
         for b in bits:
             q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
@@ -132,22 +136,23 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def cache_key(reference, taskset, bits, group_size, layers=None):
-    """16 hex digits: weights, split, candidates, layers, :data:`VERSION`, model settings."""
+def cache_key(reference, taskset, bits, group_size, layers=None, paths=None):
+    """16 hex digits: weights, split, candidates, layers (or units), :data:`VERSION`, model
+    settings."""
     from variants.activations import module_fingerprint
 
     return reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
                                sorted(int(b) for b in bits), int(group_size), layers or "",
-                               "sensitivity", VERSION)
+                               "sensitivity", VERSION, *([list(paths)] if paths else []))
 
 
 def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_size=64,
-                   layers=None, batch_size=32, progress=None, log=None):
+                   layers=None, batch_size=32, progress=None, log=None, paths=None):
     """:func:`measure`, read from / written (atomically) to
     ``cache_dir/sensitivity/<model>-<key>.csv``. Returns ``(frame, path, cached)``."""
     from runs.io import write_csv
 
-    key = cache_key(reference, taskset, bits, group_size, layers)
+    key = cache_key(reference, taskset, bits, group_size, layers, paths)
     path = Path(cache_dir) / "sensitivity" / f"{reference.name}-{key}.csv"
     if path.exists():
         frame = pd.read_csv(path)
@@ -156,7 +161,7 @@ def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_si
                 log(f"sensitivity loaded from {path}")
             return frame, path, True
     frame = measure(reference, taskset, bits=bits, group_size=group_size, layers=layers,
-                    batch_size=batch_size, progress=progress)
+                    batch_size=batch_size, progress=progress, paths=paths)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_csv(path, frame)
     if log:

@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from variants import heads as heads_mod
 from variants import qlinear
 from variants.builders import bits_map
 from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  # noqa: F401
@@ -26,26 +27,25 @@ from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  #
                                             run_name)
 
 
-def _is_head(path):
-    return path == "head" or path.startswith("head.")
-
-
-def make_predicate(cfg, skipped, settings=None):
+def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=heads_mod.DEFAULT):
     """``(path, module) -> bool or {"bits", "group_size"}`` choosing the layers to quantize;
     appends skips (with the reason) to ``skipped``. Input sizes not divisible by the group size
     are skipped, as are the embeddings and the decision head unless ``cfg`` asks for them.
-    ``settings`` ({path: (bits, group_size)}, :func:`layer_settings`) gives per-layer widths."""
+    ``settings`` ({path: (bits, group_size)}, :func:`layer_settings`) gives per-layer widths;
+    ``heads`` are the decision head's module paths (:func:`variants.heads.head_paths`), kept
+    (with ``head_reason``) unless ``cfg.quantize_head``."""
 
     def predicate(path, module):
+        if isinstance(module, (nn.Embedding, nn.Linear)) and heads_mod.in_head(path, heads):
+            if not cfg.quantize_head:
+                skipped.append((path, head_reason))
+                return False
         if isinstance(module, nn.Embedding):
-            if not cfg.quantize_embeddings:
+            if not cfg.quantize_embeddings and not heads_mod.in_head(path, heads):
                 skipped.append((path, "embeddings kept full precision"))
                 return False
             in_dims = module.weight.shape[1]
         elif isinstance(module, nn.Linear):
-            if _is_head(path) and not cfg.quantize_head:
-                skipped.append((path, "decision head kept full precision"))
-                return False
             in_dims = module.weight.shape[1]
         else:
             return False
@@ -59,7 +59,7 @@ def make_predicate(cfg, skipped, settings=None):
     return predicate
 
 
-def layer_settings(module, cfg):
+def layer_settings(module, cfg, heads=("head",)):
     """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears, the head
     and embeddings only when asked), from ``cfg.bits_map`` (:func:`bits_map.resolve`); None
     without a map. Raises ValueError (naming ``--bits-map``) for a pattern that matches no
@@ -68,18 +68,20 @@ def layer_settings(module, cfg):
         return None
     paths = [p for p, m in module.named_modules()  # (group-size divisibility is checked per
              if isinstance(m, (nn.Linear, nn.Embedding))  # layer, with the map's size)
-             and (cfg.quantize_embeddings or not isinstance(m, nn.Embedding))
-             and (cfg.quantize_head or not _is_head(p))]
+             and (cfg.quantize_embeddings or not isinstance(m, nn.Embedding)
+                  or heads_mod.in_head(p, heads))
+             and (cfg.quantize_head or not heads_mod.in_head(p, heads))]
     return bits_map.resolve(cfg.bits_map, sorted(paths), cfg.bits, cfg.group_size)
 
 
 def check_model(module, cfgs, model=None):
     """Raise ValueError, before anything is written, for a map pattern no layer matches."""
+    heads, _ = heads_mod.head_paths(module, model)
     for cfg in cfgs:
-        layer_settings(module, cfg)
+        layer_settings(module, cfg, heads)
 
 
-def quantize_module(module, cfg, mode="simulated"):
+def quantize_module(module, cfg, mode="simulated", model=None):
     """A quantized copy of ``module`` (the input is not modified).
 
     Parameters
@@ -87,6 +89,8 @@ def quantize_module(module, cfg, mode="simulated"):
     module : mlx.nn.Module
     cfg : QuantConfig
     mode : {'native', 'simulated'}, default='simulated'
+    model : variants.decision.DecisionModel, optional
+        Whose ``head_modules`` declares the head (:func:`variants.heads.head_paths`).
 
     Returns
     -------
@@ -94,7 +98,8 @@ def quantize_module(module, cfg, mode="simulated"):
     info : dict
         ``quantized_layers``, ``skipped`` (path, reason), ``bits_per_weight`` (stored bits per
         quantized weight, scales and biases included), ``model_bytes`` (all parameters as stored
-        by the native form), ``quantized_params``, ``total_params``; with a ``bits_map``
+        by the native form), ``quantized_params``, ``total_params``, ``head`` (the head's
+        paths and why they are the head, ``quantized``: whether it was); with a ``bits_map``
         also ``layer_bits`` ({path: [bits, group_size]}). Both sums run over each layer's
         stored arrays (packed weight, scales, biases), so a mixed map counts each layer's
         own width.
@@ -107,8 +112,9 @@ def quantize_module(module, cfg, mode="simulated"):
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not supported; choose one of {MODES}")
     skipped = []
-    settings = layer_settings(module, cfg)
-    predicate = make_predicate(cfg, skipped, settings)
+    heads, head_reason = heads_mod.head_paths(module, model)
+    settings = layer_settings(module, cfg, heads)
+    predicate = make_predicate(cfg, skipped, settings, heads, head_reason)
     native = copy.deepcopy(module)
     nn.quantize(native, group_size=cfg.group_size, bits=cfg.bits, class_predicate=predicate)
     qlayers = [p for p, m in native.named_modules()
@@ -132,6 +138,8 @@ def quantize_module(module, cfg, mode="simulated"):
         "bits_per_weight": 8.0 * q_bytes / q_params,
         "model_bytes": int(total_bytes),
         "mode": mode,
+        "head": {"paths": list(heads), "why": head_reason.split(" kept")[0],
+                 "quantized": bool(cfg.quantize_head)},
     }
     if settings:
         info["layer_bits"] = {p: [m.bits, m.group_size] for p, m in native.named_modules()
@@ -155,5 +163,5 @@ def build(reference, cfg, mode="simulated", calibration=None):
 
     ``calibration`` is unused (round-to-nearest needs no data); kept for the builder signature.
     """
-    qmodule, info = quantize_module(reference.module, cfg, mode)
+    qmodule, info = quantize_module(reference.module, cfg, mode, model=reference)
     return reference.replace_module(qmodule), info

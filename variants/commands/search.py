@@ -1,6 +1,7 @@
 """``variants search``: the cheapest quant configuration (per-layer bits) that passes a contract
 (:mod:`variants.search`)."""
 
+import argparse
 import sys
 
 
@@ -13,8 +14,8 @@ def configure(sub):
     d = SearchOptions()
     p = sub.add_parser(
         "search", help="cheapest per-layer quant configuration that passes the contract",
-        description="Search per-layer bit widths of the encoder Linears (quant family, one group "
-                    "size) for the cheapest configuration that passes the contract. Candidates "
+        description="Search per-tensor bit widths (embedding tables, encoder Linears, the head "
+                    "with --quantize-head; quant family, one group size) for the cheapest configuration that passes the contract. Candidates "
                     "are judged on a search split carved from fit rows the head was not fitted "
                     "on (never the calibration or eval split), with exact sequential stopping; "
                     "the winner is then judged on the real calibration + eval splits as a sweep "
@@ -36,6 +37,13 @@ def configure(sub):
     p.add_argument("--bits", type=int, nargs="+", default=list(d.bits), metavar="B",
                    help="candidate widths per layer (the lowest is the start)")
     p.add_argument("--group-size", type=int, default=d.group_size)
+    p.add_argument("--quantize-embeddings", default=d.quantize_embeddings,
+                   action=argparse.BooleanOptionalAction,
+                   help="search the embedding tables' widths too (quantized embeddings, one unit "
+                        "per table); --no-quantize-embeddings keeps them fp32")
+    p.add_argument("--quantize-head", action="store_true",
+                   help="search the decision head's Linears too (by role: the model's declared "
+                        "head_modules, else everything outside the encoder; default: kept fp32)")
     p.add_argument("--batch", type=int, default=d.batch,
                    help="candidates evaluated together per strategy step")
     p.add_argument("--chunk-size", type=int, default=d.chunk_size,
@@ -96,6 +104,7 @@ def run(args):
         contract=args.contract, cost=args.cost, strategy=args.strategy,
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
+        quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, search_margin=args.search_margin,
         n_search=args.n_search,
         n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,

@@ -17,6 +17,10 @@ latency cost model.
   the driver and cached in ``cache_dir/search/latency-<device>-B<B>.json``; a candidate's cost is
   the sum over its layers, in ms (attention, norms and the rest are the same for every
   candidate and left out). The finalist's real speed is the sweep's alternated timing.
+
+Embedding tables (units of the search, :mod:`variants.search.units`) count in ``bytes`` and
+``bits`` like any layer; a lookup does no multiply, so they add nothing to ``flops`` and the
+latency model (a gather of B x L rows, the same order of cost at every width).
 """
 
 import json
@@ -46,10 +50,12 @@ class CostTable:
 
     def __init__(self, module, layers, bits, group_size):
         import mlx.core as mx
+        import mlx.nn as nn
         from mlx.utils import tree_flatten
 
         mods = dict(module.named_modules())
         self.layers, self.group_size = list(layers), group_size
+        self.lookup = {p for p in self.layers if isinstance(mods[p], nn.Embedding)}
         self.shape = {p: tuple(mods[p].weight.shape) for p in self.layers}  # (out, in)
         self.total_bytes = sum(v.nbytes for _, v in tree_flatten(module.parameters()))
         self.dense_bytes = {p: mods[p].weight.nbytes for p in self.layers}
@@ -72,7 +78,8 @@ class CostTable:
         return 8.0 * q / n
 
     def flops(self, layer_bits):
-        return float(sum(2 * o * i for o, i in (self.shape[p] for p in layer_bits)))
+        return float(sum(2 * o * i for o, i in (self.shape[p] for p in layer_bits
+                                                 if p not in self.lookup)))
 
     def of(self, cost, layer_bits):
         """The ``cost`` (one of :data:`COSTS`) of ``layer_bits``; latency needs
@@ -85,7 +92,7 @@ class CostTable:
             return self.flops(layer_bits)
         table = self.latency[cost]
         return float(sum(table[f"{self.shape[p][1]}x{self.shape[p][0]}x{b}"]
-                         for p, b in layer_bits.items()))
+                         for p, b in layer_bits.items() if p not in self.lookup))
 
     def load_latency(self, cost, bits, cache_dir, device="cpu", repeats=5):
         """Measure (or read) the per-(in, out, bits) times of ``cost`` ('latency-b1' or
@@ -94,7 +101,7 @@ class CostTable:
         path = Path(cache_dir) / "search" / f"latency-{device}-B{batch}-g{self.group_size}.json"
         table = json.loads(path.read_text()) if path.exists() else {}
         need = {(self.shape[p][1], self.shape[p][0], int(b))
-                for p in self.layers for b in bits} - \
+                for p in self.layers if p not in self.lookup for b in bits} - \
             {tuple(map(int, k.split("x"))) for k in table}
         if need:
             for i, o, b in sorted(need):

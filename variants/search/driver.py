@@ -36,6 +36,10 @@ class SearchOptions:
     budget: float | None = None
     bits: tuple = (4, 6, 8)
     group_size: int = 64
+    #: the embedding tables are units of the search (quantized embeddings); the head only when
+    #: asked (variants.search.units)
+    quantize_embeddings: bool = True
+    quantize_head: bool = False
     batch: int = 1
     chunk_size: int = 50
     stop: bool = True
@@ -128,7 +132,17 @@ class SearchOptions:
                     results_dir=self.results_dir, n_fit=self.n_fit,
                     n_calibration=self.n_calibration, n_eval=self.n_eval, seed=self.seed,
                     progress=False, timing_batch_sizes=tuple(self.timing_batch_sizes),
-                    params={"bits": [self.bits[0]], "group_size": self.group_size})
+                    params={"bits": [self.bits[0]], "group_size": self.group_size,
+                            "quantize_embeddings": self.quantize_embeddings,
+                            "quantize_head": self.quantize_head})
+
+    def quant_config(self, default_bits, bits_map):
+        """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``)."""
+        from variants.builders.quant_family import QuantConfig
+
+        return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
+                           quantize_embeddings=self.quantize_embeddings,
+                           quantize_head=self.quantize_head)
 
     def out_dir(self, model):
         return Path(self.out) if self.out else \
@@ -162,16 +176,15 @@ class Search:
     # -- setup ---------------------------------------------------------------------------------
     def prepare(self):
         """Load and check everything; nothing written."""
-        import mlx.nn as nn
-
         from variants.search import worker
-        from variants.sensitivity import quantizable_layers
-        from variants.sweep_config import SweepError
+        from variants.search.units import search_units
 
         o = self.opts
         self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,
                         "chunk_size": o.chunk_size, "group_size": o.group_size,
-                        "search_margin": o.search_margin}
+                        "search_margin": o.search_margin,
+                        "quantize_embeddings": o.quantize_embeddings,
+                        "quantize_head": o.quantize_head}
         self.state = worker.load(self.payload)
         cfg = self.state["cfg"]
         alpha = self.state["settings"]["alpha"]  # the search-calibration half gives the ε too
@@ -180,13 +193,12 @@ class Search:
             raise ValueError(f"--n-search {o.n_search} gives {o.n_search // 2} search-calibration "
                              f"rows, but the contract's alpha={alpha} needs at least {need} for "
                              f"the split-conformal ε; raise --n-search to {2 * need} or more")
-        module = self.state["source"].build(self.state["checkpoint"]).module
-        self.layers = quantizable_layers(module)
-        others = sorted(p for p, m in module.named_modules() if isinstance(m, nn.Linear)
-                        and p != "head" and not p.startswith("head.") and p not in self.layers)
-        if others:
-            raise SweepError(f"the model has Linears outside encoder.layers ({others[0]}, ...); "
-                             "variants search maps encoder Linears only")
+        model = self.state["source"].build(self.state["checkpoint"])
+        module = model.module
+        self.units = search_units(module, model, group_size=o.group_size,
+                                  embeddings=o.quantize_embeddings,
+                                  quantize_head=o.quantize_head)
+        self.layers = self.units.paths
         self.costs = costs_mod.CostTable(module, self.layers, o.bits, o.group_size)
         self.out = o.out_dir(cfg.model)
         self.store = Store(self.out)
@@ -220,7 +232,8 @@ class Search:
         sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
         frame, path, cached = sensitivity.cached_measure(
             self.state["reference"], sub, Path(self.opts.results_dir) / ".cache",
-            bits=self.opts.bits, group_size=self.opts.group_size, log=self.log)
+            bits=self.opts.bits, group_size=self.opts.group_size, log=self.log,
+            paths=self.layers)
         self.sens_path = path
         return {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
 
@@ -260,11 +273,8 @@ class Search:
             "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}
 
     def _base(self, layer_bits, spec, step):
-        from variants.builders.quant_family import QuantConfig
-
         c = self.costs
-        name = QuantConfig(bits=spec["default_bits"], group_size=self.opts.group_size,
-                           bits_map=spec["bits_map"]).name
+        name = self.opts.quant_config(spec["default_bits"], spec["bits_map"]).name
         return {"id": spec["id"], "step": step, "name": name, "layer_bits": dict(layer_bits),
                 "default_bits": spec["default_bits"], "bits_map": spec["bits_map"],
                 "cost": c.of(self.opts.cost, layer_bits), "cost_name": self.opts.cost,

@@ -7,8 +7,6 @@ there, the search overfitted the search split, and the next cheapest that passes
 
 import json
 
-from variants.builders.quant_family import QuantConfig
-
 
 def finalize(search, passing, n=3):
     """Judge up to ``n`` of ``passing`` (records, cheapest first) on the real splits, one more
@@ -27,8 +25,7 @@ def finalize(search, passing, n=3):
                   timing_budget_s=o.timing_budget_s, cold_start=o.cold_start,
                   progress=o.progress)
         cfg = SweepConfig(**kw).validate()
-        cfg.variants = [QuantConfig(bits=r["default_bits"], group_size=o.group_size,
-                                    bits_map=r["bits_map"]) for r in chosen]
+        cfg.variants = [o.quant_config(r["default_bits"], r["bits_map"]) for r in chosen]
         sweep = Sweep(cfg, log=search.log)
         sweep.out = out  # the search's own folder (the cache stays the results dir's)
         search.log(f"judging {rec['name']} on the calibration + eval splits")

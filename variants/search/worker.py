@@ -61,7 +61,9 @@ def load(payload):
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
     return {"cfg": cfg, "contract": contract, "settings": settings, "source": source,
             "checkpoint": checkpoint, "tasksets": tasksets, "parts": parts,
-            "group_size": payload["group_size"]}
+            "group_size": payload["group_size"],
+            "quantize_embeddings": payload.get("quantize_embeddings", False),
+            "quantize_head": payload.get("quantize_head", False)}
 
 
 def prepare_reference(state, payload):
@@ -121,7 +123,9 @@ def build_variant(state, spec):
                                       group_size=state["group_size"])
         return model, composed.summary(infos)
     qcfg = QuantConfig(bits=spec["default_bits"], group_size=state["group_size"],
-                       bits_map=spec["bits_map"])
+                       bits_map=spec["bits_map"],
+                       quantize_embeddings=state.get("quantize_embeddings", False),
+                       quantize_head=state.get("quantize_head", False))
     return build(state["reference"], qcfg, mode="simulated")
 
 
