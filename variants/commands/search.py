@@ -50,6 +50,11 @@ def configure(sub):
                    help="search-eval rows per sequential-stopping chunk")
     p.add_argument("--no-stop", dest="stop", action="store_false",
                    help="evaluate every candidate on the whole search-eval part")
+    p.add_argument("--select", default=d.select, choices=("bound", "value"),
+                   help="on the search split a clause passes when its confidence bound (bound: "
+                        "Clopper-Pearson for rates, bootstrap for the rest, the temperature refit "
+                        "included; counts on the observed count) or its point value (value) "
+                        "clears the threshold (variants.search.bounds)")
     p.add_argument("--search-margin", type=float, default=d.search_margin,
                    help="on the search split, hold max-statistic clauses to threshold x (1 - "
                         "M): headroom for the eval split (variants.search.margin)")
@@ -105,7 +110,7 @@ def run(args):
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
-        chunk_size=args.chunk_size, stop=args.stop, search_margin=args.search_margin,
+        chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,
         n_search=args.n_search,
         n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,
         n_eval=args.n_eval, model=args.model, model_config=args.model_config,

@@ -43,6 +43,9 @@ class SearchOptions:
     batch: int = 1
     chunk_size: int = 50
     stop: bool = True
+    #: "bound": a clause passes on the search split only when its interval clears the threshold
+    #: (variants.search.bounds); "value": the point value
+    select: str = "bound"
     search_margin: float = 0.0
     n_search: int = 1600
     n_sensitivity: int = 100
@@ -104,6 +107,11 @@ class SearchOptions:
                             ("--n-sensitivity", self.n_sensitivity, 10)):
             if v < lo:
                 raise ValueError(f"{flag} {v} must be >= {lo}")
+        from variants.search.bounds import SELECT
+
+        if self.select not in SELECT:
+            raise ValueError(f"--select {self.select!r} is unknown; choose one of "
+                             f"{', '.join(SELECT)}")
         if not 0 <= self.search_margin < 1:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
@@ -182,7 +190,7 @@ class Search:
         o = self.opts
         self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,
                         "chunk_size": o.chunk_size, "group_size": o.group_size,
-                        "search_margin": o.search_margin,
+                        "search_margin": o.search_margin, "select": o.select,
                         "quantize_embeddings": o.quantize_embeddings,
                         "quantize_head": o.quantize_head}
         self.state = worker.load(self.payload)
@@ -244,6 +252,7 @@ class Search:
         failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
         stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs
+        from variants.search.bounds import complete_bounds
         from variants.search.report import tightest
         from variants.search.sequential import complete
 
@@ -256,8 +265,9 @@ class Search:
                 "evaluated": False}
         ref_cal, ref_eval = st["ref"]["search-calibration"], st["ref"]["search-eval"]
         full = complete(ref_eval, res["eval"])
-        _, verdict, _ = judge_outputs(ref_cal, ref_eval, res["cal"], full, st["contract"],
-                                      settings=st["settings"])
+        ev, verdict, _ = judge_outputs(ref_cal, ref_eval, res["cal"], full, st["contract"],
+                                       settings=st["settings"])
+        verdict = complete_bounds(ev, verdict)
         stopped = res["n_used"] < res["n_total"]
         # stopped: only the settled clauses' slacks mean something (best-case bounds)
         tid, sl = tightest(verdict, only=res["settled"] if stopped else None)
@@ -267,7 +277,8 @@ class Search:
             "passed": bool(verdict.passed), "failed": res["settled"] or verdict.failed,
             "stopped": stopped, "tightest": tid, "slack": sl,
             "clauses": {r.id: {"value": _num(r.value), "compared": _num(r.compared_value),
-                               "op": r.op, "threshold": r.threshold, "status": r.status}
+                               "op": r.op, "threshold": r.threshold, "status": r.status,
+                               "ci": [_num(r.ci_low), _num(r.ci_high)], "compare": r.compare}
                         for r in verdict.results},
             "n_used": res["n_used"], "n_total": res["n_total"], "wall_s": res["wall_s"],
             "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}

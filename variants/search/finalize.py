@@ -34,7 +34,11 @@ def finalize(search, passing, n=3):
         finalists.append({"id": rec["id"], "name": rec["name"],
                           "bits_per_weight": rec["bits_per_weight"],
                           "model_bytes": rec["model_bytes"], "passed_eval": verdict["passed"],
-                          "failed_eval": verdict["failed"], "folder": str(out / rec["name"])})
+                          "failed_eval": verdict["failed"], "folder": str(out / rec["name"]),
+                          "clauses_search": rec.get("clauses", {}),
+                          "clauses_eval": {c["id"]: {k: c.get(k) for k in (
+                              "value", "ci_low", "ci_high", "op", "threshold", "status")}
+                              for c in verdict.get("clauses", [])}})
         if verdict["passed"]:
             return rec, finalists
     return None, finalists

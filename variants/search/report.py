@@ -97,6 +97,10 @@ def markdown(frame, result, png):
             lines.append(f"| {f['name']} | {f['bits_per_weight']:.3f} | {_mb(f['model_bytes'])} "
                          f"| PASS | {'PASS' if f['passed_eval'] else 'FAIL'} | "
                          f"{', '.join(f['failed_eval']) or '-'} |")
+        held = sum(bool(f["passed_eval"]) for f in result["finalists"])
+        lines += ["", f"{held} of {len(result['finalists'])} search-split passes held on the "
+                  f"eval split ({held / len(result['finalists']):.0%}).", ""]
+        lines += side_by_side(result["finalists"], s.get("select", "value"))
         lines.append("")
     w = result.get("winner")
     if w and set(w.get("config", {"quant": 0})) != {"quant"}:  # composed (--strategy optuna)
@@ -126,6 +130,34 @@ def markdown(frame, result, png):
     if png is not None:
         lines += ["", f"![cost vs slack]({png.name})"]
     return "\n".join(lines) + "\n"
+
+
+def _cell(c):
+    if not c or c.get("value") is None:
+        return "—"
+    lo, hi = (c.get("ci") or [c.get("ci_low"), c.get("ci_high")])[:2]
+    ci = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
+    return f"{c['value']:.4g}{ci} {c['status']}"
+
+
+def side_by_side(finalists, select):
+    """Markdown: per finalist, each clause's value [interval] and verdict on the search split
+    (judged by ``select``: the bound or the value) and on the eval split (the contract as
+    written)."""
+    lines = []
+    for f in finalists:
+        ids = list(dict.fromkeys([*f.get("clauses_search", {}), *f.get("clauses_eval", {})]))
+        if not ids:
+            continue
+        lines += [f"**{f['name']}**: search split (judged on the {select}) vs eval split", "",
+                  "| clause | threshold | search split | eval split |", "|---|---|---|---|"]
+        for i in ids:
+            se, ev = f.get("clauses_search", {}).get(i), f.get("clauses_eval", {}).get(i)
+            c = se or ev
+            lines.append(f"| {i} | {c['op']} {c['threshold']:g} | {_cell(se)} | "
+                         f"{_cell(ev)} |")
+        lines.append("")
+    return lines
 
 
 def plot(frame, result, path):

@@ -9,11 +9,13 @@ in each example, in the favourable direction:
 
 - bool columns, ``rate`` / ``count``, compared on the value or on the Clopper–Pearson bound
   (monotone in the event count for a fixed N): the best completion adds no bad event;
-- float columns, ``max`` and the percentiles (``p50`` ... ``p999``), compared on the value,
-  lower is better: a max only grows, a percentile is non-decreasing in each element and 0 is the
-  smallest drift;
+- float columns, ``max`` and the percentiles (``p50`` ... ``p999``), compared on the value or
+  on the upper end of their seeded percentile bootstrap, lower is better: a max only grows, a
+  percentile is non-decreasing in each element and 0 is the smallest drift, and so is the
+  upper percentile of the statistic over resamples whose row indices depend only on the seed
+  and N;
 - not settled: set-level ``value`` metrics (ECE, Brier, accuracy drop, the temperature refit:
-  an unseen example can move them either way), ``mean`` / ``rms`` / ``min``, bootstrap-CI
+  an unseen example can move them either way), ``mean`` / ``rms`` / ``min``, other bootstrap
   comparisons, clauses against the metric's own direction, and the ``epsilon_held`` stratum
   (its rows depend on the variant's outputs).
 
@@ -26,7 +28,7 @@ Passing is never settled early (an unseen example may always break a ``max``). N
 
 import numpy as np
 
-from metrics.intervals import CLOPPER_PEARSON
+from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON
 from metrics.registry import BOOL, FLOAT, spec
 from metrics.statistics import PERCENTILES
 from runs.npz_readers import OUTPUT_FIELDS
@@ -46,7 +48,8 @@ def settleable(clause):
         return False
     if s.kind == BOOL and clause.statistic in ("rate", "count"):
         return clause.compare == "value" or s.interval == CLOPPER_PEARSON
-    if s.kind == FLOAT and not good_high and clause.compare == "value":
+    if s.kind == FLOAT and not good_high and (clause.compare == "value"
+                                              or s.interval == BOOTSTRAP_PERCENTILE):
         return clause.statistic == "max" or clause.statistic in PERCENTILES
     return False
 

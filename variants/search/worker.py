@@ -56,6 +56,10 @@ def load(payload):
     device.use(cfg.device or device.requested(), cfg.dtype)
     contract, checkpoint, tasksets = load_inputs(cfg)
     contract = tighten(contract, payload.get("search_margin", 0.0))  # the search split's
+    if payload.get("select", "value") == "bound":
+        from variants.search.bounds import bounded
+
+        contract = bounded(contract)
     source = cfg.resolve_model()
     parts = search_tasksets(cfg, source, payload["n_search"])
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)

@@ -1,0 +1,79 @@
+"""Selection by confidence bounds: on the search split a candidate passes only when each clause's
+interval, not just its point value, clears the threshold (the default; ``--select value`` is the
+point-value rule).
+
+The interval is the one the checker reports (:meth:`metrics.evaluation.Evaluation.ci`):
+Clopper–Pearson for rates of events, the Clopper–Pearson difference for the accuracy drop, the
+seeded percentile bootstrap for percentiles, means and set metrics (ECE, Brier). A clause with a
+``max`` bound is compared on the interval's upper end, one with a ``min`` bound on its lower
+end (the contract's ``compare = "ci"``). Why: a candidate that only just passes on the search
+split's sample passes on another sample about half the time; asking the bound to pass asks for
+the headroom the sampling noise needs. Two kinds are treated apart:
+
+- the temperature refit ratio has no interval in the checker (a refit per resample is slow);
+  here it gets a percentile bootstrap of :data:`N_REFIT_BOOTSTRAP` resamples (same seed and
+  level), a resample whose refit runs to a bound counting as failing;
+- ``count`` clauses (``max = 0`` certified flips, bound violations, mask mismatches) keep the
+  observed count: the Clopper–Pearson upper bound of 0 events in n rows is above 0 for every n
+  (it would reject every candidate), and a single event already fails.
+
+The ``max`` statistic's bootstrap upper end is the sample maximum itself; its headroom is
+``--search-margin`` (:mod:`variants.search.margin`). No MLX.
+"""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from metrics.registry import spec
+
+SELECT = ("bound", "value")
+#: bootstrap resamples of the temperature refit ratio on the search split
+N_REFIT_BOOTSTRAP = 200
+#: metrics without a checker interval that get one here (a resampled set metric)
+RESAMPLED = ("temperature_refit_log_ratio",)
+
+
+def boundable(clause):
+    """Whether ``clause`` is compared on its interval under the bound rule (module docstring)."""
+    if clause.statistic == "count":
+        return False
+    return spec(clause.metric).interval is not None or clause.metric in RESAMPLED
+
+
+def bounded(contract):
+    """``contract`` with ``compare = "ci"`` on every :func:`boundable` clause."""
+    clauses = tuple(replace(c, compare="ci") if boundable(c) else c for c in contract.clauses)
+    return replace(contract, clauses=clauses)
+
+
+def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
+    """``verdict`` with the :data:`RESAMPLED` clauses compared on ``compare = "ci"`` given their
+    bootstrap interval (the checker leaves them without one): ``(low, high)`` percentile bounds
+    of ``n_boot`` resamples of the stratum's rows (seed and level from ``verdict.settings``),
+    NaN resamples (a refit at a bound) counted as the worst case (+inf for a ``max`` bound,
+    -inf for a ``min`` one). A clause whose point value is NaN keeps its reason."""
+    from metrics.bootstrap import bootstrap_ci
+
+    results = []
+    for r in verdict.results:
+        if r.metric not in RESAMPLED or r.compare != "ci" or math.isnan(r.value):
+            results.append(r)
+            continue
+        rows = np.flatnonzero(ev.rows(r.stratum))
+        worst = math.inf if r.op == "<=" else -math.inf
+        compute = spec(r.metric).compute
+
+        def stat(idx, rows=rows, compute=compute, worst=worst):
+            v = float(compute(ev, rows[idx][None, :])[0])
+            return worst if math.isnan(v) else v
+
+        low, high = bootstrap_ci(stat, rows.size, n_boot=n_boot,
+                                 confidence=verdict.settings.get("confidence", 0.95),
+                                 seed=verdict.settings.get("seed", 0))
+        far = high if r.op == "<=" else low
+        passed = bool(far <= r.threshold) if r.op == "<=" else bool(far >= r.threshold)
+        results.append(replace(r, ci_low=low, ci_high=high, interval="bootstrap-percentile",
+                               passed=passed))
+    return replace(verdict, results=tuple(results))
