@@ -183,7 +183,8 @@ def load_checkpoint(path=None, dtype=mx.float32):
     Parameters
     ----------
     path : str or Path, optional
-        Folder with ``config.json`` (``model_type`` bert, roberta, xlm-roberta or modernbert),
+        An exported variant's folder (``variants export``: loaded packed,
+        :func:`variants.export.load.load_packed_checkpoint`), or a folder with ``config.json`` (``model_type`` bert, roberta, xlm-roberta or modernbert),
         ``model.safetensors`` (or shards and ``model.safetensors.index.json``) and
         ``tokenizer.json`` (optional ``tokenizer_config.json``).
     dtype : mx.Dtype, default=mx.float32
@@ -200,6 +201,12 @@ def load_checkpoint(path=None, dtype=mx.float32):
         config (names or shapes): one line naming the file and the fix.
     """
     path = Path(path) if path is not None else minilm_path()
+    from variants.export.load import is_export
+
+    if is_export(path):  # an exported variant: packed, nothing re-quantized
+        from variants.export.load import load_packed_checkpoint
+
+        return load_packed_checkpoint(path, dtype)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a folder; pass a Hugging Face checkpoint folder")
     config_file, tok_file = path / "config.json", path / "tokenizer.json"

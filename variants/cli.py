@@ -22,6 +22,8 @@ VERBS = {
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
     "search": "variants.commands.search:configure",
+    "export": "variants.commands.export:configure",
+    "verify": "variants.commands.export:configure_verify",
 }
 
 

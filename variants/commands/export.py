@@ -1,0 +1,74 @@
+"""``variants export`` and ``variants verify``: ship a judged variant as an MLX checkpoint folder,
+and prove a folder is the model that was judged (:mod:`variants.export`)."""
+
+import sys
+
+
+def configure(sub):
+    """Add the ``export`` subcommand to ``sub``; returns its parser."""
+    from variants.export import EXPORTABLE, NOT_EXPORTABLE
+
+    p = sub.add_parser(
+        "export", help="write a judged variant as an MLX checkpoint folder",
+        description="Write a judged variant as an MLX checkpoint folder: model.safetensors "
+                    "(packed quantized weight / scales / biases as mlx.nn.quantize makes them, "
+                    "factored Linears as two), config.json with mlx-lm's quantization block, "
+                    "the tokenizer files, model.toml, contract.toml, verdict.json, the judged "
+                    "outputs and eval rows, manifest.json (SHA-256 of every file) and a "
+                    f"README.md model card. Families: {', '.join(EXPORTABLE)} (not "
+                    f"{', '.join(NOT_EXPORTABLE)}). Load it with "
+                    "variants.export.load.load_variant(DIR) or load_checkpoint(DIR).")
+    p.add_argument("source", metavar="SOURCE",
+                   help="a run folder (with --variant NAME) or a search folder (its winner)")
+    p.add_argument("--variant", default=None, metavar="NAME",
+                   help="the variant of a run folder (default: a search folder's winner)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--allow-fail", action="store_true",
+                   help="export a variant that FAILED its contract (the model card says so)")
+    p.set_defaults(func=run)
+    return p
+
+
+def configure_verify(sub):
+    """Add the ``verify`` subcommand to ``sub``; returns its parser."""
+    from variants.export.verify import TOLERANCE
+
+    p = sub.add_parser(
+        "verify", help="prove an exported folder is the model that was judged",
+        description="Check every file of an exported folder against manifest.json (SHA-256), "
+                    "load it packed, recompute its outputs on the judged eval rows and compare "
+                    "them with the judged outputs.npz (max |Δlogit|) and the contract's verdicts. "
+                    "Exit 0: all match; 1: outputs or a verdict differ; 2: bad input or a "
+                    "changed file.")
+    p.add_argument("folder", metavar="DIR", help="a folder written by variants export")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+                   help=f"largest accepted max |Δlogit| (default: {TOLERANCE:g})")
+    p.set_defaults(func=run_verify)
+    return p
+
+
+def run(args):
+    """Export; 0 when written. Bad input raises ExportError (exit 2)."""
+    from variants.commands import EXIT_OK
+    from variants.export.source import locate
+    from variants.export.write import check_out, export
+
+    check_out(args.out)
+    judged = locate(args.source, args.variant, allow_fail=args.allow_fail)
+    export(judged, args.out, log=lambda m: print(m, file=sys.stderr))
+    print(args.out)
+    return EXIT_OK
+
+
+def run_verify(args):
+    """Verify; 0 / 1 (outputs or verdicts differ); bad input raises ExportError (exit 2)."""
+    import math
+
+    from variants.commands import EXIT_FAILURE, EXIT_OK
+    from variants.export.verify import verify
+
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise ValueError(f"--tolerance {args.tolerance} must be a finite number >= 0, e.g. 1e-5")
+    res = verify(args.folder, tolerance=args.tolerance, log=print)
+    return EXIT_OK if res["ok"] else EXIT_FAILURE

@@ -1,0 +1,27 @@
+"""Ship a judged variant: write it as an MLX checkpoint folder (:mod:`variants.export.write`),
+load it packed (:mod:`variants.export.load`), and prove the folder is the model that was judged
+(:mod:`variants.export.verify`).
+
+The folder is the layout MLX users already load (mlx-lm's): ``model.safetensors`` holds the
+decision model's parameters by module path, each quantized module as ``weight`` (packed
+uint32), ``scales`` and ``biases`` exactly as ``mlx.nn.quantize`` makes them; ``config.json`` is
+the original checkpoint's config plus a ``quantization`` block (``group_size``, ``bits``, and a
+``{"group_size", "bits"}`` entry per module that differs, ``false`` for a module of a quantizable
+type left full precision) as mlx-lm writes it, plus an ``mlx_variants`` block (the decision
+model: kind, temperatures, low-rank factor shapes, the head skeleton). Next to them: the
+tokenizer files, ``model.toml``, ``contract.toml``, ``verdict.json``, the judged
+``outputs.npz`` and the eval rows (``eval_rows.npz``) that ``variants verify`` recomputes,
+``manifest.json`` (SHA-256 of every file, the reference checkpoint's, the data fingerprint,
+package / MLX / NumPy versions) and a ``README.md`` model card.
+"""
+
+FORMAT_VERSION = 1
+#: families whose variant is a set of weights MLX loads (quantized and/or factored Linears)
+EXPORTABLE = ("quant", "lowrank")
+#: why the other families do not export (one line each)
+NOT_EXPORTABLE = {
+    "prune": "token pruning is a rule applied at run time, not weights",
+    "exit": "early exit is a rule plus exit heads run by this package, not an MLX checkpoint",
+    "student": "a student is a new network trained here; export its folder with its own code",
+    "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
+}

@@ -1,0 +1,84 @@
+"""The exported folder's model card (``README.md``): what was judged, each clause with its value,
+threshold and interval, speed, size, and what was not tested. Markdown from one ``facts`` dict
+(:func:`variants.export.write.export` builds it), so another renderer (an HTML report) can
+take the same facts: pass ``card=`` to ``export``.
+"""
+
+import math
+
+
+def _num(x):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.4g}"
+
+
+def markdown(facts):
+    """The model card (Markdown) of ``facts``: ``name``, ``family``, ``build``, ``verdict``,
+    ``run``, ``model``, ``kind``, ``contract``, ``n_eval``, ``timing``, ``bytes``, ``search``,
+    ``quantization``, ``lowrank``."""
+    v, b = facts["verdict"], facts["build"]
+    status = "PASS" if v.get("passed") else "FAIL"
+    lines = [f"# {facts['model']} — {facts['name']} ({facts['family']})", ""]
+    if not v.get("passed"):
+        lines += [f"> **This variant FAILED its contract** ({', '.join(v.get('failed', []))}) "
+                  "and was exported with `--allow-fail`. Do not serve it in place of the "
+                  "reference.", ""]
+    lines += [f"Verdict against contract `{facts['contract']}`: **{status}**, judged on "
+              f"{facts['n_eval']} eval rows"
+              + (f" (the winner of the search in `{facts['search']}`)" if facts["search"] else "")
+              + ".", "",
+              "## Use it", "",
+              "```python",
+              "from variants.export.load import load_variant",
+              "model, checkpoint = load_variant(\"THIS_FOLDER\")  # packed, nothing re-quantized",
+              "outputs = model.outputs(taskset)",
+              "```", "",
+              "Plain MLX: build the network, `nn.quantize(model, group_size, bits, "
+              "class_predicate)` with `config.json`'s `quantization` block (mlx-lm's rule), then "
+              "`model.load_weights(\"model.safetensors\", strict=True)`. "
+              "`variants verify THIS_FOLDER` recomputes the judged outputs and checks every file.",
+              "", "## Size", "",
+              f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (whole model, embeddings "
+              f"and head included); model bytes as judged {b.get('model_bytes', 0) / 1e6:.2f} MB",
+              f"- stored bits per quantized weight: {_num(b.get('bits_per_weight'))}"]
+    q = facts.get("quantization")
+    if q:
+        over = {k: e for k, e in q.items() if isinstance(e, dict)}
+        kept = [k for k, e in q.items() if e is False]
+        lines += [f"- quantization: {q['bits']} bits, group size {q['group_size']}; "
+                  f"{len(over)} modules at another width; {len(kept)} kept full precision"
+                  + (f" ({', '.join(kept[:6])}{', …' if len(kept) > 6 else ''})" if kept else "")]
+    if facts.get("lowrank"):
+        lines += [f"- low rank: {len(facts['lowrank'])} Linears factored into two"]
+    for path, why in b.get("skipped", []):
+        lines += [f"- kept as it is: `{path}` — {why}"]
+    lines += ["", "## Contract clauses (eval split)", "",
+              "| clause | value | threshold | interval | status |", "|---|---|---|---|---|"]
+    for c in v.get("clauses", []):
+        ci = (f"[{_num(c.get('ci_low'))}, {_num(c.get('ci_high'))}]"
+              if c.get("ci_low") is not None else "—")
+        lines.append(f"| {c['id']} | {_num(c.get('value'))} | {c.get('op', '')} "
+                     f"{_num(c.get('threshold'))} | {ci} | {c.get('status', '')} |")
+    t = facts.get("timing") or {}
+    lines += ["", "## Speed (measured against the reference, strict alternation)", ""]
+    if t.get("batches"):
+        lines += ["| batch | reference p50 ms | variant p50 ms | speed-up [95% CI] |",
+                  "|---|---|---|---|"]
+        for bs, r in t["batches"].items():
+            s = r["speedup"]
+            lines.append(f"| {bs} (L={r.get('seq_len')}) | {r['ref']['p50_ms']:.1f} | "
+                         f"{r['var']['p50_ms']:.1f} | {s['speedup_median']:.2f}× "
+                         f"[{s['speedup_ci_low']:.2f}, {s['speedup_ci_high']:.2f}] |")
+        lines += ["", f"Device {t.get('device')}, timed in `{t.get('mode')}` mode."]
+    else:
+        lines += ["Not timed."]
+    untested = v.get("untested", [])
+    lines += ["", "## What was not tested", "",
+              f"- clauses with no examples or skipped: {', '.join(untested) or 'none'}",
+              "- only the eval rows above (their data fingerprint is in `manifest.json`); other "
+              "data, other prompts, longer texts than the tokenizer's max length were not judged",
+              "- speed on other machines, batch sizes or sequence lengths than the table's",
+              "- the calibration of temperatures on new data (the judged ones are in "
+              "`config.json`)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""``variants verify DIR``: prove an exported folder is the model that was judged.
+
+1. Every file the manifest lists is hashed again (SHA-256); a missing or changed file is bad
+   input (exit 2), named with the expected and found hash.
+2. The folder is loaded packed (:func:`variants.export.load.load_variant`) and run on the judged
+   eval rows (``eval_rows.npz``, same batch size and order as the sweep); its logits are
+   compared with the judged ``outputs.npz`` (max |Δlogit| over valid options), and the
+   contract is judged again with the recomputed eval outputs (the judged calibration outputs
+   and reference outputs as before) to see whether any clause's verdict changes.
+
+Exit 0: the files match, max |Δlogit| <= ``tolerance`` and no verdict changed; 1: the outputs
+or a verdict differ; 2: bad input (not an exported folder, a file missing or tampered).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from metrics._checks import short_path
+from variants.export.source import ExportError
+
+TOLERANCE = 1e-5
+
+
+def check_files(folder):
+    """The manifest (dict) after checking every listed file's SHA-256. Raises ExportError
+    naming the first missing or changed file (expected and found hash)."""
+    from variants.export.write import sha256
+
+    folder = Path(folder)
+    mpath = folder / "manifest.json"
+    if not mpath.is_file():
+        raise ExportError(f"{short_path(folder)} has no manifest.json; pass a folder written by "
+                          "variants export")
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = dict(manifest["files"])
+    except (ValueError, KeyError, TypeError):
+        raise ExportError(f"{short_path(mpath)} is not a manifest written by variants export; "
+                          "export the variant again") from None
+    for name, want in files.items():
+        p = folder / name
+        if not p.is_file():
+            raise ExportError(f"{short_path(p)} is missing (listed in manifest.json); restore "
+                              "it or export the variant again")
+        got = sha256(p)
+        if got != want:
+            raise ExportError(f"{short_path(p)} was changed: manifest.json expects sha256 "
+                              f"{want}, found {got}; restore the file or export again")
+    return manifest
+
+
+def verify(folder, tolerance=TOLERANCE, log=print):
+    """Verify ``folder`` (module docstring). Returns a dict: ``max_abs_dlogit``,
+    ``bit_identical``, ``changed`` (clause ids whose status differs), ``statuses``
+    ({id: [judged, now]}), ``n_rows``, ``ok``. Raises ExportError (bad input)."""
+    from contracts.contract import load_contract
+    from runs.judge import judge_outputs
+    from runs.npz_readers import OUTPUT_FIELDS
+    from runs.outputs import DecisionOutputs
+    from variants.checkpoint_files import CheckpointError
+    from variants.export.load import load_variant
+    from variants.export.write import load_taskset
+
+    folder = Path(folder)
+    manifest = check_files(folder)
+    try:
+        model, _ = load_variant(folder)
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
+    config = json.loads((folder / "config.json").read_text())
+    ts = load_taskset(folder / "eval_rows.npz")
+    if ts.fingerprint() != manifest.get("data_fingerprint"):
+        raise ExportError(f"{short_path(folder / 'eval_rows.npz')} is not the judged rows "
+                          "(data fingerprint differs); export the variant again")
+    batches, _ = model.prepare(ts, config["mlx_variants"].get("batch_size", 32))
+    now = model.outputs(ts, batches)
+    judged = DecisionOutputs.load(folder / "outputs.npz", "judged outputs")
+    mask = np.asarray(judged.option_mask, bool)
+    a, b = np.asarray(now.logits, np.float64), np.asarray(judged.logits, np.float64)
+    if a.shape != b.shape or not np.array_equal(np.asarray(now.ids), np.asarray(judged.ids)):
+        raise ExportError(f"{short_path(folder / 'outputs.npz')} does not hold the rows of "
+                          "eval_rows.npz; export the variant again")
+    dmax = float(np.abs(a - b)[mask].max()) if mask.any() else 0.0
+
+    def fields(o):
+        return {k: np.asarray(getattr(o, k)) for k in OUTPUT_FIELDS}
+
+    j = folder / "judged"
+    ref_cal = fields(DecisionOutputs.load(j / "reference_calibration_outputs.npz", "outputs"))
+    ref_eval = fields(DecisionOutputs.load(j / "reference_outputs.npz", "outputs"))
+    var_cal = fields(DecisionOutputs.load(j / "calibration_outputs.npz", "outputs"))
+    contract = load_contract(str(folder / "contract.toml"))
+    saved = json.loads((folder / "verdict.json").read_text())
+    from runs.settings import resolve_settings
+
+    settings = resolve_settings(contract, near_tie_margin=config["mlx_variants"].get(
+        "near_tie_margin"))
+    _, verdict, _ = judge_outputs(ref_cal, ref_eval, var_cal, fields(now), contract,
+                                  settings=settings)
+    before = {c["id"]: c.get("status") for c in saved.get("clauses", [])}
+    statuses = {r.id: [before.get(r.id), r.status] for r in verdict.results}
+    changed = [i for i, (x, y) in statuses.items() if x != y]
+    res = {"max_abs_dlogit": dmax, "bit_identical": bool(np.array_equal(a[mask], b[mask])),
+           "changed": changed, "statuses": statuses, "n_rows": len(ts),
+           "tolerance": tolerance, "ok": dmax <= tolerance and not changed}
+    log(f"{folder}: {len(manifest['files'])} files match manifest.json; {len(ts)} eval rows "
+        f"recomputed: max |Δlogit| {dmax:.3g} ({'bit-identical' if res['bit_identical'] else f'tolerance {tolerance:g}'}), "
+        f"{'no verdict changed' if not changed else 'verdicts changed: ' + ', '.join(changed)}")
+    return res

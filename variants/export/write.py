@@ -1,0 +1,248 @@
+"""``variants export``: write a judged variant as an MLX checkpoint folder (:mod:`variants.export`
+says what it holds). Everything is written into a temporary sibling folder and renamed into
+place at the end, so a failed export leaves nothing behind.
+"""
+
+import hashlib
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from metrics._checks import short_path
+from variants.export import FORMAT_VERSION
+from variants.export.load import BLOCK
+from variants.export.source import ExportError
+
+#: tokenizer files copied when the checkpoint has them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
+#: the judged arrays shipped for ``variants verify``: destination -> file in the run folder
+JUDGED = {"outputs.npz": "{variant}/outputs.npz",
+          "judged/calibration_outputs.npz": "{variant}/calibration_outputs.npz",
+          "judged/reference_outputs.npz": "reference/outputs.npz",
+          "judged/reference_calibration_outputs.npz": "reference/calibration_outputs.npz"}
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_out(out):
+    """Raise ExportError unless ``out`` is absent or an empty folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {short_path(out)} is not empty; pass a new folder (export "
+                          "never overwrites)")
+
+
+def quantization_block(module):
+    """mlx-lm's ``quantization`` config block of ``module``: the most common (group size, bits)
+    as defaults, a ``{"group_size", "bits"}`` entry per quantized module that differs, and
+    ``false`` for each module of a quantizable type left full precision; None when nothing is
+    quantized."""
+    import mlx.nn as nn
+
+    quant = {p: (m.group_size, m.bits) for p, m in module.named_modules()
+             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    if not quant:
+        return None
+    (gs, bits), _ = max(Counter(quant.values()).items(), key=lambda kv: (kv[1], -kv[0][1]))
+    block = {"group_size": int(gs), "bits": int(bits)}
+    for p, m in sorted(module.named_modules()):
+        if p in quant:
+            if quant[p] != (gs, bits):
+                block[p] = {"group_size": int(quant[p][0]), "bits": int(quant[p][1])}
+        elif type(m) in (nn.Linear, nn.Embedding):
+            block[p] = False
+    return block
+
+
+def lowrank_block(module):
+    """``{path: {"out", "rank", "in", "bias"}}`` of the factored layers of ``module``."""
+    import mlx.nn as nn
+
+    from variants.builders.lowrank import LowRankLinear
+
+    out = {}
+    for p, m in module.named_modules():
+        if isinstance(m, LowRankLinear):
+            down, up = m.down, m.up
+            k = down.weight.shape[0]
+            n = down.weight.shape[1]
+            if isinstance(down, nn.QuantizedLinear):  # packed: 32 // bits values per uint32
+                n = n * 32 // down.bits
+            mo = up.weight.shape[0]
+            out[p] = {"out": int(mo), "rank": int(k), "in": int(n), "bias": "bias" in up}
+    return dict(sorted(out.items()))
+
+
+def hf_head_shapes(checkpoint):
+    """``{name: shape}`` of the checkpoint file's classification-head tensors (what
+    :func:`variants.hf_heads.load_head` reads), so a loader can build the head's skeleton."""
+    from safetensors import safe_open
+
+    from variants import checkpoint_files as files_
+
+    shapes = {}
+    for f in files_.weight_files(checkpoint.path):
+        with safe_open(str(f), framework="numpy") as st:
+            for k in st.keys():
+                if k.startswith(HEAD_PREFIXES):
+                    shapes[k] = list(st.get_slice(k).get_shape())
+    return dict(sorted(shapes.items()))
+
+
+def _toml_text(source):
+    """The model TOML's text without its ``checkpoint`` key (the folder is the checkpoint)."""
+    if source.config is None or source.config.path is None:
+        return None
+    lines, top = [], True
+    for line in Path(source.config.path).read_text().splitlines():
+        top = top and not line.lstrip().startswith("[")
+        if top and line.split("=", 1)[0].strip() == "checkpoint":
+            continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def save_taskset(ts, path):
+    """The TaskSet's arrays as an .npz (no pickles): what verify runs the model on."""
+    arrays = {k: np.asarray(getattr(ts, k)) for k in ("ids", "task", "texts", "option_texts",
+                                                     "option_mask", "option_scores",
+                                                     "action_map", "labels", "human_dist")}
+    arrays["ids"] = arrays["ids"].astype(str)
+    arrays["action_names"] = np.asarray(list(ts.action_names), dtype=str)
+    if ts.questions is not None:
+        arrays["questions"] = np.asarray(ts.questions, dtype=str)
+    np.savez(path, **arrays)
+
+
+def load_taskset(path):
+    """The TaskSet :func:`save_taskset` wrote."""
+    from variants.tasks import TaskSet
+
+    with np.load(path, allow_pickle=False) as z:
+        d = {k: z[k] for k in z.files}
+    return TaskSet(ids=d["ids"], task=d["task"], texts=d["texts"],
+                   option_texts=d["option_texts"], option_mask=d["option_mask"],
+                   option_scores=d["option_scores"], action_map=d["action_map"],
+                   action_names=tuple(d["action_names"].tolist()), labels=d["labels"],
+                   human_dist=d["human_dist"], questions=d.get("questions"))
+
+
+def versions():
+    from importlib import metadata
+
+    import mlx.core as mx
+
+    try:
+        pkg = metadata.version("mlx-variants")
+    except metadata.PackageNotFoundError:
+        pkg = "unknown"
+    return {"mlx-variants": pkg, "mlx": mx.__version__, "numpy": np.__version__}
+
+
+def export(judged, out, log=print, card=None):
+    """Write ``judged`` (:class:`variants.export.source.Judged`) to folder ``out``; returns the
+    manifest dict. ``card``: ``card(facts) -> str`` (default
+    :func:`variants.export.card.markdown`), the model card's renderer.
+
+    Raises
+    ------
+    ExportError
+        ``out`` not empty; the variant built again is not the judged one (its build record's
+        bytes differ).
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from variants.export import card as card_mod
+    from variants.export.source import rebuild
+
+    out = Path(out)
+    check_out(out)
+    cfg, contract, ck, tasksets, reference, variant, info = rebuild(judged, log=log)
+    if info.get("model_bytes") != judged.build.get("model_bytes"):
+        raise ExportError(f"{judged.name} built again stores {info.get('model_bytes')} bytes, "
+                          f"the judged build {judged.build.get('model_bytes')}; rerun the sweep "
+                          "with this package version")
+    source = cfg.resolve_model()
+    tmp = out.with_name(f".{out.name}.export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        module = variant.module
+        weights = dict(tree_flatten(module.parameters()))
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+        config = json.loads((Path(ck.path) / "config.json").read_text())
+        quant = quantization_block(module)
+        if quant:
+            config["quantization"] = quant
+        head = hf_head_shapes(ck) if getattr(module, "classifier", None) is not None and \
+            ck.classifier is not None else {}
+        config[BLOCK] = {
+            "format_version": FORMAT_VERSION, "variant": judged.name,
+            "family": judged.build["family"], "variant_config": judged.build["config"],
+            "model": source.name, "kind": source.kind, "factory": source.factory,
+            "temperatures": {str(k): float(v) for k, v in variant.temperatures.items()},
+            "batch_size": cfg.batch_size, "near_tie_margin": cfg.near_tie_margin, "lowrank": lowrank_block(module), "hf_head": head,
+            "weights_sha256": sha256(tmp / "model.safetensors")}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (Path(ck.path) / name).is_file():
+                shutil.copyfile(Path(ck.path) / name, tmp / name)
+        toml = _toml_text(source)
+        if toml is not None:
+            (tmp / "model.toml").write_text(toml)
+        from contracts.contract import PACKAGED
+
+        if cfg.contract is None or cfg.contract in PACKAGED:
+            from importlib import resources
+
+            text = resources.files("contracts").joinpath(
+                f"{cfg.contract or 'default'}.toml").read_text()
+        else:
+            text = Path(cfg.contract).read_text()
+        (tmp / "contract.toml").write_text(text)
+        shutil.copyfile(judged.vdir / "verdict.json", tmp / "verdict.json")
+        (tmp / "judged").mkdir()
+        for dest, src in JUDGED.items():
+            shutil.copyfile(judged.run_dir / src.format(variant=judged.name), tmp / dest)
+        save_taskset(tasksets["eval"], tmp / "eval_rows.npz")
+        timing = judged.vdir / "timing.json"
+        facts = {"name": judged.name, "family": judged.build["family"], "build": judged.build,
+                 "verdict": judged.verdict, "run": judged.run, "model": source.name,
+                 "kind": source.kind, "contract": contract.name, "n_eval": len(tasksets["eval"]),
+                 "timing": json.loads(timing.read_text()) if timing.exists() else None,
+                 "bytes": (tmp / "model.safetensors").stat().st_size,
+                 "search": str(judged.search) if judged.search else None,
+                 "quantization": quant, "lowrank": config[BLOCK]["lowrank"]}
+        (tmp / "README.md").write_text((card or card_mod.markdown)(facts))
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        manifest = {
+            "format_version": FORMAT_VERSION, "variant": judged.name,
+            "files": {f: sha256(tmp / f) for f in files},
+            "reference_checkpoint_sha256": ck.sha256,
+            "data_fingerprint": tasksets["eval"].fingerprint(),
+            "run_identity": judged.run.get("identity"),
+            "verdict": {"passed": bool(judged.verdict.get("passed")),
+                        "failed": judged.verdict.get("failed", [])},
+            "versions": versions()}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty (checked)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"exported {judged.name} to {out} ({manifest['files'] and len(manifest['files'])} "
+        f"files, model.safetensors {facts['bytes'] / 1e6:.2f} MB)")
+    return manifest
