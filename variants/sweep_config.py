@@ -102,7 +102,7 @@ class SweepConfig:
                 raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
                                  f"{MODES}")
         for name in ("n_fit", "n_calibration", "n_eval"):
-            if getattr(self, name) < 10:
+            if getattr(self, name) < 10 and not (name == "n_fit" and self.n_fit == 0):
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
         if self.timing_rounds < 1:
             raise SweepError(f"timing_rounds={self.timing_rounds} (--timing-rounds) must be >= 1, "

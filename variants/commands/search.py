@@ -60,11 +60,15 @@ def configure(sub):
                         "M): headroom for the eval split (variants.search.margin)")
     p.add_argument("--n-search", type=int, default=d.n_search,
                    help="search-split rows (from unused fit rows), halved into calibration and "
-                        "eval parts")
+                        "eval parts (default: 1600 on the bundled data; with --data, half the "
+                        "file's fit-split rows, or all of them for a model that fits nothing)")
     p.add_argument("--n-sensitivity", type=int, default=d.n_sensitivity,
                    help="search-calibration rows the per-layer sensitivity is measured on")
-    for flag, v in (("--n-fit", d.n_fit), ("--n-calibration", d.n_calibration),
-                    ("--n-eval", d.n_eval)):
+    p.add_argument("--n-fit", type=int, default=d.n_fit,
+                   help="fit rows for the head (default: 2000 on the bundled data; with --data, "
+                        "the fit-split rows the search split leaves, 0 for a model that fits "
+                        "nothing)")
+    for flag, v in (("--n-calibration", d.n_calibration), ("--n-eval", d.n_eval)):
         p.add_argument(flag, type=int, default=v, help="as variants sweep")
     p.add_argument("--model", default=None)
     p.add_argument("--model-config", default=None, metavar="FILE")

@@ -47,9 +47,9 @@ class SearchOptions:
     #: (variants.search.bounds); "value": the point value
     select: str = "bound"
     search_margin: float = 0.0
-    n_search: int = 1600
+    n_search: int | None = None  # None: from the data (variants.search.sizes)
     n_sensitivity: int = 100
-    n_fit: int = 2000
+    n_fit: int | None = None
     n_calibration: int = 800
     n_eval: int = 800
     model: str | None = None
@@ -70,9 +70,17 @@ class SearchOptions:
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
-    def validate(self):
-        """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
+    def validate(self, log=None):
+        """Raise ValueError (one line naming the flag and the fix) for a value out of range.
+        Split sizes left None are chosen here (:func:`variants.search.sizes.resolve`, which
+        says so through ``log``)."""
         from variants.builders.quant_family import BITS, check_bits
+        from variants.search import sizes
+        from variants.sweep_config import SweepConfig
+
+        if self.n_fit is None or self.n_search is None:
+            source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
+            sizes.resolve(self, source, log=log or (lambda m: None))
 
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "

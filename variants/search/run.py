@@ -22,7 +22,7 @@ def run_search(opts, log=print):
     from variants.search import worker
 
     t0 = time.perf_counter()
-    opts = opts.validate()
+    opts = opts.validate(log)
     cls = Search
     if opts.strategy == "optuna":
         from variants.search.optuna_search import OptunaSearch as cls  # composed candidates
