@@ -253,7 +253,8 @@ def test_cli_bad_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message)
 
 
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
-         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress"]
+         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
+         "--strategy", "greedy"]
 
 
 @pytest.mark.parametrize("argv, message", [

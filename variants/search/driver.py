@@ -29,7 +29,7 @@ class SearchOptions:
 
     contract: str | None = None
     cost: str = "bytes"
-    strategy: str = "greedy"
+    strategy: str = "bisect"  # few candidates: log2 of the threshold maps (greedy: one per raise)
     families: tuple = ("quant",)
     seed: int = 0
     max_candidates: int = 60
@@ -46,7 +46,7 @@ class SearchOptions:
     #: "bound": a clause passes on the search split only when its interval clears the threshold
     #: (variants.search.bounds); "value": the point value
     select: str = "bound"
-    search_margin: float = 0.0
+    search_margin: float = 0.3  # max clauses: headroom a sample max needs (variants.search.margin)
     n_search: int | None = None  # None: from the data (variants.search.sizes)
     n_sensitivity: int = 100
     n_fit: int | None = None
