@@ -172,7 +172,30 @@ def test_head_and_embeddings_skipped_by_default(model):
     assert kinds["head"] is nn.Linear
     assert kinds["encoder.embeddings.word_embeddings"] is nn.Embedding
     assert not any(k is nn.QuantizedEmbedding for k in kinds.values())
-    assert ("head", "decision head kept full precision") in info["skipped"]
+    assert ("head", "decision head (outside the encoder) kept full precision") in info["skipped"]
+    assert info["head"] == {"paths": ["head"], "why": "decision head (outside the encoder)",
+                            "quantized": False}
+
+
+def test_head_by_role_classifier_and_declared(checkpoint):
+    """A module named otherwise is the head by role (a BERT classifier's pooler and classifier,
+    a declared ``head_modules``), kept fp32 unless --quantize-head."""
+    from variants.heads import DECLARED
+    from variants.hf_heads import BertClassifier
+    from variants.models.classifier import ClassifierNet
+
+    dense = nn.Linear(384, 384)
+    net = ClassifierNet(checkpoint.encoder, BertClassifier(dense, nn.Linear(384, 2)))
+    q, info = quantize_module(net, QuantConfig(bits=8), mode="native")
+    assert type(q.classifier.pooler) is nn.Linear and type(q.classifier.classifier) is nn.Linear
+    assert {p for p, _ in info["skipped"]} >= {"classifier.pooler", "classifier.classifier"}
+    q, _ = quantize_module(net, QuantConfig(bits=8, quantize_head=True), mode="native")
+    assert isinstance(q.classifier.pooler, nn.QuantizedLinear)
+    net.head_modules = ("encoder.layers.5.output",)  # a factory may declare its own head
+    q, info = quantize_module(net, QuantConfig(bits=8), mode="native")
+    assert type(q.encoder.layers[5].output) is nn.Linear
+    assert isinstance(q.classifier.pooler, nn.QuantizedLinear)
+    assert ("encoder.layers.5.output", DECLARED) in info["skipped"]
 
 
 @pytest.mark.parametrize("flag, path, kind, extra", [

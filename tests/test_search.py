@@ -497,3 +497,24 @@ def test_bound_rule_compares_intervals_and_bootstraps_the_refit(splits):
     assert r.ci_low <= r.value <= r.ci_high and r.compared_value == r.ci_high
     assert r.passed is (r.ci_high <= 0.04) and r.passed is False
     assert r.interval == "bootstrap-percentile"
+
+
+def test_a_map_entry_naming_an_embedding_table_quantizes_it(checkpoint):
+    """The map's units are the search's: an entry naming an embedding table quantizes that
+    table at its width without --quantize-embeddings; the other tables stay fp32."""
+    import mlx.nn as nn
+
+    from variants.builders.quant_family import QuantConfig
+    from variants.builders.quantize import quantize_module
+    from variants.models import sentiment
+
+    module = sentiment.build(checkpoint).module
+    q, info = quantize_module(module, QuantConfig(bits=8, bits_map=r"word_embeddings=6"),
+                              mode="native")
+    emb = q.encoder.embeddings
+    assert isinstance(emb.word_embeddings, nn.QuantizedEmbedding)
+    assert emb.word_embeddings.bits == 6
+    assert type(emb.position_embeddings) is nn.Embedding
+    assert info["layer_bits"]["encoder.embeddings.word_embeddings"] == [6, 64]
+    assert ("encoder.embeddings.position_embeddings", "embeddings kept full precision") in \
+        info["skipped"]

@@ -14,6 +14,7 @@ mlx-lm's ``convert.py``. Two execution modes:
 """
 
 import copy
+import re
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,7 +42,8 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
                 skipped.append((path, head_reason))
                 return False
         if isinstance(module, nn.Embedding):
-            if not cfg.quantize_embeddings and not heads_mod.in_head(path, heads):
+            if not cfg.quantize_embeddings and not heads_mod.in_head(path, heads) and \
+                    path not in (settings or {}):
                 skipped.append((path, "embeddings kept full precision"))
                 return False
             in_dims = module.weight.shape[1]
@@ -60,16 +62,19 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
 
 
 def layer_settings(module, cfg, heads=("head",)):
-    """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears, the head
-    and embeddings only when asked), from ``cfg.bits_map`` (:func:`bits_map.resolve`); None
+    """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears; the head
+    only when asked; the embedding tables when asked or when a map entry names them), from ``cfg.bits_map`` (:func:`bits_map.resolve`); None
     without a map. Raises ValueError (naming ``--bits-map``) for a pattern that matches no
     such layer."""
     if not cfg.bits_map:
         return None
+    _, rules = bits_map.parse(cfg.bits_map)
     paths = [p for p, m in module.named_modules()  # (group-size divisibility is checked per
              if isinstance(m, (nn.Linear, nn.Embedding))  # layer, with the map's size)
              and (cfg.quantize_embeddings or not isinstance(m, nn.Embedding)
-                  or heads_mod.in_head(p, heads))
+                  or heads_mod.in_head(p, heads)
+                  # an embedding table a map entry names is quantized at that entry's width
+                  or any(re.search(r.pattern, p) for r in rules))
              and (cfg.quantize_head or not heads_mod.in_head(p, heads))]
     return bits_map.resolve(cfg.bits_map, sorted(paths), cfg.bits, cfg.group_size)
 

@@ -106,8 +106,11 @@ def markdown(frame, result, png):
     if w and set(w.get("config", {"quant": 0})) != {"quant"}:  # composed (--strategy optuna)
         lines += ["## Winner's configuration", "", f"`{json.dumps(w['config'])}`", ""]
     elif w:
-        lines += ["## Winner's per-layer bits", "", f"`--bits {w['default_bits']} --bits-map "
-                  f"'{w['bits_map']}'`" if w["bits_map"] else f"uniform {w['default_bits']} bits",
+        flags = (" --quantize-embeddings" if s.get("quantize_embeddings") else "") + \
+            (" --quantize-head" if s.get("quantize_head") else "")
+        lines += ["## Winner's per-layer bits", "", "As a sweep variant: `variants sweep --bits "
+                  f"{w['default_bits']}{flags}" + (f" --bits-map '{w['bits_map']}'`"
+                                                   if w["bits_map"] else "`"),
                   "", "| layer | bits |", "|---|---|"]
         lines += [f"| {p} | {b} |" for p, b in w["layer_bits"].items()]
         lines.append("")
