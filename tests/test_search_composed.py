@@ -228,7 +228,7 @@ def test_constraint_is_the_distance_to_passing():
 
 @pytest.mark.parametrize("argv, message", [
     (["--families", "student"], "--families student: the search covers"),
-    (["--families", "quant", "lowrank"], "--strategy greedy searches per-layer bits"),
+    (["--families", "quant", "lowrank"], "--strategy bisect searches per-layer bits"),  # default
     (["--strategy", "bisect", "--families", "prune"], "--strategy bisect searches"),
     (["--strategy", "optuna", "--families", "prune", "exit"], "prune and exit cannot compose"),
     (["--strategy", "optuna", "--families", "lowrank", "--cost", "latency-b1"],

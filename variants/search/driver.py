@@ -212,7 +212,8 @@ class Search:
         model = self.state["source"].build(self.state["checkpoint"])
         module = model.module
         self.units = search_units(module, model, group_size=o.group_size,
-                                  embeddings=o.quantize_embeddings,
+                                  # composed (optuna) candidates quantize encoder Linears only
+                                  embeddings=o.quantize_embeddings and o.strategy != "optuna",
                                   quantize_head=o.quantize_head)
         self.layers = self.units.paths
         self.costs = costs_mod.CostTable(module, self.layers, o.bits, o.group_size)
