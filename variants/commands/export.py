@@ -44,6 +44,9 @@ def configure_verify(sub):
     p.add_argument("folder", metavar="DIR", help="a folder written by variants export")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help=f"largest accepted max |Δlogit| (default: {TOLERANCE:g})")
+    p.add_argument("--cold-start", action="store_true",
+                   help="also time a cold start from the folder (packed, nothing built) against "
+                        "one from the fp32 checkpoint building the variant, in fresh processes")
     p.set_defaults(func=run_verify)
     return p
 
@@ -71,4 +74,8 @@ def run_verify(args):
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise ValueError(f"--tolerance {args.tolerance} must be a finite number >= 0, e.g. 1e-5")
     res = verify(args.folder, tolerance=args.tolerance, log=print)
+    if args.cold_start:
+        from variants.export import coldstart
+
+        print(coldstart.table(coldstart.measure(args.folder)))
     return EXIT_OK if res["ok"] else EXIT_FAILURE

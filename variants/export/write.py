@@ -193,6 +193,7 @@ def export(judged, out, log=print, card=None):
             "family": judged.build["family"], "variant_config": judged.build["config"],
             "model": source.name, "kind": source.kind, "factory": source.factory,
             "temperatures": {str(k): float(v) for k, v in variant.temperatures.items()},
+            "reference_checkpoint": str(ck.path),
             "batch_size": cfg.batch_size, "near_tie_margin": cfg.near_tie_margin, "lowrank": lowrank_block(module), "hf_head": head,
             "weights_sha256": sha256(tmp / "model.safetensors")}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
