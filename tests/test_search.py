@@ -518,3 +518,23 @@ def test_a_map_entry_naming_an_embedding_table_quantizes_it(checkpoint):
     assert info["layer_bits"]["encoder.embeddings.word_embeddings"] == [6, 64]
     assert ("encoder.embeddings.position_embeddings", "embeddings kept full precision") in \
         info["skipped"]
+
+
+def test_rows_a_rate_bound_needs_by_hand():
+    """Clopper–Pearson at 95%: n of n agree has lower bound 0.025^(1/n) >= 0.97 from n = 122
+    (0.025^(1/121) = 0.96996); 0 of n negative flips has upper bound 1 - 0.025^(1/n) <= 0.02
+    from n = 183."""
+    from metrics.intervals import clopper_pearson
+    from variants.search.bounds import bounded, rows_needed, unreachable
+
+    b = bounded(load_contract(None))
+    by_id = {c.id: c for c in b.clauses}
+    assert rows_needed(by_id["agreement"]) == 122
+    assert rows_needed(by_id["negative-flips"]) == 183
+    assert rows_needed(by_id["kl-p95"]) is None and rows_needed(by_id["certified-flips"]) is None
+    assert clopper_pearson(122, 122)[0] >= 0.97 > clopper_pearson(121, 121)[0]
+    assert clopper_pearson(0, 183)[1] <= 0.02 < clopper_pearson(0, 182)[1]
+    assert [i for i, _ in unreachable(b, 150)] == ["negative-flips"]
+    assert {i for i, _ in unreachable(b, 100)} == {"agreement", "negative-flips",
+                                                     "action-agreement"}
+    assert unreachable(b, 400) == []

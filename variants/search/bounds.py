@@ -77,3 +77,32 @@ def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
         results.append(replace(r, ci_low=low, ci_high=high, interval="bootstrap-percentile",
                                passed=passed))
     return replace(verdict, results=tuple(results))
+
+
+def rows_needed(clause, confidence=0.95):
+    """The fewest rows on which a rate clause's Clopper–Pearson bound can pass at all (every row
+    favourable: k = n events for a ``min`` bound, 0 for a ``max`` one), or None for a clause
+    that is not a rate with that interval or whose bound no sample size reaches. The two-sided
+    interval's far end: ``(a/2)^(1/n)`` for n of n, ``1 - (a/2)^(1/n)`` for 0 of n, with
+    ``a = 1 - confidence``."""
+    from metrics.intervals import CLOPPER_PEARSON
+
+    s = spec(clause.metric)
+    if clause.statistic != "rate" or s.interval != CLOPPER_PEARSON or clause.compare != "ci":
+        return None
+    tail = (1 - confidence) / 2
+    target = clause.threshold if clause.op == ">=" else 1 - clause.threshold
+    if not 0 < target < 1:
+        return None
+    return math.ceil(math.log(tail) / math.log(target))
+
+
+def unreachable(contract, n_rows, confidence=0.95):
+    """``[(clause id, rows needed)]`` of the ``all``-stratum rate clauses whose bound cannot
+    pass on ``n_rows`` rows whatever the candidate (:func:`rows_needed`)."""
+    out = []
+    for c in contract.clauses:
+        need = rows_needed(c, confidence) if c.stratum == "all" else None
+        if need is not None and need > n_rows:
+            out.append((c.id, need))
+    return out
