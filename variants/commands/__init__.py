@@ -6,3 +6,17 @@ MLX."""
 # (runs.io.WriteError, sweep.RunIncomplete); one place for the codes: contracts.exit_codes
 from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR  # noqa: F401
 from contracts.exit_codes import EXIT_VIOLATION as EXIT_FAILURE  # noqa: F401
+
+
+import argparse
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default (the values of :mod:`variants.defaults`); the
+    description and epilog keep their layout. A switch (``store_true`` / ``store_false``) shows
+    none: "(default: True)" on ``--no-x`` reads as "off by default"."""
+
+    def _get_help_string(self, action):
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return action.help
+        return super()._get_help_string(action)
