@@ -34,7 +34,9 @@ def build_parser(argv=None):
     """The ``variants`` parser. With ``argv`` naming a verb (its first word not starting with
     ``-``), only that verb's module is imported and its parser built; otherwise (``--help``, no
     or an unknown verb) every verb's is, so the help and the error list them all."""
-    parser = argparse.ArgumentParser(
+    from runs.commands.args import Parser
+
+    parser = Parser(
         prog="variants",
         description="mlx-variants: build approximate variants of an MLX decision model and judge "
                     "each against a written contract, next to measured speed.")

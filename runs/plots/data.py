@@ -20,6 +20,11 @@ from metrics.defaults import NEAR_TIE_MARGIN
 from runs.npz_readers import check_same_ids
 from runs.readers import CorruptFileError
 
+#: Resolutions ``dpi`` may take: below 20 the text is unreadable; at 600 a figure is already
+#: tens of millions of pixels (matplotlib's Agg raises MemoryError far beyond)
+DPI_RANGE = (20, 600)
+
+
 #: Logger of the plots (``variants plot`` prints its records as ``variants plot: ...``).
 log = logging.getLogger("runs.plots")
 
