@@ -63,6 +63,9 @@ def main(argv=None):
     from runs.io import RunIncomplete, WriteError
 
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    if variants.BLAS_INFO.get("error"):  # a BLAS the user named explicitly: never run without it
+        print(f"variants: error: {variants.BLAS_INFO['error']}", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         return args.func(args)
     except WriteError as e:  # disk full, permissions: a runtime failure, not bad input
