@@ -239,3 +239,33 @@ def test_an_explicit_blas_that_cannot_be_loaded_exits_2(tmp_path):
     assert done.stderr.startswith(f"variants: error: VARIANTS_BLAS='{tmp_path / 'nonexistent.so'}'"
                                   " cannot be loaded")
     assert "none for MLX's own BLAS" in done.stderr
+
+
+# -- folders that are not runs, searches too small ---------------------------------------------
+
+@pytest.mark.plots  # the real plot_run (the suite stubs it elsewhere)
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("verb, says", [("check", "/proc has no reference/outputs.npz"),
+                                        ("plot", "/proc has no summary.csv")])
+def test_a_folder_that_is_no_run_is_named_not_its_lock_file(capsys, verb, says):
+    # /proc cannot hold a .lock file: the verb must say the folder is no run, not "[Errno 2]"
+    assert main([verb, "/proc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"variants: error: {says}") and ".lock" not in err, err
+
+
+@pytest.mark.plots
+def test_plot_of_a_file_says_it_is_not_a_folder(tmp_path, capsys):
+    afile = tmp_path / "summary.csv"
+    afile.write_text("a,b\n")
+    assert main(["plot", str(afile)]) == 2
+    assert f"results folder {afile} is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [-1, 0, 39])
+def test_search_split_too_small_is_refused_before_loading(n):
+    from variants.search.driver import SearchOptions
+
+    with pytest.raises(ValueError, match=f"--n-search {n} must be >= 40"):
+        SearchOptions(n_search=n).validate()
+    SearchOptions(n_search=40).validate()  # the smallest it takes

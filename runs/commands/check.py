@@ -24,10 +24,12 @@ def _check_command(args):
 
     if args.output_dir is not None:  # an unwritable --output-dir: refused before any work
         make_out_dir(Path(args.output_dir), "--output-dir")
-    # writing into the run folder: hold its lock (a running sweep refuses us, and we it)
+    # writing into the run folder: hold its lock (a running sweep refuses us, and we it); a
+    # folder that is no run (no reference outputs) is refused by check_run, nothing written
+    is_run = Path(args.run_dir, "reference", "outputs.npz").is_file()
     lock = (runlock.hold(args.run_dir, log=lambda m: print(m, file=sys.stderr),
                          fix="wait for it to finish, or pass --output-dir to write elsewhere")
-            if args.output_dir is None and Path(args.run_dir).is_dir() else nullcontext())
+            if args.output_dir is None and is_run else nullcontext())
     with lock:
         verdicts = check_run(args.run_dir, contract=args.contract, variants=args.variant,
                              output_dir=args.output_dir, near_tie_margin=args.near_tie_margin,

@@ -20,10 +20,11 @@ def main(args):
     from runs import lock as runlock
     from runs.plots.render import plot_run
 
-    # plot_run writes into the folder: hold its lock, so a running sweep refuses us and we it
+    # plot_run writes into the folder: hold its lock, so a running sweep refuses us and we it;
+    # a folder without summary.csv is no finished sweep: plot_run refuses it, nothing written
     lock = (runlock.hold(args.results_dir, log=log.info,
                          fix="wait for it to finish (the sweep writes the plots itself)")
-            if Path(args.results_dir).is_dir() else nullcontext())
+            if Path(args.results_dir, "summary.csv").is_file() else nullcontext())
     try:
         with lock:
             paths = plot_run(args.results_dir, dpi=args.dpi)
