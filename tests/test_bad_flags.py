@@ -215,7 +215,7 @@ def test_sensitivity_size_beyond_the_split_names_its_own_flag(tmp_path, capsys):
     (["sweep", "--cold-start", "some"], "--cold-start 'some' is not one of: none, reference, all"),
     (["sweep", "--timing-budget-s", "x"], "--timing-budget-s 'x' is not a number"),
     (["check"], "the following arguments are required: RESULTS_DIR"),
-    (["list", "--frob"], "unrecognized arguments: --frob"),
+    (["list", "--frob"], "unrecognized arguments: --frob; see 'variants list --help'"),
 ])
 def test_usage_errors_are_one_line(capsys, argv, says):
     err = _usage_error(argv, capsys)

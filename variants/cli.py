@@ -42,6 +42,7 @@ def build_parser(argv=None):
                     "each against a written contract, next to measured speed.")
     sub = parser.add_subparsers(dest="command", required=True)
     verb = next((a for a in (argv or []) if not a.startswith("-")), None)
+    parser.verb = verb
     for name in VERBS:
         if verb in VERBS and name != verb:
             sub.add_parser(name)  # a placeholder: never parsed, never shown

@@ -56,11 +56,16 @@ def usage_message(message, verbs=()):
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors are one line (exit 2), not the usage."""
 
+    #: the verb being parsed, set by the top-level parser's builder: an argument no verb takes
+    #: ("unrecognized arguments") is reported by the top-level parser, the help to see is the verb's
+    verb = None
+
     def error(self, message):
         verbs = [c for a in self._actions if isinstance(a, argparse._SubParsersAction)
                  for c in a.choices]
         line = _cut(usage_message(message, verbs))
-        self.exit(EXIT_USER_ERROR, f"variants: error: {line}; see '{self.prog} --help'\n")
+        prog = f"{self.prog} {self.verb}" if self.verb in verbs else self.prog
+        self.exit(EXIT_USER_ERROR, f"variants: error: {line}; see '{prog} --help'\n")
 
 
 def number(kind=float, *, low=None, high=None, low_open=False, high_open=False, example=None):
