@@ -206,8 +206,9 @@ def temperature_refit_log_ratio(ev, idx):
 
     A systematic change of the logit scale moves every bucket alike and survives the mean, while
     the refit noise of small buckets (e.g. +/-4% at n = 200) averages out instead of deciding
-    alone. NaN (reason in ``ev.skip_reason``) when a refit ran to a bound or did not converge
-    (:func:`metrics.temperature_fit.refit_log_ratio`).
+    alone. NaN (reason in ``ev.skip_reason``) when the reference's refit ran to a bound or did
+    not converge; when only the variant's did, ``ev.fail_reason`` says so and a bucket at a
+    bound counts with the bound as its T (:func:`metrics.temperature_fit.refit_log_ratio`).
     """
     out = []
     for rows in idx:
