@@ -178,10 +178,13 @@ def digest(*parts):
 def make_out_dir(out, flag):
     """Create the output folder ``out`` (named by ``flag`` in errors) before any work is done.
 
-    Raises ValueError (exit 2), nothing created: ``out`` is a file, or the folder cannot be
-    made (a parent that is a file, a read-only or virtual file system such as /proc)."""
+    Raises ValueError (exit 2), nothing created: ``out`` is an empty string, a file, or the
+    folder cannot be made (a parent that is a file, a read-only or virtual file system such as
+    /proc)."""
     from metrics._checks import short_path
 
+    if isinstance(out, str) and not out.strip():  # Path("") is the current folder
+        raise ValueError(f"{flag} is empty; pass a folder")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")

@@ -106,7 +106,8 @@ def test_check_output_dir_that_cannot_be_made_exits_2_up_front(tmp_path, capsys)
     blocker = tmp_path / "a-file"
     blocker.write_text("mine\n")
     for out, says in ((blocker, "is a file; pass a folder"),
-                      (blocker / "sub", "cannot create the folder")):
+                      (blocker / "sub", "cannot create the folder"),
+                      ("", "is empty; pass a folder")):  # not the current folder
         assert main(["check", str(run), "--output-dir", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"variants: error: --output-dir {out}") and says in err, err
@@ -172,7 +173,8 @@ def test_sensitivity_out_that_is_a_file_or_unwritable_exits_2_first(tmp_path, ca
     mine = tmp_path / "mine.csv"
     mine.write_text("keep me\n")
     for out, says in ((mine, "is a file; pass a folder"),
-                      (mine / "sub", "cannot create the folder")):
+                      (mine / "sub", "cannot create the folder"),
+                      ("", "is empty; pass a folder")):
         assert main(["sensitivity", "--out", str(out), "--results-dir", str(tmp_path / "r"),
                      "--no-progress"]) == 2
         err = capsys.readouterr().err

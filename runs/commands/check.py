@@ -23,7 +23,7 @@ def _check_command(args):
     from runs.judge import check_run
 
     if args.output_dir is not None:  # an unwritable --output-dir: refused before any work
-        make_out_dir(Path(args.output_dir), "--output-dir")
+        make_out_dir(args.output_dir, "--output-dir")
     # writing into the run folder: hold its lock (a running sweep refuses us, and we it); a
     # folder that is no run (no reference outputs) is refused by check_run, nothing written
     is_run = Path(args.run_dir, "reference", "outputs.npz").is_file()

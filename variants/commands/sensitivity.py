@@ -78,8 +78,9 @@ def run(args):
                       checkpoint=args.checkpoint, data=args.data, n_fit=args.n_fit,
                       n_calibration=args.n_examples, n_eval=10, seed=args.seed,
                       timing_batch_sizes=(1,), results_dir=args.results_dir).validate()
-    out = Path(args.out or Path(args.results_dir) / "sensitivity" / cfg.model)
-    make_out_dir(out, "--out" if args.out else "--results-dir")  # before minutes of work
+    out = args.out if args.out is not None else Path(args.results_dir) / "sensitivity" / cfg.model
+    make_out_dir(out, "--out" if args.out is not None else "--results-dir")  # before the work
+    out = Path(out)
     try:
         _, checkpoint, tasksets = load_inputs(cfg)
     except ValueError as e:  # this verb's calibration size is --n-examples (the sweep's flags)
