@@ -240,6 +240,27 @@ def _parallel_text(par):
                                          else "as configured (not changed)"))
 
 
+#: Row ids listed per split in the data line; the rest are counted ("… and N more").
+MAX_LISTED_IDS = 20
+
+
+def _special_only_text(data):
+    """"; texts that are special tokens only (kept and judged): eval 2 (ids …)" from run.json's
+    ``data.special_only_texts`` and ``special_only_ids`` (ids absent in older runs)."""
+    counts = data.get("special_only_texts")
+    if counts is None:
+        return ""
+    ids = data.get("special_only_ids") or {}
+    parts = []
+    for split, n in counts.items():
+        listed = ids.get(split) or []
+        more = f" and {len(listed) - MAX_LISTED_IDS} more" if len(listed) > MAX_LISTED_IDS else ""
+        parts.append(f"{split} {n}" + (f" (ids {', '.join(map(str, listed[:MAX_LISTED_IDS]))}"
+                                        f"{more})" if listed else ""))
+    return ("; texts that are special tokens only (empty, whitespace-only, emoji-only: kept and "
+            "judged): " + ", ".join(parts))
+
+
 def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
@@ -257,9 +278,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
         f"texts truncated at {data['max_tokens']} tokens: "
         + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items())
-        + ("" if "special_only_texts" not in data else "; texts that are special tokens only "
-           "(kept and judged): " + ", ".join(f"{k} {v}"
-                                             for k, v in data["special_only_texts"].items())),
+        + _special_only_text(data),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
