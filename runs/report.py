@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
+from runs.report_facts import special_only_text, unquantized_cells, unquantized_text
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
 # follow, one pair per timed batch size.
@@ -104,6 +105,7 @@ def summary_row(name, build, summary, verdict, timing):
     if cold and "error" not in cold:
         row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
         row["cold_start_s"] = cold.get("total_s")
+    row.update(unquantized_cells(build))
     row["verdict"] = "PASS" if verdict.passed else "FAIL"
     row["failed_clauses"] = ";".join(verdict.failed)
     return row
@@ -240,27 +242,6 @@ def _parallel_text(par):
                                          else "as configured (not changed)"))
 
 
-#: Row ids listed per split in the data line; the rest are counted ("… and N more").
-MAX_LISTED_IDS = 20
-
-
-def _special_only_text(data):
-    """"; texts that are special tokens only (kept and judged): eval 2 (ids …)" from run.json's
-    ``data.special_only_texts`` and ``special_only_ids`` (ids absent in older runs)."""
-    counts = data.get("special_only_texts")
-    if counts is None:
-        return ""
-    ids = data.get("special_only_ids") or {}
-    parts = []
-    for split, n in counts.items():
-        listed = ids.get(split) or []
-        more = f" and {len(listed) - MAX_LISTED_IDS} more" if len(listed) > MAX_LISTED_IDS else ""
-        parts.append(f"{split} {n}" + (f" (ids {', '.join(map(str, listed[:MAX_LISTED_IDS]))}"
-                                        f"{more})" if listed else ""))
-    return ("; texts that are special tokens only (empty, whitespace-only, emoji-only: kept and "
-            "judged): " + ", ".join(parts))
-
-
 def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
@@ -278,7 +259,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
         f"texts truncated at {data['max_tokens']} tokens: "
         + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items())
-        + _special_only_text(data),
+        + special_only_text(data),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
@@ -358,7 +339,7 @@ def render_report(meta, summary, details, contract, extras=None):
             f"{_fmt(r['model_bytes'] / 1e6 if _present(r, 'model_bytes') else None, '{:.1f}')} MB"
             + (f" ({r['timed_model_bytes'] / 1e6:.1f} MB as timed)"
                if _present(r, "timed_model_bytes") else "")
-            + f"; timing ({r['speed_mode']} mode): {memory}",
+            + f"; timing ({r['speed_mode']} mode): {memory}" + unquantized_text(r),
             "",
         ]
         if extras and extras.get(name):

@@ -264,7 +264,7 @@ def test_empty_and_whitespace_texts_are_kept_judged_and_listed_by_id(tmp_path, c
 
 
 def test_report_lists_special_only_ids():
-    from runs.report import _special_only_text
+    from runs.report_facts import special_only_text as _special_only_text
 
     data = {"special_only_texts": {"fit": 0, "eval": 2}, "special_only_ids": {"eval": ["e", "w"]}}
     assert _special_only_text(data).endswith("kept and judged): fit 0, eval 2 (ids e, w)")
