@@ -107,7 +107,13 @@ def time_pair(reference, variant, timing_sets, cfg):
                          "warmup": cfg.timing_warmup, "rounds": cfg.timing_rounds,
                          "min_rounds": cfg.timing_min_rounds,
                          "budget_s_per_measurement": cfg.timing_budget_s,
-                         "peak_memory": "mx.get_peak_memory, reset before every call"},
+                         "peak_memory": "allocator peak: mx.get_peak_memory, reset before "
+                                        "every call",
+                         "cache_memory": "mx.get_cache_memory just after each call (freed "
+                                         "buffers MLX keeps; not in the peak), max over rounds",
+                         "process_rss": "resident set of the whole process just after each "
+                                        "call (psutil; interpreter, libraries, both models), "
+                                        "max over rounds"},
               "model_bytes": {"reference": model_bytes(reference),
                               "variant": model_bytes(variant)},
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
