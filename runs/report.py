@@ -13,7 +13,8 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
-from runs.report_facts import special_only_text, unquantized_cells, unquantized_text
+from runs.report_facts import (flagged, implausible_lines, plausibility_cells, special_only_text,
+                               unquantized_cells, unquantized_text)
 from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_cells,
                                 held_columns)
 
@@ -98,7 +99,7 @@ def summary_row(name, build, summary, verdict, timing):
                         p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
                         p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
                         p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes"),
-                        **held_cells(p, t)})
+                        **held_cells(p, t), **plausibility_cells(p, t)})
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")
@@ -134,7 +135,8 @@ def format_table(summary):
                 f" ({_fmt(r[p + 'ref_p50_ms'], '{:.1f}')})")
             cells[f"speed-up B={b}"] = (
                 f"{_fmt(r[p + 'speedup'], '{:.2f}')}× [{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
-                f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]")
+                f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]"
+                + (" ⚠ implausible" if flagged(r, p) else ""))
         for b in _batch_sizes(summary, "e2e_b"):
             p = f"e2e_b{b}_"
             cells[f"end-to-end B={b}"] = (
@@ -295,6 +297,7 @@ def render_report(meta, summary, details, contract, extras=None):
         format_table(summary).to_markdown(index=False),
         "",
     ]
+    lines += implausible_lines(summary)
     tt = timing_table(summary)
     if not tt.empty:
         lines += ["====== Timing: forward vs end to end ======", "",

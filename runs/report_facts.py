@@ -1,8 +1,11 @@
 """Facts the run report states next to its tables, so that nothing it measured or skipped is
 left only in a JSON file: texts the model read nothing of (with their row ids), layers a
-quantizer left in full precision (with their share of the parameters). No MLX."""
+quantizer left in full precision (with their share of the parameters), timings faster than
+their work allows (``variants.plausible``). No MLX."""
 
 import math
+
+import numpy as np
 
 #: The reason prefix of a layer left unquantized because the group size does not divide its input
 #: size (``variants.builders.quantize.INDIVISIBLE``; repeated here: the judging side imports no
@@ -69,3 +72,44 @@ def unquantized_text(r):
     return (f"; **left unquantized** (input size not divisible by the group size): {int(n)} "
             f"layer{'s' if n != 1 else ''}, {share_text}: "
             + ", ".join(f"`{p}`" for p in str(r["unquantized_paths"]).split(";")))
+
+
+def plausibility_cells(prefix, entry):
+    """summary.csv cells ``<prefix>implausible`` (bool) and ``<prefix>implausible_reasons``
+    ("; "-joined) of one timing.json entry; {} for an entry timed before the check existed."""
+    p = entry.get("plausibility")
+    if p is None:
+        return {}
+    return {prefix + "implausible": bool(p["implausible"]),
+            prefix + "implausible_reasons": "; ".join(p["reasons"])}
+
+
+def flagged(r, prefix):
+    """True when summary row ``r`` flags the timing at ``prefix`` (``b1_``, ``e2e_b32_``...)."""
+    v = r.get(prefix + "implausible")
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def implausible_lines(summary):
+    """report.md lines naming every flagged timing (variant, region, B, reasons); [] when none.
+    ``summary`` is summary.csv's table."""
+    out = []
+    for _, r in summary.iterrows():
+        for region, prefix in (("forward", "b"), ("end to end", "e2e_b")):
+            for col in summary.columns:
+                if not (col.startswith(prefix) and col.endswith("_implausible")):
+                    continue
+                head = col[len(prefix):-len("_implausible")]
+                if not head.isdigit() or not flagged(r, f"{prefix}{head}_"):
+                    continue
+                out.append(f"- `{r['variant']}`, {region}, B={head}: "
+                           f"{r[f'{prefix}{head}_implausible_reasons']}")
+    if not out:
+        return []
+    return (["====== Implausible timings ======", "",
+             "These calls ran faster than their work allows: the encoder's Linear FLOPs (a lower "
+             "bound) at the machine's measured peak GEMM rate, or a speed-up more than 3× the "
+             "cost model's ideal. Such a speed-up is more likely a measurement bug (cached "
+             "logits, an unevaluated graph) than a real one; the verdicts do not use speed, but "
+             "do not quote these numbers until it is explained (timing.json `plausibility`).",
+             ""] + out + [""])

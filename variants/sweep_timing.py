@@ -7,7 +7,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from variants import (BLAS_INFO, device, fused_layer, modernbert_fused, modernbert_fused_q,
-                      qlinear)
+                      plausible, qlinear)
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
@@ -89,14 +89,21 @@ def timed_batches(ts, b):
     return [ts.subset(np.arange(i, i + b)) for i in range(0, len(ts) - b + 1, b)]
 
 
-def time_pair(reference, variant, timing_sets, cfg):
+def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None):
     """timing.json content: per batch size of ``timing_sets`` ({B: (TaskSet, seq_len)}) one
     alternated measurement of end-to-end calls of ``reference`` and ``variant`` (built in the
     speed mode, parameters evaluated) gives both regions (``batches`` = forward,
     ``end_to_end``); ``cfg`` (a validated SweepConfig) gives the mode and timing settings.
     A set of more than B texts is timed as its B-text batches in rotation
     (:func:`timed_batches`), the same batch for both models in each round; its entries add
-    ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length)."""
+    ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length).
+
+    Every entry also gets ``plausibility`` (:func:`variants.plausible.assess`: the variant's
+    calls against the floor of the reference's Linear FLOPs on the call with the fewest real
+    tokens divided by ``ideal_speedup`` — the variant's cost-model ideal, None = 1 — at twice
+    the best of the measured GEMM peak and the reference's own rate, and the speed-up against 3×
+    that ideal); ``gemm_rate`` and
+    ``implausible`` (any entry flagged) sit at the top level."""
     result = {"schema_version": TIMING_SCHEMA_VERSION,
               "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
               "mode": cfg.speed_mode, "dtype": device.key_part()["dtype"],
@@ -118,6 +125,9 @@ def time_pair(reference, variant, timing_sets, cfg):
                               "variant": model_bytes(variant)},
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
               "batches": {}, "end_to_end": {}}
+    rate = plausible.gemm_rate()
+    per_token = plausible.linear_flops_per_token(reference.module)
+    result["gemm_rate"] = rate
     for b, (ts, seq_len) in timing_sets.items():
         calls = timed_batches(ts, b)
         # each model cycles over the same batches; time_alternating calls the two alike (warm-ups
@@ -128,6 +138,11 @@ def time_pair(reference, variant, timing_sets, cfg):
                              rounds=cfg.timing_rounds, min_rounds=cfg.timing_min_rounds,
                              budget_s=cfg.timing_budget_s)
         fwd, e2e = split_regions(r)
+        flops = per_token * min(plausible.real_tokens(reference, c) for c in calls)
+        for entry in (fwd, e2e):
+            entry["plausibility"] = plausible.assess(
+                entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
+                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"])
         cycled = {} if len(calls) == 1 else {
             "texts_cycled": len(calls),
             "seq_lens": [int(reference.prepare(c, batch_size=len(c))[0][0].input_ids.shape[1])
@@ -139,6 +154,9 @@ def time_pair(reference, variant, timing_sets, cfg):
             entry.update(cycled)
         result["batches"][str(b)] = fwd
         result["end_to_end"][str(b)] = e2e
+    result["implausible"] = any(e["plausibility"]["implausible"]
+                                for region in ("batches", "end_to_end")
+                                for e in result[region].values())
     return result
 
 
