@@ -26,6 +26,9 @@ def test_assess_floor_and_ideal_by_hand():
     r = plausible.assess([12.0], 7.0, flops=1e9, rate=5e10, ideal_speedup=2.0)
     assert r["implausible"] and "3.5× the cost model's ideal" in r["reasons"][0]
     assert not plausible.assess([12.0], None, flops=1e9, rate=5e10)["implausible"]
+    # early exit: one batch may leave at layer 1 of 6 (max 6×) though the average gains 1.2×
+    r = plausible.assess([12.0], 5.5, flops=1e9, rate=5e10, ideal_speedup=1.2, max_speedup=6.0)
+    assert not r["implausible"] and r["ideal_speedup"] == 6.0
     # the reference's own forward ran at 1e9 FLOPs / 4 ms = 2.5e11 FLOP/s > 5e10: floor 2 ms
     r = plausible.assess([3.0], 1.3, flops=1e9, rate=5e10, ref_ms=[4.0, 5.0])
     assert r["reference_flops_per_s"] == pytest.approx(2.5e11) and not r["implausible"]

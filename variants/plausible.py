@@ -11,7 +11,8 @@ call can take less than
 
 with FLOPs = the reference's Linear FLOPs on the call with the fewest real tokens / the
 variant's claimed ``ideal_speedup`` (its cost model; 1 when it claims none: a quantized model
-does the same multiplies) and :data:`SAFETY` = 2 (a call would have to run at twice the best
+does the same multiplies; ``max_speedup`` instead when the family's work depends on the data and
+one batch may gain more, e.g. early exit) and :data:`SAFETY` = 2 (a call would have to run at twice the best
 rate measured on this machine; machine load moves the measured rate by less). A timed variant
 call faster than the floor, or a measured speed-up more than :data:`IDEAL_FACTOR` times the
 cost model's ideal, is flagged (``implausible``) with its reasons: a forward returning cached
@@ -91,7 +92,7 @@ def real_tokens(model, taskset):
     return int(sum(int(b.attention_mask.astype(mx.int32).sum().item()) for b in batches))
 
 
-def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None):
+def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max_speedup=None):
     """The plausibility record of one timed entry.
 
     Parameters
@@ -106,6 +107,10 @@ def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None):
         Peak GEMM rate, FLOP/s (:func:`gemm_rate`).
     ideal_speedup : float, optional
         The variant's cost-model ideal; None or not positive = 1.
+    max_speedup : float, optional
+        The most the variant's cost model lets any one call gain when its work depends on the
+        data (early exit: layers / the earliest exit layer); used instead of the ideal when
+        larger, so a batch that happens to exit early is not flagged.
     ref_ms : sequence of float, optional
         The reference's timed calls: ``flops / min(ref_ms)`` replaces ``rate`` when higher
         (the rate its own forward reached).
@@ -120,6 +125,7 @@ def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None):
         speed-up).
     """
     ideal = ideal_speedup if ideal_speedup and ideal_speedup > 0 else 1.0
+    ideal = max(ideal, max_speedup or 0.0)
     var_flops = flops / ideal
     ref_rate = 1e3 * flops / min(ref_ms) if ref_ms and min(ref_ms) > 0 else None
     best = max(rate, ref_rate or 0.0)

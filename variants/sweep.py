@@ -169,7 +169,8 @@ class Sweep:
             timed = (var_model if family.timed_variant is None
                      else family.timed_variant(var_model, vcfg))
             timing = time_pair(self.ref_model, timed, timing_sets, cfg,
-                               ideal_speedup=info.get("ideal_speedup"))
+                               ideal_speedup=info.get("ideal_speedup"),
+                               max_speedup=info.get("max_speedup"))
             if extra and family.time_extra is not None:
                 timing.update(family.time_extra(self.ref_model, var_model,
                                                 self.tasksets["eval"], cfg, vcfg))

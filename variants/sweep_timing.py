@@ -89,7 +89,7 @@ def timed_batches(ts, b):
     return [ts.subset(np.arange(i, i + b)) for i in range(0, len(ts) - b + 1, b)]
 
 
-def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None):
+def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_speedup=None):
     """timing.json content: per batch size of ``timing_sets`` ({B: (TaskSet, seq_len)}) one
     alternated measurement of end-to-end calls of ``reference`` and ``variant`` (built in the
     speed mode, parameters evaluated) gives both regions (``batches`` = forward,
@@ -100,7 +100,8 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None):
 
     Every entry also gets ``plausibility`` (:func:`variants.plausible.assess`: the variant's
     calls against the floor of the reference's Linear FLOPs on the call with the fewest real
-    tokens divided by ``ideal_speedup`` — the variant's cost-model ideal, None = 1 — at twice
+    tokens divided by ``ideal_speedup`` — the variant's cost-model ideal, None = 1, or
+    ``max_speedup`` when larger (the most one batch can gain, early exit) — at twice
     the best of the measured GEMM peak and the reference's own rate, and the speed-up against 3×
     that ideal); ``gemm_rate`` and
     ``implausible`` (any entry flagged) sit at the top level."""
@@ -142,7 +143,8 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None):
         for entry in (fwd, e2e):
             entry["plausibility"] = plausible.assess(
                 entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
-                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"])
+                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"],
+                max_speedup=max_speedup)
         cycled = {} if len(calls) == 1 else {
             "texts_cycled": len(calls),
             "seq_lens": [int(reference.prepare(c, batch_size=len(c))[0][0].input_ids.shape[1])
