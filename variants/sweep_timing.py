@@ -126,9 +126,6 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
                               "variant": model_bytes(variant)},
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
               "batches": {}, "end_to_end": {}}
-    rate = plausible.gemm_rate()
-    per_token = plausible.linear_flops_per_token(reference.module)
-    result["gemm_rate"] = rate
     for b, (ts, seq_len) in timing_sets.items():
         calls = timed_batches(ts, b)
         # each model cycles over the same batches; time_alternating calls the two alike (warm-ups
@@ -139,12 +136,6 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
                              rounds=cfg.timing_rounds, min_rounds=cfg.timing_min_rounds,
                              budget_s=cfg.timing_budget_s)
         fwd, e2e = split_regions(r)
-        flops = per_token * min(plausible.real_tokens(reference, c) for c in calls)
-        for entry in (fwd, e2e):
-            entry["plausibility"] = plausible.assess(
-                entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
-                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"],
-                max_speedup=max_speedup)
         cycled = {} if len(calls) == 1 else {
             "texts_cycled": len(calls),
             "seq_lens": [int(reference.prepare(c, batch_size=len(c))[0][0].input_ids.shape[1])
@@ -156,10 +147,31 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
             entry.update(cycled)
         result["batches"][str(b)] = fwd
         result["end_to_end"][str(b)] = e2e
+    add_plausibility(result, reference, timing_sets, ideal_speedup, max_speedup)
+    return result
+
+
+def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_speedup=None):
+    """Add ``plausibility`` to every entry of ``result`` (:func:`time_pair`'s content) and
+    ``gemm_rate`` / ``implausible`` at its top level (:mod:`variants.plausible`): the floor is
+    the reference's Linear FLOPs on the timed call with the fewest real tokens."""
+    if not timing_sets:
+        result["implausible"] = False
+        return
+    rate = plausible.gemm_rate()
+    per_token = plausible.linear_flops_per_token(reference.module)
+    result["gemm_rate"] = rate
+    for b, (ts, _) in timing_sets.items():
+        flops = per_token * min(plausible.real_tokens(reference, c) for c in timed_batches(ts, b))
+        for region in ("batches", "end_to_end"):
+            entry = result[region][str(b)]
+            entry["plausibility"] = plausible.assess(
+                entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
+                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"],
+                max_speedup=max_speedup)
     result["implausible"] = any(e["plausibility"]["implausible"]
                                 for region in ("batches", "end_to_end")
                                 for e in result[region].values())
-    return result
 
 
 def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
