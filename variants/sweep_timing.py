@@ -33,7 +33,10 @@ def kernel(model):
     :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module),
              modernbert_fused_q.used_in(model.module))
+    from variants.builders import w8a8
+
     names = qlinear.kernels(model.module) + [n for n in fused if n]
+    names += [w8a8.kernel_name(model.module)] if w8a8.kernel_name(model.module) else []
     return ", ".join(names) or "fp32 gemm"
 
 
