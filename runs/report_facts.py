@@ -29,8 +29,7 @@ def special_only_text(data):
         more = f" and {len(listed) - MAX_LISTED_IDS} more" if len(listed) > MAX_LISTED_IDS else ""
         parts.append(f"{split} {n}" + (f" (ids {', '.join(map(str, listed[:MAX_LISTED_IDS]))}"
                                         f"{more})" if listed else ""))
-    return ("; texts that are special tokens only (empty, whitespace-only, emoji-only: kept and "
-            "judged): " + ", ".join(parts))
+    return "; texts that are special tokens only (kept and judged): " + ", ".join(parts)
 
 
 def _skip_record(build):
