@@ -51,7 +51,8 @@ def held_columns(r, p):
         return {}
     return {"cache MB variant (ref)": f"{r[p + 'var_cache_memory_bytes'] / 1e6:.1f} "
                                       f"({r[p + 'ref_cache_memory_bytes'] / 1e6:.1f})",
-            "process RSS MB": f"{max(r[p + 'var_process_rss_bytes'], r[p + 'ref_process_rss_bytes']) / 1e6:.0f}"}
+            "process RSS MB": f"{max(r[p + 'var_process_rss_bytes'],
+                                     r[p + 'ref_process_rss_bytes']) / 1e6:.0f}"}
 
 
 def cold_columns(d):
