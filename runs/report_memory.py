@@ -49,10 +49,10 @@ def held_columns(r, p):
     row has none (a run from before they were recorded)."""
     if not _num(r.get(p + "var_cache_memory_bytes")):
         return {}
+    rss = max(r[p + "var_process_rss_bytes"], r[p + "ref_process_rss_bytes"])
     return {"cache MB variant (ref)": f"{r[p + 'var_cache_memory_bytes'] / 1e6:.1f} "
                                       f"({r[p + 'ref_cache_memory_bytes'] / 1e6:.1f})",
-            "process RSS MB": f"{max(r[p + 'var_process_rss_bytes'],
-                                     r[p + 'ref_process_rss_bytes']) / 1e6:.0f}"}
+            "process RSS MB": f"{rss / 1e6:.0f}"}
 
 
 def cold_columns(d):

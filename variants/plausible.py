@@ -13,8 +13,7 @@ with FLOPs = the reference's Linear FLOPs on the call with the fewest real token
 variant's claimed ``ideal_speedup`` (its cost model; 1 when it claims none: a quantized model
 does the same multiplies; ``max_speedup`` instead when the family's work depends on the data and
 one batch may gain more, e.g. early exit) and :data:`SAFETY` = 2 (a call would have to run at
-twice the best
-rate measured on this machine; machine load moves the measured rate by less). A timed variant
+twice the best rate measured on this machine; machine load moves the measured rate by less). A timed variant
 call faster than the floor, or a measured speed-up more than :data:`IDEAL_FACTOR` times the
 cost model's ideal, is flagged (``implausible``) with its reasons: a forward returning cached
 logits, a lazy graph left unevaluated, a clock read in the wrong place. The flag is a warning
