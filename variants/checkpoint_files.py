@@ -133,10 +133,11 @@ def decide_tokenizer(folder, tokenizer, mt, config, max_length=None):
     max length: the user's ``max_length`` ((tokens, where it was set) e.g. ``(256,
     "--max-length")``; a CheckpointError when above :func:`position_cap`) if given, else
     tokenizer.json's baked truncation ``max_length`` if set, else tokenizer_config.json's
-    ``model_max_length``, else the position table; capped by :func:`position_cap`. Pad token: tokenizer_config.json's ``pad_token``, else config.json's
-    ``pad_token_id``, else tokenizer.json's padding token, else ``[PAD]``. ``decided`` says
-    where each came from (recorded in run.json). Raises CheckpointError when the pad token is
-    not in the vocabulary.
+    ``model_max_length``, else the position table; capped by :func:`position_cap`. Pad token:
+    tokenizer_config.json's ``pad_token``, else config.json's ``pad_token_id``, else
+    tokenizer.json's padding token, else ``[PAD]``. ``decided`` says where each came from
+    (recorded in run.json). Raises CheckpointError when the pad token is not in the
+    vocabulary.
     """
     tc_file = folder / "tokenizer_config.json"
     tc = read_json(tc_file) if tc_file.is_file() else {}

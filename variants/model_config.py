@@ -39,9 +39,9 @@ from metrics._checks import short_repr
 KINDS = ("classifier", "linear-head", "cosine", "marker")
 TEMPERATURE_MODES = ("fit", "fixed")
 PLACEHOLDERS = ("text", "question", "options")
-TOP_KEYS = ("name", "logits", "checkpoint", "max_length", "prompt", "question", "options", "scores", "actions",
-            "action_names", "factory", "temperature", "tasks", "cosine", "linear_head", "marker",
-            "quant", "lowrank")
+TOP_KEYS = ("name", "logits", "checkpoint", "max_length", "prompt", "question", "options",
+            "scores", "actions", "action_names", "factory", "temperature", "tasks", "cosine",
+            "linear_head", "marker", "quant", "lowrank")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
               "quant": ("bits_map",), "lowrank": ("ratio_map",)}

@@ -2,13 +2,12 @@
 entry point :mod:`variants.cli` imports a verb's module only when that verb runs. Imports no
 MLX."""
 
+import argparse
+
 # EXIT_FAILURE (1): a violation (--fail-on-violation) or an output that could not be written
 # (runs.io.WriteError, sweep.RunIncomplete); one place for the codes: contracts.exit_codes
 from contracts.exit_codes import EXIT_OK, EXIT_USER_ERROR  # noqa: F401
 from contracts.exit_codes import EXIT_VIOLATION as EXIT_FAILURE  # noqa: F401
-
-
-import argparse
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

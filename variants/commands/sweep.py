@@ -1,6 +1,5 @@
 """``variants sweep``: its parser (every family's flags) and the command."""
 
-import argparse
 import sys
 import textwrap
 
