@@ -124,6 +124,8 @@ class SearchOptions:
                   "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
+        if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)
+            del d["max_length"]
         return d
 
     def sweep_kwargs(self):
