@@ -1,6 +1,7 @@
 """Assemble the run-level report dict (:func:`report_data`) from a run folder (no MLX)."""
 
 import json
+from pathlib import Path
 
 from runs.html.data import (HTML_REPORT_SCHEMA_VERSION, N_FLIPPED, clause_rows, clean,
                             contract_digest, flipped_examples, num, provenance,
@@ -55,11 +56,20 @@ def _timing(t):
                   "model_bytes": t.get("model_bytes")})
 
 
-def _variant(run, name, row, texts_of):
+def _judged(run, judged_dir, name, file):
+    """``<judged_dir>/<name>/<file>`` when it exists (a check written elsewhere), else the
+    run folder's."""
+    p = judged_dir / name / file if judged_dir is not None else None
+    return p if p is not None and p.is_file() else run.path / name / file
+
+
+def _variant(run, name, row, texts_of, judged_dir=None):
     """Everything the report shows about one variant."""
     folder = run.folder
-    verdict = folder.json(name, "verdict.json")
-    rep_path = run.path / name / "report.json"
+    vpath = _judged(run, judged_dir, name, "verdict.json")
+    verdict = (json.loads(vpath.read_text(encoding="utf-8")) if vpath.parent != run.path / name
+               else folder.json(name, "verdict.json"))
+    rep_path = _judged(run, judged_dir, name, "report.json")
     rep = json.loads(rep_path.read_text(encoding="utf-8")) if rep_path.is_file() else {}
     ev = run.evaluation(name)
     ref, var = run.outputs("reference"), run.outputs(name)
@@ -70,6 +80,7 @@ def _variant(run, name, row, texts_of):
         "name": name,
         "verdict": verdict_word(verdict),
         "failed": verdict.get("failed", []), "untested": verdict.get("untested", []),
+        "settings": verdict.get("settings", {}),
         "contract": {"name": verdict.get("contract"), "digest": contract_digest(verdict)},
         "clauses": clause_rows(verdict, settled=rep.get("settled", ())),
         "summary": clean(summary),
@@ -91,7 +102,7 @@ def _variant(run, name, row, texts_of):
     }
 
 
-def report_data(run_dir, *, variants=None, evaluations=None, texts=None):
+def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_dir=None):
     """The run-level report of a sweep folder as a JSON-ready dict.
 
     Parameters
@@ -105,6 +116,9 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None):
         The judge's evaluations (not recomputed).
     texts : mapping of id -> str, optional
         Example texts; default looked up in the bundled VADER data (:mod:`runs.texts`).
+    judged_dir : path-like, optional
+        Where ``variants check --output-dir`` wrote each variant's verdict.json and
+        report.json (read from there when present).
 
     Returns
     -------
@@ -137,10 +151,11 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None):
             else example_texts(ids)
 
     rows = {str(r["variant"]): r for r in run.summary.to_dict("records")}
-    blocks = [_variant(run, n, rows[n], texts_of) for n in names]
+    judged_dir = Path(judged_dir) if judged_dir is not None else None
+    blocks = [_variant(run, n, rows[n], texts_of, judged_dir) for n in names]
     meta = run.meta
     cfg = meta.get("config", {})
-    verdicts = {n: run.folder.json(n, "verdict.json") for n in names}
+    settings = [b.pop("settings") for b in blocks]
     timings = {n: run.folder.json(n, "timing.json") for n in names}
     cold = meta.get("cold_start") or {}
     params = ", ".join(f"{k} {v}" for k, v in (cfg.get("params") or {}).items() if v is not None)
@@ -155,7 +170,8 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None):
                                            "near_tie_margin", "timing_rounds", "timing_budget_s",
                                            "n_fit", "n_calibration", "n_eval", "seed")},
         "wall_s": meta.get("wall_s"),
-        "provenance": provenance(meta, timings, verdicts),
+        "provenance": provenance(meta, timings, blocks[0]["contract"] if blocks else {},
+                                 settings[0].get("seed") if settings else None),
         "reference": {"model_bytes": meta.get("reference_model_bytes"),
                       "cold_start": cold if "error" not in cold else None},
         "variants": blocks,

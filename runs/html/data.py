@@ -176,18 +176,18 @@ def git_commit(path):
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def provenance(meta, timings, verdicts):
-    """Versions, commit, seeds, contract digest, data fingerprints, checkpoint, BLAS, kernels."""
+def provenance(meta, timings, contract, bootstrap_seed):
+    """Versions, commit, seeds, contract (name, digest), data fingerprints, checkpoint, BLAS,
+    kernels (per variant, from timing.json) of a run."""
     cfg = meta.get("config", {})
     data = meta.get("data", {})
-    first = next(iter(verdicts.values()), {})
     return clean({
         "versions": meta.get("versions", {}),
         "git_commit": meta.get("git_commit") or git_commit(Path(__file__).resolve().parent),
         "seeds": {"sweep": cfg.get("seed"),
-                  "contract_bootstrap": first.get("settings", {}).get("seed")},
-        "contract": {"name": first.get("contract") or meta.get("contract"),
-                     "digest": contract_digest(first) if first else None},
+                  "contract_bootstrap": bootstrap_seed},
+        "contract": {"name": contract.get("name") or meta.get("contract"),
+                     "digest": contract.get("digest")},
         "data": {"source": data.get("source"),
                  "fingerprints": {k: v.get("fingerprint")
                                   for k, v in data.get("splits", {}).items()},

@@ -86,6 +86,8 @@ def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None,
     evaluations : dict of str -> metrics.evaluate.Evaluation, optional
         The judge's evaluations (not recomputed).
     out_dir : path-like, optional
+        Where both go; each variant's verdict.json and report.json are read from here when
+        present (``variants check --output-dir`` writes them there), else from the run folder.
     texts : mapping of id -> str, optional
 
     Returns
@@ -103,9 +105,25 @@ def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None,
     from runs.html.build import dumps, report_data
     from runs.io import write_text
 
-    data = report_data(run_dir, variants=variants, evaluations=evaluations, texts=texts)
-    page = render_html(data)
     out = Path(out_dir) if out_dir is not None else Path(getattr(run_dir, "path", run_dir))
+    data = report_data(run_dir, variants=variants, evaluations=evaluations, texts=texts,
+                       judged_dir=out)
+    page = render_html(data)
     write_text(out / "report.json", dumps(data) + "\n")
     write_text(out / "report.html", page)
     return out / "report.html"
+
+
+def write_beside_markdown(run_dir, *, out_dir=None, evaluations=None, log=print):
+    """:func:`write_html_report` where report.md was just written (the sweep and ``variants
+    check``): a rendering bug is logged and leaves report.md and the run standing (as a plotting
+    bug does); a write error (disk full, permissions) is raised. Returns the path or None."""
+    from runs.io import WriteError
+
+    try:
+        return write_html_report(run_dir, out_dir=out_dir, evaluations=evaluations)
+    except WriteError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the report.md and run files stay valid
+        log(f"report.html: not written ({type(e).__name__}: {e})")
+        return None
