@@ -15,13 +15,14 @@ in a child process, the notebooks) always plot.
 import variants  # noqa: F401  (loads OpenBLAS before any test imports mlx)
 import pytest
 
-_REAL = {"plots": False}  # does the test being set up / run want the real plot_run
+_REAL = {"plots": False, "html": False}  # does the test being set up / run want the real one
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before the test's fixtures are set up: real plots only for a test marked ``plots``."""
     _REAL["plots"] = item.get_closest_marker("plots") is not None
+    _REAL["html"] = item.get_closest_marker("html") is not None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,6 +39,23 @@ def _plots_only_where_marked():
     render.plot_run = plot_run
     yield real
     render.plot_run = real
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _html_only_where_marked():
+    """``runs.html.render.write_beside_markdown`` (report.html beside report.md: matplotlib SVG
+    charts, ~1-3 s a run) for the session: the real one during a test marked ``html``, else a
+    stub writing nothing (as a run whose HTML could not be rendered)."""
+    import runs.html.render as render
+
+    real = render.write_beside_markdown
+
+    def write_beside_markdown(run_dir, **kw):
+        return real(run_dir, **kw) if _REAL["html"] else None
+
+    render.write_beside_markdown = write_beside_markdown
+    yield real
+    render.write_beside_markdown = real
 
 
 @pytest.fixture(scope="session")
