@@ -96,6 +96,26 @@ def plotted_sweep_small(tmp_path_factory, _plots_only_where_marked):
     return run, plot_run(run)
 
 
+@pytest.fixture(scope="session")
+def html_sweep_small(tmp_path_factory, _html_only_where_marked):
+    """A copy of tests/fixtures/sweep_small checked in place by ``variants check``'s
+    :func:`runs.judge.check_run` with the real report.html writer (its report.html and
+    report.json beside report.md). Request it from tests marked ``html``."""
+    import shutil
+    from pathlib import Path
+
+    from runs.judge import check_run
+
+    run = tmp_path_factory.mktemp("html") / "sweep_small"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_small", run)
+    before, _REAL["html"] = _REAL["html"], True
+    try:
+        check_run(run)
+    finally:
+        _REAL["html"] = before
+    return run
+
+
 @pytest.fixture(scope="module")
 def enc():
     """A tiny random BERT encoder (2 layers, 4 heads of 8, FFN 64), one per test module, for

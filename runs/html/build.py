@@ -21,7 +21,7 @@ def quantile_ci(times_ms, p, confidence=0.95):
     import numpy as np
     from scipy.stats import quantile_test
 
-    x = np.asarray(times_ms or [], dtype=np.float64)
+    x = np.asarray([] if times_ms is None else times_ms, dtype=np.float64)
     if len(x) < 2:
         return [None, None]
     ci = quantile_test(x, q=float(np.quantile(x, p)), p=p).confidence_interval(confidence)
@@ -65,6 +65,8 @@ def _judged(run, judged_dir, name, file):
 
 def _variant(run, name, row, texts_of, judged_dir=None):
     """Everything the report shows about one variant."""
+    from contracts.report import flip_table
+
     folder = run.folder
     vpath = _judged(run, judged_dir, name, "verdict.json")
     verdict = (json.loads(vpath.read_text(encoding="utf-8")) if vpath.parent != run.path / name
@@ -95,7 +97,7 @@ def _variant(run, name, row, texts_of, judged_dir=None):
                                                 ev.n_bins),
                         "refit": refit_reliability(ev, temps)},
         "calibration": rep.get("calibration", {}),
-        "near_tie": rep.get("flips") or [],
+        "near_tie": rep.get("flips") or clean(flip_table(ev).to_dict("records")),
         "n_flipped": int(flips.sum()),
         "flipped": flipped_examples(ref, var, ev.per_example,
                                     texts_of(ev.per_example["id"][flips][:N_FLIPPED])),
