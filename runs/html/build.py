@@ -160,7 +160,8 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
     settings = [b.pop("settings") for b in blocks]
     timings = {n: run.folder.json(n, "timing.json") for n in names}
     cold = meta.get("cold_start") or {}
-    params = ", ".join(f"{k} {v}" for k, v in (cfg.get("params") or {}).items() if v is not None)
+    params = ", ".join(f"{k} {v}" for k, v in (cfg.get("params") or {}).items()
+                       if v not in (None, ""))
     return clean({
         "schema_version": HTML_REPORT_SCHEMA_VERSION, "kind": "run-report",
         "run": run.name,

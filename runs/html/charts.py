@@ -94,13 +94,14 @@ def pareto_svg(data, batch_size):
                         if not t or t["speedup"] is None:
                             continue
                         x, (lo, hi) = t["speedup"], t["speedup_ci"]
-                        xerr = [[x - lo], [hi - x]] if lo is not None else None
+                        if lo is not None and hi is not None:
+                            ax.hlines(y, lo, hi, color="0.55", lw=0.8)
                     else:
-                        x, xerr = (v["summary"].get("model_bytes") or math.nan) / 1e6, None
+                        x = (v["summary"].get("model_bytes") or math.nan) / 1e6
                     ylo, yhi = _clause_ci(v, key)
-                    yerr = [[y - ylo], [yhi - y]] if ylo is not None else None
+                    if ylo is not None and yhi is not None:  # a percentile CI may miss y
+                        ax.vlines(x, ylo, yhi, color="0.55", lw=0.8)
                     m, c = VERDICT_STYLE[v["verdict"]]
-                    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor="0.55", lw=0.8)
                     ax.scatter([x], [y], marker=m, s=40, color=c, edgecolor="k", lw=0.4,
                                zorder=3)
                     ax.annotate(v["name"], (x, y), textcoords="offset points", xytext=(4, 3),

@@ -13,21 +13,23 @@ DATA_ID = "report-data"
 
 def fmt(x, spec="{:.4g}"):
     """``spec.format(x)``, or "—" for None/NaN (a Jinja filter)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    from jinja2 import Undefined
+
+    if x is None or isinstance(x, Undefined) or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return spec.format(x)
 
 
 def interval(ci, spec="{:.4g}"):
     """"[lo, hi]" of a (low, high) pair; "—" when either side is missing."""
-    if not ci or ci[0] is None or ci[1] is None:
+    if not ci or fmt(ci[0]) == "—" or fmt(ci[1]) == "—":
         return "—"
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
 def mb(x):
     """Bytes as megabytes with one decimal, or "—" (a Jinja filter)."""
-    return fmt(None if x is None else x / 1e6, "{:.1f}")
+    return fmt(None if fmt(x) == "—" else x / 1e6, "{:.1f}")
 
 
 def embedded_json(data):
@@ -39,10 +41,11 @@ def embedded_json(data):
 
 
 def _env():
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+    # a key an older run lacks renders as "—" (fmt) or nothing, never an error
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["j2"]),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
     env.filters["interval"] = interval
     env.filters["mb"] = mb
