@@ -4,59 +4,20 @@ tests/test_html_browser.py for Chromium)."""
 
 import json
 import re
-from html.parser import HTMLParser
-
 import numpy as np
 import pandas as pd
 import pytest
 
 from runs.html.data import clause_rows, contract_digest, flipped_examples
-from runs.html.render import DATA_ID, embedded_json, render_html
+from browser import SECTIONS, ReportDom
+from runs.html.render import embedded_json, render_html
 
 pytestmark = pytest.mark.html
-
-#: Section ids of report.html, in the order the page must show them.
-SECTIONS = ["verdicts", "clauses", "pareto", "reliability", "near-ties", "flipped", "timing",
-            "sweep-time", "provenance"]
-
-
-class _Collect(HTMLParser):
-    """Section ids in order, clause rows per variant table, every src/href, the data block."""
-
-    def __init__(self):
-        super().__init__()
-        self.sections, self.links, self.clauses = [], [], {}
-        self._table, self._data, self.data = None, False, ""
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "section":
-            self.sections.append(a.get("id"))
-        if tag == "table" and "clauses" in (a.get("class") or ""):
-            self._table = a["data-variant"]
-            self.clauses[self._table] = []
-        if tag == "tr" and "data-clause" in a and self._table:
-            self.clauses[self._table].append(a["data-clause"])
-        for k in ("src", "href", "xlink:href", "action", "poster"):
-            if k in a:
-                self.links.append(a[k])
-        self._data = tag == "script" and a.get("id") == DATA_ID
-
-    def handle_endtag(self, tag):
-        if tag == "table":
-            self._table = None
-        if tag == "script":
-            self._data = False
-
-    def handle_data(self, data):
-        if self._data:
-            self.data += data
-
 
 @pytest.fixture(scope="module")
 def page(html_sweep_small):
     html = (html_sweep_small / "report.html").read_text(encoding="utf-8")
-    p = _Collect()
+    p = ReportDom()
     p.feed(html)
     return html, p, json.loads((html_sweep_small / "report.json").read_text(encoding="utf-8"))
 
