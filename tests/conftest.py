@@ -44,18 +44,23 @@ def _plots_only_where_marked():
 @pytest.fixture(scope="session", autouse=True)
 def _html_only_where_marked():
     """``runs.html.render.write_beside_markdown`` (report.html beside report.md: matplotlib SVG
-    charts, ~1-3 s a run) for the session: the real one during a test marked ``html``, else a
-    stub writing nothing (as a run whose HTML could not be rendered)."""
+    charts, ~1-3 s a run) and ``runs.html.search.write_search_html`` (a search's report.html)
+    for the session: the real ones during a test marked ``html``, else stubs writing nothing
+    (as a run whose HTML could not be rendered)."""
     import runs.html.render as render
+    import runs.html.search as search
 
-    real = render.write_beside_markdown
+    real, real_search = render.write_beside_markdown, search.write_search_html
 
     def write_beside_markdown(run_dir, **kw):
         return real(run_dir, **kw) if _REAL["html"] else None
 
-    render.write_beside_markdown = write_beside_markdown
+    def write_search_html(out, **kw):
+        return real_search(out, **kw) if _REAL["html"] else None
+
+    render.write_beside_markdown, search.write_search_html = write_beside_markdown, write_search_html
     yield real
-    render.write_beside_markdown = real
+    render.write_beside_markdown, search.write_search_html = real, real_search
 
 
 @pytest.fixture(scope="session")

@@ -143,3 +143,33 @@ def test_quantile_ci_brackets_the_quantile():
     lo, hi = quantile_ci(x, 0.5)
     assert lo <= np.median(x) <= hi and (lo, hi) == (14.0, 27.0)  # order statistics 14, 27
     assert quantile_ci([3.0], 0.5) == [None, None]
+
+
+def test_search_page(tmp_path):
+    """A search folder's report.html: valid, nothing fetched, search.json embedded unchanged,
+    a stopped candidate said to be decided by sequential stopping."""
+    import html5lib
+
+    from runs.html.search import write_search_html
+
+    cand = [{"step": i, "name": f"q{b}", "cost": float(b), "bits_per_weight": b + 1.0,
+             "passed": b >= 6, "failed": [] if b >= 6 else ["kl-p95"], "tightest": "kl-p95",
+             "slack": (b - 5) / 10, "n_used": 400 if b >= 6 else 120, "n_total": 400,
+             "stopped": b < 6} for i, b in enumerate((4, 6, 8))]
+    result = {"settings": {"model": None, "cost": "bits", "strategy": "greedy"},
+              "outcome": "Winner q6 <passes>", "winner": dict(cand[1]),
+              "finalists": [{"name": "q6", "bits_per_weight": 7.0, "model_bytes": 5.7e7,
+                             "passed_eval": True, "failed_eval": []}],
+              "candidates": cand,
+              "totals": {"candidates": 3, "evaluated": 3, "reused": 0, "examples_used": 920,
+                         "examples_full": 1200, "examples_saved_share": 0.233, "wall_s": 9.5}}
+    (tmp_path / "search.json").write_text(json.dumps(result))
+    page = write_search_html(tmp_path).read_text(encoding="utf-8")
+    parser = html5lib.HTMLParser(strict=True)
+    parser.parse(page)
+    assert not re.search(r"https?://", page)
+    dom = ReportDom()
+    dom.feed(page)
+    assert json.loads(dom.data) == result
+    assert dom.sections == ["outcome", "finalists", "candidates"]
+    assert page.count("sequential stopping</td>") == 1 and "Winner q6 &lt;passes&gt;" in page
