@@ -173,3 +173,18 @@ def test_search_page(tmp_path):
     assert json.loads(dom.data) == result
     assert dom.sections == ["outcome", "finalists", "candidates"]
     assert page.count("sequential stopping</td>") == 1 and "Winner q6 &lt;passes&gt;" in page
+
+
+def test_notebook_iframe_round_trips(html_sweep_small):
+    """In a notebook the page sits in an iframe's srcdoc: unescaping it gives the page back."""
+    import html as h
+
+    from runs.html.notebook import show_report
+
+    page = (html_sweep_small / "report.html").read_text(encoding="utf-8")
+    markup = show_report(html_sweep_small, height=500).data
+    m = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="width: 100%; height: 500px; '
+                     r'border: 1px solid #d1d9e0" title="variants report"></iframe>', markup)
+    assert m and h.unescape(m.group(1)) == page
+    with pytest.raises(FileNotFoundError, match="variants check"):
+        show_report(html_sweep_small / "q8-g64")

@@ -7,6 +7,7 @@ two halves.
 """
 
 from runs.html.build import report_data
+from runs.html.notebook import show_report
 from runs.html.render import render_html, write_html_report
 
-__all__ = ["report_data", "render_html", "write_html_report"]
+__all__ = ["report_data", "render_html", "show_report", "write_html_report"]
