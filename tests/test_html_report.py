@@ -183,8 +183,8 @@ def test_notebook_iframe_round_trips(html_sweep_small):
 
     page = (html_sweep_small / "report.html").read_text(encoding="utf-8")
     markup = show_report(html_sweep_small, height=500).data
-    m = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="width: 100%; height: 500px; '
-                     r'border: 1px solid #d1d9e0" title="variants report"></iframe>', markup)
+    m = re.fullmatch(r'<div><iframe srcdoc="([^"]*)" style="width: 100%; height: 500px; '
+                     r'border: 1px solid #d1d9e0" title="variants report"></iframe></div>', markup)
     assert m and h.unescape(m.group(1)) == page
     with pytest.raises(FileNotFoundError, match="variants check"):
         show_report(html_sweep_small / "q8-g64")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 
 def iframe(page, *, height=900):
-    """``<iframe srcdoc=...>`` markup (str) holding the HTML ``page`` (str), ``height`` in px."""
-    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: '
-            f'{int(height)}px; border: 1px solid #d1d9e0" title="variants report"></iframe>')
+    """``<div><iframe srcdoc=...></div>`` markup (str) holding the HTML ``page`` (str),
+    ``height`` in px (the div: IPython warns about a bare iframe)."""
+    return (f'<div><iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: '
+            f'{int(height)}px; border: 1px solid #d1d9e0" title="variants report"></iframe></div>')
 
 
 def show_report(run_dir, *, height=900):
