@@ -254,6 +254,11 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     run.meta  # every file judged is read and validated before anything is written
     for name in names:
         variant_files(run, name)
+    # and the settings checked against them: a bad --alpha leaves the folder as it was
+    st = resolve_settings(contract, run.meta, **{k: kwargs.get(k) for k in (
+        "near_tie_margin", "alpha", "n_bootstrap", "seed")})
+    check_calibration_size(len(run.outputs(REFERENCE, "calibration")["ids"]), st["alpha"])
+    check_strata(contract, run.outputs(REFERENCE, "eval"))
     in_place = out_dir.resolve() == run_dir.resolve() and bool(run.meta)
     if in_place:  # run.json must not say "complete" while its files are being rewritten
         meta = {k: v for k, v in run.meta.items() if k != "check_error"}

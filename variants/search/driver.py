@@ -97,7 +97,8 @@ class SearchOptions:
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
         for flag, v, lo in (("--batch", self.batch, 1), ("--chunk-size", self.chunk_size, 1),
-                            ("--n-sensitivity", self.n_sensitivity, 10)):
+                            ("--n-sensitivity", self.n_sensitivity, 10),
+                            ("--n-search", self.n_search, 40)):  # two parts of 20 at least
             if v < lo:
                 raise ValueError(f"{flag} {v} must be >= {lo}")
         if not 0 <= self.search_margin < 1:

@@ -2,7 +2,7 @@
 
 import time
 
-from runs.io import remove_temp_files
+from runs.io import make_out_dir, remove_temp_files
 from variants.search.driver import N_FINALISTS, Search, SearchResult
 from variants.search.report import write_all
 
@@ -44,22 +44,6 @@ def run_search(opts, log=print):
         records = s.walk(sens)
     # the workers are gone before the finalists' timing
     return _conclude(s, opts, records, t0, log)
-
-
-def make_out_dir(out, flag):
-    """Create the search's folder ``out`` (named by ``flag`` in errors), its first write.
-
-    Raises ValueError (exit 2), nothing created: ``out`` is a file, or the folder cannot be
-    made (a parent that is a file, a read-only or virtual file system such as /proc)."""
-    from metrics._checks import short_path
-
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {short_path(out)}: cannot create the folder "
-                         f"({e.strerror or type(e).__name__}); pass a writable folder") from None
 
 
 def _conclude(s, opts, records, t0, log):
