@@ -150,7 +150,7 @@ def _statistic(ev, metric, stratum, statistic, idx):
     """(B,) ``statistic`` of ``metric`` on ``stratum`` within each resample ``idx`` (B, N) of
     the eval rows; NaN where the resample holds no defined value."""
     from metrics.registry import SET, spec
-    from metrics.statistics import column_statistic
+    from metrics.statistics import column_statistic, column_statistic_rows
 
     rows = ev.rows(stratum)
     s = spec(metric)
@@ -158,6 +158,8 @@ def _statistic(ev, metric, stratum, statistic, idx):
     if s.kind == SET and rows.all():
         return np.asarray(s.compute(ev, idx), dtype=np.float64)
     values = None if s.kind == SET else ev._array(metric)
+    if values is not None and rows.all() and np.isfinite(values).all():
+        return np.asarray(column_statistic_rows(values[idx], statistic), dtype=np.float64)
     for k, r in enumerate(idx):
         r = r[rows[r]]
         if s.kind == SET:
@@ -218,20 +220,23 @@ def speed(a, b):
     return out
 
 
-def worse(rows, margin):
-    """Clauses on which B is worse than A beyond ``margin`` (the clause metric's units): the
-    whole paired CI of B − A lies past ``margin`` in the clause's bad direction."""
+def worse(rows, margin, relative_margin=0.0):
+    """Clauses on which B is worse than A beyond the allowed margin: the whole paired CI of
+    B − A lies past it in the clause's bad direction. The allowed margin of a clause is the
+    larger of ``margin`` (the clause metric's units) and ``relative_margin`` × |threshold|."""
     out = []
     for r in rows:
         lo, hi = r["ci"]
-        if r["higher_is_better"] and hi is not None and hi < -margin:
+        m = max(margin, relative_margin * abs(r["threshold"] or 0.0))
+        if r["higher_is_better"] and hi is not None and hi < -m:
             out.append(r["clause"])
-        elif not r["higher_is_better"] and lo is not None and lo > margin:
+        elif not r["higher_is_better"] and lo is not None and lo > m:
             out.append(r["clause"])
     return out
 
 
-def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0):
+def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
+                 relative_margin=0.0):
     """Everything ``variants compare`` reports about one (A, B) pair, as a JSON-ready dict.
 
     Raises
@@ -257,7 +262,8 @@ def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0):
         "clauses": rows, "speed": speed(a, b),
         "bootstrap": {"n_boot": n_boot, "confidence": confidence, "seed": seed,
                       "method": "paired percentile bootstrap over eval rows"},
-        "margin": margin, "worse": worse(rows, margin),
+        "margin": margin, "relative_margin": relative_margin,
+        "worse": worse(rows, margin, relative_margin),
         "verdicts": {"a": "fail" if a.verdict.get("failed") else "pass",
                      "b": "fail" if b.verdict.get("failed") else "pass"},
     })

@@ -109,3 +109,17 @@ def test_cli_gate_and_outputs(tmp_path, capsys):
     assert main(["compare", a, f"{SMALL}:nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no variant 'nope'" in err and "q8-g64" in err
+
+
+def test_worse_margins_by_hand():
+    from runs.compare import worse
+
+    rows = [{"clause": "agree", "higher_is_better": True, "threshold": 0.97, "ci": [-0.05, -0.02]},
+            {"clause": "kl", "higher_is_better": False, "threshold": 0.05, "ci": [0.004, 0.01]},
+            {"clause": "count", "higher_is_better": False, "threshold": 0.0, "ci": [1.0, 3.0]},
+            {"clause": "none", "higher_is_better": False, "threshold": 0.1, "ci": [None, None]}]
+    assert worse(rows, 0.0) == ["agree", "kl", "count"]
+    assert worse(rows, 0.01) == ["agree", "count"]  # kl's CI reaches down to 0.004
+    # 10% of |threshold|: agree may drop 0.097, kl rise 0.005; a zero threshold keeps 0
+    assert worse(rows, 0.0, relative_margin=0.1) == ["count"]
+    assert worse(rows, 0.0, relative_margin=0.07) == ["kl", "count"]  # kl may rise 0.0035 < 0.004

@@ -56,10 +56,11 @@ def markdown(results):
             lines.append(f"| {c['clause']} | {c['metric']} · {c['stratum']} · {c['statistic']} "
                          f"| {_f(c['a'])} | {_f(c['b'])} | {_f(d, '{:+.4g}')} "
                          f"| {_ci(c['ci'])} | {better} |")
-        lines += ["", ("B is worse than A beyond the margin " + f"{r['margin']:g} on: "
-                       + ", ".join(r["worse"])) if r["worse"] else
-                  f"B is not worse than A beyond the margin {r['margin']:g} on any clause "
-                  "(judged on the paired CI).", ""]
+        allowed = f"margin {r['margin']:g}" + (
+            f" or {r['relative_margin']:g} × |threshold|" if r["relative_margin"] else "")
+        lines += ["", (f"B is worse than A beyond the {allowed} on: " + ", ".join(r["worse"]))
+                  if r["worse"] else f"B is not worse than A beyond the {allowed} on any "
+                  "clause (judged on the paired CI).", ""]
     return "\n".join(lines)
 
 
@@ -82,13 +83,14 @@ def _compare_command(args):
     from runs.compare import CompareError, compare_pair, pairs
     from runs.io import write_text
 
-    if args.margin < 0:
-        print(f"variants compare: error: --margin must be >= 0, got {args.margin}",
-              file=sys.stderr)
-        return EXIT_USER_ERROR
+    for flag, v in (("--margin", args.margin), ("--relative-margin", args.relative_margin)):
+        if v < 0:
+            print(f"variants compare: error: {flag} must be >= 0, got {v}", file=sys.stderr)
+            return EXIT_USER_ERROR
     try:
         results = [compare_pair(a, b, n_boot=args.n_bootstrap, seed=args.seed,
-                                margin=args.margin) for a, b in pairs(args.a, args.b)]
+                                margin=args.margin, relative_margin=args.relative_margin)
+                   for a, b in pairs(args.a, args.b)]
     except CompareError as e:
         print(f"variants compare: refused: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -121,7 +123,8 @@ def configure(sub):
             "the two runs share by name). Two sides of different models, contracts or data, or "
             "whose eval rows differ, are refused in one line (exit 2). Prints Markdown; "
             "--markdown/--json/--html also write it. Exit 1 with --fail-if-worse when B is "
-            "worse than A beyond --margin on any clause (the whole paired CI past it)."))
+            "worse than A beyond --margin (or --relative-margin × |threshold|) on any clause "
+            "(the whole paired CI past it)."))
     p.add_argument("a", metavar="A", help="RUN or RUN:VARIANT, the baseline")
     p.add_argument("b", metavar="B", help="RUN or RUN:VARIANT, the candidate")
     p.add_argument("--fail-if-worse", action="store_true",
@@ -130,6 +133,9 @@ def configure(sub):
     p.add_argument("--margin", type=float, default=0.0,
                    help="how much worse B may be, in each clause metric's own units, before "
                         "--fail-if-worse fails")
+    p.add_argument("--relative-margin", type=float, default=0.0,
+                   help="how much worse B may be as a fraction of each clause's |threshold| "
+                        "(the larger of the two margins applies)")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="paired bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
