@@ -102,6 +102,9 @@ def test_cli_gate_and_outputs(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert "agreement" in r[0]["worse"] and "B is worse than A" in capsys.readouterr().out
     html = (tmp_path / "c.html").read_text()
+    import html5lib
+
+    html5lib.HTMLParser(strict=True).parse(html)  # raises on an HTML5 parse error
     assert "https://" not in html and "http://" not in html and "B WORSE" in html
     # a margin wider than every difference: the gate passes
     assert main(["compare", a, b, "--fail-if-worse", "--n-bootstrap", "200",
