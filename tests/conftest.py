@@ -58,7 +58,8 @@ def _html_only_where_marked():
     def write_search_html(out, **kw):
         return real_search(out, **kw) if _REAL["html"] else None
 
-    render.write_beside_markdown, search.write_search_html = write_beside_markdown, write_search_html
+    render.write_beside_markdown = write_beside_markdown
+    search.write_search_html = write_search_html
     yield real
     render.write_beside_markdown, search.write_search_html = real, real_search
 

@@ -107,7 +107,11 @@ def test_flipped_examples_hand_computed():
     logits = np.array([[2.0, 0.5, 0.0], [0.0, 1.0, 3.0], [1.0, 0.0, -9.0]], np.float32)
     var = np.array([[0.2, 1.0, 0.0], [0.0, 1.0, 3.0], [0.0, 1.5, -9.0]], np.float32)
     mask = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 0]], bool)
-    soft = lambda z: np.where(mask, np.exp(z), 0) / np.where(mask, np.exp(z), 0).sum(1, keepdims=True)  # noqa: E731
+
+    def soft(z):
+        e = np.where(mask, np.exp(z), 0)
+        return e / e.sum(1, keepdims=True)
+
     per = pd.DataFrame({"id": ["a", "b", "c"], "flip": [True, False, True], "label": [0, 2, -1],
                         "negative_flip": [True, False, False],
                         "positive_flip": [False, False, False],
