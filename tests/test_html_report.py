@@ -192,3 +192,18 @@ def test_notebook_iframe_round_trips(html_sweep_small):
     assert m and h.unescape(m.group(1)) == page
     with pytest.raises(FileNotFoundError, match="variants check"):
         show_report(html_sweep_small / "q8-g64")
+
+
+def test_one_variant_model_card(html_sweep_small, tmp_path):
+    """The report of one variant (an exported model card): its banner, clauses and data only."""
+    from runs.html.render import write_html_report
+
+    page = write_html_report(html_sweep_small, variants=["q4-g64"], out_dir=tmp_path)
+    dom = ReportDom()
+    dom.feed(page.read_text(encoding="utf-8"))
+    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert [v["name"] for v in data["variants"]] == ["q4-g64"] == [n for n, _ in dom.banners]
+    assert list(dom.clauses) == ["q4-g64"] and json.loads(dom.data) == data
+    with pytest.raises(ValueError, match="no variant q5-g64 in .*; it has: q2-g64, q4-g64"):
+        write_html_report(html_sweep_small, variants=["q5-g64"], out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
