@@ -207,3 +207,17 @@ def test_one_variant_model_card(html_sweep_small, tmp_path):
     with pytest.raises(ValueError, match="no variant q5-g64 in .*; it has: q2-g64, q4-g64"):
         write_html_report(html_sweep_small, variants=["q5-g64"], out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_rendering_bug_leaves_the_run_standing(html_sweep_small, tmp_path, monkeypatch):
+    import runs.html.render as render
+
+    def broken(data, charts=None):
+        raise KeyError("ece_width")
+
+    monkeypatch.setattr(render, "render_html", broken)
+    said = []
+    assert render.write_beside_markdown(html_sweep_small, out_dir=tmp_path,
+                                        log=said.append) is None
+    assert said == ["report.html: not written (KeyError: 'ece_width')"]
+    assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.json").exists()
