@@ -28,6 +28,10 @@ from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  #
                                             run_name)
 
 
+#: How a skip for an input size that the group size does not divide begins (build.json).
+INDIVISIBLE = "input size"
+
+
 def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=heads_mod.DEFAULT):
     """``(path, module) -> bool or {"bits", "group_size"}`` choosing the layers to quantize;
     appends skips (with the reason) to ``skipped``. Input sizes not divisible by the group size
@@ -53,7 +57,7 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
             return False
         bits, group_size = (settings or {}).get(path, (cfg.bits, cfg.group_size))
         if in_dims % group_size:
-            skipped.append((path, f"input size {in_dims} not divisible by group size "
+            skipped.append((path, f"{INDIVISIBLE} {in_dims} not divisible by group size "
                                   f"{group_size}"))
             return False
         return {"bits": bits, "group_size": group_size} if settings else True
@@ -63,7 +67,8 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
 
 def layer_settings(module, cfg, heads=("head",)):
     """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears; the head
-    only when asked; the embedding tables when asked or when a map entry names them), from ``cfg.bits_map`` (:func:`bits_map.resolve`); None
+    only when asked; the embedding tables when asked or when a map entry names them), from
+    ``cfg.bits_map`` (:func:`bits_map.resolve`); None
     without a map. Raises ValueError (naming ``--bits-map``) for a pattern that matches no
     such layer."""
     if not cfg.bits_map:
@@ -101,7 +106,10 @@ def quantize_module(module, cfg, mode="simulated", model=None):
     -------
     qmodule : mlx.nn.Module
     info : dict
-        ``quantized_layers``, ``skipped`` (path, reason), ``bits_per_weight`` (stored bits per
+        ``quantized_layers``, ``skipped`` (path, reason), ``skipped_weights`` ({path: weight
+        elements of each skipped layer}), ``indivisible_params`` / ``indivisible_param_share``
+        (weight elements of the layers left unquantized because the group size does not divide
+        their input size, and their share of all the module's parameters), ``bits_per_weight`` (stored bits per
         quantized weight, scales and biases included), ``model_bytes`` (all parameters as stored
         by the native form), ``quantized_params``, ``total_params``, ``head`` (the head's
         paths and why they are the head, ``quantized``: whether it was); with a ``bits_map``
@@ -135,9 +143,16 @@ def quantize_module(module, cfg, mode="simulated", model=None):
     params = tree_flatten(native.parameters())
     total_bytes = sum(v.nbytes for _, v in params)
     dense_params = sum(v.size for _, v in tree_flatten(module.parameters()))
+    skipped = sorted(set(skipped))
+    sizes = {p: int(m.weight.size) for p, m in module.named_modules()
+             if p in {path for path, _ in skipped}}
+    indivisible = sum(sizes[p] for p, why in skipped if why.startswith(INDIVISIBLE))
     info = {
         "quantized_layers": len(qlayers),
-        "skipped": sorted(set(skipped)),
+        "skipped": skipped,
+        "skipped_weights": sizes,
+        "indivisible_params": int(indivisible),
+        "indivisible_param_share": indivisible / dense_params,
         "quantized_params": int(q_params),
         "total_params": int(dense_params),
         "bits_per_weight": 8.0 * q_bytes / q_params,

@@ -326,6 +326,7 @@ void register_fused_layer(nb::module_& m);  // fused_layer.cpp
 void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
 void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
 void register_fused_mbert_qlayer(nb::module_& m);  // fused_mbert_qlayer.cpp
+void register_int8_linear(nb::module_& m);  // int8_linear.cpp
 
 }  // namespace mlx::core
 
@@ -345,4 +346,5 @@ NB_MODULE(_qkernel, m) {
   mlx::core::register_fused_qlayer(m);
   mlx::core::register_fused_mbert_layer(m);
   mlx::core::register_fused_mbert_qlayer(m);
+  mlx::core::register_int8_linear(m);
 }

@@ -15,9 +15,10 @@ The choice is said in one line. Too few rows: one line naming the count and a co
 works on this file (a sweep needs no search split). No MLX.
 """
 
+from variants import defaults as D
 from variants.sweep_config import SweepError
 
-BUNDLED = {"n_fit": 2000, "n_search": 1600}
+BUNDLED = {"n_fit": D.N_FIT, "n_search": 1600}
 MIN_SEARCH = 40  # two parts of 20: the search-calibration part needs 1/alpha rows at alpha 0.05
 MIN_FIT = 10
 
