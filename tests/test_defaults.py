@@ -34,6 +34,12 @@ def test_sweep_search_and_sensitivity_read_one_table():
              "n_calibration": 800, "n_eval": 800, "seed": 0, "results_dir": "results",
              "group_size": 64, "max_length": None}
     for dest, value in table.items():
+        if dest == "n_fit":  # the search's comes from the data (variants.search.sizes)
+            assert sweep.n_fit == value and search.n_fit is None
+            from variants.search.sizes import BUNDLED
+
+            assert BUNDLED["n_fit"] == value  # on the bundled data: the same 2000
+            continue
         assert getattr(sweep, dest) == getattr(search, dest) == value, dest
     assert sweep.timing_min_rounds is None  # 3, or --timing-rounds when fewer (validate)
     # the per-layer sensitivity: one example count, every quant width
@@ -54,9 +60,10 @@ def test_the_dataclasses_default_as_the_parsers():
 
     sw, se = SweepConfig(), SearchOptions()
     for k in ("timing_rounds", "timing_warmup", "timing_budget_s", "timing_batch_sizes",
-              "cold_start", "n_fit", "n_calibration", "n_eval", "seed", "results_dir",
+              "cold_start", "n_calibration", "n_eval", "seed", "results_dir",
               "max_length"):
         assert getattr(sw, k) == getattr(se, k), k
+    assert se.n_fit is None and se.n_search is None  # from the data (variants.search.sizes)
     assert (DEFAULT_ROUNDS, DEFAULT_WARMUP, DEFAULT_BUDGET_S) == (50, 5, 30.0)
 
 
@@ -66,8 +73,9 @@ def test_what_search_calls_as_variants_sweep_is_the_sweeps():
     sweep_p, sweep = _sub("sweep")
     said = [a.dest for a in search_p._actions if a.help and "as variants sweep" in a.help]
     assert {"timing_rounds", "timing_warmup", "timing_budget_s", "timing_batch_sizes",
-            "cold_start", "n_fit", "n_calibration", "n_eval", "group_size",
+            "cold_start", "n_calibration", "n_eval", "group_size",
             "max_length"} <= set(said)
+    assert "n_fit" not in said  # the search's comes from the data (variants.search.sizes)
     for dest in said:
         assert getattr(search, dest) == getattr(sweep, dest), dest
     bits = next(a for a in search_p._actions if a.dest == "bits")

@@ -1,7 +1,6 @@
 """``variants search``: the cheapest quant configuration (per-layer bits) that passes a contract
 (:mod:`variants.search`)."""
 
-import argparse
 import sys
 import textwrap
 
@@ -49,10 +48,10 @@ def configure(sub):
                         "layers out of 2 and 3 bits)")
     p.add_argument("--group-size", type=int, default=d.group_size,
                    help="weights per quantization group (as variants sweep --group-size)")
-    p.add_argument("--quantize-embeddings", default=d.quantize_embeddings,
-                   action=argparse.BooleanOptionalAction,
-                   help="search the embedding tables' widths too (quantized embeddings, one unit "
-                        "per table); --no-quantize-embeddings keeps them fp32")
+    p.add_argument("--no-quantize-embeddings", dest="quantize_embeddings",
+                   action="store_false",
+                   help="keep the embedding tables fp32 (by default each table is a unit of the "
+                        "search, stored as a quantized embedding)")
     p.add_argument("--quantize-head", action="store_true",
                    help="search the decision head's Linears too (by role: the model's declared "
                         "head_modules, else everything outside the encoder; default: kept fp32)")
