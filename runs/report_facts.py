@@ -46,31 +46,41 @@ def unquantized_cells(build):
     """summary.csv cells for the layers left unquantized because the group size does not divide
     their input size: ``unquantized_layers`` (count), ``unquantized_paths`` (";"-joined) and
     ``unquantized_param_share`` (their weight elements / all the module's parameters; None when
-    build.json predates the weight counts). Empty when there is none (no column is added)."""
+    build.json predates the weight counts); and the decision head kept full precision
+    (``head_kept``: its paths, ";"-joined; ``head_kept_why``: how it was found) when build.json
+    records it. Empty when there is none (no column is added)."""
     skipped, weights, total = _skip_record(build)
     paths = [p for p, why in skipped if str(why).startswith(INDIVISIBLE)]
+    head = build.get("head") or (build.get("quant") or {}).get("head")
+    kept = {}
+    if head and not head.get("quantized") and head.get("paths"):
+        kept = {"head_kept": ";".join(head["paths"]), "head_kept_why": head.get("why", "")}
     if not paths:
-        return {}
+        return kept
     share = None
     if weights is not None and total:
         share = sum(weights[p] for p in paths) / total
     return {"unquantized_layers": len(paths), "unquantized_paths": ";".join(paths),
-            "unquantized_param_share": share}
+            "unquantized_param_share": share, **kept}
 
 
 def unquantized_text(r):
     """"; left unquantized (input size not divisible by the group size): 2 layers, 3.1% of the
     parameters: a, b" from a summary row; "" when the row has none."""
+    head = r.get("head_kept")
+    kept = (f"; kept full precision: {str(r.get('head_kept_why') or 'decision head')}: "
+            + ", ".join(f"`{p}`" for p in str(head).split(";"))
+            if isinstance(head, str) and head else "")
     n = r.get("unquantized_layers")
     if n is None or (isinstance(n, float) and math.isnan(n)) or not n:
-        return ""
+        return kept
     share = r.get("unquantized_param_share")
     share_text = ("share of the parameters not recorded" if share is None
                   or (isinstance(share, float) and math.isnan(share))
                   else f"{share:.1%} of the parameters")
     return (f"; **left unquantized** (input size not divisible by the group size): {int(n)} "
             f"layer{'s' if n != 1 else ''}, {share_text}: "
-            + ", ".join(f"`{p}`" for p in str(r["unquantized_paths"]).split(";")))
+            + ", ".join(f"`{p}`" for p in str(r["unquantized_paths"]).split(";")) + kept)
 
 
 def plausibility_cells(prefix, entry):

@@ -56,3 +56,15 @@ def test_check_shows_the_skips_in_report_md_and_summary_csv(tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("variant")
     assert summary.loc["q4-g64", "unquantized_layers"] == 1
     assert summary["unquantized_layers"].isna().sum() == 2  # q2 and q8 have none
+
+
+def test_the_head_kept_full_precision_is_stated_with_why():
+    build = {"skipped": [["head", "decision head (outside the encoder) kept full precision"]],
+             "head": {"paths": ["head"], "why": "decision head (outside the encoder)",
+                      "quantized": False}}
+    cells = unquantized_cells(build)
+    assert cells == {"head_kept": "head", "head_kept_why": "decision head (outside the encoder)"}
+    assert unquantized_text(cells) == \
+        "; kept full precision: decision head (outside the encoder): `head`"
+    quantized = dict(build, head=dict(build["head"], quantized=True))
+    assert unquantized_cells(quantized) == {} and unquantized_text({}) == ""
