@@ -43,7 +43,14 @@ def test_linear_flops_of_minilm(checkpoint):
     # 6 layers of Q, K, V, O (384 x 384) and the MLP (384 x 1536, 1536 x 384), 2 FLOPs a MAC
     per_layer = 2 * (4 * 384 * 384 + 2 * 384 * 1536)
     assert plausible.linear_flops_per_token(model.module) == 6 * per_layer == 21_233_664
-    with pytest.raises(ValueError, match="no fp32 Linear"):
+    # a packed (exported) encoder counts its unpacked sizes: the same FLOPs
+    from variants.builders.quant_family import QuantConfig
+    from variants.builders.quantize import quantize_module
+
+    for bits in (3, 8):
+        packed, _ = quantize_module(model.module, QuantConfig(bits=bits), mode="native")
+        assert plausible.linear_flops_per_token(packed) == 21_233_664
+    with pytest.raises(ValueError, match="no Linear layer"):
         plausible.linear_flops_per_token(nn.Sequential(nn.ReLU()))
 
 

@@ -70,7 +70,8 @@ def gemm_rate(sizes=GEMM_SIZES, repeats=GEMM_REPEATS):
 
 def linear_flops_per_token(module):
     """``Σ 2 · in · out`` over the nn.Linear layers of ``module.encoder`` (of ``module`` when it
-    has no ``encoder``): the encoder's GEMM FLOPs per token, a lower bound of its work.
+    has no ``encoder``), quantized ones by their unpacked sizes (an exported, packed
+    checkpoint): the encoder's GEMM FLOPs per token, a lower bound of its work.
 
     Raises
     ------
@@ -78,10 +79,13 @@ def linear_flops_per_token(module):
         When the module has no Linear layer (nothing to bound the work with).
     """
     enc = getattr(module, "encoder", module)
-    total = sum(2 * m.weight.shape[0] * m.weight.shape[1] for _, m in enc.named_modules()
-                if isinstance(m, nn.Linear))
+    def in_dims(m):  # packed: 32 / bits values per uint32
+        return m.weight.shape[1] * 32 // m.bits if isinstance(m, nn.QuantizedLinear) \
+            else m.weight.shape[1]
+    total = sum(2 * m.weight.shape[0] * in_dims(m) for _, m in enc.named_modules()
+                if isinstance(m, (nn.Linear, nn.QuantizedLinear)))
     if not total:
-        raise ValueError(f"{type(module).__name__} has no fp32 Linear layer to count FLOPs of")
+        raise ValueError(f"{type(module).__name__} has no Linear layer to count FLOPs of")
     return int(total)
 
 

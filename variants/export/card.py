@@ -47,7 +47,7 @@ def markdown(facts):
         over = {k: e for k, e in q.items() if isinstance(e, dict)}
         kept = [k for k, e in q.items() if e is False]
         lines += [f"- quantization: {q['bits']} bits, group size {q['group_size']}; "
-                  f"{len(over)} modules at another width; {len(kept)} kept full precision"
+                  f"{len(over)} module(s) at another width; {len(kept)} kept full precision"
                   + (f" ({', '.join(kept[:6])}{', …' if len(kept) > 6 else ''})" if kept else "")]
     if facts.get("lowrank"):
         lines += [f"- low rank: {len(facts['lowrank'])} Linears factored into two"]
