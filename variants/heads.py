@@ -7,7 +7,8 @@ every top-level submodule of the network other than ``encoder`` (the encoder's o
 embeddings are the body): ``head`` (``linear-head``), ``classifier`` (``classifier``: BERT's
 pooler + classifier, RoBERTa's ``dense`` + ``out_proj``, ModernBERT's head), ``scorer``
 (``marker``), a factory network's own layers (``proto`` in ``examples/own_model.py``); the
-``cosine`` kind has none. Every family keeps the head full precision unless the user asks
+``cosine`` kind has none, nor has a network without an ``encoder`` child (nothing to be outside
+of). Every family keeps the head full precision unless the user asks
 (``--quantize-head``), because the head is where a small weight error becomes a changed answer
 directly (no later layer averages it out), and it is a negligible share of the bytes.
 """
@@ -44,7 +45,10 @@ def head_paths(module, model=None):
                              f"model's network; list module paths such as "
                              f"{sorted(n for n in names if n and '.' not in n)}")
         return tuple(sorted(declared)), DECLARED
-    paths = sorted(name for name, child in module.children().items()
+    children = module.children()
+    if "encoder" not in children:  # no encoder to be outside of: no head by default
+        return (), DEFAULT
+    paths = sorted(name for name, child in children.items()
                    if name != "encoder" and _has_params(child))
     return tuple(paths), DEFAULT
 
