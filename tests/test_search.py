@@ -309,6 +309,12 @@ def test_tiny_search_resumes_and_is_deterministic(tmp_path, monkeypatch, capsys)
         assert r["stopped"] == (r["n_used"] < 20) and (not r["stopped"] or not r["passed"])
         assert (tmp_path / "s" / "candidates" / f"{r['id']}.json").exists()
     assert (tmp_path / "s" / "search.md").exists() and (tmp_path / "s" / "search.png").exists()
+    parts = first["totals"]["parts_s"]  # the search's time by part (no finalists here)
+    assert list(parts) == ["load and check", "reference on the search split",
+                           "per-layer sensitivity", "candidates"]
+    assert all(v >= 0 for v in parts.values()) and sum(parts.values()) <= \
+        first["totals"]["wall_s"]
+    assert "| per-layer sensitivity |" in (tmp_path / "s" / "search.md").read_text()
     assert main(argv) == 0  # resume: everything reused, the same path
     again = json.loads((tmp_path / "s" / "search.json").read_text())
     assert again["totals"]["evaluated"] == 0 and again["totals"]["reused"] == 3

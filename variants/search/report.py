@@ -91,6 +91,12 @@ def markdown(frame, result, png):
               f"Sequential stopping ran {t['examples_used']} of {t['examples_full']} search-eval "
               f"examples ({t['examples_saved_share']:.0%} saved, about {t['saved_s']:.1f} s); "
               f"wall {t['wall_s']:.1f} s.", ""]
+    parts = t.get("parts_s") or {}
+    if parts:
+        lines += ["| part | wall s | share |", "|---|---:|---:|"]
+        lines += [f"| {k} | {v:.1f} | {v / t['wall_s']:.0%} |" for k, v in parts.items()]
+        rest = t["wall_s"] - sum(parts.values())
+        lines += [f"| other (writing, judging) | {rest:.1f} | {rest / t['wall_s']:.0%} |", ""]
     lines += ["## Outcome", "", result["outcome"], ""]
     if result.get("finalists"):
         lines += ["| finalist | bits/weight | model | search split | eval split | "

@@ -37,22 +37,30 @@ def run_search(opts, log=print):
                              log=log)
     with ExitStack() as held:  # OUT's lock and the cache's, until search.json is written
         with executor:  # Ray: connects here, before anything is loaded or written
+            s.parts_s = {}
             s.prepare()
+            s.parts_s["load and check"] = time.perf_counter() - t0
             make_out_dir(s.out, "--out" if opts.out else "--results-dir")
             held.enter_context(runlock.hold(
                 s.out, log=log, fix="wait for it to finish, or pass another --out"))
             held.enter_context(runlock.cache_lock(Path(opts.results_dir) / ".cache"))
             remove_temp_files(s.out)  # a killed writer's: nobody else writes OUT now
             s.store.write_settings(s.settings)
+            t = time.perf_counter()
             worker.prepare_reference(s.state, s.payload)  # the caches, before any worker starts
+            s.parts_s["reference on the search split"] = time.perf_counter() - t
             s.executor = executor
             s.worker_init = ((worker.given_state, (s.state,)) if opts.executor == "local"
                              else (worker.init_worker, (s.remote_payload(),)))
+            t = time.perf_counter()
             sens = s.sensitivity()
+            s.parts_s["per-layer sensitivity"] = time.perf_counter() - t
             log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy "
                 f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x "
                 f"{executor.workers}")
+            t = time.perf_counter()
             records = s.walk(sens)
+            s.parts_s["candidates"] = time.perf_counter() - t
         # the workers are gone before the finalists' timing
         return _conclude(s, opts, records, t0, log)
 
@@ -86,7 +94,10 @@ def _conclude(s, opts, records, t0, log):
                    f"{winner['cost']:.6g}); a composed (cross-family) candidate is not judged "
                    "on eval (the sweep builds one family per variant).")
     elif opts.finalize:
+        t = time.perf_counter()
         winner, finalists = s_finalize(s, passing)
+        s.parts_s = dict(getattr(s, "parts_s", {}), **{
+            "finalists on calibration + eval (build, outputs, timing)": time.perf_counter() - t})
         first = passing[0]
         if winner is None:
             outcome = (f"The search's winner {first['name']} and the next "
@@ -127,7 +138,8 @@ def _conclude(s, opts, records, t0, log):
                    "examples_used": n_used, "examples_full": n_full,
                    "examples_saved_share": (1 - n_used / n_full) if n_full else 0.0,
                    "saved_s": sum(r.get("saved_s", 0.0) for r in records),
-                   "wall_s": time.perf_counter() - t0},
+                   "wall_s": time.perf_counter() - t0,
+                   "parts_s": dict(getattr(s, "parts_s", {}))},
     }
     json_path, md_path, png = write_all(s.out, result)
     log(outcome)
