@@ -314,7 +314,10 @@ def test_tiny_search_resumes_and_is_deterministic(tmp_path, monkeypatch, capsys)
                            "per-layer sensitivity", "candidates"]
     assert all(v >= 0 for v in parts.values()) and sum(parts.values()) <= \
         first["totals"]["wall_s"]
-    assert "| per-layer sensitivity |" in (tmp_path / "s" / "search.md").read_text()
+    md = (tmp_path / "s" / "search.md").read_text()
+    assert "| per-layer sensitivity |" in md
+    assert first["kept"] == [["head", "decision head (outside the encoder) kept full precision"]]
+    assert "Kept as they are (not units of the search): `head` (decision head" in md
     assert main(argv) == 0  # resume: everything reused, the same path
     again = json.loads((tmp_path / "s" / "search.json").read_text())
     assert again["totals"]["evaluated"] == 0 and again["totals"]["reused"] == 3

@@ -97,6 +97,9 @@ def markdown(frame, result, png):
         lines += [f"| {k} | {v:.1f} | {v / t['wall_s']:.0%} |" for k, v in parts.items()]
         rest = t["wall_s"] - sum(parts.values())
         lines += [f"| other (writing, judging) | {rest:.1f} | {rest / t['wall_s']:.0%} |", ""]
+    if result.get("kept"):
+        lines += ["Kept as they are (not units of the search): "
+                  + "; ".join(f"`{p}` ({why})" for p, why in result["kept"]), ""]
     lines += ["## Outcome", "", result["outcome"], ""]
     if result.get("finalists"):
         lines += ["| finalist | bits/weight | model | search split | eval split | "
