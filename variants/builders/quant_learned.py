@@ -34,7 +34,8 @@ SETTINGS = {
             "statistic": "mean |x| per input channel"},
     "gptq": {"damping": gptq.DAMPING, "block_size": gptq.BLOCK_SIZE, "act_order": False},
     "dwq": {"init": "gptq", "epochs": dwq.EPOCHS, "learning_rate": dwq.LEARNING_RATE,
-            "batch_size": dwq.BATCH_SIZE, "optimizer": "Adam", "trains": "scales, biases",
+            "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS, "optimizer": "Adam",
+            "trains": "scales, biases",
             "loss": "KL(p_ref || p_q) at the reference's temperatures"},
 }
 
