@@ -271,3 +271,33 @@ def test_search_split_too_small_is_refused_before_loading(n):
     with pytest.raises(ValueError, match=f"--n-search {n} must be >= 40"):
         SearchOptions(n_search=n).validate()
     SearchOptions(n_search=40).validate()  # the smallest it takes
+
+
+def test_run_sweep_as_a_library_refuses_an_explicit_blas_that_cannot_be_loaded(tmp_path):
+    # the command line exits 2; a script calling run_sweep must not time everything on MLX's
+    # reference BLAS (70x slower) without a word either
+    code = ("import variants\n"
+            "from variants.sweep import run_sweep\n"
+            "from variants.sweep_config import SweepError\n"
+            "try:\n"
+            "    run_sweep(log=lambda m: None, family='quant', params={'bits': [8]}, results_dir='out')\n"
+            "except SweepError as e:\n"
+            "    print('refused:', e)\n")
+    env = dict(os.environ, VARIANTS_BLAS=str(tmp_path / "nonexistent.so"), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith(f"refused: VARIANTS_BLAS='{tmp_path / 'nonexistent.so'}'"
+                                  " cannot be loaded"), (done.stdout, done.stderr[-2000:])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tiny_alpha_names_a_readable_number_of_calibration_examples(tmp_path, capsys):
+    # 1/alpha - 1 for alpha = 1e-300 is a 300-digit integer: the message stays one short line
+    run = _finished_run(tmp_path)
+    before = _digest(run)
+    assert main(["check", str(run), "--alpha", "1e-300"]) == 2
+    err = capsys.readouterr().err
+    assert _digest(run) == before
+    assert err.startswith("variants: error: alpha=1e-300 needs at least 1e+300 calibration "
+                          "examples"), err
+    assert len(err) < 300 and err.count("\n") == 1
