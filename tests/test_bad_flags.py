@@ -280,7 +280,8 @@ def test_run_sweep_as_a_library_refuses_an_explicit_blas_that_cannot_be_loaded(t
             "from variants.sweep import run_sweep\n"
             "from variants.sweep_config import SweepError\n"
             "try:\n"
-            "    run_sweep(log=lambda m: None, family='quant', params={'bits': [8]}, results_dir='out')\n"
+            "    run_sweep(log=lambda m: None, family='quant', params={'bits': [8]},\n"
+            "              results_dir='out')\n"
             "except SweepError as e:\n"
             "    print('refused:', e)\n")
     env = dict(os.environ, VARIANTS_BLAS=str(tmp_path / "nonexistent.so"), PYTHONPATH=str(ROOT))
