@@ -302,3 +302,14 @@ def test_a_tiny_alpha_names_a_readable_number_of_calibration_examples(tmp_path, 
     assert err.startswith("variants: error: alpha=1e-300 needs at least 1e+300 calibration "
                           "examples"), err
     assert len(err) < 300 and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_search_out_that_is_empty_exits_2_first(tmp_path, capsys, monkeypatch, no_loading, out):
+    # an empty --out was falsy: the search ran into results/search/... without a word
+    monkeypatch.chdir(tmp_path)
+    assert main(["search", "--out", out, "--results-dir", str(tmp_path / "r"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "variants: error: --out is empty; pass a folder\n", err
+    assert list(tmp_path.iterdir()) == []
