@@ -313,3 +313,20 @@ def test_search_out_that_is_empty_exits_2_first(tmp_path, capsys, monkeypatch, n
     err = capsys.readouterr().err
     assert err == "variants: error: --out is empty; pass a folder\n", err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--results-dir", ""], "--results-dir is empty; pass a folder"),
+    (["--results-dir", "  "], "--results-dir is empty; pass a folder"),
+    (["--run", " "], "run name ' ' must be a plain folder name"),
+    (["--run", "my run "], "run name 'my run ' must be a plain folder name"),
+    (["--model-config", ""], "--model-config is empty; give a path, or leave the flag out"),
+])
+def test_sweep_blank_folder_names_exit_2_before_loading(tmp_path, capsys, monkeypatch,
+                                                        no_loading, args, says):
+    # '' was the current folder and ' ' a folder named by a blank: both ran a whole sweep
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--family", "quant", "--bits", "8", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"variants: error: {says}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
