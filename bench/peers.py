@@ -2,7 +2,9 @@
 
 Engines (each framework in its own worker process, bench/peer_workers.py; 2 intra-op threads):
 ``mlx`` our fp32 reference, ``q8`` / ``q4`` our native quantized encoders (g64,
-``quantize_module(..., mode="native")``: weights stay packed, dequantized per call), ``torch``
+``quantize_module(..., mode="native")``: weights stay packed, dequantized per call), ``w8a8``
+our W8A8 encoder (every layer Linear a native ``Int8Linear``, no SmoothQuant: oneDNN's integer
+GEMMs; BERT layers as one compiled op, ``fused-int8layer-cpp``), ``torch``
 PyTorch + transformers fp32, ``ort32`` ONNX Runtime fp32 (``torch.onnx.export``, dynamic batch and
 sequence axes), ``ort8`` ONNX Runtime ``quantize_dynamic`` (int8 weights and activations, integer
 GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init at
@@ -49,14 +51,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from metrics.latency import paired_speedup  # noqa: E402
 
 RULE = "=" * 6
-ENGINES = ("mlx", "torch", "ort32", "ort8", "q8", "q4")
-WORKER_OF = {"mlx": "mlx", "q8": "mlx", "q4": "mlx", "torch": "torch", "ort32": "ort",
-             "ort8": "ort"}
+ENGINES = ("mlx", "torch", "ort32", "ort8", "q8", "q4", "w8a8")
+WORKER_OF = {"mlx": "mlx", "q8": "mlx", "q4": "mlx", "w8a8": "mlx", "torch": "torch",
+             "ort32": "ort", "ort8": "ort"}
 #: (numerator, denominator, label): ratio = time(denominator) / time(numerator) per round, so
 #: > 1 means the numerator engine is faster.
 RATIOS = (("mlx", "torch", "MLX/PyTorch"), ("mlx", "ort32", "MLX/ORT fp32"),
           ("ort8", "ort32", "ORT int8 speed-up"), ("q8", "mlx", "our q8 speed-up"),
-          ("q4", "mlx", "our q4 speed-up"))
+          ("q4", "mlx", "our q4 speed-up"), ("w8a8", "mlx", "our W8A8 speed-up"),
+          ("w8a8", "ort8", "W8A8/ORT int8"))
 MAX_LEN = {"minilm": 512, "modernbert": 8192}
 BATCHES = {"minilm": (1, 8, 32), "modernbert": (1, 8)}
 
@@ -129,7 +132,7 @@ def measure(workers, engines, B, L, rounds, iters, block_s):
 
 def print_rows(arch, rows, engines):
     labels = {"mlx": "MLX", "torch": "PyTorch", "ort32": "ORT fp32", "ort8": "ORT int8",
-              "q8": "our q8", "q4": "our q4"}
+              "q8": "our q8", "q4": "our q4", "w8a8": "our W8A8"}
     print(f"\n{RULE} {arch}: tokens/s (median of per-round block medians) {RULE}")
     print(f"  {'B':>3} {'L':>4} " + "".join(f"{labels[e]:>10}" for e in engines))
     for (B, L), ms in rows.items():
@@ -237,7 +240,8 @@ def main(argv=None):
             workers = {}
             if "mlx" in need:
                 workers["mlx"] = Worker(sys.executable, "mlx", path=path, arch=arch,
-                                        quant_bits=[int(e[1:]) for e in engines if e[0] == "q"])
+                                        quant_bits=[int(e[1:]) for e in engines if e[0] == "q"],
+                                        w8a8="w8a8" in engines)
             if "torch" in need:
                 # OpenMP's spinning barriers collapse on shared cores (B=1 L=24: 437 ms of CPU
                 # with 2 spinning threads at load 5, 52 ms passive); --spin keeps the default
