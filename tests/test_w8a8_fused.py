@@ -14,7 +14,7 @@ from test_fused_layer import calls  # noqa: F401  (fixture)
 from variants import fused_layer, sweep_timing
 from variants.builders import w8a8
 from variants.builders.w8a8_family import W8A8Config
-from variants.encoder import attention_bias, mean_pool
+from variants.encoder import attention_bias
 from variants.models import sentiment
 
 TEXTS = ["The soup was cold and the waiter never came back.", "Best pasta in years!",
@@ -135,17 +135,27 @@ def test_smoothed_layer_equals_the_mlx_path(qk, monkeypatch, variant, hidden):
 
 
 def test_encoder_equals_the_mlx_path(qk, monkeypatch, variant, model, calls):  # noqa: F811
-    """Whole forwards (one stream, split by sequences, packed: as the batch decides)."""
+    """Whole forwards (one stream, split by sequences, packed: as the batch decides), and each
+    layer of the compiled forward against the MLX path of that layer on the same input."""
     enc, _ = model.tokenizer.encode(TEXTS * 3)
     ids, mask = (mx.array(a) for a in model.tokenizer.batch(enc)[:2])
     module = variant.module.encoder
-    fast = module(ids, mask).last_hidden
+    out = module(ids, mask, output_hidden_states=True)
     assert calls["padded"] + calls["packed"] >= 6
-    slow = _mlx_path(monkeypatch, lambda: module(ids, mask).last_hidden)
     real = np.array(mask).astype(bool)
-    row_err = np.abs(np.array(fast)[real] - np.array(slow)[real]).max(axis=1)
-    assert (row_err <= 1e-4).mean() >= 0.9 and row_err.max() <= 0.05
-    assert np.abs(np.array(mean_pool(fast, mask)) - np.array(mean_pool(slow, mask))).max() < 5e-3
+    bias = attention_bias(mask)
+    for i, layer in enumerate(module.layers):
+        want = _mlx_path(monkeypatch, lambda: layer(out.hidden_states[i], bias)[0])
+        row_err = np.abs(np.array(out.hidden_states[i + 1]) - np.array(want))[real].max(axis=1)
+        assert (row_err <= 1e-5).mean() >= 0.9 and row_err.max() <= 0.02, (i, row_err)
+    fast = module(ids, mask).last_hidden
+    slow = _mlx_path(monkeypatch, lambda: module(ids, mask).last_hidden)
+    ref = model.module.encoder(ids, mask).last_hidden
+    fast, slow, ref = (np.array(a)[real] for a in (fast, slow, ref))
+    # a code that rounds the other way in one layer reaches the whole sequence through the next
+    # layers' attention (here: one of the four texts, by 0.05): a share of W8A8's own error
+    assert np.abs(fast - slow).max() <= 0.25 * np.abs(slow - ref).max()
+    assert np.median(np.abs(fast - slow).max(axis=1)) <= 1e-5  # most rows: round-off
 
 
 def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, model, variant):
