@@ -195,10 +195,8 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
       quantize_rows8(a, a.x, D, a.smooth[0], p);
       if (lo == 0 && hi == D) {  // all heads: one GEMM on the stacked weight, then epilogues
         gemm_cols(a, 0, D, 0, 0, D3, a.qkv, D3, p);
-        if (N > 0) {
-          epilogue(a, 0, 0, 0, D, a.qkv, D3, p, 2);
-          epilogue(a, 0, 0, D, D3, a.qkv, D3, p, -1);
-        }
+        epilogue(a, 0, 0, 0, D, a.qkv, D3, p, 2);
+        epilogue(a, 0, 0, D, D3, a.qkv, D3, p, -1);
       } else {
         for (int j = 0; j < 3; ++j)
           int8_gemm_cols(a, 0, D, j * D, lo, hi, a.qkv + j * D, D3, p, j == 0 ? 2 : -1);
@@ -218,10 +216,8 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     int8_gemm_cols(a, 1, D, 0, lo, hi, a.h, D, p, -1);
   } else if (k == 2) {  // h = LN1(x + h), this part's rows
     cut(N, 1, p, n, lo, hi);
-    for (int i = lo; i < hi; ++i) {
-      float* r = a.h + int64_t(i) * D;
-      add_layer_norm_row(a.x + int64_t(i) * D, r, a.g1, a.be1, a.eps1, r, D);
-    }
+    for (int64_t i = lo; i < hi; ++i)
+      add_layer_norm_row(a.x + i * D, a.h + i * D, a.g1, a.be1, a.eps1, a.h + i * D, D);
   } else if (k == 3) {  // inter = act(intermediate(h)), this part's columns
     quantize_rows8(a, a.h, D, a.smooth[4], p);
     cut(F, 16, p, n, lo, hi);
@@ -232,10 +228,8 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     int8_gemm_cols(a, 3, F, 0, lo, hi, a.y, D, p, -1);
   } else {  // y = LN2(h + y), this part's rows
     cut(N, 1, p, n, lo, hi);
-    for (int i = lo; i < hi; ++i) {
-      float* r = a.y + int64_t(i) * D;
-      add_layer_norm_row(a.h + int64_t(i) * D, r, a.g2, a.be2, a.eps2, r, D);
-    }
+    for (int64_t i = lo; i < hi; ++i)
+      add_layer_norm_row(a.h + i * D, a.y + i * D, a.g2, a.be2, a.eps2, a.y + i * D, D);
   }
 }
 
@@ -358,6 +352,10 @@ array contig(const array& a, const Stream& s) {
   return contiguous(a, false, s);
 }
 
+bool vec(const array& a, Dtype dt, int n) {
+  return a.dtype() == dt && a.ndim() == 1 && a.shape(0) == n;
+}
+
 }  // namespace
 
 array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
@@ -387,26 +385,19 @@ array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
   need(F > 0, "intermediate weight (F, D)");
   const int outs[kGemms] = {3 * D, D, F, D}, ins_[kGemms] = {D, D, D, F};
   for (int g = 0; g < kGemms; ++g) {
-    const array &w = proj[4 * g], &ws = proj[4 * g + 1], &cs = proj[4 * g + 2],
-                &b = proj[4 * g + 3];
+    const array& w = proj[4 * g];
     need(w.dtype() == int8 && w.ndim() == 2 && w.shape(0) == outs[g] && w.shape(1) == ins_[g],
          "weights int8: q|k|v (3D, D), out (D, D), intermediate (F, D), output (D, F)");
-    need(ws.dtype() == float32 && ws.ndim() == 1 && ws.shape(0) == outs[g],
-         "each w_scale float32 (out,)");
-    need(cs.dtype() == int32 && cs.ndim() == 1 && cs.shape(0) == outs[g],
-         "each colsum int32 (out,)");
-    need(b.dtype() == float32 && b.ndim() == 1 && b.shape(0) == outs[g], "each bias float32 (out,)");
+    for (int j = 1; j < 4; ++j)
+      need(vec(proj[4 * g + j], j == 2 ? int32 : float32, outs[g]),
+           "each w_scale float32 (out,), colsum int32 (out,), bias float32 (out,)");
   }
-  for (auto& g : norms) need(g.dtype() == float32 && g.ndim() == 1 && g.shape(0) == D,
-                             "norms float32 (D,)");
+  for (auto& g : norms) need(vec(g, float32, D), "norms float32 (D,)");
   const int sm_in[6] = {D, D, D, D, D, F};
   std::vector<bool> has_sm(6);
   for (int j = 0; j < 6; ++j) {
     has_sm[j] = smooth[j].has_value() && !(qkv_shared && (j == 1 || j == 2));
-    if (has_sm[j])
-      need(smooth[j]->dtype() == float32 && smooth[j]->ndim() == 1 &&
-               smooth[j]->shape(0) == sm_in[j],
-           "each inv_smooth float32 (in,)");
+    if (has_sm[j]) need(vec(*smooth[j], float32, sm_in[j]), "each inv_smooth float32 (in,)");
   }
   std::vector<array> in = {contig(x, s)};
   if (key_bias) {
