@@ -30,6 +30,9 @@ B=1 L=24 / 128 / 512 0.56 / 0.73 / 0.85, B=8 0.76 / 0.92 / 0.93, B=32 L=24 / 128
 ORT int8 1.26-1.54x its fp32 everywhere, our q8 0.55-1.02x our fp32. B=1 L=24: 3.29 ms per layer
 (MLX) vs 1.57 (ORT), intercepts under 1 ms for both: the gap is per layer, not per call (B*L
 below ``parallel.MIN_ROWS`` runs on one stream with 1-thread OpenBLAS: one core).
+Our W8A8 (``--engines mlx ort32 ort8 w8a8``, B=1/32 x L=24/128, 9 rounds, load 10-12): 2.27x
+[1.17, 2.78] our fp32 at B=1 L=24 and 2.91x [2.68, 3.34] at B=32 L=128; 0.72x [0.40, 0.82] and
+1.49x [1.31, 1.65] ORT int8's speed.
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
