@@ -40,11 +40,15 @@ SETTINGS = {
     "seed": ((int,), 0),
     "n_bins": ((int,), N_BINS),
 }
+#: Most bootstrap resamples per CI (each resample holds one index per eval row: 100,000 x 1,000
+#: rows is 800 MB)
+MAX_BOOTSTRAP = 100_000
 _SETTING_RANGES = {
     "near_tie_margin": (lambda x: x >= 0, ">= 0"),
     "human_tie_gap": (lambda x: 0 <= x <= 1, "in [0, 1]"),
     "alpha": (lambda x: 0 < x < 1, "in (0, 1)"),
-    "n_bootstrap": (lambda x: x >= 0, ">= 0 (0 = no intervals)"),
+    "n_bootstrap": (lambda x: 0 <= x <= MAX_BOOTSTRAP,
+                    f"in [0, {MAX_BOOTSTRAP}] (0 = no intervals)"),
     "confidence": (lambda x: 0 < x < 1, "in (0, 1)"),
     "seed": (lambda x: x >= 0, ">= 0"),
     "n_bins": (lambda x: x >= 1, ">= 1"),
@@ -288,8 +292,8 @@ def load_contract(path=None):
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ContractError(
-                f"contract file {source} not found; pass an existing .toml path, or none for the "
-                "packaged default."
+                f"contract file {source} not found; pass an existing .toml path or a packaged "
+                f"contract: {' | '.join(PACKAGED)}."
             ) from None
         except (OSError, UnicodeDecodeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else e  # no 2nd path echo

@@ -37,8 +37,12 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     Raises
     ------
     CheckError
-        If a clause compares a bootstrap CI with its bound and ``n_bootstrap`` is 0.
+        If an override is not finite or out of its range (as the contract's ``[settings]``:
+        :data:`contracts.contract.SETTINGS`), or a clause compares a bootstrap CI with its bound
+        and ``n_bootstrap`` is 0.
     """
+    check_overrides(near_tie_margin=near_tie_margin, alpha=alpha, n_bootstrap=n_bootstrap,
+                    seed=seed)
     st = dict(contract.settings)
     if near_tie_margin is not None:
         st["near_tie_margin"] = float(near_tie_margin)
@@ -54,6 +58,25 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
                          "so n_bootstrap must be > 0; drop --n-bootstrap 0 or those clauses' "
                          "compare = \"ci\"")
     return st
+
+
+def check_overrides(**overrides):
+    """Raise CheckError, naming the flag (``--alpha``...), for an override (None = not given)
+    that the contract's ``[settings]`` would refuse: a wrong type, NaN, ±inf, out of range."""
+    from contracts.contract import _SETTING_RANGES, SETTINGS
+
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        types, _ = SETTINGS[key]
+        ok, rule = _SETTING_RANGES[key]
+        flag = "--" + key.replace("_", "-")
+        numeric = (int, np.integer) if types == (int,) else (int, float, np.integer, np.floating)
+        if isinstance(value, bool) or not isinstance(value, numeric):
+            raise CheckError(f"{flag} {short_repr(value)} must be "
+                             f"{'an integer' if types == (int,) else 'a number'} {rule}")
+        if not (math.isfinite(value) and ok(value)):
+            raise CheckError(f"{flag} {short_repr(value)} must be {rule}")
 
 
 def check_calibration_size(n_calibration, alpha):

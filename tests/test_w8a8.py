@@ -150,6 +150,11 @@ def test_skip_that_matches_everything_is_refused(model):
         w8a8.check_model(model.module, [W8A8Config(skip=".")])
 
 
+def test_skip_that_matches_nothing_is_refused(model):
+    with pytest.raises(ValueError, match="--int8-skip 'nosuch' matches no encoder Linear"):
+        w8a8.check_model(model.module, [W8A8Config(skip="nosuch")])
+
+
 def test_smoothquant_without_fit_texts_is_refused(model):
     with pytest.raises(ValueError, match="needs fit-split texts"):
         w8a8.build(model, W8A8Config(smooth=True), fit=None)

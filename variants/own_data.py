@@ -30,7 +30,7 @@ PARQUET_INSTALL = "pip install pyarrow"
 SCHEMA_HELP = """\
 --data FILE: your own rows as JSONL (one object per line), CSV (header row; list cells as JSON,
 e.g. ["no", "yes"]) or Parquet. Columns (only text is required):
-  text      the state the model reads (non-empty string)
+  text      the state the model reads (a string; empty or blank ones are kept and judged)
   id        unique id (default: a hash of the text); also decides the hash split
   question  question text for prompt templates
   options   list of option texts (>= 2, unique); rows may differ in count (K = max, masked);

@@ -122,6 +122,9 @@ def check_model(module, cfgs):
     config's ``--int8-skip`` keeps every one fp32."""
     for cfg in cfgs:
         run, keep = target_paths(module, cfg)
+        if cfg.skip and not keep:
+            raise ValueError(f"--int8-skip {cfg.skip!r} matches no encoder Linear (they are e.g. "
+                             f"{', '.join((run or ['none'])[:2])}); fix the pattern or drop it")
         if not run:
             what = (f"--int8-skip {cfg.skip!r} matches all {len(keep)} encoder Linears"
                     if keep else "the model has no nn.Linear under encoder.layers")
