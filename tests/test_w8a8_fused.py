@@ -75,21 +75,25 @@ def _smoothed(layer, x, shared):
     return layer
 
 
-def _qkv(qk, layer, x):
+def _qkv(qk, layer, x, threads):
     proj, smooth, shared, norms = fused_layer.i8weights(layer)
     n = x.shape[0] * x.shape[1]
     return proj, shared, np.array(qk.fused_bert_int8layer(
         mx.array(x.reshape(n, -1)), [n], None, proj, smooth, shared, norms, heads=12,
-        q_scale=float(layer.attention.scale), eps1=1e-12, eps2=1e-12, qkv_only=True))
+        q_scale=float(layer.attention.scale), eps1=1e-12, eps2=1e-12, threads=threads,
+        qkv_only=True))
 
 
-@pytest.mark.parametrize("smoothing", ["plain", "shared", "per-projection"])
-def test_qkv_is_bit_identical_to_the_int8_linears(qk, variant, hidden, smoothing):
+@pytest.mark.parametrize("smoothing,threads", [("plain", 1), ("plain", 2), ("shared", 1),
+                                               ("per-projection", 1), ("per-projection", 2)])
+def test_qkv_is_bit_identical_to_the_int8_linears(qk, variant, hidden, smoothing, threads):
+    """One part: one GEMM over the stacked weight (or three); two parts: each part's heads'
+    columns of q, k and v."""
     x = hidden[0][:1]  # one real sequence
     layer = variant.module.encoder.layers[2]
     if smoothing != "plain":
         layer = _smoothed(layer, x, smoothing == "shared")
-    proj, shared, got = _qkv(qk, layer, x)
+    proj, shared, got = _qkv(qk, layer, x, threads)
     assert shared == (smoothing != "per-projection")
     assert proj[0].shape == (3 * 384, 384) and proj[0].dtype == mx.int8  # stacked once
     att, xm = layer.attention, mx.array(x)
