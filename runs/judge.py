@@ -289,6 +289,7 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
 
     from contracts.report import REPORT_SCHEMA_VERSION
     from runs.io import write_csv, write_json, write_text
+    from runs.html.render import write_beside_markdown
     from runs.plots.markdown import report_tail
     from runs.report import render_report
 
@@ -315,4 +316,6 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
         extras = run.family_texts(names)  # <variant>/family.md, else run.json's extras
         write_text(out_dir / "report.md", render_report(meta, summary, details, contract, extras)
                    + report_tail(run, out_dir))
+        write_beside_markdown(run, out_dir=out_dir, log=log or print,
+                              evaluations={n: ev for n, (ev, _) in details.items()})
     return verdicts

@@ -19,6 +19,7 @@ VERBS = {
     "check": "runs.commands.check:configure_check",
     "selftest": "runs.commands.check:configure_selftest",
     "plot": "runs.commands.plot:configure_parser",
+    "compare": "runs.commands.compare:configure",
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
     "search": "variants.commands.search:configure",

@@ -96,7 +96,9 @@ def run_spec(spec, spawned_at=None, main_at=None):
     device.use(spec.get("device") or "cpu", spec.get("dtype") or "float32")
 
     t0 = _now()
-    ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype())
+    ml = spec.get("max_length")  # (tokens, where set) or None
+    ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype(),
+                         max_length=None if ml is None else tuple(ml))
     model = module.bind(ck).build(ck)
     head = spec.get("head_path")
     if head:

@@ -338,6 +338,7 @@ class Sweep:
             write_json(self.out / "run.json", dict(self.metadata(), status="running"))
         from runs.plots.markdown import plots_markdown
         from runs.plots.render import plot_run
+        from runs.html.render import write_beside_markdown
 
         plot_error = None
         with self.clock("plots"):
@@ -356,6 +357,8 @@ class Sweep:
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
+            write_beside_markdown(self.out, log=self.log,
+                                  evaluations={n: ev for n, (ev, _) in details.items()})
         if plot_error is not None:
             raise plot_error
         meta = self.metadata()  # the final status, written last

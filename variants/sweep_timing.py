@@ -189,6 +189,7 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
     spec = {"model": source, "checkpoint": None if ck is None else str(ck),
             "taskset": timed_batches(timing_sets[b][0], b)[0],  # B=1: the median text
             "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
+            "max_length": sweep.cfg.max_length_choice(),
             "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
                              .resolve())}
     if vcfg is not None:

@@ -27,6 +27,7 @@ import mlx.core as mx
 
 from metrics.latency import latency_summary, paired_speedup, relative_trend
 from runs.outputs import finish_outputs
+from variants import defaults
 from variants.memory import process_rss_bytes
 
 TIMED_REGIONS = {
@@ -46,10 +47,11 @@ HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rs
 #: Stages of :func:`end_to_end_call`, in call order.
 STAGES = ("tokenise", "forward", "postprocess")
 
-DEFAULT_WARMUP = 5  # seed analysis: 5 warm-ups, 50 timed iterations
-DEFAULT_ROUNDS = 50
-DEFAULT_MIN_ROUNDS = 3
-DEFAULT_BUDGET_S = 30.0
+# seed analysis: 5 warm-ups, 50 timed iterations (the values live in variants.defaults)
+DEFAULT_WARMUP = defaults.TIMING_WARMUP
+DEFAULT_ROUNDS = defaults.TIMING_ROUNDS
+DEFAULT_MIN_ROUNDS = defaults.TIMING_MIN_ROUNDS
+DEFAULT_BUDGET_S = defaults.TIMING_BUDGET_S
 #: Warm-ups stop (after the first) once they have used this share of the budget.
 WARMUP_BUDGET_SHARE = 0.25
 

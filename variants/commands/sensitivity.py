@@ -3,6 +3,7 @@ change on a calibration subset (:mod:`variants.sensitivity`) as sensitivity.csv 
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from runs.commands.args import number
@@ -22,37 +23,51 @@ def _regex(text):
 
 def configure(sub):
     """Add the ``sensitivity`` subcommand to ``sub``; returns its parser."""
-    from variants.builders.quant_family import BITS as DEFAULT_BITS  # (no MLX import here)
+    from variants import defaults
     from variants.builders.quant_family import GROUP_SIZES
+    from variants.commands import HelpFormatter
     from variants.sweep_config import SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(
         "sensitivity", help="per-layer quantization sensitivity (table + heat map)",
-        description="Quantize each encoder Linear alone at each candidate bit width and measure "
+        description=textwrap.fill(
+            "Quantize each encoder Linear alone at each candidate bit width and measure "
                     "the change of the reference's logits on a calibration subset: max |dlogit|, "
                     "mean KL, flip rate. Writes OUT/sensitivity.csv and OUT/sensitivity.png; "
-                    "cached under RESULTS_DIR/.cache/sensitivity/.")
-    p.add_argument("--model", default=None, help="registered model (default minilm-sentiment)")
-    p.add_argument("--model-config", default=None, metavar="FILE", help="a model TOML file")
-    p.add_argument("--checkpoint", default=None, help="checkpoint folder (overrides the TOML's)")
-    p.add_argument("--data", default=None, metavar="FILE", help="own data (JSONL/CSV/Parquet)")
-    p.add_argument("--bits", type=int, nargs="+", choices=DEFAULT_BITS, default=list(DEFAULT_BITS),
-                   metavar="B", help="candidate bit widths (each layer alone)")
-    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=64,
+                    "cached under RESULTS_DIR/.cache/sensitivity/.", width=92),
+        formatter_class=HelpFormatter)
+    p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
+                   help="decision model (as variants sweep; None = minilm-sentiment)")
+    p.add_argument("--model-config", default=None, metavar="FILE",
+                   help="a model TOML file (as variants sweep)")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="checkpoint folder; overrides the TOML's (None = the TOML's, or the "
+                        "bundled all-MiniLM-L6-v2)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="own data (JSONL/CSV/Parquet; None = the bundled VADER data)")
+    p.add_argument("--max-length", type=int, default=d.max_length, metavar="TOKENS",
+                   help="tokens per text (as variants sweep; None = the model TOML's "
+                        "max_length, else the tokenizer files')")
+    p.add_argument("--bits", type=int, nargs="+", choices=defaults.QUANT_BITS,
+                   default=list(defaults.QUANT_BITS), metavar="B",
+                   help="candidate bit widths (each layer alone)")
+    p.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=defaults.GROUP_SIZE,
                    help="weights per group: 32, 64, 128")
     p.add_argument("--layers", type=_regex, default=None, metavar="REGEX",
-                   help="only the layers whose path matches (e.g. 'layers\\.0\\.')")
-    p.add_argument("--n-examples", type=number(int, low=10, example=200), default=200,
-                   help="calibration examples compared on (a subset of the calibration split)")
+                   help="only the layers whose path matches (e.g. 'layers\\.0\\.'; None = all)")
+    p.add_argument("--n-examples", type=number(int, low=10, example=defaults.N_SENSITIVITY),
+                   default=defaults.N_SENSITIVITY,
+                   help="calibration examples compared on (a subset of the calibration split; "
+                        "as variants search --n-sensitivity)")
     p.add_argument("--n-fit", type=int, default=d.n_fit,
                    help="fit examples of the reference's head (as the sweep's, so its cache is "
                         "shared)")
-    p.add_argument("--seed", type=number(int, low=0, example=0), default=0,
+    p.add_argument("--seed", type=number(int, low=0, example=0), default=d.seed,
                    help="seed of the data subsample")
     p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder (default RESULTS_DIR/sensitivity/<model>)")
+                   help="output folder (None = RESULTS_DIR/sensitivity/<model>)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -75,7 +90,8 @@ def run(args):
     if args.n_examples < 10:
         raise ValueError(f"--n-examples {args.n_examples} is too small; use at least 10")
     cfg = SweepConfig(model=args.model, model_config=args.model_config,
-                      checkpoint=args.checkpoint, data=args.data, n_fit=args.n_fit,
+                      checkpoint=args.checkpoint, data=args.data, max_length=args.max_length,
+                      n_fit=args.n_fit,
                       n_calibration=args.n_examples, n_eval=10, seed=args.seed,
                       timing_batch_sizes=(1,), results_dir=args.results_dir).validate()
     out = args.out if args.out is not None else Path(args.results_dir) / "sensitivity" / cfg.model
