@@ -207,10 +207,10 @@ def test_sensitivity_size_beyond_the_split_names_its_own_flag(tmp_path, capsys):
 # -- usage errors: one line naming the flag, the value and the choices ------------------------
 
 @pytest.mark.parametrize("argv, says", [
-    ([], "no command given; choose one of: sweep, check, selftest, plot, list, sensitivity, "
-         "search; see 'variants --help'"),
-    (["frob"], "unknown command 'frob'; choose one of: sweep, check, selftest, plot, list, "
-               "sensitivity, search"),
+    ([], "no command given; choose one of: sweep, check, selftest, plot, compare, list, "
+         "sensitivity, search"),
+    (["frob"], "unknown command 'frob'; choose one of: sweep, check, selftest, plot, compare, "
+               "list, sensitivity, search"),
     (["sweep", "--n-eval", "abc"], "--n-eval 'abc' is not an integer; see 'variants sweep --help'"),
     (["sweep", "--family", "nosuch"], "--family 'nosuch' is not one of: quant, lowrank, prune, "
                                       "exit, student, exact"),
