@@ -12,7 +12,9 @@ names its method (``interval``). A clause whose value is NaN is reported with ``
 does not fail the verdict: "no examples" when its stratum has no example on which the metric is
 defined (an absent stratum is not evidence against the variant, but the report shows it so a
 reader can see the clause went untested), or "skipped: <reason>" when the value could not be
-estimated (a temperature refit that ran to a bound or did not converge).
+estimated (the reference's temperature refit ran to a bound or did not converge). A variant
+whose own refit ran to a bound or did not converge where the reference's converged fails that
+clause, "FAIL: <reason>" (:meth:`metrics.evaluation.Evaluation.fail_reason`).
 
 Parsing and validating a contract file: :mod:`contracts.contract` (its names are re-exported
 here for code that imports them from this module).
@@ -65,7 +67,9 @@ class ClauseResult:
         (accuracy drop), "bootstrap-percentile", or None (no interval: the metric has none, or
         intervals were off).
     reason : str
-        Why the value is NaN although the stratum has examples ("" otherwise).
+        Why the value is NaN although the stratum has examples, or why the clause failed
+        whatever its value (a variant whose temperature refit ran to a bound where the
+        reference's converged); "" otherwise.
     """
 
     id: str
@@ -93,10 +97,12 @@ class ClauseResult:
 
     @property
     def status(self):
-        """'pass', 'FAIL', 'no examples' or 'skipped: <reason>'."""
+        """'pass', 'FAIL', 'FAIL: <reason>', 'no examples' or 'skipped: <reason>'."""
         if self.passed is None:
             return f"skipped: {self.reason}" if self.reason else "no examples"
-        return "pass" if self.passed else "FAIL"
+        if self.passed:
+            return "pass"
+        return f"FAIL: {self.reason}" if self.reason else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,9 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
         One :class:`ClauseResult` per clause, in contract order. A clause passes when
         ``value >= threshold`` (min) or ``value <= threshold`` (max), with ``value`` the CI's far
         end when ``compare = "ci"``; ``passed`` is None when that number is NaN (no examples, or
-        skipped with a ``reason``), which does not fail the verdict.
+        skipped with a ``reason``), which does not fail the verdict; ``passed`` is False with a
+        ``reason`` whatever the number when the evaluation gives a ``fail_reason`` (a variant's
+        temperature refit that ran to a bound where the reference's converged).
     """
     settings = dict(contract.settings)
     n_boot = settings["n_bootstrap"] if n_bootstrap is None else int(n_bootstrap)
@@ -184,9 +192,13 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
             low, high = evaluation.ci(c.metric, c.stratum, c.statistic, n_boot=n_boot,
                                       confidence=level, seed=seed)
             interval = evaluation.interval_method(c.metric, c.statistic)
-        reason = evaluation.skip_reason(c.metric, c.stratum) if math.isnan(value) else ""
+        fails = evaluation.fail_reason(c.metric, c.stratum)
+        reason = fails or (evaluation.skip_reason(c.metric, c.stratum)
+                           if math.isnan(value) else "")
         compared = value if c.compare == "value" else (high if c.op == "<=" else low)
-        if math.isnan(compared):
+        if fails:
+            passed = False
+        elif math.isnan(compared):
             passed = None
         elif c.op == ">=":
             passed = bool(compared >= c.threshold)

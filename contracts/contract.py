@@ -40,11 +40,15 @@ SETTINGS = {
     "seed": ((int,), 0),
     "n_bins": ((int,), N_BINS),
 }
+#: Most bootstrap resamples per CI (each resample holds one index per eval row: 100,000 x 1,000
+#: rows is 800 MB)
+MAX_BOOTSTRAP = 100_000
 _SETTING_RANGES = {
     "near_tie_margin": (lambda x: x >= 0, ">= 0"),
     "human_tie_gap": (lambda x: 0 <= x <= 1, "in [0, 1]"),
     "alpha": (lambda x: 0 < x < 1, "in (0, 1)"),
-    "n_bootstrap": (lambda x: x >= 0, ">= 0 (0 = no intervals)"),
+    "n_bootstrap": (lambda x: 0 <= x <= MAX_BOOTSTRAP,
+                    f"in [0, {MAX_BOOTSTRAP}] (0 = no intervals)"),
     "confidence": (lambda x: 0 < x < 1, "in (0, 1)"),
     "seed": (lambda x: x >= 0, ">= 0"),
     "n_bins": (lambda x: x >= 1, ">= 1"),
@@ -282,14 +286,17 @@ def load_contract(path=None):
         fname = DEFAULT_CONTRACT if path is None else f"{path}.toml"
         resource = resources.files("contracts").joinpath(fname)
         source, text = f"contracts/{fname}", resource.read_text(encoding="utf-8")
+    elif not str(path).strip():  # Path("") is the current folder, not a file
+        raise ContractError(f"the contract name is empty; pass a .toml path or a packaged "
+                            f"contract: {' | '.join(PACKAGED)}.")
     else:
         source = short_path(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ContractError(
-                f"contract file {source} not found; pass an existing .toml path, or none for the "
-                "packaged default."
+                f"contract file {source} not found; pass an existing .toml path or a packaged "
+                f"contract: {' | '.join(PACKAGED)}."
             ) from None
         except (OSError, UnicodeDecodeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else e  # no 2nd path echo

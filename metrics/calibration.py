@@ -93,15 +93,34 @@ def _check_probs_targets(probs, targets, option_mask):
     return np.where(mask, probs, 0.0), mask, targets, known
 
 
+def equal_mass_sorted_bins(sorted_conf, n_bins):
+    """Equal-mass bin of each position of ``sorted_conf`` (..., n), sorted along the last axis.
+
+    The positions split as ``numpy.array_split(range(n), n_bins)`` (bins of n/M rows, the first
+    ones one longer); then every run of equal confidences goes whole to the bin of its first
+    copy, so tied values share one bin and the bins depend only on the values, never on the
+    rows' order (a bin may then hold more or fewer rows, or none). Returns int64 of the same
+    shape, non-decreasing along the last axis.
+    """
+    sorted_conf = np.asarray(sorted_conf)
+    n = sorted_conf.shape[-1]
+    sizes = [len(a) for a in np.array_split(np.arange(n), n_bins)]
+    by_position = np.repeat(np.arange(n_bins, dtype=np.int64), sizes)
+    new = np.ones(sorted_conf.shape, dtype=bool)
+    new[..., 1:] = sorted_conf[..., 1:] != sorted_conf[..., :-1]
+    first = np.maximum.accumulate(np.where(new, np.arange(n), 0), axis=-1)
+    return by_position[first]
+
+
 def _bins(confidence, n_bins, strategy):
-    """Bin index per example: equal-width ((m-1)/M, m/M], or equal-mass (sorted, split in M)."""
+    """Bin index per example: equal-width ((m-1)/M, m/M], or equal-mass
+    (:func:`equal_mass_sorted_bins`: sorted, split in M, ties kept in one bin)."""
     if strategy == "uniform":
         return _bin_index(confidence, n_bins)
     if strategy == "quantile":
         order = np.argsort(confidence, kind="stable")
         b = np.empty(confidence.size, dtype=np.int64)
-        for m, chunk in enumerate(np.array_split(order, n_bins)):
-            b[chunk] = m
+        b[order] = equal_mass_sorted_bins(confidence[order], n_bins)
         return b
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
 
@@ -117,7 +136,8 @@ def reliability_diagram(probs, labels, option_mask, *, n_bins=N_BINS, strategy="
     option_mask : array-like of shape (N, K), bool
     n_bins : int, default=N_BINS (15, :mod:`metrics.defaults`)
     strategy : {'uniform', 'quantile'}, default='uniform'
-        Equal-width bins on [0, 1], or equal-mass bins (each holds N/M examples, ±1).
+        Equal-width bins on [0, 1], or equal-mass bins (each holds N/M examples, ±1, except
+        that tied confidences always share one bin: :func:`equal_mass_sorted_bins`).
 
     Returns
     -------
@@ -162,7 +182,9 @@ def calibration_error(probs, labels, option_mask, *, n_bins=N_BINS, strategy="un
     """Top-label ECE with equal-width (``'uniform'``) or equal-mass (``'quantile'``) bins.
 
     ``strategy='uniform'`` equals :func:`expected_calibration_error`. Equal-mass bins follow
-    Nixon et al., "Measuring Calibration in Deep Learning", CVPR Workshops 2019 (adaptive ECE).
+    Nixon et al., "Measuring Calibration in Deep Learning", CVPR Workshops 2019 (adaptive ECE),
+    with tied confidences kept in one bin (:func:`equal_mass_sorted_bins`), so the result is a
+    function of the multiset of (confidence, hit) pairs, not of the rows' order.
 
     Returns
     -------

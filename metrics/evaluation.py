@@ -264,15 +264,37 @@ class Evaluation(EvaluationTables):
         """Why :meth:`value` of ``metric`` on ``stratum`` is NaN although the stratum has
         examples, or "" (a number, or an empty stratum: "no examples").
 
-        Today only ``temperature_refit_log_ratio`` has one: a refit that ran to a bound or did
-        not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3 (reference)".
+        Today only ``temperature_refit_log_ratio`` has one: the reference's refit ran to a bound
+        or did not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3
+        (reference)" (the variant's alone: :meth:`fail_reason`).
         """
+        refit = self._refit(metric, stratum)
+        if refit is None or refit.fails or not np.isnan(refit.value):
+            return ""
+        return refit.reason
+
+    def fail_reason(self, metric, stratum="all"):
+        """Why a clause on ``metric`` over ``stratum`` fails whatever its value, or "".
+
+        Today only ``temperature_refit_log_ratio`` has one: the variant's refit ran to a bound
+        or did not converge where the reference's converged (the variant needs a temperature
+        outside what the deployed ones can be), e.g. "the variant's temperature refit ran to
+        the bound (T=1000) on bucket K=3 while the reference's converged (T=0.52): a shift of
+        at least 7.56 there" (:func:`metrics.temperature_fit.refit_log_ratio`).
+        """
+        refit = self._refit(metric, stratum)
+        return refit.reason if refit is not None and refit.fails else ""
+
+    def _refit(self, metric, stratum):
+        """The :class:`metrics.temperature_fit.RefitLogRatio` behind ``metric`` on ``stratum``
+        (None for other metrics and for an empty stratum)."""
         if metric != "temperature_refit_log_ratio":
-            return ""
+            return None
         rows = np.flatnonzero(self.rows(stratum))
-        if rows.size == 0 or not np.isnan(self.value(metric, stratum)):
-            return ""
-        return self._cache[("refit", rows.tobytes())][1]
+        if rows.size == 0:
+            return None
+        self.value(metric, stratum)  # computes and caches the refit
+        return self._cache[("refit", rows.tobytes())]
 
 
 #: Resampled reference calibration figures, shared by the evaluations of one run's variants

@@ -147,7 +147,7 @@ _SPECS = (
     _s("certified_share", True, sm.rate_of("certified"), events="certified"),
     *(spec for figure in sm.CALIBRATION_FIGURES for spec in _calibration(figure)),
     _s("temperature_refit_log_ratio", False, sm.temperature_refit_log_ratio, has_interval=False,
-       undefined="a refit ran to a bound or did not converge"),
+       undefined="the reference's refit ran to a bound or did not converge"),
     _s("certified_share_conformal", True, sm.rate_of("certified_conformal"),
        events="certified_conformal"),
     _s("epsilon_max", False, sm.constant("epsilon"), has_interval=False),

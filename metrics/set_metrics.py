@@ -20,7 +20,7 @@ where known, the reference's top-1 option elsewhere). ``*_delta`` is variant min
 
 import numpy as np
 
-from metrics.calibration import _bin_index
+from metrics.calibration import _bin_index, equal_mass_sorted_bins
 from metrics.from_logits import nll_column
 from metrics.temperature_fit import refit_log_ratio
 
@@ -94,13 +94,12 @@ def ece_binned(conf, hit, bins, n_bins):
 
 def equal_mass_bins(conf, n_bins):
     """Equal-mass bin of each entry of (B, n) ``conf``: each row sorted (stable) and split as
-    ``numpy.array_split`` (as :func:`metrics.calibration._bins` 'quantile')."""
-    n = conf.shape[1]
+    :func:`metrics.calibration.equal_mass_sorted_bins` (``numpy.array_split``, ties in one bin;
+    as :func:`metrics.calibration._bins` 'quantile')."""
     order = np.argsort(conf, axis=1, kind="stable")
-    sizes = [len(a) for a in np.array_split(np.arange(n), n_bins)]
-    sorted_bins = np.repeat(np.arange(n_bins), sizes)
+    sorted_bins = equal_mass_sorted_bins(np.take_along_axis(conf, order, axis=1), n_bins)
     bins = np.empty(conf.shape, dtype=np.int64)
-    np.put_along_axis(bins, order, np.broadcast_to(sorted_bins, conf.shape), axis=1)
+    np.put_along_axis(bins, order, sorted_bins, axis=1)
     return bins
 
 
@@ -115,15 +114,21 @@ def _tie_ranks(conf):
 
 def ece_mass_sorted(conf, hit, idx, n_bins):
     """Equal-mass top-label ECE per resample row of ``idx`` (B, n): bins as
-    :func:`equal_mass_bins`, ``sum_m |sum (hit - conf)| / n`` summed in sorted order."""
-    n = idx.shape[1]
+    :func:`equal_mass_bins` (ties in one bin), ``sum_m |sum (hit - conf)| / n`` summed in sorted
+    order."""
+    n_boot, n = idx.shape
     if n == 0:
-        return np.full(idx.shape[0], np.nan)
-    order = np.argsort(_tie_ranks(conf)[idx], axis=1, kind="stable")
+        return np.full(n_boot, np.nan)
+    rank = _tie_ranks(conf)[idx]
+    order = np.argsort(rank, axis=1, kind="stable")
     g = np.take_along_axis((hit - conf)[idx], order, axis=1)
-    sizes = np.array([len(a) for a in np.array_split(np.arange(n), n_bins)])
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
-    return np.abs(np.add.reduceat(g, starts, axis=1)).sum(axis=1) / n
+    bins = equal_mass_sorted_bins(np.take_along_axis(rank, order, axis=1), n_bins)
+    new = np.ones(bins.shape, dtype=bool)  # where a bin starts in each sorted row
+    new[:, 1:] = bins[:, 1:] != bins[:, :-1]
+    starts = np.flatnonzero(new.ravel())
+    per_bin = np.zeros((n_boot, min(n, n_bins)))  # a bin emptied by ties adds 0
+    per_bin[starts // n, bins.ravel()[starts]] = np.add.reduceat(g.ravel(), starts)
+    return np.abs(per_bin).sum(axis=1) / n
 
 
 def _figure(ev, figure, which, idx, point=False):
@@ -201,8 +206,9 @@ def temperature_refit_log_ratio(ev, idx):
 
     A systematic change of the logit scale moves every bucket alike and survives the mean, while
     the refit noise of small buckets (e.g. +/-4% at n = 200) averages out instead of deciding
-    alone. NaN (reason in ``ev.skip_reason``) when a refit ran to a bound or did not converge
-    (:func:`metrics.temperature_fit.refit_log_ratio`).
+    alone. NaN (reason in ``ev.skip_reason``) when the reference's refit ran to a bound or did
+    not converge; when only the variant's did, ``ev.fail_reason`` says so and a bucket at a
+    bound counts with the bound as its T (:func:`metrics.temperature_fit.refit_log_ratio`).
     """
     out = []
     for rows in idx:

@@ -24,6 +24,7 @@ C. Guo et al., "On Calibration of Modern Neural Networks", ICML 2017, Sec. 4.2;
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -277,6 +278,16 @@ def _content_key(*arrays):
     return h.digest()
 
 
+class RefitLogRatio(NamedTuple):
+    """Result of :func:`refit_log_ratio`: ``value``, ``reason`` ("" when ``value`` is an
+    ordinary number) and ``fails`` (True: the variant's refit found no optimum where the
+    reference's did, and the clause on it fails whatever ``value`` is)."""
+
+    value: float
+    reason: str
+    fails: bool = False
+
+
 def refit_log_ratio(ref_logits, var_logits, targets, mask):
     """``|n-weighted mean over buckets of log(T_var / T_ref)|`` of NLL refits, or why not.
 
@@ -289,31 +300,56 @@ def refit_log_ratio(ref_logits, var_logits, targets, mask):
 
     Returns
     -------
-    (value, reason) : (float, str)
-        ``reason`` is "" when ``value`` is a number. ``value`` is NaN with a reason (e.g.
-        "temperature refit at bound (T=1000) on bucket K=3 (reference)") when a bucket's refit of
-        either model did not converge or ran to a bound: its T is not an estimate, and a ratio
-        of two bounds (1000 / 1000) would read as "no change". Buckets with fewer than 2 rows
-        are left out; NaN with reason "no bucket with 2 or more examples" when none remains.
+    RefitLogRatio
+        ``(value, reason, fails)``. Per option-count bucket (buckets with fewer than 2 rows are
+        left out):
+
+        * the reference's refit ran to a bound or did not converge: its T is no estimate (and a
+          ratio of two bounds, 1000 / 1000, would read as "no change"), so ``value`` is NaN with
+          a reason, e.g. "temperature refit at bound (T=1000) on bucket K=3 (reference)": the
+          clause is untested;
+        * the reference converged and the variant's refit ran to a bound: the variant's best T
+          lies at or beyond the bound, outside anything the deployed temperatures can be;
+          ``fails`` is True and the bucket enters the mean with the bound as the variant's T
+          (so ``value`` is a lower bound of that bucket's shift, as the reason says);
+        * the reference converged and the variant's refit did not converge (its NLL is flat in
+          T): ``fails`` is True, the bucket is left out of the mean.
+
+        A failing bucket decides over an untested one. NaN with reason "no bucket with 2 or more
+        examples" when no bucket remains.
     """
     fits = {w: fits_by_bucket(lg, mask, targets) for w, lg in (("reference", ref_logits),
                                                               ("variant", var_logits))}
     k_of_row = mask.sum(axis=1)
-    pairs, problems = [], []
+    pairs, untested, failing = [], [], []
     for k in sorted(fits["reference"]):
-        pair = {w: fits[w][k] for w in fits}
-        if any(f.n < 2 for f in pair.values()):
+        ref, var = fits["reference"][k], fits["variant"][k]
+        if ref.n < 2 or var.n < 2:
             continue
-        bad = [w for w, f in pair.items() if not f.converged]
-        if bad:
-            problems.append(f"temperature refit {pair[bad[0]].describe()} on bucket K={k} "
+        if not ref.converged:
+            bad = ["reference"] + ([] if var.converged else ["variant"])
+            untested.append(f"temperature refit {ref.describe()} on bucket K={k} "
                             f"({', '.join(bad)})")
             continue
-        pairs.append((np.log(pair["variant"].temperature / pair["reference"].temperature),
-                      int((k_of_row == k).sum())))
-    if problems:
-        return float("nan"), "; ".join(problems)
+        if var.status == "not_converged":
+            failing.append(f"the variant's temperature refit {var.describe()} on bucket K={k} "
+                           f"while the reference's converged (T={ref.temperature:.4g})")
+            continue
+        shift = np.log(var.temperature / ref.temperature)
+        if var.status == "at_bound":
+            failing.append(f"the variant's temperature refit ran to the bound (T={var.temperature:g})"
+                           f" on bucket K={k} while the reference's converged "
+                           f"(T={ref.temperature:.4g}): a shift of at least {abs(shift):.3g} there")
+        pairs.append((shift, int((k_of_row == k).sum())))
+    if failing:
+        value = float("nan")
+        if pairs:
+            logs, weights = np.array(pairs, dtype=float).T
+            value = float(abs(np.average(logs, weights=weights)))
+        return RefitLogRatio(value, "; ".join(failing + untested), True)
+    if untested:
+        return RefitLogRatio(float("nan"), "; ".join(untested))
     if not pairs:
-        return float("nan"), "no bucket with 2 or more examples"
+        return RefitLogRatio(float("nan"), "no bucket with 2 or more examples")
     logs, weights = np.array(pairs, dtype=float).T
-    return float(abs(np.average(logs, weights=weights))), ""
+    return RefitLogRatio(float(abs(np.average(logs, weights=weights))), "")

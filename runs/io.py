@@ -173,3 +173,23 @@ def digest(*parts):
     """Short (16 hex) SHA-256 over the JSON form of ``parts``: a cache key."""
     blob = json.dumps(parts, sort_keys=True, default=_json_default).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def make_out_dir(out, flag):
+    """Create the output folder ``out`` (named by ``flag`` in errors) before any work is done.
+
+    Raises ValueError (exit 2), nothing created: ``out`` is an empty string, a file, or the
+    folder cannot be made (a parent that is a file, a read-only or virtual file system such as
+    /proc)."""
+    from metrics._checks import short_path
+
+    if isinstance(out, str) and not out.strip():  # Path("") is the current folder
+        raise ValueError(f"{flag} is empty; pass a folder")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {short_path(out)}: cannot create the folder "
+                         f"({e.strerror or type(e).__name__}); pass a writable folder") from None

@@ -254,6 +254,11 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     run.meta  # every file judged is read and validated before anything is written
     for name in names:
         variant_files(run, name)
+    # and the settings checked against them: a bad --alpha leaves the folder as it was
+    st = resolve_settings(contract, run.meta, **{k: kwargs.get(k) for k in (
+        "near_tie_margin", "alpha", "n_bootstrap", "seed")})
+    check_calibration_size(len(run.outputs(REFERENCE, "calibration")["ids"]), st["alpha"])
+    check_strata(contract, run.outputs(REFERENCE, "eval"))
     in_place = out_dir.resolve() == run_dir.resolve() and bool(run.meta)
     if in_place:  # run.json must not say "complete" while its files are being rewritten
         meta = {k: v for k, v in run.meta.items() if k != "check_error"}
@@ -284,6 +289,7 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
 
     from contracts.report import REPORT_SCHEMA_VERSION
     from runs.io import write_csv, write_json, write_text
+    from runs.html.render import write_beside_markdown
     from runs.plots.markdown import report_tail
     from runs.report import render_report
 
@@ -310,4 +316,6 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
         extras = run.family_texts(names)  # <variant>/family.md, else run.json's extras
         write_text(out_dir / "report.md", render_report(meta, summary, details, contract, extras)
                    + report_tail(run, out_dir))
+        write_beside_markdown(run, out_dir=out_dir, log=log or print,
+                              evaluations={n: ev for n, (ev, _) in details.items()})
     return verdicts

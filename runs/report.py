@@ -13,6 +13,10 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
+from runs.report_facts import (flagged, implausible_lines, plausibility_cells, special_only_text,
+                               unquantized_cells, unquantized_text)
+from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_cells,
+                                held_columns)
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
 # follow, one pair per timed batch size.
@@ -53,7 +57,7 @@ COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "impor
                       ("first_forward_ms", "1st forward ms", "{:.0f}"),
                       ("second_forward_ms", "2nd forward ms", "{:.0f}"),
                       ("total_s", "total s", "{:.2f}"), ("model_bytes", "model MB", "{:.1f}"),
-                      ("peak_memory_bytes", "peak MB", "{:.1f}"))
+                      ("peak_memory_bytes", "allocator peak MB", "{:.1f}"))
 
 
 def _fit_note(meta, k):
@@ -94,7 +98,8 @@ def summary_row(name, build, summary, verdict, timing):
                         p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
                         p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
                         p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
-                        p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes")})
+                        p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes"),
+                        **held_cells(p, t), **plausibility_cells(p, t)})
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")
@@ -103,7 +108,9 @@ def summary_row(name, build, summary, verdict, timing):
     cold = timing.get("cold_start") or {}
     if cold and "error" not in cold:
         row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
+        row.update({f"cold_{k}": cold[k] for k, _ in COLD_MEMORY if k in cold})
         row["cold_start_s"] = cold.get("total_s")
+    row.update(unquantized_cells(build))
     row["verdict"] = "PASS" if verdict.passed else "FAIL"
     row["failed_clauses"] = ";".join(verdict.failed)
     return row
@@ -128,7 +135,8 @@ def format_table(summary):
                 f" ({_fmt(r[p + 'ref_p50_ms'], '{:.1f}')})")
             cells[f"speed-up B={b}"] = (
                 f"{_fmt(r[p + 'speedup'], '{:.2f}')}× [{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
-                f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]")
+                f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]"
+                + (" ⚠ implausible" if flagged(r, p) else ""))
         for b in _batch_sizes(summary, "e2e_b"):
             p = f"e2e_b{b}_"
             cells[f"end-to-end B={b}"] = (
@@ -177,12 +185,14 @@ def timing_table(summary):
                                          f"[{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
                                          f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]",
                     "rounds run / requested": rounds,
-                    "peak MB variant (ref)": f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
-                                             f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})",
+                    "allocator peak MB variant (ref)": (
+                        f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
+                        f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})"),
                     "call's own MB variant (ref)": (
                         f"{r[p + 'var_peak_over_active_bytes'] / 1e6:.1f} "
                         f"({r[p + 'ref_peak_over_active_bytes'] / 1e6:.1f})"
                         if _present(r, p + "var_peak_over_active_bytes") else "—"),
+                    **held_columns(r, p),
                 })
     return pd.DataFrame(out)
 
@@ -200,15 +210,17 @@ def cold_start_table(meta, summary):
             if v is not None and key.endswith("_bytes"):
                 v = v / 1e6
             row[head] = _fmt(v, f)
+        row.update(cold_columns(d))
         return row
 
     if ref and "error" not in ref:
         rows.append(cells("reference", ref))
     for _, r in summary.iterrows():
         if _present(r, "cold_start_s"):
+            keys = [k for k, _, _ in COLD_START_COLUMNS] + [k for k, _ in COLD_MEMORY]
             rows.append(cells(r["variant"], {k: (r.get(f"cold_{k}") if _present(r, f"cold_{k}")
-                                                 else None) for k, _, _ in COLD_START_COLUMNS}))
-    return pd.DataFrame(rows)
+                                                 else None) for k in keys}))
+    return pd.DataFrame(rows).fillna("—")
 
 
 def sweep_time_lines(meta):
@@ -257,9 +269,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"n={data['splits']['calibration']['n']}, fit n={data['splits']['fit']['n']}; "
         f"texts truncated at {data['max_tokens']} tokens: "
         + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items())
-        + ("" if "special_only_texts" not in data else "; texts that are special tokens only "
-           "(kept and judged): " + ", ".join(f"{k} {v}"
-                                             for k, v in data["special_only_texts"].items())),
+        + special_only_text(data),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
@@ -287,21 +297,19 @@ def render_report(meta, summary, details, contract, extras=None):
         format_table(summary).to_markdown(index=False),
         "",
     ]
+    lines += implausible_lines(summary)
     tt = timing_table(summary)
     if not tt.empty:
         lines += ["====== Timing: forward vs end to end ======", "",
                   "Rounds run / requested (why timing stopped: `rounds` = all ran, `budget` = the "
-                  "wall-clock budget ran out); peak memory = `mx.get_peak_memory`, reset before "
-                  "every call, max over rounds: it includes every array alive, i.e. both models' "
-                  "weights; the call's own MB = peak minus the bytes active just before the call "
-                  "(activations and workspace).", "", tt.to_markdown(index=False), ""]
+                  "wall-clock budget ran out). " + NOTE, "", tt.to_markdown(index=False), ""]
     ct = cold_start_table(meta, summary)
     if not ct.empty:
         lines += ["====== Cold start (fresh process) ======", "",
                   "Start-up = interpreter + `import variants`; import = mlx and the package "
                   "modules; weights = checkpoint → evaluated arrays + fitted head; build = the "
-                  "variant's builder; 1st forward = first call on one batch (2nd = warm).", "",
-                  ct.to_markdown(index=False), ""]
+                  "variant's builder; 1st forward = first call on one batch (2nd = warm). "
+                  + COLD_NOTE, "", ct.to_markdown(index=False), ""]
     lines += sweep_time_lines(meta)
     if cfg["speed_mode"] == "native" and "cpu" in meta["device"].lower():
         lines += ["Native quantized variants on the CPU keep their weights packed (model MB) and "
@@ -322,7 +330,7 @@ def render_report(meta, summary, details, contract, extras=None):
         s = ev.summary
         r = rows[name]
         memory = "; ".join(
-            f"B={b}: peak {r[f'b{b}_var_peak_memory_bytes'] / 1e6:.1f} MB "
+            f"B={b}: allocator peak {r[f'b{b}_var_peak_memory_bytes'] / 1e6:.1f} MB "
             f"(ref {r[f'b{b}_ref_peak_memory_bytes'] / 1e6:.1f} MB), {r[f'b{b}_rounds']:.0f} "
             f"rounds at L={r[f'b{b}_seq_len']:.0f}" for b in _batch_sizes(summary))
         lines += [
@@ -339,7 +347,7 @@ def render_report(meta, summary, details, contract, extras=None):
             f"{_fmt(r['model_bytes'] / 1e6 if _present(r, 'model_bytes') else None, '{:.1f}')} MB"
             + (f" ({r['timed_model_bytes'] / 1e6:.1f} MB as timed)"
                if _present(r, "timed_model_bytes") else "")
-            + f"; timing ({r['speed_mode']} mode): {memory}",
+            + f"; timing ({r['speed_mode']} mode): {memory}" + unquantized_text(r),
             "",
         ]
         if extras and extras.get(name):

@@ -37,8 +37,12 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     Raises
     ------
     CheckError
-        If a clause compares a bootstrap CI with its bound and ``n_bootstrap`` is 0.
+        If an override is not finite or out of its range (as the contract's ``[settings]``:
+        :data:`contracts.contract.SETTINGS`), or a clause compares a bootstrap CI with its bound
+        and ``n_bootstrap`` is 0.
     """
+    check_overrides(near_tie_margin=near_tie_margin, alpha=alpha, n_bootstrap=n_bootstrap,
+                    seed=seed)
     st = dict(contract.settings)
     if near_tie_margin is not None:
         st["near_tie_margin"] = float(near_tie_margin)
@@ -56,13 +60,33 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     return st
 
 
+def check_overrides(**overrides):
+    """Raise CheckError, naming the flag (``--alpha``...), for an override (None = not given)
+    that the contract's ``[settings]`` would refuse: a wrong type, NaN, ±inf, out of range."""
+    from contracts.contract import _SETTING_RANGES, SETTINGS
+
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        types, _ = SETTINGS[key]
+        ok, rule = _SETTING_RANGES[key]
+        flag = "--" + key.replace("_", "-")
+        numeric = (int, np.integer) if types == (int,) else (int, float, np.integer, np.floating)
+        if isinstance(value, bool) or not isinstance(value, numeric):
+            raise CheckError(f"{flag} {short_repr(value)} must be "
+                             f"{'an integer' if types == (int,) else 'a number'} {rule}")
+        if not (math.isfinite(value) and ok(value)):
+            raise CheckError(f"{flag} {short_repr(value)} must be {rule}")
+
+
 def check_calibration_size(n_calibration, alpha):
     """Raise CheckError when ``n_calibration`` examples cannot give a finite split-conformal ε
     (it needs ⌈1/α⌉ − 1 of them; Angelopoulos & Bates 2021, §1)."""
     need = math.ceil(1.0 / alpha) - 1
     if n_calibration < need:
         raise CheckError(
-            f"alpha={alpha} needs at least {need} calibration examples for the split-conformal ε, "
+            f"alpha={alpha} needs at least {need if need < 1e12 else f'{float(need):.3g}'} "
+            "calibration examples for the split-conformal ε, "
             f"got {n_calibration}: raise --n-calibration or alpha (contract [settings] or --alpha)")
 
 

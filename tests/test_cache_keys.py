@@ -244,3 +244,60 @@ def test_a_run_folder_swept_with_other_tokenizer_settings_is_not_resumed(checkpo
     write_json(sw.out / "run.json", {"data": {"tokenizer": other}})
     with pytest.raises(SweepError, match=r"other tokenizer settings \{'max_length': \(256, 128\)"):
         sw._check_run_tokenizer()
+
+
+# name -> (environment variables set, or None, and attributes patched) that change outputs
+# besides data, weights and tokenizer: the versions and the compute path
+COMPUTE = {
+    "qkernel_off": ({"VARIANTS_QKERNEL": "off"}, {}),
+    "fused_layer_off": ({"VARIANTS_FUSED_LAYER": "off"}, {}),
+    "one_stream": ({"VARIANTS_STREAMS": "1"}, {}),
+    "three_streams": ({"VARIANTS_STREAMS": "3"}, {}),
+    "fused_threads": ({"VARIANTS_FUSED_THREADS": "1"}, {}),
+    "modernbert_attention": ({"VARIANTS_MODERNBERT_ATTENTION": "masked"}, {}),
+    "package_version": ({}, {"variants": "__version__"}),
+    "mlx_version": ({}, {"mlx.core": "__version__"}),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPUTE))
+def test_versions_and_compute_path_are_in_every_key(name, model, small, monkeypatch, tmp_path):
+    """The same model, tokenizer and data keyed under another package or MLX version, or with
+    the compiled kernel, the fused layers or the stream split switched: the key changes (every
+    cache keys through ``DecisionModel.cache_key``, as the tests above show, so reference
+    outputs, heads, statistics and sensitivity tables are recomputed, never mixed in), and so
+    does the name of the search's latency table; switched back, the keys are the old ones."""
+    import importlib
+
+    from variants import compute_path
+    from variants.search.costs import CostTable
+
+    def base():  # the defaults, with the two-stream split whatever the machine's cores
+        for var in ("VARIANTS_QKERNEL", "VARIANTS_FUSED_LAYER", "VARIANTS_FUSED_THREADS",
+                    "VARIANTS_MODERNBERT_ATTENTION"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("VARIANTS_STREAMS", "2")
+        for module, attr in attrs.items():
+            monkeypatch.setattr(importlib.import_module(module), attr, versions[module])
+
+    env, attrs = COMPUTE[name]
+    versions = {m: getattr(importlib.import_module(m), a) for m, a in attrs.items()}
+    base()
+
+    def keys():
+        table = CostTable.__new__(CostTable)
+        table.group_size, table.layers, table.shape, table.latency = 64, [], {}, {}
+        return (model.cache_key("sha", "float32", small.fingerprint()),
+                table.load_latency("latency-b1", [4], tmp_path).name)
+
+    before, part = keys(), compute_path.key_part()
+    assert keys() == before
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    for module, attr in attrs.items():
+        monkeypatch.setattr(importlib.import_module(module), attr, "0.0.0-other")
+    after = keys()
+    assert all(a != b for a, b in zip(before, after)), (before, after)
+    assert compute_path.key_part() != part
+    base()
+    assert keys() == before

@@ -529,8 +529,10 @@ def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
     """Regression (break-it report): --worst -1 listed all but one example; a corrupt run.json
     gave a JSON parser message without the path."""
     run = _copy_fixture_run(tmp_path)
-    assert main(["check", str(run), "--worst", "-1"]) == 2
-    assert "--worst must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused by the parser, before the folder is read
+        main(["check", str(run), "--worst", "-1"])
+    assert e.value.code == 2
+    assert "--worst '-1' must be an integer >= 0" in capsys.readouterr().err
     (run / "run.json").write_text("{bad")
     assert main(["check", str(run)]) == 2
     err = capsys.readouterr().err

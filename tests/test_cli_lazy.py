@@ -52,7 +52,7 @@ def test_sweep_help_lists_every_family_flag_group():
     out, res = _run(["sweep", "--help"])
     assert res["code"] == 0
     for group in ("quant family", "lowrank family", "prune family", "exit family",
-                  "exact family"):
+                  "exact family", "w8a8 family"):
         assert group in out
 
 
@@ -74,7 +74,8 @@ print(json.dumps({"names": list(fams), "ladders": ladders, "quant": fams["quant"
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["mlx"] is False
-    assert res["names"] == ["quant", "lowrank", "prune", "exit", "student", "exact"]
+    assert res["names"] == ["quant", "lowrank", "prune", "exit", "student", "exact", "w8a8"]
+    assert res["ladders"]["w8a8"] == ["w8a8", "w8a8-sq"]
     assert res["ladders"]["student"][0] == "student-l1-entropy-ag0.99"
     assert res["ladders"]["exact"] == ["dedup", "cache-4096"]
     assert res["ladders"]["quant"] == ["q2-g64", "q3-g64", "q4-g64", "q6-g64", "q8-g64"]

@@ -89,6 +89,9 @@ def test_info_reports_cost_histogram_and_near_ties(built, splits):
     assert info["calibration_agreement"] >= 0.95
     assert sum(info["exit_histogram"].values()) == len(splits["calibration"])
     assert info["ideal_speedup"] == pytest.approx(1 / info["expected_cost"])
+    # the most one batch can gain: every row leaves at the earliest exit
+    assert info["max_speedup"] == info["n_layers"] / min(info["exit_layers"])
+    assert info["max_speedup"] >= info["ideal_speedup"]
     assert list((cache / "exit_heads").glob("*.npz"))  # heads cached
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from variants.own_data import (DataError, data_fingerprint, read_data, split_rows, taskset_rows,
                                to_taskset)
-from variants.special_tokens import count_special_only
+from variants.special_tokens import count_special_only, special_only_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTS = ["negative", "neutral", "positive"]
@@ -44,7 +44,8 @@ def error_of(path, **kw):
 
 @pytest.mark.parametrize("change, where, column, fix", [
     (dict(lable=1), "line 3", "'lable'", "did you mean 'label'"),
-    (dict(text=""), "line 3", "'text'", "non-empty 'text'"),
+    (dict(text=None), "line 3", "'text'", "the text is missing"),
+    (dict(text=7), "line 3", "'text'", "quote the text"),
     (dict(label="neutrl"), "line 3", "'label'", "did you mean 'neutral'"),
     (dict(label=3), "line 3", "'label'", "index below 3"),
     (dict(scores=[1.0, 2.0]), "line 3", "'scores'", "one score per option"),
@@ -242,6 +243,35 @@ def test_special_only_texts_are_counted():
     # [CLS] [SEP] / [CLS] [UNK] [SEP] / typed specials: nothing for the model to read
     assert count_special_only(texts, tok) == 4
     assert count_special_only([], tok) == 0
+
+
+def test_empty_and_whitespace_texts_are_kept_judged_and_listed_by_id(tmp_path, checkpoint):
+    """An empty or blank text is a row like any other (it tokenizes to [CLS] [SEP]), in JSONL and
+    CSV alike; its id is listed among the special-tokens-only rows."""
+    rows = BASE + [{"id": "e", "text": "", "options": OPTS, "label": 1, "split": "eval"},
+                   {"id": "w", "text": " \t ", "options": OPTS, "split": "eval"}]
+    frame = read_data(jsonl(tmp_path, rows))
+    assert frame["text"].tolist()[-2:] == ["", " \t "]
+    csv = tmp_path / "d.csv"
+    csv.write_text("id,text,split\na,good,fit\nb,bad,calibration\nc,meh,eval\ne,,eval\n"
+                   'w,"  ",eval\n', encoding="utf-8")
+    assert read_data(csv, options=OPTS)["text"].tolist()[-2:] == ["", "  "]
+    ts = to_taskset(frame)
+    tok = checkpoint.tokenizer
+    assert special_only_ids(ts, tok) == ["e", "w"]
+    encs, _ = tok.encode(["", " \t "])
+    assert [len(e.ids) for e in encs] == [2, 2]  # [CLS] [SEP]
+
+
+def test_report_lists_special_only_ids():
+    from runs.report_facts import special_only_text as _special_only_text
+
+    data = {"special_only_texts": {"fit": 0, "eval": 2}, "special_only_ids": {"eval": ["e", "w"]}}
+    assert _special_only_text(data).endswith("kept and judged): fit 0, eval 2 (ids e, w)")
+    many = {"special_only_texts": {"eval": 23},
+            "special_only_ids": {"eval": [f"r{i}" for i in range(23)]}}
+    assert _special_only_text(many).endswith("r19 and 3 more)")
+    assert _special_only_text({}) == ""
 
 
 def test_a_rows_own_question_reaches_the_prompt():

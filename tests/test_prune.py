@@ -34,15 +34,24 @@ def test_keep_ratio_one_reproduces_reference(model, batch, score):
     variant, info = prune.build(model, PruneConfig(after_layer=2, keep_ratio=1.0, score=score))
     ref = np.array(model.module(*batch))
     out = np.array(variant.module(*batch))
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert (out == ref).all()  # bit-identical: ρ = 1 runs the reference's own forward
     assert info["work_ratio"] == 1.0 and info["ideal_speedup"] == 1.0
 
 
 def test_keep_ratio_one_reproduces_choice_embeddings(checkpoint, batch):
     m = choice.build(checkpoint)
     variant, _ = prune.build(m, PruneConfig(after_layer=3, keep_ratio=1.0))
-    np.testing.assert_allclose(np.array(variant.module(*batch)), np.array(m.module(*batch)),
-                               rtol=1e-5, atol=1e-5)
+    assert (np.array(variant.module(*batch)) == np.array(m.module(*batch))).all()
+
+
+def test_keep_ratio_one_outputs_equal_reference_through_the_decision_model(model, checkpoint):
+    """The judged logits (prepared batches, packing, the decision model's forward) of the ρ = 1
+    control equal the reference's exactly, as the README's "identical outputs" claims."""
+    frame = data.split_frame(data.load_vader(), "eval")
+    tasks = sentiment.make_taskset(data.sample(frame, 40, seed=1))
+    variant, _ = prune.build(model, PruneConfig(after_layer=3, keep_ratio=1.0))
+    ref, out = model.raw_logits(tasks), variant.raw_logits(tasks)
+    assert ref.shape == (40, 3) and (np.asarray(out) == np.asarray(ref)).all()
 
 
 def test_sequence_is_shorter_and_protected_tokens_and_order_kept(model, batch, checkpoint):

@@ -118,6 +118,7 @@ def test_timing_records_name_the_kernel(model, monkeypatch):
     monkeypatch.setattr(sweep_timing, "end_to_end_call", lambda m, ts: None)
     monkeypatch.setattr(sweep_timing, "time_alternating", lambda *a, **k: None)
     monkeypatch.setattr(sweep_timing, "split_regions", lambda r: (dict(entry), dict(entry)))
+    monkeypatch.setattr(sweep_timing, "add_plausibility", lambda *a, **k: None)  # no real times
 
     class Cfg:
         speed_mode, timing_warmup, timing_rounds, timing_min_rounds, timing_budget_s = \

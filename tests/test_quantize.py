@@ -204,6 +204,9 @@ def test_indivisible_input_size_is_skipped_with_reason(mode):
     before = {k: np.array(v) for k, v in tree_flatten(tiny.parameters())}
     q, info = quantize_module(tiny, QuantConfig(bits=4, group_size=32), mode=mode)
     assert info["skipped"] == [("odd", "input size 48 not divisible by group size 32")]
+    # 48·16 weights of 64·48 + 48 + 48·16 + 16 = 3904 parameters
+    assert info["skipped_weights"] == {"odd": 768} and info["indivisible_params"] == 768
+    assert info["indivisible_param_share"] == pytest.approx(768 / 3904, rel=1e-12)
     assert info["quantized_layers"] == 1
     assert type(q.odd) is nn.Linear
     np.testing.assert_array_equal(np.array(q.odd.weight), before["odd.weight"])

@@ -406,3 +406,46 @@ def test_cli_unwritable_out_exits_2_naming_it(tmp_path, capsys, where):
     assert len(err.splitlines()) == 1 and f"--out {out}" in err and "pass a" in err
     assert (tmp_path / "f").read_text() == "x" and not os.path.exists("/proc/x")
     assert not (tmp_path / "r").exists()  # no cache written either
+
+
+# ---- one search at a time per output folder ----
+
+def test_a_second_search_on_the_same_out_exits_2_and_touches_nothing(tmp_path, capsys,
+                                                                      monkeypatch):
+    """OUT/.lock is held as a sweep holds its run folder's (runs.lock): while another process
+    holds it, a search on the same --out exits 2 naming the holder and the fix, and writes
+    nothing into OUT (search_settings.json, candidates/, temp-file clean-up). ``prepare`` is
+    the real one's outcome on an already-checked input (nothing loaded here)."""
+    import os
+    import subprocess
+    import sys
+
+    from variants.cli import main
+    from variants.search import driver
+
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / ".search.json.abcd1234.tmp").write_text("{")  # a live writer's temp file, as named
+
+    def prepare(self):
+        self.out, self.store = out, Store(out)
+        self.settings = {"model": "minilm-sentiment"}
+    monkeypatch.setattr(driver.Search, "prepare", prepare)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from runs import lock\n"
+         "with lock.hold(sys.argv[1], command='variants search --out s'):\n"
+         "    print('held', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        assert main(["search", "--out", str(out), "--results-dir", str(tmp_path / "r"),
+                     "--no-progress", "--no-finalize"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"variants: error: {out} is in use by pid "
+                                               f"{holder.pid}")
+    assert err[0].endswith("wait for it to finish, or pass another --out")
+    assert sorted(p.name for p in out.iterdir()) == before  # the holder's .lock, the temp file

@@ -103,6 +103,12 @@ def test_a_vs_a_end_to_end_does_not_grow(sentiment):
         peaks = np.array(e2e[key], float)
         assert np.all(np.abs(peaks - peaks[0]) <= 0.02 * peaks[0])
     assert abs(e2e["active_memory_growth_bytes"]) < 1 << 20
+    # the allocator peak, MLX's cache and the process RSS are three numbers, each recorded
+    for region in (fwd, e2e):
+        for side in ("ref", "var"):
+            assert region[f"{side}_cache_memory_bytes"] >= 0
+            # the process holds the interpreter and its libraries besides MLX's arrays
+            assert region[f"{side}_process_rss_bytes"] > region[f"{side}_peak_memory_bytes"]
     # end to end adds tokenisation and post-processing to the forward
     assert all(f < e for f, e in zip(fwd["ref_ms"], e2e["ref_ms"]))
     out = call().result
@@ -122,6 +128,13 @@ def test_cold_start_runs_in_a_fresh_process(sentiment):
     assert r["build_s"] == 0.0 and r["what"] == "reference"
     assert r["model_bytes"] > 80e6 and r["peak_memory_bytes"] >= r["model_bytes"]
     assert r["process_wall_s"] >= r["total_s"] - r["startup_s"]
+    # loading and the first call apart: both peaks hold the weights; the first call's is its own
+    assert r["load_peak_memory_bytes"] >= r["model_bytes"]
+    assert r["model_bytes"] <= r["first_call_peak_memory_bytes"] <= r["peak_memory_bytes"]
+    assert r["peak_memory_bytes"] >= r["load_peak_memory_bytes"]  # the whole child's peak
+    assert r["first_call_process_rss_bytes"] > r["first_call_peak_memory_bytes"]
+    assert r["load_process_rss_bytes"] > r["load_peak_memory_bytes"]
+    assert r["first_call_cache_memory_bytes"] >= 0 and r["load_cache_memory_bytes"] >= 0
     bad = measure_cold_start({"model": "minilm-sentiment", "head_path": None,
                               "taskset": ts.subset([0]), "family": "quant",
                               "params": {"bits": [4]}, "variant": "q9-g64"}, timeout_s=120)
@@ -153,3 +166,32 @@ def test_old_timing_json_still_renders():
     tt = timing_table(summary)
     assert list(tt["region"]) == ["forward"] and tt["rounds run / requested"].iloc[0] == "3 (rounds)"
     assert cold_start_table({}, summary).empty
+
+
+def test_report_labels_peak_cache_and_rss_apart():
+    """report.md's timing and cold-start tables show the allocator peak, the cache and the
+    process RSS in their own labelled columns, and the cold start's load apart from its first
+    call; runs without these numbers keep their old columns (tested above)."""
+    from runs.report import cold_start_table, summary_row, timing_table
+
+    timing = _legacy_timing()
+    timing["batches"]["1"].update(ref_cache_memory_bytes=38e6, var_cache_memory_bytes=12e6,
+                                  ref_process_rss_bytes=470e6, var_process_rss_bytes=471e6)
+    timing["cold_start"] = {"total_s": 5.0, "peak_memory_bytes": 180e6,
+                            "load_peak_memory_bytes": 92e6, "load_process_rss_bytes": 400e6,
+                            "first_call_peak_memory_bytes": 155e6,
+                            "first_call_cache_memory_bytes": 38e6,
+                            "first_call_process_rss_bytes": 470e6}
+    row = summary_row("q8", {"family": "quant", "config": {}, "model_bytes": 5e7,
+                             "bits_per_weight": 9.0}, {"agreement": 1.0}, _Verdict(), timing)
+    summary = pd.DataFrame([row])
+    tt = timing_table(summary).iloc[0]
+    assert tt["allocator peak MB variant (ref)"] == "0.0 (0.0)"  # 90 and 100 bytes
+    # MLX's buffer cache is one pool of the process (both models' freed buffers, read after
+    # alternating calls): one number, as the RSS, not a variant's and a reference's
+    assert "cache MB variant (ref)" not in tt.index
+    assert tt["process cache MB"] == "38.0" and tt["process RSS MB"] == "471"
+    cold = cold_start_table({}, summary).iloc[0]
+    assert (cold["load: allocator peak MB"], cold["1st call: allocator peak MB"],
+            cold["1st call: cache MB"], cold["load: RSS MB"], cold["1st call: RSS MB"],
+            cold["allocator peak MB"]) == ("92.0", "155.0", "38.0", "400.0", "470.0", "180.0")

@@ -26,7 +26,8 @@ _CANDIDATES = (
     "/usr/lib/libopenblas.so.0",
 )
 
-# What happened, recorded in every run's metadata (run.json).
+# What happened, recorded in every run's metadata (run.json); "error" is added when the library
+# VARIANTS_BLAS names cannot be loaded (``variants`` then exits 2 with it, before any work).
 BLAS_INFO = {"library": None, "status": "not attempted"}
 
 
@@ -59,7 +60,9 @@ def load_openblas():
     -----
     UserWarning
         On Linux when no usable OpenBLAS is found (with the command that installs one), or when
-        MLX was imported before this ran (the preload then has no effect).
+        MLX was imported before this ran (the preload then has no effect). A library named by
+        ``VARIANTS_BLAS`` that cannot be loaded (or has no ``cblas_sgemm``) is not a warning but
+        ``info["error"]``, one line naming the fix: the ``variants`` command exits 2 with it.
     """
     if BLAS_INFO["status"] != "not attempted":
         return BLAS_INFO
@@ -85,11 +88,16 @@ def load_openblas():
         if _has_cblas_sgemm(lib):
             BLAS_INFO.update(library=os.path.realpath(path), status="OpenBLAS preloaded")
             return BLAS_INFO
+    if choice:  # a library the user named that cannot be used: the command line refuses to run
+        BLAS_INFO.update(error=f"VARIANTS_BLAS={choice!r} cannot be loaded as a BLAS with "
+                               "cblas_sgemm; set it to an OpenBLAS such as "
+                               f"{_CANDIDATES[0]}, or to none for MLX's own BLAS")
     BLAS_INFO.update(status="reference BLAS (no OpenBLAS found)")
+    if choice:
+        return BLAS_INFO
     warnings.warn(
         "No OpenBLAS found: MLX will use its reference BLAS and matmuls run ~70x slower. "
-        f"Install one with: {INSTALL_HINT}"
-        + (f" (VARIANTS_BLAS={choice!r} could not be loaded)" if choice else ""),
+        f"Install one with: {INSTALL_HINT}",
         stacklevel=3,
     )
     return BLAS_INFO

@@ -177,7 +177,7 @@ def _build(mt, config, config_file):
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
-def load_checkpoint(path=None, dtype=mx.float32):
+def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
     """Load a local checkpoint folder (default: the bundled all-MiniLM-L6-v2).
 
     Parameters
@@ -188,6 +188,11 @@ def load_checkpoint(path=None, dtype=mx.float32):
         ``tokenizer.json`` (optional ``tokenizer_config.json``).
     dtype : mx.Dtype, default=mx.float32
         Parameter dtype (fp32 on CPU: fp16/bf16 matmuls have no BLAS path there).
+    max_length : (int, str), optional
+        Tokens per text (special tokens included) and where that was set (``"--max-length"``,
+        the model TOML); None = what the tokenizer files say
+        (:func:`variants.checkpoint_files.decide_tokenizer`). Recorded in run.json
+        (``tokenizer.decided``) and, through the tokenizer's fingerprint, in every cache key.
 
     Returns
     -------
@@ -235,7 +240,8 @@ def load_checkpoint(path=None, dtype=mx.float32):
         raise CheckpointError(f"{tok_file} has {n_tok} tokens but {config_file} says vocab_size "
                               f"{args.vocab_size}; use the tokenizer saved with these weights "
                               "(or resize the embeddings and re-save both)")
-    max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config)
+    max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config,
+                                                                max_length)
     tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
                               decided=decided)
     return Checkpoint(path, args, encoder, tokenizer, sha, classifier,

@@ -127,21 +127,28 @@ def _token_text(tok):
     return tok.get("content") if isinstance(tok, dict) else tok
 
 
-def decide_tokenizer(folder, tokenizer, mt, config):
+def decide_tokenizer(folder, tokenizer, mt, config, max_length=None):
     """(max_length, pad_token, pad_id, decided) for the ``tokenizers.Tokenizer`` of ``folder``.
 
-    max length: tokenizer.json's baked truncation ``max_length`` if set, else
-    tokenizer_config.json's ``model_max_length``, else the position table; capped by
-    :func:`position_cap`. Pad token: tokenizer_config.json's ``pad_token``, else config.json's
-    ``pad_token_id``, else tokenizer.json's padding token, else ``[PAD]``. ``decided`` says
-    where each came from (recorded in run.json). Raises CheckpointError when the pad token is
-    not in the vocabulary.
+    max length: the user's ``max_length`` ((tokens, where it was set) e.g. ``(256,
+    "--max-length")``; a CheckpointError when above :func:`position_cap`) if given, else
+    tokenizer.json's baked truncation ``max_length`` if set, else tokenizer_config.json's
+    ``model_max_length``, else the position table; capped by :func:`position_cap`. Pad token:
+    tokenizer_config.json's ``pad_token``, else config.json's ``pad_token_id``, else
+    tokenizer.json's padding token, else ``[PAD]``. ``decided`` says where each came from
+    (recorded in run.json). Raises CheckpointError when the pad token is not in the
+    vocabulary.
     """
     tc_file = folder / "tokenizer_config.json"
     tc = read_json(tc_file) if tc_file.is_file() else {}
     baked = json.loads(tokenizer.to_str()).get("truncation") or {}
     cap = position_cap(mt, config)
-    if baked.get("max_length"):
+    if max_length is not None:
+        ml, src = int(max_length[0]), str(max_length[1])
+        if ml > cap:
+            raise CheckpointError(f"{src} {ml} exceeds what {folder / 'config.json'} can read "
+                                  f"({cap} tokens, its position table); pass at most {cap}")
+    elif baked.get("max_length"):
         ml, src = int(baked["max_length"]), "tokenizer.json truncation.max_length"
     elif isinstance(tc.get("model_max_length"), (int, float)) and tc["model_max_length"] < _UNSET_MAX:
         ml, src = int(tc["model_max_length"]), "tokenizer_config.json model_max_length"

@@ -19,6 +19,7 @@ VERBS = {
     "check": "runs.commands.check:configure_check",
     "selftest": "runs.commands.check:configure_selftest",
     "plot": "runs.commands.plot:configure_parser",
+    "compare": "runs.commands.compare:configure",
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
     "search": "variants.commands.search:configure",
@@ -34,12 +35,15 @@ def build_parser(argv=None):
     """The ``variants`` parser. With ``argv`` naming a verb (its first word not starting with
     ``-``), only that verb's module is imported and its parser built; otherwise (``--help``, no
     or an unknown verb) every verb's is, so the help and the error list them all."""
-    parser = argparse.ArgumentParser(
+    from runs.commands.args import Parser
+
+    parser = Parser(
         prog="variants",
         description="mlx-variants: build approximate variants of an MLX decision model and judge "
                     "each against a written contract, next to measured speed.")
     sub = parser.add_subparsers(dest="command", required=True)
     verb = next((a for a in (argv or []) if not a.startswith("-")), None)
+    parser.verb = verb
     for name in VERBS:
         if verb in VERBS and name != verb:
             sub.add_parser(name)  # a placeholder: never parsed, never shown
@@ -61,6 +65,9 @@ def main(argv=None):
     from runs.io import RunIncomplete, WriteError
 
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    if variants.BLAS_INFO.get("error"):  # a BLAS the user named explicitly: never run without it
+        print(f"variants: error: {variants.BLAS_INFO['error']}", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         return args.func(args)
     except WriteError as e:  # disk full, permissions: a runtime failure, not bad input

@@ -16,7 +16,13 @@ JSON object with each stage timed separately:
   batch, for comparison;
 - ``total_s``: the sum of the above (startup through the first forward);
 - ``model_bytes`` (parameters as stored; quantized layers count packed weights + scales +
-  biases) and ``peak_memory_bytes`` (``mx.get_peak_memory`` of the whole child process).
+  biases) and ``peak_memory_bytes`` (``mx.get_peak_memory`` of the whole child process);
+- memory of the two moments apart (:mod:`variants.memory`: allocator peak, MLX cache, process
+  RSS, bytes): ``load_peak_memory_bytes`` / ``load_cache_memory_bytes`` /
+  ``load_process_rss_bytes`` once the weights are loaded and the variant built, before any call;
+  ``first_call_peak_memory_bytes`` (peak reset after loading, so the first tokenisation and
+  forward's own peak, the weights included) / ``first_call_cache_memory_bytes`` /
+  ``first_call_process_rss_bytes`` just after the first forward.
 
 The parent side is :func:`measure_cold_start`, which writes the spec (a pickle of plain data:
 model name, head cache file, the batch's TaskSet, and for a variant its family, parameters,
@@ -90,7 +96,9 @@ def run_spec(spec, spawned_at=None, main_at=None):
     device.use(spec.get("device") or "cpu", spec.get("dtype") or "float32")
 
     t0 = _now()
-    ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype())
+    ml = spec.get("max_length")  # (tokens, where set) or None
+    ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype(),
+                         max_length=None if ml is None else tuple(ml))
     model = module.bind(ck).build(ck)
     head = spec.get("head_path")
     if head:
@@ -119,6 +127,13 @@ def run_spec(spec, spawned_at=None, main_at=None):
         out["build_s"] = _now() - t0
     else:
         out["build_s"] = 0.0
+    from variants.memory import snapshot
+
+    load = snapshot()  # weights loaded (and the variant built): before any call
+    out["load_peak_memory_bytes"] = load["peak_bytes"]
+    out["load_cache_memory_bytes"] = load["cache_bytes"]
+    out["load_process_rss_bytes"] = load["rss_bytes"]
+    mx.reset_peak_memory()
 
     ts = spec["taskset"]
     t0 = _now()
@@ -127,13 +142,18 @@ def run_spec(spec, spawned_at=None, main_at=None):
     t0 = _now()
     mx.eval(model.forward(batches[0]))
     out["first_forward_ms"] = (_now() - t0) * 1e3
+    first = snapshot()  # the first call's own peak (weights included), cache and RSS after it
+    out["first_call_peak_memory_bytes"] = first["peak_bytes"]
+    out["first_call_cache_memory_bytes"] = first["cache_bytes"]
+    out["first_call_process_rss_bytes"] = first["rss_bytes"]
     t0 = _now()
     mx.eval(model.forward(batches[0]))
     out["second_forward_ms"] = (_now() - t0) * 1e3
     out["total_s"] = ((out["startup_s"] or 0.0) + out["import_s"] + out["weight_load_s"]
                       + out["build_s"] + (out["first_tokenise_ms"] + out["first_forward_ms"]) / 1e3)
     out["model_bytes"] = int(sum(v.nbytes for _, v in tree_flatten(model.module.parameters())))
-    out["peak_memory_bytes"] = int(mx.get_peak_memory())
+    # the allocator peak of the whole child: loading, building, both calls
+    out["peak_memory_bytes"] = max(int(mx.get_peak_memory()), out["load_peak_memory_bytes"])
     out["batch_size"] = int(batches[0].input_ids.shape[0])
     out["seq_len"] = int(batches[0].input_ids.shape[1])
     out["what"] = spec.get("variant") or "reference"

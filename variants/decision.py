@@ -104,13 +104,16 @@ class DecisionModel:
         keys through here, so none can miss a tokenizer setting. A tokenizer without
         ``fingerprint()`` is keyed by its type name only (give yours one). The device, GPU
         backend and dtype computed on (:func:`variants.device.key_part`) join too: outputs of
-        another device are recomputed, never mixed."""
-        from variants import device
+        another device are recomputed, never mixed; so do the package and MLX versions and the
+        compute path (compiled kernel, fused layers, stream split:
+        :func:`variants.compute_path.key_part`)."""
+        from variants import compute_path, device
 
         fp = getattr(self.tokenizer, "fingerprint", None)
         tok = fp() if callable(fp) else type(self.tokenizer).__qualname__
         return digest(*parts, {"model": self.config(), "tokenizer": tok,
-                               "device": device.key_part()})
+                               "device": device.key_part(),
+                               "compute": compute_path.key_part()})
 
     # -- shared machinery -----------------------------------------------------------------
     def replace_module(self, module):

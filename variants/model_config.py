@@ -9,6 +9,8 @@ Keys (all top level unless in a table)::
     name = "my-model"                 # required: run and cache names
     logits = "classifier"             # required: classifier | linear-head | cosine | marker
     checkpoint = "path/to/folder"     # relative to this file's folder; absent = bundled MiniLM
+    max_length = 512                  # tokens per text (absent: the tokenizer files'; the
+                                      # --max-length flag overrides it)
     prompt = "{text}"                 # what the model reads: {text}, {question}, {options}
     question = "..."                  # the {question} of every row
     options = ["neg", "neu", "pos"]   # fixed options (absent: per task, per row, or id2label)
@@ -38,9 +40,9 @@ from metrics._checks import short_repr
 KINDS = ("classifier", "linear-head", "cosine", "marker")
 TEMPERATURE_MODES = ("fit", "fixed")
 PLACEHOLDERS = ("text", "question", "options")
-TOP_KEYS = ("name", "logits", "checkpoint", "prompt", "question", "options", "scores", "actions",
-            "action_names", "factory", "temperature", "tasks", "cosine", "linear_head", "marker",
-            "quant", "lowrank")
+TOP_KEYS = ("name", "logits", "checkpoint", "max_length", "prompt", "question", "options",
+            "scores", "actions", "action_names", "factory", "temperature", "tasks", "cosine",
+            "linear_head", "marker", "quant", "lowrank")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
               "quant": ("bits_map", "method"), "lowrank": ("ratio_map",)}
@@ -66,6 +68,7 @@ class ModelConfig:
     name: str
     logits: str
     checkpoint: Path | None = None
+    max_length: int | None = None  # tokens per text; None = the tokenizer files'
     prompt: str = "{text}"
     question: str = ""
     options: list | None = None
@@ -91,7 +94,7 @@ class ModelConfig:
         d["path"] = str(self.path)
         d["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
         d["temperature_values"] = {str(k): v for k, v in self.temperature_values.items()}
-        for key in ("quant_bits_map", "lowrank_ratio_map", "quant_method"):
+        for key in ("quant_bits_map", "lowrank_ratio_map", "max_length", "quant_method"):
             if not d[key]:  # absent: the keys of TOMLs without the table stay as they were
                 del d[key]
         return d
@@ -169,6 +172,20 @@ def _check_prompt(path, prompt):
               "{options}")
 
 
+#: the fewest tokens per text: [CLS] + one token + [SEP] (a smaller limit cuts every text empty)
+MIN_MAX_LENGTH = 3
+
+
+def check_max_length(v, where):
+    """``v`` as a max length (int >= :data:`MIN_MAX_LENGTH`); ModelConfigError naming ``where``
+    (the TOML key or the flag) otherwise. The checkpoint's position table bounds it from above
+    (:func:`variants.checkpoint_files.decide_tokenizer`)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < MIN_MAX_LENGTH:
+        raise ModelConfigError(f"{where} must be a whole number of tokens >= {MIN_MAX_LENGTH} "
+                               f"(special tokens included), got {short_repr(v)}; e.g. 512")
+    return v
+
+
 def parse_model_config(raw, path):
     """A :class:`ModelConfig` from the TOML table ``raw`` (a dict) read from ``path``.
 
@@ -200,6 +217,8 @@ def parse_model_config(raw, path):
                       prompt=raw.get("prompt", DEFAULT_PROMPT.get(kind, "{text}")))
     if "checkpoint" in raw:
         cfg.checkpoint = (path.parent / _str(path, "checkpoint", raw["checkpoint"])).resolve()
+    if "max_length" in raw:
+        cfg.max_length = check_max_length(raw["max_length"], f"{path}: max_length")
     _check_prompt(path, _str(path, "prompt", cfg.prompt))
     if "question" in raw:
         cfg.question = _str(path, "question", raw["question"])

@@ -30,7 +30,7 @@ PARQUET_INSTALL = "pip install pyarrow"
 SCHEMA_HELP = """\
 --data FILE: your own rows as JSONL (one object per line), CSV (header row; list cells as JSON,
 e.g. ["no", "yes"]) or Parquet. Columns (only text is required):
-  text      the state the model reads (non-empty string)
+  text      the state the model reads (a string; empty or blank ones are kept and judged)
   id        unique id (default: a hash of the text); also decides the hash split
   question  question text for prompt templates
   options   list of option texts (>= 2, unique); rows may differ in count (K = max, masked);
@@ -98,7 +98,9 @@ def _read_csv(path, raw):
     header, records, last = None, [], 0
     for cells in reader:
         start, last = last + 1, reader.line_num
-        if not any(c.strip() for c in cells):
+        # a blank line; in a one-column file a cell of blanks (or `""`) is an empty text
+        if not cells or (not any(c.strip() for c in cells)
+                         and (header is None or len(header) > 1)):
             continue
         if header is None:
             header = [c.strip() for c in cells]

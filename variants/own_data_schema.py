@@ -87,6 +87,8 @@ def plain(value):
 def from_csv_cell(value: str, column: str, err):
     """A CSV cell as the value JSONL would hold: lists (and a rater dict) from JSON, an
     integer-looking label as an index, everything else the string itself."""
+    if column == "text":  # the text as written: an empty cell is an empty text
+        return value
     text = value.strip()
     if not text:
         return None
@@ -109,12 +111,16 @@ class RowChecker:
         self.err = err
 
     def text(self, value):
+        """The row's text as written. An empty or whitespace-only string is a text (it tokenizes
+        to [CLS] [SEP]: kept, judged and counted as special-tokens-only); only an absent value
+        (None, NaN, pandas NA) is missing."""
+        if isinstance(value, str):
+            return value
         if is_missing(value):
-            raise self.err("text", "the text is missing or empty",
-                           "every row needs a non-empty 'text' (the state the model reads)")
-        if not isinstance(value, str):
-            raise self.err("text", f"{short_repr(value)} is not a string", "quote the text")
-        return value
+            raise self.err("text", "the text is missing",
+                           "every row needs a 'text' string (the state the model reads; \"\" "
+                           "for an empty one)")
+        raise self.err("text", f"{short_repr(value)} is not a string", "quote the text")
 
     def optional_str(self, value, column):
         if is_missing(value):

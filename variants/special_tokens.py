@@ -1,6 +1,6 @@
 """Texts that reduce to special tokens only (empty, emoji-only -> ``[CLS] [UNK] [SEP]``): the
 model reads nothing of them. A sweep keeps, judges and counts them (run.json
-``data.special_only_texts``); it never drops them."""
+``data.special_only_texts``, their row ids in ``data.special_only_ids``); it never drops them."""
 
 import numpy as np
 
@@ -38,3 +38,10 @@ def count_special_only(texts, tokenizer):
     """Number of texts that reduce to special tokens only (:func:`special_only_mask`); the
     sweep reports it, the rows are kept."""
     return int(special_only_mask(texts, tokenizer).sum())
+
+
+def special_only_ids(taskset, tokenizer):
+    """Row ids (list of str, in row order) of ``taskset``'s texts that reduce to special tokens
+    only (:func:`special_only_mask`): empty and whitespace-only texts, emoji-only ones..."""
+    mask = special_only_mask(taskset.texts, tokenizer)
+    return [str(i) for i, m in zip(taskset.ids, mask) if m]

@@ -162,13 +162,15 @@ class Sweep:
         family's own ``time_extra`` fields join."""
         cfg = self.cfg
         with self.clock("variant_build"):
-            var_model, _ = family.build(self.ref_model, vcfg, self._inputs(family),
-                                        mode=cfg.speed_mode)
+            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
+                                           mode=cfg.speed_mode)
             mx.eval(var_model.module.parameters())
         with self.clock("timing"):
             timed = (var_model if family.timed_variant is None
                      else family.timed_variant(var_model, vcfg))
-            timing = time_pair(self.ref_model, timed, timing_sets, cfg)
+            timing = time_pair(self.ref_model, timed, timing_sets, cfg,
+                               ideal_speedup=info.get("ideal_speedup"),
+                               max_speedup=info.get("max_speedup"))
             if extra and family.time_extra is not None:
                 timing.update(family.time_extra(self.ref_model, var_model,
                                                 self.tasksets["eval"], cfg, vcfg))
@@ -336,6 +338,7 @@ class Sweep:
             write_json(self.out / "run.json", dict(self.metadata(), status="running"))
         from runs.plots.markdown import plots_markdown
         from runs.plots.render import plot_run
+        from runs.html.render import write_beside_markdown
 
         plot_error = None
         with self.clock("plots"):
@@ -354,6 +357,8 @@ class Sweep:
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
+            write_beside_markdown(self.out, log=self.log,
+                                  evaluations={n: ev for n, (ev, _) in details.items()})
         if plot_error is not None:
             raise plot_error
         meta = self.metadata()  # the final status, written last
@@ -384,6 +389,13 @@ def run_sweep(log=print, config=None, **kwargs):
     VariantsFailed
         At the end, when a variant's build raised ValueError: the other variants were written
         (``summary`` attribute; None when none succeeded), run.json lists the failures.
+
+    A ``VARIANTS_BLAS`` library that could not be loaded is a SweepError too (as ``variants``
+    refuses it): nothing would be timed on the BLAS the user asked for.
     """
+    from variants import BLAS_INFO
+
+    if BLAS_INFO.get("error"):
+        raise SweepError(BLAS_INFO["error"])
     cfg = config if config is not None else SweepConfig(**kwargs).validate()
     return Sweep(cfg, log=log).run()

@@ -8,15 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrics._checks import short_repr
-from variants import device, parallel
+from variants import defaults, device, parallel
 from variants.builders import get_family
 from variants.builders.quant_family import MODES
 from variants.models import resolve
-from variants.timing import DEFAULT_BUDGET_S, DEFAULT_MIN_ROUNDS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 
-RESULTS_DIR = Path("results")
-TIMING_BATCH_SIZES = (1, 32)
-COLD_START = ("none", "reference", "all")
+RESULTS_DIR = Path(defaults.RESULTS_DIR)
+TIMING_BATCH_SIZES = defaults.TIMING_BATCH_SIZES
+COLD_START = defaults.COLD_STARTS
 
 
 class SweepError(ValueError):
@@ -51,27 +50,29 @@ class SweepConfig:
     model_config: str | None = None  # --model-config: a model TOML file
     checkpoint: str | None = None  # --checkpoint: overrides the TOML's (None = TOML's or MiniLM)
     data: str | None = None  # --data: the user's JSONL / CSV / Parquet (None = bundled VADER)
+    # --max-length: tokens per text; None = the model TOML's max_length, else the tokenizer's
+    max_length: int | None = defaults.MAX_LENGTH
     family: str = "quant"
     params: dict = field(default_factory=dict)  # the family's own parameters (its PARAMS)
     contract: str | None = None
     run: str | None = None
     results_dir: str = str(RESULTS_DIR)
-    n_fit: int = 2000
-    n_calibration: int = 800
-    n_eval: int = 800
+    n_fit: int = defaults.N_FIT
+    n_calibration: int = defaults.N_CALIBRATION
+    n_eval: int = defaults.N_EVAL
     quality_mode: str = "simulated"
     speed_mode: str = "native"
-    timing_rounds: int = DEFAULT_ROUNDS
-    timing_warmup: int = DEFAULT_WARMUP
-    timing_budget_s: float = DEFAULT_BUDGET_S
-    # None = DEFAULT_MIN_ROUNDS, or timing_rounds when fewer; an explicit value above
+    timing_rounds: int = defaults.TIMING_ROUNDS
+    timing_warmup: int = defaults.TIMING_WARMUP
+    timing_budget_s: float = defaults.TIMING_BUDGET_S
+    # None = defaults.TIMING_MIN_ROUNDS, or timing_rounds when fewer; an explicit value above
     # timing_rounds is refused by validate()
     timing_min_rounds: int | None = None
     timing_batch_sizes: tuple = TIMING_BATCH_SIZES
-    cold_start: str = "all"
+    cold_start: str = defaults.COLD_START
     near_tie_margin: float = NEAR_TIE_MARGIN
     batch_size: int = 32
-    seed: int = 0
+    seed: int = defaults.SEED
     progress: bool = True
     device: str | None = None  # --device cpu|gpu; None = $VARIANTS_DEVICE, else cpu (validate)
     dtype: str = "float32"  # --dtype; float16/bfloat16 only on a GPU (variants.device.check)
@@ -104,6 +105,13 @@ class SweepConfig:
         for name in ("n_fit", "n_calibration", "n_eval"):
             if getattr(self, name) < 10:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
+        if self.max_length is not None:
+            from variants.model_config import check_max_length
+
+            try:
+                check_max_length(self.max_length, "--max-length")
+            except ValueError as e:
+                raise SweepError(str(e)) from None
         if self.timing_rounds < 1:
             raise SweepError(f"timing_rounds={self.timing_rounds} (--timing-rounds) must be >= 1, "
                              "e.g. --timing-rounds 50")
@@ -114,7 +122,7 @@ class SweepConfig:
             raise SweepError(f"timing_budget_s={self.timing_budget_s:g} (--timing-budget-s) must "
                              "be a finite number of seconds > 0, e.g. --timing-budget-s 20")
         if self.timing_min_rounds is None:
-            self.timing_min_rounds = min(DEFAULT_MIN_ROUNDS, self.timing_rounds)
+            self.timing_min_rounds = min(defaults.TIMING_MIN_ROUNDS, self.timing_rounds)
         if self.timing_min_rounds < 1:
             raise SweepError(f"timing_min_rounds={self.timing_min_rounds} must be >= 1, "
                              "e.g. --timing-min-rounds 3")
@@ -133,10 +141,14 @@ class SweepConfig:
         if not (math.isfinite(self.near_tie_margin) and self.near_tie_margin > 0):
             raise SweepError(f"near_tie_margin={self.near_tie_margin} must be a finite number "
                              "> 0 (raw logits), e.g. --near-tie-margin 1.0")
-        if self.run is not None and (not self.run or self.run.startswith(".")
+        if not str(self.results_dir).strip():  # Path("") is the current folder
+            raise SweepError("--results-dir is empty; pass a folder")
+        if self.run is not None and (not self.run.strip() or self.run != self.run.strip()
+                                     or self.run.startswith(".")
                                      or "/" in self.run or "\\" in self.run):
             raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name (no "
-                             "'/', not empty, not starting with '.'), e.g. --run my-sweep")
+                             "'/', not empty, not starting with '.', no blank at either end), "
+                             "e.g. --run my-sweep")
         if self.run is not None and len(self.run.encode("utf-8", "surrogateescape")) > 255:
             raise SweepError(f"run name {short_repr(self.run)} is longer than a folder name may "
                              "be (255 bytes); pass a shorter --run")
@@ -179,6 +191,8 @@ class SweepConfig:
         source = getattr(self, "_source", None)
         if source is not None:
             return source
+        if self.model_config is not None and not str(self.model_config).strip():
+            raise SweepError("--model-config is empty; give a path, or leave the flag out")
         if self.model_config is not None:
             try:
                 source = resolve(model_config=self.model_config)
@@ -203,6 +217,16 @@ class SweepConfig:
         self.model = source.name
         self._source = source
         return source
+
+    def max_length_choice(self):
+        """(tokens, where set) of the user's max length: ``--max-length``, else the model TOML's
+        ``max_length``; None when neither is given (the tokenizer files decide)."""
+        if self.max_length is not None:
+            return int(self.max_length), "--max-length"
+        toml = getattr(self.resolve_model().config, "max_length", None)
+        if toml is not None:
+            return int(toml), f"model TOML max_length ({self.resolve_model().config.path})"
+        return None
 
     def identity(self):
         """What must match to resume a run folder: the IDENTITY fields, plus what the model

@@ -24,7 +24,8 @@ def load_inputs(cfg):
     """
     contract = load_contract(cfg.contract)
     module = cfg.resolve_model()
-    checkpoint = load_checkpoint(checkpoint_path(cfg, module), dtype=device.mx_dtype(cfg.dtype))
+    checkpoint = load_checkpoint(checkpoint_path(cfg, module), dtype=device.mx_dtype(cfg.dtype),
+                                 max_length=cfg.max_length_choice())
     try:  # a classifier's options, a factory's or a marker's errors: now, not mid-run
         module.bind(checkpoint)
         decision = module.build(checkpoint)

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from variants import BLAS_INFO, __version__, device, parallel
 from variants.sweep_timing import model_bytes
-from variants.special_tokens import count_special_only
+from variants.special_tokens import count_special_only, special_only_ids
 
 
 def _versions():
@@ -55,6 +55,8 @@ def run_metadata(sweep):
             # kept and judged like any other row, but counted: the model saw no text at all
             "special_only_texts": {s: count_special_only(ts.texts, sweep.checkpoint.tokenizer)
                                    for s, ts in sweep.tasksets.items()},
+            "special_only_ids": {s: special_only_ids(ts, sweep.checkpoint.tokenizer)
+                                 for s, ts in sweep.tasksets.items()},
             "max_tokens": sweep.checkpoint.tokenizer.max_length,
             "tokenizer": sweep.checkpoint.tokenizer.settings(),
         },

@@ -7,7 +7,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from variants import (BLAS_INFO, device, fused_layer, modernbert_fused, modernbert_fused_q,
-                      qlinear)
+                      plausible, qlinear)
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
@@ -33,7 +33,10 @@ def kernel(model):
     :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module),
              modernbert_fused_q.used_in(model.module))
+    from variants.builders import w8a8
+
     names = qlinear.kernels(model.module) + [n for n in fused if n]
+    names += [w8a8.kernel_name(model.module)] if w8a8.kernel_name(model.module) else []
     return ", ".join(names) or "fp32 gemm"
 
 
@@ -89,14 +92,22 @@ def timed_batches(ts, b):
     return [ts.subset(np.arange(i, i + b)) for i in range(0, len(ts) - b + 1, b)]
 
 
-def time_pair(reference, variant, timing_sets, cfg):
+def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_speedup=None):
     """timing.json content: per batch size of ``timing_sets`` ({B: (TaskSet, seq_len)}) one
     alternated measurement of end-to-end calls of ``reference`` and ``variant`` (built in the
     speed mode, parameters evaluated) gives both regions (``batches`` = forward,
     ``end_to_end``); ``cfg`` (a validated SweepConfig) gives the mode and timing settings.
     A set of more than B texts is timed as its B-text batches in rotation
     (:func:`timed_batches`), the same batch for both models in each round; its entries add
-    ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length)."""
+    ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length).
+
+    Every entry also gets ``plausibility`` (:func:`variants.plausible.assess`: the variant's
+    calls against the floor of the reference's Linear FLOPs on the call with the fewest real
+    tokens divided by ``ideal_speedup`` — the variant's cost-model ideal, None = 1, or
+    ``max_speedup`` when larger (the most one batch can gain, early exit) — at twice
+    the best of the measured GEMM peak and the reference's own rate, and the speed-up against 3×
+    that ideal); ``gemm_rate`` and
+    ``implausible`` (any entry flagged) sit at the top level."""
     result = {"schema_version": TIMING_SCHEMA_VERSION,
               "timed_region": TIMED_REGIONS["forward"], "timed_regions": dict(TIMED_REGIONS),
               "mode": cfg.speed_mode, "dtype": device.key_part()["dtype"],
@@ -107,7 +118,13 @@ def time_pair(reference, variant, timing_sets, cfg):
                          "warmup": cfg.timing_warmup, "rounds": cfg.timing_rounds,
                          "min_rounds": cfg.timing_min_rounds,
                          "budget_s_per_measurement": cfg.timing_budget_s,
-                         "peak_memory": "mx.get_peak_memory, reset before every call"},
+                         "peak_memory": "allocator peak: mx.get_peak_memory, reset before "
+                                        "every call",
+                         "cache_memory": "mx.get_cache_memory just after each call (freed "
+                                         "buffers MLX keeps; not in the peak), max over rounds",
+                         "process_rss": "resident set of the whole process just after each "
+                                        "call (psutil; interpreter, libraries, both models), "
+                                        "max over rounds"},
               "model_bytes": {"reference": model_bytes(reference),
                               "variant": model_bytes(variant)},
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
@@ -133,7 +150,31 @@ def time_pair(reference, variant, timing_sets, cfg):
             entry.update(cycled)
         result["batches"][str(b)] = fwd
         result["end_to_end"][str(b)] = e2e
+    add_plausibility(result, reference, timing_sets, ideal_speedup, max_speedup)
     return result
+
+
+def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_speedup=None):
+    """Add ``plausibility`` to every entry of ``result`` (:func:`time_pair`'s content) and
+    ``gemm_rate`` / ``implausible`` at its top level (:mod:`variants.plausible`): the floor is
+    the reference's Linear FLOPs on the timed call with the fewest real tokens."""
+    if not timing_sets:
+        result["implausible"] = False
+        return
+    rate = plausible.gemm_rate()
+    per_token = plausible.linear_flops_per_token(reference.module)
+    result["gemm_rate"] = rate
+    for b, (ts, _) in timing_sets.items():
+        flops = per_token * min(plausible.real_tokens(reference, c) for c in timed_batches(ts, b))
+        for region in ("batches", "end_to_end"):
+            entry = result[region][str(b)]
+            entry["plausibility"] = plausible.assess(
+                entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
+                rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"],
+                max_speedup=max_speedup)
+    result["implausible"] = any(e["plausibility"]["implausible"]
+                                for region in ("batches", "end_to_end")
+                                for e in result[region].values())
 
 
 def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
@@ -148,6 +189,7 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
     spec = {"model": source, "checkpoint": None if ck is None else str(ck),
             "taskset": timed_batches(timing_sets[b][0], b)[0],  # B=1: the median text
             "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
+            "max_length": sweep.cfg.max_length_choice(),
             "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
                              .resolve())}
     if vcfg is not None:

@@ -27,6 +27,8 @@ import mlx.core as mx
 
 from metrics.latency import latency_summary, paired_speedup, relative_trend
 from runs.outputs import finish_outputs
+from variants import defaults
+from variants.memory import process_rss_bytes
 
 TIMED_REGIONS = {
     "forward": "forward: prepared token ids -> option logits, mx.eval inside the timed region "
@@ -37,13 +39,19 @@ TIMED_REGIONS = {
 }
 #: The forward region's description (kept for callers of the first timing.json schema).
 TIMED_REGION = TIMED_REGIONS["forward"]
+#: Memory held besides the allocator peak (max over rounds, read just after each call): MLX's
+#: buffer cache and the process RSS (:mod:`variants.memory`; both models are loaded in the
+#: process, so the RSS is the same process for reference and variant).
+HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rss_bytes",
+             "var_process_rss_bytes")
 #: Stages of :func:`end_to_end_call`, in call order.
 STAGES = ("tokenise", "forward", "postprocess")
 
-DEFAULT_WARMUP = 5  # seed analysis: 5 warm-ups, 50 timed iterations
-DEFAULT_ROUNDS = 50
-DEFAULT_MIN_ROUNDS = 3
-DEFAULT_BUDGET_S = 30.0
+# seed analysis: 5 warm-ups, 50 timed iterations (the values live in variants.defaults)
+DEFAULT_WARMUP = defaults.TIMING_WARMUP
+DEFAULT_ROUNDS = defaults.TIMING_ROUNDS
+DEFAULT_MIN_ROUNDS = defaults.TIMING_MIN_ROUNDS
+DEFAULT_BUDGET_S = defaults.TIMING_BUDGET_S
 #: Warm-ups stop (after the first) once they have used this share of the budget.
 WARMUP_BUDGET_SHARE = 0.25
 
@@ -132,17 +140,23 @@ def rotating(calls):
 
 
 def _call(fn):
-    """One synchronised call: (total ms, peak bytes, bytes active before, Staged or None)."""
+    """One synchronised call: (total ms, allocator peak bytes, bytes active before, Staged or
+    None, {"cache_bytes", "rss_bytes"} read just after the call, outside the timed region)."""
     before = int(mx.get_active_memory())
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     out = fn()
     if isinstance(out, Staged):
         ms = (time.perf_counter() - t0) * 1e3
-        return ms, max(out.peak_bytes.values(), default=0), before, out
+        return ms, max(out.peak_bytes.values(), default=0), before, out, _held()
     mx.eval(out)
     ms = (time.perf_counter() - t0) * 1e3
-    return ms, int(mx.get_peak_memory()), before, None
+    return ms, int(mx.get_peak_memory()), before, None, _held()
+
+
+def _held():
+    """MLX's buffer cache and the process RSS now (:mod:`variants.memory`), bytes."""
+    return {"cache_bytes": int(mx.get_cache_memory()), "rss_bytes": process_rss_bytes()}
 
 
 def _speedup(ref_ms, var_ms):
@@ -206,7 +220,10 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         call's own activations and workspace), ``ref_trend_per_round`` /
         ``var_trend_per_round`` (:func:`metrics.latency.relative_trend`),
         ``ref_active_before_bytes_rounds`` / ``var_active_before_bytes_rounds`` (active bytes
-        just before each call), ``active_memory_bytes_rounds`` (``mx.get_active_memory`` after
+        just before each call), ``ref_cache_memory_bytes`` / ``var_cache_memory_bytes`` (max over
+        rounds of ``mx.get_cache_memory`` just after the call: freed buffers MLX keeps, not in
+        the peak) and ``ref_process_rss_bytes`` / ``var_process_rss_bytes`` (max over rounds of
+        the process's resident set just after the call: interpreter, libraries, both models), ``active_memory_bytes_rounds`` (``mx.get_active_memory`` after
         each round) and
         ``active_memory_growth_bytes`` (last - first), ``rounds`` (run), ``rounds_requested``,
         ``min_rounds``, ``warmup`` (requested), ``warmup_run``, ``budget_s``, ``elapsed_s``,
@@ -232,16 +249,18 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
             break
     ref_ms, var_ms, ref_peak, var_peak, active = [], [], [], [], []
     before = {"ref": [], "var": []}
+    held = {"ref": [], "var": []}
     stages = {}
     stopped_by = "rounds"
     for i in range(rounds):
         r0 = time.perf_counter()
         for fn, times, peaks, side in ((ref_fn, ref_ms, ref_peak, "ref"),
                                        (var_fn, var_ms, var_peak, "var")):
-            ms, peak, active_before, staged = _call(fn)
+            ms, peak, active_before, staged, after = _call(fn)
             times.append(ms)
             peaks.append(peak)
             before[side].append(active_before)
+            held[side].append(after)
             if staged is not None:
                 for s, v in staged.ms.items():
                     st = stages.setdefault(s, {"ref_ms": [], "var_ms": [], "ref_peak": [],
@@ -267,6 +286,10 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         "active_memory_growth_bytes": active[-1] - active[0],
         "ref_active_before_bytes_rounds": before["ref"],
         "var_active_before_bytes_rounds": before["var"],
+        **{f"{side}_{what}": max(h[key] for h in held[side])
+           for side in ("ref", "var")
+           for what, key in (("cache_memory_bytes", "cache_bytes"),
+                             ("process_rss_bytes", "rss_bytes"))},
     }
     if stages:
         out["stages"] = {s: _pair(v["ref_ms"], v["var_ms"], v["ref_peak"], v["var_peak"])
@@ -299,7 +322,7 @@ def split_regions(measurement):
     run = {k: measurement[k] for k in ("rounds", "rounds_requested", "min_rounds", "stopped_by",
                                        "warmup", "warmup_run", "budget_s", "elapsed_s",
                                        "active_memory_bytes_rounds",
-                                       "active_memory_growth_bytes")}
+                                       "active_memory_growth_bytes") + HELD_KEYS}
     stages = measurement["stages"]
     # the forward stage's own peak minus the bytes active before the call (its workspace)
     fwd_over = {f"{side}_peak_over_active_bytes": max(

@@ -11,31 +11,30 @@ import sys
 from pathlib import Path
 
 from runs.commands import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION
-
-
-def _non_negative(value, flag):
-    from runs.folder import CheckError
-
-    if value < 0:
-        raise CheckError(f"{flag} must be >= 0, got {value}")
-    return value
+from contracts.contract import MAX_BOOTSTRAP
+from runs.commands.args import Parser, number
 
 
 def _check_command(args):
     from contextlib import nullcontext
 
     from runs import lock as runlock
+    from runs.io import make_out_dir
     from runs.judge import check_run
 
-    # writing into the run folder: hold its lock (a running sweep refuses us, and we it)
+    if args.output_dir is not None:  # an unwritable --output-dir: refused before any work
+        make_out_dir(args.output_dir, "--output-dir")
+    # writing into the run folder: hold its lock (a running sweep refuses us, and we it); a
+    # folder that is no run (no reference outputs) is refused by check_run, nothing written
+    is_run = Path(args.run_dir, "reference", "outputs.npz").is_file()
     lock = (runlock.hold(args.run_dir, log=lambda m: print(m, file=sys.stderr),
                          fix="wait for it to finish, or pass --output-dir to write elsewhere")
-            if args.output_dir is None and Path(args.run_dir).is_dir() else nullcontext())
+            if args.output_dir is None and is_run else nullcontext())
     with lock:
         verdicts = check_run(args.run_dir, contract=args.contract, variants=args.variant,
                              output_dir=args.output_dir, near_tie_margin=args.near_tie_margin,
                              alpha=args.alpha, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                             worst_n=_non_negative(args.worst, "--worst"),
+                             worst_n=args.worst,
                              log=lambda m: print(m, file=sys.stderr))
     out = Path(args.output_dir or args.run_dir)
     width = max(map(len, verdicts))
@@ -73,15 +72,19 @@ def configure_check(sub):
                    help="check only these variants (the run's summary.csv and report.md are then left alone)")
     p.add_argument("--output-dir", default=None,
                    help="write reports here instead of into RESULTS_DIR")
-    p.add_argument("--near-tie-margin", type=float, default=None,
+    p.add_argument("--near-tie-margin", type=number(float, low=0, example=1.0), default=None,
                    help="reference top-2 margin below which an example is a near tie "
                         "(default: the contract's [settings], else run.json)")
-    p.add_argument("--alpha", type=float, default=None,
+    p.add_argument("--alpha", type=number(float, low=0, high=1, low_open=True, high_open=True,
+                                          example=0.05), default=None,
                    help="miscoverage of the split-conformal ε (default: the contract's, 0.05)")
-    p.add_argument("--n-bootstrap", type=int, default=None,
-                   help="bootstrap resamples per CI, 0 = none (default: the contract's, 1000)")
-    p.add_argument("--seed", type=int, default=None, help="bootstrap seed (default: the contract's, 0)")
-    p.add_argument("--worst", type=int, default=5, help="worst examples listed per failing clause")
+    p.add_argument("--n-bootstrap", type=number(int, low=0, high=MAX_BOOTSTRAP, example=1000),
+                   default=None, help="bootstrap resamples per CI, 0 = none, at most "
+                                      f"{MAX_BOOTSTRAP:,} (default: the contract's, 1000)")
+    p.add_argument("--seed", type=number(int, low=0, example=0), default=None,
+                   help="bootstrap seed (default: the contract's, 0)")
+    p.add_argument("--worst", type=number(int, low=0, example=5), default=5,
+                   help="worst examples listed per failing clause")
     p.add_argument("--fail-on-violation", action="store_true",
                    help="exit 1 when any clause of any variant fails")
     p.set_defaults(func=_check_command)
@@ -119,14 +122,15 @@ def configure_selftest(sub):
                         "outputs with 2-5 options and temperatures down to 0.1)")
     p.add_argument("--contract", default=None,
                    help="contract TOML file, or default | strict | lenient")
-    p.add_argument("--seed", type=int, default=0, help="seed of the perturbations")
+    p.add_argument("--seed", type=number(int, low=0, example=0), default=0,
+                   help="seed of the perturbations")
     p.set_defaults(func=_selftest_command)
     return p
 
 
 def build_parser():
     """A stand-alone parser with ``check`` and ``selftest`` (as ``variants`` has them)."""
-    parser = argparse.ArgumentParser(prog="variants")
+    parser = Parser(prog="variants")
     sub = parser.add_subparsers(dest="command", required=True)
     configure_check(sub)
     configure_selftest(sub)

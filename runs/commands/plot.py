@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from runs.commands import EXIT_USER_ERROR
-from runs.plots.data import PlotError, log
+from runs.commands.args import number
+from runs.plots.data import DPI_RANGE, PlotError, log
 from runs.readers import CorruptFileError
 
 
@@ -19,10 +20,11 @@ def main(args):
     from runs import lock as runlock
     from runs.plots.render import plot_run
 
-    # plot_run writes into the folder: hold its lock, so a running sweep refuses us and we it
+    # plot_run writes into the folder: hold its lock, so a running sweep refuses us and we it;
+    # a folder without summary.csv is no finished sweep: plot_run refuses it, nothing written
     lock = (runlock.hold(args.results_dir, log=log.info,
                          fix="wait for it to finish (the sweep writes the plots itself)")
-            if Path(args.results_dir).is_dir() else nullcontext())
+            if Path(args.results_dir, "summary.csv").is_file() else nullcontext())
     try:
         with lock:
             paths = plot_run(args.results_dir, dpi=args.dpi)
@@ -46,6 +48,8 @@ def configure_parser(subparsers):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("results_dir", metavar="RESULTS_DIR",
                    help="a sweep folder, e.g. results/minilm-sentiment-quant-g64")
-    p.add_argument("--dpi", type=int, default=110, help="resolution of the PNG files")
+    p.add_argument("--dpi", type=number(int, low=DPI_RANGE[0], high=DPI_RANGE[1], example=110),
+                   default=110, help=f"resolution of the PNG files, {DPI_RANGE[0]} to "
+                                     f"{DPI_RANGE[1]}")
     p.set_defaults(func=main)
     return p

@@ -20,6 +20,11 @@ from metrics.defaults import NEAR_TIE_MARGIN
 from runs.npz_readers import check_same_ids
 from runs.readers import CorruptFileError
 
+#: Resolutions ``dpi`` may take: below 20 the text is unreadable; at 600 a figure is already
+#: tens of millions of pixels (matplotlib's Agg raises MemoryError far beyond)
+DPI_RANGE = (20, 600)
+
+
 #: Logger of the plots (``variants plot`` prints its records as ``variants plot: ...``).
 log = logging.getLogger("runs.plots")
 
@@ -197,7 +202,8 @@ def load_run(run_dir, *, evaluations=None):
     folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
     path = folder.path
     if not path.is_dir():
-        raise PlotError(f"results folder {short_path(path)} does not exist; pass a sweep folder "
+        why = "is not a folder" if path.exists() else "does not exist"
+        raise PlotError(f"results folder {short_path(path)} {why}; pass a sweep folder "
                         "such as results/minilm-sentiment-quant-g64.")
     if not (path / "summary.csv").is_file():
         runs = sorted(p.parent.name for p in path.glob("*/summary.csv"))

@@ -2,12 +2,20 @@
 each file written atomically through :func:`runs.io.atomic_write`)."""
 
 from runs import io as rio
-from runs.plots.data import SkipPlot, load_run, log
+from runs.plots.data import DPI_RANGE, PlotError, SkipPlot, load_run, log
 from runs.plots.family import FAMILY_PLOTS
 from runs.plots.flip_strata import flip_strata
 from runs.plots.margin_drift import margin_vs_drift
 from runs.plots.pareto import pareto_view
 from runs.plots.reliability import reliability_diagrams
+
+
+def check_dpi(dpi, flag="dpi"):
+    """Raise PlotError, naming ``flag``, unless ``dpi`` is an integer within ``DPI_RANGE``."""
+    lo, hi = DPI_RANGE
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not lo <= dpi <= hi:
+        raise PlotError(f"{flag} {dpi!r} is out of range; pass an integer in [{lo}, {hi}], "
+                        "e.g. 110")
 
 
 def figures(run):
@@ -39,6 +47,7 @@ def plot_run(run_dir, *, dpi=110, evaluations=None):
     run_dir : path-like
         A finished sweep folder (``results/<run>``).
     dpi : int, default=110
+        Within :data:`runs.plots.data.DPI_RANGE`.
     evaluations : dict of str -> metrics.evaluate.Evaluation, optional
         The judge's evaluations of the variants (the sweep hands them over): not recomputed.
 
@@ -51,10 +60,12 @@ def plot_run(run_dir, *, dpi=110, evaluations=None):
     Raises
     ------
     PlotError
-        If the folder is missing, not a finished sweep, or lists no variant.
+        If ``dpi`` is not an integer in ``DPI_RANGE``, or the folder is missing, not a
+        finished sweep, or lists no variant.
     runs.readers.CorruptFileError
         If a file the plots read is corrupt; raised before any PNG is written.
     """
+    check_dpi(dpi)
     run = load_run(run_dir, evaluations=evaluations)
     run.read_all()
     if len(run.variants) == 1:

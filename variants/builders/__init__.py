@@ -17,6 +17,7 @@ FAMILIES = {
     "exit": "exit_family",
     "student": "student_family",
     "exact": "exact_family",
+    "w8a8": "w8a8_family",
 }
 
 

@@ -251,6 +251,8 @@ def build(reference, cfg, mode="simulated", calibration=None, *, cache_dir=None,
         info["ideal_speedup"] = 1.0 / info["expected_cost"]
         info["ideal_speedup_note"] = ("1 / mean fraction of encoder layers run on the "
                                       "calibration split (heads, pooling, syncs ignored)")
+        # a batch whose rows all leave at the earliest exit: the most any call can gain
+        info["max_speedup"] = info["n_layers"] / min(info["exit_layers"])
         state = (module, heads, threshold, info)
         _MEMO[key] = state
         while len(_MEMO) > 4:

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import device, parallel
+from variants import compute_path, device, parallel
 from variants.builders.exact_keys import ResultCache, dedup, row_keys
 from variants.decision import PreparedBatch
 
@@ -39,6 +39,7 @@ def namespace_of(model):
         h.update(np.ascontiguousarray(a).tobytes())
     cfg = {k: v for k, v in model.config().items() if k != "temperatures"}
     h.update(repr((type(model).__qualname__, sorted(cfg.items(), key=str), device.key_part(),
+                   compute_path.key_part(),
                    len(parallel.streams()), parallel.whole_batches())).encode())
     return h.digest()
 

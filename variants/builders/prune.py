@@ -16,6 +16,8 @@ follow each token's original position through ``ctx.take_tokens``), the attentio
 module's ``readout`` (pooling + head) follow the kept tokens, and the remaining layers run on the shorter sequence: real work
 is skipped, not masked. A ``schedule`` of (layer, keep ratio) pairs prunes at several layers with
 the same code (ratios relative to the example's original real-token count, non-increasing).
+A point with ρ = 1 keeps every token and is skipped, so a schedule of ρ = 1 points runs the wrapped
+module's own forward: its logits are bit-identical to the reference's (the control variant).
 
 Cost model (../shared/seeds/DIGEST.md): with one pruning point the dense work ratio is
 a/N + (1 − a/N)·ρ (per-token Linear work; attention's L² term and the ⌈·⌉ / protected-token
@@ -132,7 +134,14 @@ class PrunedNet(nn.Module):
         self._protected_ids = tuple(int(i) for i in protected_ids)
 
     def __call__(self, input_ids, attention_mask, token_type_ids):
+        if not self._pruning:  # every ratio is 1: the wrapped module's own computation, bit for bit
+            return self.base(input_ids, attention_mask, token_type_ids)
         return self.forward_trace(input_ids, attention_mask, token_type_ids)[0]
+
+    @property
+    def _pruning(self):
+        """Whether any point drops tokens (a ratio below 1); ratio-1 points are skipped."""
+        return any(r < 1.0 for _, r in self._points)
 
     def forward_trace(self, input_ids, attention_mask, token_type_ids, trace=None):
         """As ``__call__`` but returns ``(out, kept token ids (B, L'), kept mask (B, L'))``; appends
@@ -142,7 +151,7 @@ class PrunedNet(nn.Module):
         mask = attention_mask
         ctx = enc.context(mask)
         n_orig = attention_mask.astype(mx.float32).sum(axis=1)
-        prune_at = dict(self._points)
+        prune_at = {a: r for a, r in self._points if r < 1.0}  # ρ = 1 keeps every token: no-op
         protected = mx.zeros(input_ids.shape, mx.bool_)
         for t in self._protected_ids:
             protected = mx.logical_or(protected, input_ids == t)

@@ -7,10 +7,11 @@ fit split and write the same packed format, are :mod:`variants.builders.quant_le
 
 from dataclasses import dataclass
 
+from variants import defaults
 from variants.builders import bits_map as bits_map_mod
 from variants.builders.family import BuildInputs, Family
 
-BITS = (2, 3, 4, 6, 8)
+BITS = defaults.QUANT_BITS
 GROUP_SIZES = (32, 64, 128)
 MODES = ("native", "simulated")
 #: quantizers: round-to-nearest, AWQ (Lin et al. 2024), GPTQ (Frantar et al. 2023), distilled
@@ -74,7 +75,7 @@ def add_arguments(parser):
     g.add_argument("--bits", type=int, nargs="+", default=None, metavar="B",
                    help=f"bit widths to sweep, from {BITS} (default: all; with a --bits-map "
                         "recipe: the recipe's low width)")
-    g.add_argument("--group-size", type=int, default=64,
+    g.add_argument("--group-size", type=int, default=defaults.GROUP_SIZE,
                    help=f"weights per quantization group, one of {GROUP_SIZES}")
     g.add_argument("--quantize-embeddings", action="store_true",
                    help="also quantize the embedding tables (kept fp32 by default)")

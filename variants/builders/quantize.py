@@ -26,6 +26,10 @@ from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  #
                                             run_name)
 
 
+#: How a skip for an input size that the group size does not divide begins (build.json).
+INDIVISIBLE = "input size"
+
+
 def _is_head(path):
     return path == "head" or path.startswith("head.")
 
@@ -51,7 +55,7 @@ def make_predicate(cfg, skipped, settings=None):
             return False
         bits, group_size = (settings or {}).get(path, (cfg.bits, cfg.group_size))
         if in_dims % group_size:
-            skipped.append((path, f"input size {in_dims} not divisible by group size "
+            skipped.append((path, f"{INDIVISIBLE} {in_dims} not divisible by group size "
                                   f"{group_size}"))
             return False
         return {"bits": bits, "group_size": group_size} if settings else True
@@ -92,7 +96,10 @@ def quantize_module(module, cfg, mode="simulated"):
     -------
     qmodule : mlx.nn.Module
     info : dict
-        ``quantized_layers``, ``skipped`` (path, reason), ``bits_per_weight`` (stored bits per
+        ``quantized_layers``, ``skipped`` (path, reason), ``skipped_weights`` ({path: weight
+        elements of each skipped layer}), ``indivisible_params`` / ``indivisible_param_share``
+        (weight elements of the layers left unquantized because the group size does not divide
+        their input size, and their share of all the module's parameters), ``bits_per_weight`` (stored bits per
         quantized weight, scales and biases included), ``model_bytes`` (all parameters as stored
         by the native form), ``quantized_params``, ``total_params``; with a ``bits_map``
         also ``layer_bits`` ({path: [bits, group_size]}). Both sums run over each layer's
@@ -124,9 +131,16 @@ def quantize_module(module, cfg, mode="simulated"):
     params = tree_flatten(native.parameters())
     total_bytes = sum(v.nbytes for _, v in params)
     dense_params = sum(v.size for _, v in tree_flatten(module.parameters()))
+    skipped = sorted(set(skipped))
+    sizes = {p: int(m.weight.size) for p, m in module.named_modules()
+             if p in {path for path, _ in skipped}}
+    indivisible = sum(sizes[p] for p, why in skipped if why.startswith(INDIVISIBLE))
     info = {
         "quantized_layers": len(qlayers),
-        "skipped": sorted(set(skipped)),
+        "skipped": skipped,
+        "skipped_weights": sizes,
+        "indivisible_params": int(indivisible),
+        "indivisible_param_share": indivisible / dense_params,
         "quantized_params": int(q_params),
         "total_params": int(dense_params),
         "bits_per_weight": 8.0 * q_bytes / q_params,

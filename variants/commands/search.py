@@ -2,25 +2,31 @@
 (:mod:`variants.search`)."""
 
 import sys
+import textwrap
 
 
 def configure(sub):
     """Add the ``search`` subcommand to ``sub``; returns its parser."""
     from variants.search.costs import COSTS
     from variants.search.driver import FAMILIES, SearchOptions
+    from variants.commands import HelpFormatter
+    from variants.defaults import COLD_STARTS, QUANT_BITS
     from variants.search.strategies import STRATEGIES
 
     d = SearchOptions()
     p = sub.add_parser(
         "search", help="cheapest per-layer quant configuration that passes the contract",
-        description="Search per-layer bit widths of the encoder Linears (quant family, one group "
+        description=textwrap.fill(
+            "Search per-layer bit widths of the encoder Linears (quant family, one group "
                     "size) for the cheapest configuration that passes the contract. Candidates "
                     "are judged on a search split carved from fit rows the head was not fitted "
                     "on (never the calibration or eval split), with exact sequential stopping; "
                     "the winner is then judged on the real calibration + eval splits as a sweep "
                     "variant (OUT/final/). Writes OUT/search.json, search.md, search.png; "
-                    "resumes from OUT/candidates/.")
-    p.add_argument("--contract", default=None, help="contract TOML (default: the packaged one)")
+                    "resumes from OUT/candidates/.", width=92),
+        formatter_class=HelpFormatter)
+    p.add_argument("--contract", default=None,
+                   help="contract TOML file, or a packaged one by name (None = default)")
     p.add_argument("--cost", default=d.cost, help=f"what to minimise: {', '.join(COSTS)}")
     p.add_argument("--strategy", default=d.strategy,
                    help=f"{' or '.join(STRATEGIES)} (optuna: a seeded TPE study over composed "
@@ -28,14 +34,19 @@ def configure(sub):
     p.add_argument("--families", nargs="+", default=list(d.families),
                    help=f"families searched ({', '.join(FAMILIES)}; beyond quant with "
                         "--strategy optuna, composed; prune and exit do not compose)")
-    p.add_argument("--seed", type=int, default=d.seed, help="data sampling seed (and the optuna sampler's)")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="data sampling seed (and the optuna sampler's)")
     p.add_argument("--max-candidates", type=int, default=d.max_candidates,
                    help="stop after this many distinct candidates")
     p.add_argument("--budget", type=float, default=None,
-                   help="largest acceptable cost, in the --cost's unit")
+                   help="largest acceptable cost, in the --cost's unit (None = no limit)")
     p.add_argument("--bits", type=int, nargs="+", default=list(d.bits), metavar="B",
-                   help="candidate widths per layer (the lowest is the start)")
-    p.add_argument("--group-size", type=int, default=d.group_size)
+                   help=f"candidate widths per layer, from {', '.join(map(str, QUANT_BITS))} "
+                        "(the lowest is the start; not a sweep's --bits, which builds every "
+                        "width: starting at 2 bits would spend --max-candidates on raising "
+                        "layers out of 2 and 3 bits)")
+    p.add_argument("--group-size", type=int, default=d.group_size,
+                   help="weights per quantization group (as variants sweep --group-size)")
     p.add_argument("--batch", type=int, default=d.batch,
                    help="candidates evaluated together per strategy step")
     p.add_argument("--chunk-size", type=int, default=d.chunk_size,
@@ -49,17 +60,30 @@ def configure(sub):
                    help="search-split rows (from unused fit rows), halved into calibration and "
                         "eval parts")
     p.add_argument("--n-sensitivity", type=int, default=d.n_sensitivity,
-                   help="search-calibration rows the per-layer sensitivity is measured on")
-    for flag, v in (("--n-fit", d.n_fit), ("--n-calibration", d.n_calibration),
-                    ("--n-eval", d.n_eval)):
-        p.add_argument(flag, type=int, default=v, help="as variants sweep")
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-config", default=None, metavar="FILE")
-    p.add_argument("--checkpoint", default=None)
-    p.add_argument("--data", default=None, metavar="FILE")
+                   help="search-calibration rows the per-layer sensitivity is measured on (as "
+                        "variants sensitivity --n-examples)")
+    for flag, v, what in (("--n-fit", d.n_fit, "fit-split examples (head fitting)"),
+                          ("--n-calibration", d.n_calibration,
+                           "calibration-split examples the winner is judged on"),
+                          ("--n-eval", d.n_eval, "eval-split examples the winner is judged on")):
+        p.add_argument(flag, type=int, default=v, help=f"{what} (as variants sweep)")
+    p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
+                   help="decision model (as variants sweep; None = minilm-sentiment)")
+    p.add_argument("--model-config", default=None, metavar="FILE",
+                   help="a model TOML (as variants sweep)")
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="a local Hugging Face-format folder; overrides the model TOML's (None "
+                        "= the TOML's, or the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="your own data (JSONL, CSV or Parquet; None = the bundled VADER data)")
+    p.add_argument("--max-length", type=int, default=d.max_length, metavar="TOKENS",
+                   help="tokens per text (as variants sweep; None = the model TOML's "
+                        "max_length, else the tokenizer files')")
     p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="default RESULTS_DIR/search/<model>-<cost>-<strategy>")
+                   help="output folder (None = RESULTS_DIR/search/<model>-<cost>-<strategy>); "
+                        "one search at a time per folder: a second exits 2 naming the holder "
+                        "(OUT/.lock)")
     p.add_argument("--executor", default=d.executor,
                    help="where candidates run: local (this process), process (--workers "
                         "spawned processes) or ray (--workers Ray actors; needs the ray extra). "
@@ -68,19 +92,27 @@ def configure(sub):
                    help="candidates run at once (process / ray); use --batch > 1 so a strategy "
                         "step has several candidates to give them")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="a running Ray cluster (host:port, ray://host:10001 or auto); default "
+                   help="a running Ray cluster (host:port, ray://host:10001 or auto); None = "
                         "RAY_ADDRESS, else a local Ray with --workers CPUs")
     p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
-                   help="the finalists' timing (as variants sweep)")
-    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup)
-    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s)
-    p.add_argument("--timing-batch-sizes", type=int, nargs="+", default=list(d.timing_batch_sizes))
-    p.add_argument("--cold-start", default=d.cold_start, help="none, reference or all")
+                   help="the finalists' alternated timing rounds per batch size (as variants "
+                        "sweep)")
+    p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
+                   help="the finalists' untimed warm-up calls per batch size (as variants sweep)")
+    p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
+                   help="the finalists' seconds per timing measurement (as variants sweep)")
+    p.add_argument("--timing-batch-sizes", type=int, nargs="+", metavar="B",
+                   default=list(d.timing_batch_sizes),
+                   help="the finalists' timed batch sizes (as variants sweep)")
+    p.add_argument("--cold-start", default=d.cold_start, choices=COLD_STARTS,
+                   help="the finalists' cold starts in a fresh process (as variants sweep)")
     p.add_argument("--no-finalize", dest="finalize", action="store_false",
                    help="do not judge the winner on the calibration + eval splits")
     p.add_argument("--fail-on-violation", action="store_true",
-                   help="exit 1 when no configuration passes (default: a finished search exits 0)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+                   help="exit 1 when no configuration passes (without it a finished search "
+                        "exits 0)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (shown by default)")
     p.set_defaults(func=run)
     return p
 
@@ -100,7 +132,8 @@ def run(args):
         n_search=args.n_search,
         n_sensitivity=args.n_sensitivity, n_fit=args.n_fit, n_calibration=args.n_calibration,
         n_eval=args.n_eval, model=args.model, model_config=args.model_config,
-        checkpoint=args.checkpoint, data=args.data, results_dir=args.results_dir, out=args.out,
+        checkpoint=args.checkpoint, data=args.data, max_length=args.max_length,
+        results_dir=args.results_dir, out=args.out,
         executor=args.executor, workers=args.workers, ray_address=args.ray_address,
         timing_rounds=args.timing_rounds,
         timing_warmup=args.timing_warmup, timing_budget_s=args.timing_budget_s,

@@ -1,20 +1,9 @@
 """``variants sweep``: its parser (every family's flags) and the command."""
 
-import argparse
 import sys
 import textwrap
 
-from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Flag defaults shown, and the description and the data schema (epilog) kept as laid out.
-    A ``--no-x`` switch (store_false) shows none: "(default: True)" read as "off by default"."""
-
-    def _get_help_string(self, action):
-        if isinstance(action, argparse._StoreFalseAction):
-            return action.help
-        return super()._get_help_string(action)
+from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, HelpFormatter
 
 
 def configure(sub):
@@ -44,7 +33,7 @@ def configure(sub):
             "its contract with --fail-on-violation, or an output could not be written (disk "
             "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
             "the run folder in use, or a variant that could not be built.", width=92),
-        epilog=SCHEMA_HELP, formatter_class=_Formatter)
+        epilog=SCHEMA_HELP, formatter_class=HelpFormatter)
     p.add_argument("--model", default=None, metavar="NAME|package.module:factory",
                    help=f"decision model: a bundled one ({' | '.join(MODELS)}; None = "
                         f"{d.DEFAULT_MODEL}) or your own factory, called with the Checkpoint and "
@@ -59,6 +48,11 @@ def configure(sub):
                         "bundled all-MiniLM-L6-v2)")
     p.add_argument("--data", default=None, metavar="FILE",
                    help="your own data (JSONL, CSV or Parquet; None = the bundled VADER data)")
+    p.add_argument("--max-length", type=int, default=d.max_length, metavar="TOKENS",
+                   help="tokens per text, special tokens included (longer texts are cut; at "
+                        "most the checkpoint's position table); None = the model TOML's "
+                        "max_length, else the tokenizer files'. Recorded in run.json with its "
+                        "source, and in every cache key")
     p.add_argument("--family", choices=list(FAMILIES), default=d.family,
                    help="variant family; its own flags are listed in its group below")
     p.add_argument("--contract", default=None,
@@ -116,20 +110,55 @@ def configure(sub):
                    help="exit 1 when any variant fails its contract (for CI gates; without it a "
                         "completed sweep exits 0)")
     for name in FAMILIES:
+        before = len(p._actions)
         get_family(name).add_arguments(p)
+        for action in p._actions[before:]:
+            _record_use(action, name)
     p.set_defaults(func=run)
     return p
 
 
+#: the namespace attribute listing the family flags given on the command line
+_GIVEN = "family_flags_given"
+
+
+def _record_use(action, family):
+    """Make ``action`` (a family's flag) note on the namespace, when given, its option string
+    and ``family``: a flag given with another ``--family`` is refused, not dropped
+    (:func:`check_family_flags`). argparse calls an action only for a flag on the command
+    line, so a default never counts."""
+    base = type(action)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = dict(getattr(namespace, _GIVEN, None) or {})
+        given[option_string] = family
+        setattr(namespace, _GIVEN, given)
+        base.__call__(self, parser, namespace, values, option_string)
+
+    action.__class__ = type(f"Family{base.__name__}", (base,), {"__call__": __call__})
+
+
+def check_family_flags(args):
+    """ValueError (exit 2) naming the first flag given that belongs to a family other than
+    ``args.family``: it would be dropped silently."""
+    for flag, family in (getattr(args, _GIVEN, None) or {}).items():
+        if family != args.family:
+            raise ValueError(f"{flag} is a flag of --family {family}, not of --family "
+                             f"{args.family}; drop it, or pass --family {family} (variants "
+                             f"sweep --help lists each family's flags)")
+
+
 def config_from_args(args):
     """The validated :class:`variants.sweep_config.SweepConfig` of parsed ``sweep`` arguments:
-    the chosen family's flags go to ``params``, the other families' are dropped (built and
-    validated once per command). Raises SweepError on bad input."""
+    the chosen family's flags go to ``params`` (another family's flag given is a ValueError,
+    :func:`check_family_flags`; built and validated once per command). Raises SweepError on
+    bad input."""
     from variants.builders import FAMILIES, get_family
     from variants.sweep_config import SweepConfig
 
+    check_family_flags(args)
     kwargs = {k: v for k, v in vars(args).items()
-              if k not in ("func", "command", "fail_on_violation")}
+              if k not in ("func", "command", "fail_on_violation", _GIVEN)}
     family_params = {p for f in FAMILIES for p in get_family(f).params}
     own = get_family(args.family).params
     kwargs["params"] = {k: kwargs[k] for k in own}

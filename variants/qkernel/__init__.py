@@ -38,7 +38,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCES = ("qkernel.cpp", "fused_layer.cpp", "fused_qlayer.cpp", "fused_mbert_layer.cpp",
            "fused_mbert_qlayer.cpp", "fused_mbert.h", "fused_layer.h", "fused_common.h",
-           "panel_gemm.h", "CMakeLists.txt")
+           "panel_gemm.h", "int8_linear.cpp", "fused_int8_layer.cpp", "CMakeLists.txt")
+#: oneDNN's header: whether it is installed is part of a build's key (installing libdnnl-dev
+#: later rebuilds the kernel with the W8A8 integer GEMMs)
+DNNL_HEADERS = ("/usr/include/oneapi/dnnl/dnnl.h", "/usr/local/include/oneapi/dnnl/dnnl.h")
 ENV_CACHE, ENV_SWITCH = "VARIANTS_KERNEL_CACHE", "VARIANTS_QKERNEL"
 #: nanobind must match the ABI MLX 0.32.4 was built with (nanobind internals v22)
 NANOBIND = "nanobind==3.1.0"
@@ -66,7 +69,8 @@ def key():
     for name in SOURCES:
         h.update((HERE / name).read_bytes())
     h.update(repr((_version("mlx"), _version("nanobind"), sys.version_info[:2],
-                   platform.machine(), sys.platform)).encode())
+                   platform.machine(), sys.platform,
+                   any(os.path.exists(p) for p in DNNL_HEADERS))).encode())
     return h.hexdigest()[:16]
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from variants import defaults as D
 from variants.search import costs as costs_mod
 from variants.search import strategies
 from variants.search.store import Store, candidate_id
@@ -31,34 +32,36 @@ class SearchOptions:
     cost: str = "bytes"
     strategy: str = "greedy"
     families: tuple = ("quant",)
-    seed: int = 0
+    seed: int = D.SEED
     max_candidates: int = 60
     budget: float | None = None
-    bits: tuple = (4, 6, 8)
-    group_size: int = 64
+    bits: tuple = D.SEARCH_BITS
+    group_size: int = D.GROUP_SIZE
     batch: int = 1
     chunk_size: int = 50
     stop: bool = True
     search_margin: float = 0.0
     n_search: int = 1600
-    n_sensitivity: int = 100
-    n_fit: int = 2000
-    n_calibration: int = 800
-    n_eval: int = 800
+    n_sensitivity: int = D.N_SENSITIVITY
+    n_fit: int = D.N_FIT
+    n_calibration: int = D.N_CALIBRATION
+    n_eval: int = D.N_EVAL
     model: str | None = None
     model_config: str | None = None
     checkpoint: str | None = None
     data: str | None = None
-    results_dir: str = "results"
+    max_length: int | None = D.MAX_LENGTH
+    results_dir: str = D.RESULTS_DIR
     out: str | None = None
     executor: str = "local"
     workers: int = 1
     ray_address: str | None = None
-    timing_rounds: int = 10
-    timing_warmup: int = 2
-    timing_budget_s: float = 5.0
-    timing_batch_sizes: tuple = (1, 32)
-    cold_start: str = "none"
+    # the finalists are timed as sweep variants, with the sweep's defaults
+    timing_rounds: int = D.TIMING_ROUNDS
+    timing_warmup: int = D.TIMING_WARMUP
+    timing_budget_s: float = D.TIMING_BUDGET_S
+    timing_batch_sizes: tuple = D.TIMING_BATCH_SIZES
+    cold_start: str = D.COLD_START
     finalize: bool = True
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -66,6 +69,9 @@ class SearchOptions:
     def validate(self):
         """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
         from variants.builders.quant_family import BITS, check_bits
+
+        if isinstance(self.out, str) and not self.out.strip():  # not the default folder
+            raise ValueError("--out is empty; pass a folder")
 
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
@@ -97,7 +103,8 @@ class SearchOptions:
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
         for flag, v, lo in (("--batch", self.batch, 1), ("--chunk-size", self.chunk_size, 1),
-                            ("--n-sensitivity", self.n_sensitivity, 10)):
+                            ("--n-sensitivity", self.n_sensitivity, 10),
+                            ("--n-search", self.n_search, 40)):  # two parts of 20 at least
             if v < lo:
                 raise ValueError(f"{flag} {v} must be >= {lo}")
         if not 0 <= self.search_margin < 1:
@@ -120,11 +127,14 @@ class SearchOptions:
                   "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
+        if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)
+            del d["max_length"]
         return d
 
     def sweep_kwargs(self):
         return dict(model=self.model, model_config=self.model_config, checkpoint=self.checkpoint,
-                    data=self.data, family="quant", contract=self.contract,
+                    data=self.data, max_length=self.max_length, family="quant",
+                    contract=self.contract,
                     results_dir=self.results_dir, n_fit=self.n_fit,
                     n_calibration=self.n_calibration, n_eval=self.n_eval, seed=self.seed,
                     progress=False, timing_batch_sizes=tuple(self.timing_batch_sizes),

@@ -13,6 +13,7 @@ import math
 
 import pandas as pd
 
+from runs.html import search as html_search
 from runs.io import write_json, write_text
 from variants.search.costs import UNITS
 
@@ -70,6 +71,7 @@ def write_all(out, result):
         result["plot_error"] = f"{type(e).__name__}: {e}"
         png = None
     write_text(out / "search.md", markdown(frame, result, png))
+    html_search.write_search_html(out)  # report.html: the search as one self-contained page
     return out / "search.json", out / "search.md", png
 
 

@@ -1,8 +1,11 @@
 """``run_search``: one search, start to end (:mod:`variants.search.driver` does the steps)."""
 
 import time
+from contextlib import ExitStack
+from pathlib import Path
 
-from runs.io import remove_temp_files
+from runs import lock as runlock
+from runs.io import make_out_dir, remove_temp_files
 from variants.search.driver import N_FINALISTS, Search, SearchResult
 from variants.search.report import write_all
 
@@ -10,7 +13,10 @@ from variants.search.report import write_all
 def run_search(opts, log=print):
     """Run the search of validated :class:`SearchOptions`; returns :class:`SearchResult`.
 
-    Raises ValueError / SweepError (bad input) or :class:`variants.executors.ExecutorError`
+    One search at a time per output folder: ``OUT/.lock`` is held (:func:`runs.lock.hold`, as a
+    sweep holds its run folder's) from the folder's creation until search.json is written; a
+    second search on the same OUT raises :class:`runs.lock.RunLocked` (exit 2) naming the
+    holder. Raises ValueError / SweepError (bad input) or :class:`variants.executors.ExecutorError`
     (``--executor ray`` and Ray missing or its address not answering) before the first write.
 
     Candidates run on ``opts.executor`` (:func:`variants.executors.make_executor`), its workers
@@ -29,37 +35,26 @@ def run_search(opts, log=print):
     s = cls(opts, log=log)
     executor = make_executor(opts.executor, workers=opts.workers, ray_address=opts.ray_address,
                              log=log)
-    with executor:  # Ray: connects here, before anything is loaded or written
-        s.prepare()
-        make_out_dir(s.out, "--out" if opts.out else "--results-dir")
-        remove_temp_files(s.out)
-        s.store.write_settings(s.settings)
-        worker.prepare_reference(s.state, s.payload)  # the caches, before any worker starts
-        s.executor = executor
-        s.worker_init = ((worker.given_state, (s.state,)) if opts.executor == "local"
-                         else (worker.init_worker, (s.remote_payload(),)))
-        sens = s.sensitivity()
-        log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy "
-            f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x {executor.workers}")
-        records = s.walk(sens)
-    # the workers are gone before the finalists' timing
-    return _conclude(s, opts, records, t0, log)
-
-
-def make_out_dir(out, flag):
-    """Create the search's folder ``out`` (named by ``flag`` in errors), its first write.
-
-    Raises ValueError (exit 2), nothing created: ``out`` is a file, or the folder cannot be
-    made (a parent that is a file, a read-only or virtual file system such as /proc)."""
-    from metrics._checks import short_path
-
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {short_path(out)}: cannot create the folder "
-                         f"({e.strerror or type(e).__name__}); pass a writable folder") from None
+    with ExitStack() as held:  # OUT's lock and the cache's, until search.json is written
+        with executor:  # Ray: connects here, before anything is loaded or written
+            s.prepare()
+            make_out_dir(s.out, "--out" if opts.out else "--results-dir")
+            held.enter_context(runlock.hold(
+                s.out, log=log, fix="wait for it to finish, or pass another --out"))
+            held.enter_context(runlock.cache_lock(Path(opts.results_dir) / ".cache"))
+            remove_temp_files(s.out)  # a killed writer's: nobody else writes OUT now
+            s.store.write_settings(s.settings)
+            worker.prepare_reference(s.state, s.payload)  # the caches, before any worker starts
+            s.executor = executor
+            s.worker_init = ((worker.given_state, (s.state,)) if opts.executor == "local"
+                             else (worker.init_worker, (s.remote_payload(),)))
+            sens = s.sensitivity()
+            log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy "
+                f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x "
+                f"{executor.workers}")
+            records = s.walk(sens)
+        # the workers are gone before the finalists' timing
+        return _conclude(s, opts, records, t0, log)
 
 
 def _conclude(s, opts, records, t0, log):

@@ -1,0 +1,269 @@
+"""``variants compare``: two variants (of two runs, or of one run) on the same eval rows, with
+paired statistics (no MLX).
+
+- exact McNemar tests (the two-sided binomial test on the discordant pairs,
+  :func:`scipy.stats.binomtest`; McNemar 1947, the exact form of Fay 2010) on which rows each
+  side gets right and on which rows each flips against its run's reference;
+- a paired bootstrap (the same resampled eval rows for both sides; Efron & Tibshirani 1993,
+  Ch. 13) percentile CI of B − A for every clause of the contract, on the clause's own metric,
+  stratum and statistic;
+- the speed ratio of the two sides from each run's timing.json.
+
+Two sides of different models (name or checkpoint), contracts (clauses, thresholds and
+settings) or data (source, eval rows, eval fingerprint) are refused with one line
+(:class:`CompareError`), the first differing eval row id named.
+"""
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from runs.html.data import clean, contract_digest
+
+
+class CompareError(ValueError):
+    """Two sides that cannot be compared, or a side that does not name a variant."""
+
+
+@dataclass
+class Side:
+    """One side of a comparison: a run (``runs.plots.data.Run``) and one of its variants."""
+
+    label: str
+    run: object
+    variant: str
+
+    @property
+    def meta(self):
+        return self.run.meta
+
+    @property
+    def verdict(self):
+        return self.run.folder.json(self.variant, "verdict.json")
+
+    @property
+    def evaluation(self):
+        return self.run.evaluation(self.variant)
+
+
+def side(spec, label):
+    """Parse ``RUN`` or ``RUN:VARIANT`` (a sweep folder, and a variant in it) into a list of
+    :class:`Side` (every variant of ``RUN`` without ``:VARIANT``).
+
+    Raises
+    ------
+    CompareError
+        Not a sweep folder, or no such variant (the message lists the run's variants).
+    """
+    from runs.plots.data import PlotError, load_run
+
+    path, variant = str(spec), None
+    if not Path(path).is_dir() and ":" in path:
+        path, variant = path.rsplit(":", 1)
+    try:
+        run = load_run(path)
+    except PlotError as e:
+        raise CompareError(str(e)) from None
+    if variant is not None and variant not in run.variants:
+        raise CompareError(f"{label}: no variant {variant!r} in {path}; it has: "
+                           f"{', '.join(run.variants)} (pass RUN:VARIANT).")
+    return [Side(label, run, v) for v in ([variant] if variant else run.variants)]
+
+
+def pairs(spec_a, spec_b):
+    """The (A, B) pairs to compare: the two named variants, or the variants two runs share by
+    name. Raises CompareError when there is none."""
+    a, b = side(spec_a, "A"), side(spec_b, "B")
+    if len(a) == 1 and len(b) == 1:
+        return [(a[0], b[0])]
+    if len(a) != len(b) and (len(a) == 1 or len(b) == 1):
+        raise CompareError("name one variant on both sides (RUN:VARIANT) or none (every "
+                           "variant the two runs share)")
+    names_b = {s.variant: s for s in b}
+    out = [(s, names_b[s.variant]) for s in a if s.variant in names_b]
+    if not out:
+        raise CompareError(f"the runs share no variant name (A: {', '.join(s.variant for s in a)}"
+                           f"; B: {', '.join(names_b)}); name them as RUN:VARIANT")
+    return out
+
+
+def check_comparable(a, b):
+    """Refuse (CompareError, one line) two sides of different models, contracts or data, or
+    whose eval rows differ (naming the first differing row id)."""
+    ma, mb = a.meta, b.meta
+    model = [(m.get("config", {}).get("model"), m.get("checkpoint", {}).get("sha256"))
+             for m in (ma, mb)]
+    if model[0] != model[1]:
+        raise CompareError(f"different models: A is {model[0][0]} (checkpoint "
+                           f"{str(model[0][1])[:12]}), B is {model[1][0]} (checkpoint "
+                           f"{str(model[1][1])[:12]}); compare runs of one model")
+    va, vb = a.verdict, b.verdict
+    da, db = contract_digest(va), contract_digest(vb)
+    if da != db:
+        raise CompareError(f"different contracts: A {va.get('contract')} ({da}), B "
+                           f"{vb.get('contract')} ({db}); rerun `variants check --contract` "
+                           "on one side")
+    src = [m.get("data", {}).get("source") for m in (ma, mb)]
+    if src[0] != src[1]:
+        raise CompareError(f"different data: A {src[0]!r}, B {src[1]!r}")
+    ia = a.run.outputs(a.variant)["ids"]
+    ib = b.run.outputs(b.variant)["ids"]
+    for i, (x, y) in enumerate(zip(ia, ib)):
+        if x != y:
+            raise CompareError(f"different eval rows: row {i} is {x} in A but {y} in B; compare "
+                               "runs with the same --n-eval, --seed and data")
+    if len(ia) != len(ib):
+        longer, first = ("A", ia[len(ib)]) if len(ia) > len(ib) else ("B", ib[len(ia)])
+        raise CompareError(f"different eval rows: A has {len(ia)}, B {len(ib)}; {longer}'s "
+                           f"row {min(len(ia), len(ib))} ({first}) has no partner")
+    fp = [m.get("data", {}).get("splits", {}).get("eval", {}).get("fingerprint")
+          for m in (ma, mb)]
+    la, lb = (s.run.outputs("reference")["labels"] for s in (a, b))
+    if fp[0] != fp[1] or not np.array_equal(la, lb):
+        raise CompareError(f"different data: the same eval row ids but eval fingerprints "
+                           f"{fp[0]} and {fp[1]} (texts or labels differ)")
+
+
+def mcnemar(x, y):
+    """Exact McNemar test of paired bools ``x`` (A) and ``y`` (B), shape (N,).
+
+    Returns
+    -------
+    dict
+        ``n`` pairs, ``a_only`` (x true, y false), ``b_only``, ``both``, ``neither`` and the
+        two-sided exact p-value: :func:`scipy.stats.binomtest` of ``b_only`` in the
+        ``a_only + b_only`` discordant pairs at 1/2 (1.0 with no discordant pair).
+    """
+    from scipy.stats import binomtest
+
+    x, y = np.asarray(x, bool), np.asarray(y, bool)
+    a_only, b_only = int((x & ~y).sum()), int((~x & y).sum())
+    d = a_only + b_only
+    p = binomtest(b_only, d, 0.5).pvalue if d else 1.0
+    return {"n": int(x.size), "a_only": a_only, "b_only": b_only, "both": int((x & y).sum()),
+            "neither": int((~x & ~y).sum()), "p_value": float(p)}
+
+
+def _statistic(ev, metric, stratum, statistic, idx):
+    """(B,) ``statistic`` of ``metric`` on ``stratum`` within each resample ``idx`` (B, N) of
+    the eval rows; NaN where the resample holds no defined value."""
+    from metrics.registry import SET, spec
+    from metrics.statistics import column_statistic, column_statistic_rows
+
+    rows = ev.rows(stratum)
+    s = spec(metric)
+    out = np.full(idx.shape[0], np.nan)
+    if s.kind == SET and rows.all():
+        return np.asarray(s.compute(ev, idx), dtype=np.float64)
+    values = None if s.kind == SET else ev._array(metric)
+    if values is not None and rows.all() and np.isfinite(values).all():
+        return np.asarray(column_statistic_rows(values[idx], statistic), dtype=np.float64)
+    for k, r in enumerate(idx):
+        r = r[rows[r]]
+        if s.kind == SET:
+            if r.size:
+                out[k] = float(np.asarray(s.compute(ev, r[None, :]))[0])
+            continue
+        v = values[r]
+        v = v[~np.isnan(v)]
+        if v.size:
+            out[k] = column_statistic(v, statistic)
+    return out
+
+
+def clause_differences(a, b, *, n_boot=1000, confidence=0.95, seed=0):
+    """Per clause of A's verdict: A's value, B's value, B − A and its paired bootstrap CI, and
+    which side the clause's direction favours. Rows are resampled together (one index array
+    for both sides)."""
+    from metrics.bootstrap import bootstrap_indices
+
+    ea, eb = a.evaluation, b.evaluation
+    idx = bootstrap_indices(len(ea.per_example), n_boot=n_boot, seed=seed)
+    lo_q, hi_q = 100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2
+    rows = []
+    for c in a.verdict["clauses"]:
+        m, st, stat = c["metric"], c["stratum"], c["statistic"]
+        va, vb = ea.value(m, st, stat), eb.value(m, st, stat)
+        diff = _statistic(eb, m, st, stat, idx) - _statistic(ea, m, st, stat, idx)
+        diff = diff[np.isfinite(diff)]
+        lo, hi = (np.percentile(diff, [lo_q, hi_q]) if diff.size else (math.nan, math.nan))
+        rows.append({"clause": c["id"], "metric": m, "stratum": st, "statistic": stat,
+                     "op": c["op"], "threshold": c["threshold"], "a": va, "b": vb,
+                     "difference": vb - va, "ci": [float(lo), float(hi)],
+                     "higher_is_better": c["op"] == ">="})
+    return rows
+
+
+def speed(a, b):
+    """Per timed batch size both sides share: each side's variant p50 (ms) and speed-up against
+    its own reference, the p50 ratio A / B (> 1: B faster) with a 95% bootstrap CI (each side's
+    rounds resampled on its own: the two were not timed in alternation with each other) and the
+    ratio of the two speed-ups."""
+    from metrics.bootstrap import bootstrap_indices
+
+    ta, tb = (s.run.folder.json(s.variant, "timing.json").get("batches", {}) for s in (a, b))
+    out = []
+    for bs in sorted(set(ta) & set(tb), key=int):
+        xa, xb = (np.asarray(t[bs].get("var_ms") or [], float) for t in (ta, tb))
+        ci = [None, None]
+        if xa.size >= 2 and xb.size >= 2:
+            ra = np.median(xa[bootstrap_indices(xa.size, n_boot=2000, seed=1)], axis=1)
+            rb = np.median(xb[bootstrap_indices(xb.size, n_boot=2000, seed=2)], axis=1)
+            ci = np.percentile(ra / rb, [2.5, 97.5]).tolist()
+        pa, pb = ta[bs]["var"]["p50_ms"], tb[bs]["var"]["p50_ms"]
+        sa, sb = (t[bs]["speedup"]["speedup_median"] for t in (ta, tb))
+        out.append({"batch_size": int(bs), "a_p50_ms": pa, "b_p50_ms": pb,
+                    "p50_ratio_a_over_b": pa / pb, "ci": ci, "a_speedup": sa, "b_speedup": sb,
+                    "speedup_ratio_b_over_a": sb / sa})
+    return out
+
+
+def worse(rows, margin, relative_margin=0.0):
+    """Clauses on which B is worse than A beyond the allowed margin: the whole paired CI of
+    B − A lies past it in the clause's bad direction. The allowed margin of a clause is the
+    larger of ``margin`` (the clause metric's units) and ``relative_margin`` × |threshold|."""
+    out = []
+    for r in rows:
+        lo, hi = r["ci"]
+        m = max(margin, relative_margin * abs(r["threshold"] or 0.0))
+        if r["higher_is_better"] and hi is not None and hi < -m:
+            out.append(r["clause"])
+        elif not r["higher_is_better"] and lo is not None and lo > m:
+            out.append(r["clause"])
+    return out
+
+
+def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
+                 relative_margin=0.0):
+    """Everything ``variants compare`` reports about one (A, B) pair, as a JSON-ready dict.
+
+    Raises
+    ------
+    CompareError
+        As :func:`check_comparable`.
+    """
+    check_comparable(a, b)
+    ea, eb = a.evaluation, b.evaluation
+    pa, pb = ea.per_example, eb.per_example
+    known = pa["label"].to_numpy() >= 0
+    rows = clause_differences(a, b, n_boot=n_boot, confidence=confidence, seed=seed)
+    return clean({
+        "a": {"run": str(a.run.path), "variant": a.variant, "seed": a.meta["config"].get("seed")},
+        "b": {"run": str(b.run.path), "variant": b.variant, "seed": b.meta["config"].get("seed")},
+        "n_rows": int(len(pa)), "n_labelled": int(known.sum()),
+        "same_reference": bool(np.array_equal(a.run.outputs("reference")["logits"],
+                                              b.run.outputs("reference")["logits"])),
+        "contract": {"name": a.verdict.get("contract"), "digest": contract_digest(a.verdict)},
+        "mcnemar_correct": mcnemar(pa.loc[known, "var_correct"].to_numpy(dtype=bool),
+                                   pb.loc[known, "var_correct"].to_numpy(dtype=bool)),
+        "mcnemar_flips": mcnemar(pa["flip"].to_numpy(bool), pb["flip"].to_numpy(bool)),
+        "clauses": rows, "speed": speed(a, b),
+        "bootstrap": {"n_boot": n_boot, "confidence": confidence, "seed": seed,
+                      "method": "paired percentile bootstrap over eval rows"},
+        "margin": margin, "relative_margin": relative_margin,
+        "worse": worse(rows, margin, relative_margin),
+        "verdicts": {"a": "fail" if a.verdict.get("failed") else "pass",
+                     "b": "fail" if b.verdict.get("failed") else "pass"},
+    })

@@ -1,0 +1,114 @@
+"""Facts the run report states next to its tables, so that nothing it measured or skipped is
+left only in a JSON file: texts the model read nothing of (with their row ids), layers a
+quantizer left in full precision (with their share of the parameters), timings faster than
+their work allows (``variants.plausible``). No MLX."""
+
+import math
+
+import numpy as np
+
+#: The reason prefix of a layer left unquantized because the group size does not divide its input
+#: size (``variants.builders.quantize.INDIVISIBLE``; repeated here: the judging side imports no
+#: builder).
+INDIVISIBLE = "input size"
+
+#: Row ids listed per split in the data line; the rest are counted ("… and N more").
+MAX_LISTED_IDS = 20
+
+
+def special_only_text(data):
+    """"; texts that are special tokens only (kept and judged): eval 2 (ids …)" from run.json's
+    ``data.special_only_texts`` and ``special_only_ids`` (ids absent in older runs)."""
+    counts = data.get("special_only_texts")
+    if counts is None:
+        return ""
+    ids = data.get("special_only_ids") or {}
+    parts = []
+    for split, n in counts.items():
+        listed = ids.get(split) or []
+        more = f" and {len(listed) - MAX_LISTED_IDS} more" if len(listed) > MAX_LISTED_IDS else ""
+        parts.append(f"{split} {n}" + (f" (ids {', '.join(map(str, listed[:MAX_LISTED_IDS]))}"
+                                        f"{more})" if listed else ""))
+    return "; texts that are special tokens only (kept and judged): " + ", ".join(parts)
+
+
+def _skip_record(build):
+    """(skipped [(path, reason)], skipped_weights {path: n} or None, total params or None) of a
+    build.json: the quant family's own fields, or the ``quant`` block of a family that composes
+    quantization (prune, low rank, exit with bits)."""
+    for d in (build, build.get("quant") or {}):
+        if "skipped" in d:
+            return d["skipped"], d.get("skipped_weights"), d.get("total_params")
+    return [], None, None
+
+
+def unquantized_cells(build):
+    """summary.csv cells for the layers left unquantized because the group size does not divide
+    their input size: ``unquantized_layers`` (count), ``unquantized_paths`` (";"-joined) and
+    ``unquantized_param_share`` (their weight elements / all the module's parameters; None when
+    build.json predates the weight counts). Empty when there is none (no column is added)."""
+    skipped, weights, total = _skip_record(build)
+    paths = [p for p, why in skipped if str(why).startswith(INDIVISIBLE)]
+    if not paths:
+        return {}
+    share = None
+    if weights is not None and total:
+        share = sum(weights[p] for p in paths) / total
+    return {"unquantized_layers": len(paths), "unquantized_paths": ";".join(paths),
+            "unquantized_param_share": share}
+
+
+def unquantized_text(r):
+    """"; left unquantized (input size not divisible by the group size): 2 layers, 3.1% of the
+    parameters: a, b" from a summary row; "" when the row has none."""
+    n = r.get("unquantized_layers")
+    if n is None or (isinstance(n, float) and math.isnan(n)) or not n:
+        return ""
+    share = r.get("unquantized_param_share")
+    share_text = ("share of the parameters not recorded" if share is None
+                  or (isinstance(share, float) and math.isnan(share))
+                  else f"{share:.1%} of the parameters")
+    return (f"; **left unquantized** (input size not divisible by the group size): {int(n)} "
+            f"layer{'s' if n != 1 else ''}, {share_text}: "
+            + ", ".join(f"`{p}`" for p in str(r["unquantized_paths"]).split(";")))
+
+
+def plausibility_cells(prefix, entry):
+    """summary.csv cells ``<prefix>implausible`` (bool) and ``<prefix>implausible_reasons``
+    ("; "-joined) of one timing.json entry; {} for an entry timed before the check existed."""
+    p = entry.get("plausibility")
+    if p is None:
+        return {}
+    return {prefix + "implausible": bool(p["implausible"]),
+            prefix + "implausible_reasons": "; ".join(p["reasons"])}
+
+
+def flagged(r, prefix):
+    """True when summary row ``r`` flags the timing at ``prefix`` (``b1_``, ``e2e_b32_``...)."""
+    v = r.get(prefix + "implausible")
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def implausible_lines(summary):
+    """report.md lines naming every flagged timing (variant, region, B, reasons); [] when none.
+    ``summary`` is summary.csv's table."""
+    out = []
+    for _, r in summary.iterrows():
+        for region, prefix in (("forward", "b"), ("end to end", "e2e_b")):
+            for col in summary.columns:
+                if not (col.startswith(prefix) and col.endswith("_implausible")):
+                    continue
+                head = col[len(prefix):-len("_implausible")]
+                if not head.isdigit() or not flagged(r, f"{prefix}{head}_"):
+                    continue
+                out.append(f"- `{r['variant']}`, {region}, B={head}: "
+                           f"{r[f'{prefix}{head}_implausible_reasons']}")
+    if not out:
+        return []
+    return (["====== Implausible timings ======", "",
+             "These calls ran faster than their work allows: the encoder's Linear FLOPs (a lower "
+             "bound) at the machine's measured peak GEMM rate, or a speed-up more than 3× the "
+             "cost model's ideal. Such a speed-up is more likely a measurement bug (cached "
+             "logits, an unevaluated graph) than a real one; the verdicts do not use speed, but "
+             "do not quote these numbers until it is explained (timing.json `plausibility`).",
+             ""] + out + [""])

@@ -1,0 +1,64 @@
+"""The report's memory columns: MLX's allocator peak, MLX's buffer cache and the process RSS,
+each labelled, never summed into one number (``variants.memory`` measures them); the cold
+start's loading apart from its first call. No MLX.
+
+Runs written before the cache and RSS were recorded have only the allocator peak: their
+columns and summary.csv cells are left out rather than shown empty.
+"""
+
+import math
+
+#: timing.json entry key -> summary.csv suffix (``b<B>_`` / ``e2e_b<B>_`` prefixed), written
+#: only when the entry holds it.
+HELD = ("var_cache_memory_bytes", "ref_cache_memory_bytes", "var_process_rss_bytes",
+        "ref_process_rss_bytes")
+
+#: Cold-start memory (key in the cold_start dict, header), shown when measured.
+COLD_MEMORY = (("load_peak_memory_bytes", "load: allocator peak MB"),
+               ("load_process_rss_bytes", "load: RSS MB"),
+               ("first_call_peak_memory_bytes", "1st call: allocator peak MB"),
+               ("first_call_cache_memory_bytes", "1st call: cache MB"),
+               ("first_call_process_rss_bytes", "1st call: RSS MB"))
+
+NOTE = ("Memory, three numbers never added together: **allocator peak** = `mx.get_peak_memory`, "
+        "reset before every call, max over rounds (every array alive, i.e. both models' "
+        "weights); the call's own MB = that peak minus the bytes active just before the call "
+        "(activations and workspace); **process cache** = `mx.get_cache_memory` just after "
+        "the call, max over rounds and both models (one pool of the process: freed buffers "
+        "MLX keeps for reuse, both models', not in the peak); **process RSS** = the resident "
+        "set of the whole process (interpreter, libraries, both models, cache) just after the "
+        "call, as the operating system counts it.")
+
+COLD_NOTE = ("Cold-start memory: **load** = after the weights are loaded and the variant built, "
+             "before any call; **1st call** = the first tokenisation and forward (allocator peak "
+             "reset after loading, so this is the call's own peak, weights included; cache and "
+             "RSS just after it). peak MB = allocator peak of the whole process.")
+
+
+def _num(v):
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def held_cells(prefix, entry):
+    """summary.csv cells ``<prefix>var_cache_memory_bytes`` ... of one timing.json entry (only
+    the keys it holds)."""
+    return {prefix + k: entry[k] for k in HELD if k in entry}
+
+
+def held_columns(r, p):
+    """The timing table's cache and RSS cells of summary row ``r`` at prefix ``p``; {} when the
+    row has none (a run from before they were recorded)."""
+    if not _num(r.get(p + "var_cache_memory_bytes")):
+        return {}
+    # both are of the whole process (one cache pool, one resident set), read after calls of
+    # the two models in turn: one number each, never a variant's and a reference's
+    cache = max(r[p + "var_cache_memory_bytes"], r[p + "ref_cache_memory_bytes"])
+    rss = max(r[p + "var_process_rss_bytes"], r[p + "ref_process_rss_bytes"])
+    return {"process cache MB": f"{cache / 1e6:.1f}", "process RSS MB": f"{rss / 1e6:.0f}"}
+
+
+def cold_columns(d):
+    """The cold-start table's memory cells of one cold_start dict; {} when none was measured."""
+    if not any(_num(d.get(k)) for k, _ in COLD_MEMORY):
+        return {}
+    return {head: (f"{d[k] / 1e6:.1f}" if _num(d.get(k)) else "—") for k, head in COLD_MEMORY}

@@ -1,0 +1,256 @@
+// 8-bit weights and 8-bit activations on integer GEMMs (mlx-variants, variants/qkernel).
+//
+// Two MLX primitives (CPU eval only):
+//   Int8GemmCpu   (a uint8 (M, K), b int8 (N, K))           -> a @ b.T, int32 (M, N)
+//   Int8LinearCpu (x float32 (M, K), wq int8 (N, K), w_scale float32 (N,), colsum int32 (N,)
+//                  [, bias float32 (N,)] [, inv_smooth float32 (K,)]) -> y float32 (M, N)
+// Int8LinearCpu quantizes each row (token) of x at run time, asymmetric uint8 (the range
+// [min(x, 0), max(x, 0)] in 255 steps, zero point rounded to an integer in [0, 255]):
+//   scale_i = (hi_i - lo_i) / 255 (1 when the row is all zero), zp_i = round(-lo_i / scale_i),
+//   q_ik = clamp(round(x_ik / scale_i) + zp_i, 0, 255)       (round: half to even)
+// multiplies q by the int8 weights with oneDNN's dnnl_gemm_u8s8s32 (int32 accumulation; VNNI,
+// AVX-512 or AVX2 kernels chosen by oneDNN at run time), and applies the fp32 epilogue
+//   y_ij = (scale_i * w_scale_j) * (C_ij - zp_i * colsum_j) + bias_j
+// where colsum_j = sum_k wq_jk (so C - zp * colsum = sum_k (q_ik - zp_i) wq_jk, exactly).
+// inv_smooth (SmoothQuant's 1/s per input channel) multiplies x before the quantization.
+// Built only where oneDNN's headers and library are found (CMake defines QK_HAVE_DNNL); without
+// them `has_dnnl()` is False and the ops raise.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+#ifdef QK_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+// oneDNN's Debian build threads with OpenMP (libgomp): the op asks for one thread in the MLX
+// stream thread that calls it (MLX already splits rows over its CPU streams; an OpenMP team
+// per stream oversubscribes the cores and spins when the machine is busy)
+extern "C" void omp_set_num_threads(int);
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace mlx::core {
+
+// C (m, n; row stride ldc) = A B^T in int32 for uint8 A (m, k; lda) and int8 B (n, k; ldb):
+// oneDNN's dnnl_gemm_u8s8s32 on one OpenMP thread (also used by fused_int8_layer.cpp)
+#ifdef QK_HAVE_DNNL
+void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  const int32_t co = 0;
+  thread_local bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 0.0f, c, ldc,
+                              &co);
+  if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
+}
+#else
+void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const int8_t*, int64_t,
+                    int32_t*, int64_t) {
+  throw std::runtime_error("int8_linear: built without oneDNN (install libdnnl-dev and rebuild)");
+}
+#endif
+
+namespace {
+
+void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b, int32_t* c) {
+  int8_gemm_u8s8(m, n, k, a, k, b, k, c, n);
+}
+
+// one row: its scale and zero point, and the row's uint8 codes
+void quantize_row(const float* x, const float* inv_smooth, int64_t k, float* tmp, uint8_t* q,
+                  float& scale, int32_t& zp) {
+  const float* src = x;
+  if (inv_smooth) {
+    for (int64_t j = 0; j < k; ++j) tmp[j] = x[j] * inv_smooth[j];
+    src = tmp;
+  }
+  float lo = 0.0f, hi = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    lo = std::min(lo, src[j]);
+    hi = std::max(hi, src[j]);
+  }
+  scale = (hi - lo) / 255.0f;
+  if (!(scale > 0.0f)) scale = 1.0f;
+  float z = std::nearbyint(-lo / scale);
+  z = std::min(255.0f, std::max(0.0f, z));
+  zp = int32_t(z);
+  for (int64_t j = 0; j < k; ++j) {
+    float v = std::nearbyint(src[j] / scale) + z;
+    v = std::min(255.0f, std::max(0.0f, v));
+    q[j] = uint8_t(v);
+  }
+}
+
+}  // namespace
+
+bool int8_has_dnnl() {
+#ifdef QK_HAVE_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
+class Int8GemmCpu : public UnaryPrimitive {
+ public:
+  explicit Int8GemmCpu(Stream s) : UnaryPrimitive(s) {}
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([a = array::unsafe_weak_copy(inputs[0]), b = array::unsafe_weak_copy(inputs[1]),
+                  o = array::unsafe_weak_copy(out)]() mutable {
+      gemm_u8s8(a.shape(0), b.shape(0), a.shape(1), a.data<uint8_t>(), b.data<int8_t>(),
+                o.data<int32_t>());
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("Int8GemmCpu has no GPU implementation");
+  }
+  DEFINE_NAME(Int8GemmCpu)
+  bool is_equivalent(const Primitive&) const override { return true; }
+};
+
+class Int8LinearCpu : public UnaryPrimitive {
+ public:
+  Int8LinearCpu(Stream s, bool has_bias, bool has_smooth)
+      : UnaryPrimitive(s), has_bias_(has_bias), has_smooth_(has_smooth) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const size_t ib = has_bias_ ? 4 : 0, is = has_smooth_ ? (has_bias_ ? 5 : 4) : 0;
+    enc.dispatch([x = array::unsafe_weak_copy(inputs[0]), w = array::unsafe_weak_copy(inputs[1]),
+                  ws = array::unsafe_weak_copy(inputs[2]), cs = array::unsafe_weak_copy(inputs[3]),
+                  bias = array::unsafe_weak_copy(inputs[ib]),
+                  sm = array::unsafe_weak_copy(inputs[is]), hb = has_bias_, hs = has_smooth_,
+                  o = array::unsafe_weak_copy(out)]() mutable {
+      const int64_t m = x.shape(0), k = x.shape(1), n = w.shape(0);
+      // scratch from MLX's allocator (counts in mx.get_peak_memory()): codes, int32 product,
+      // row scales and zero points, one smoothed row
+      const size_t bytes_q = size_t(m * k), bytes_c = size_t(m * n) * 4;
+      auto buf = allocator::allocator().malloc(bytes_q + bytes_c + size_t(m) * 8 + size_t(k) * 4 + 64);
+      char* base = static_cast<char*>(buf.raw_ptr());
+      int32_t* c = reinterpret_cast<int32_t*>(base);
+      float* rs = reinterpret_cast<float*>(base + bytes_c);
+      int32_t* zp = reinterpret_cast<int32_t*>(base + bytes_c + size_t(m) * 4);
+      float* tmp = reinterpret_cast<float*>(base + bytes_c + size_t(m) * 8);
+      uint8_t* q = reinterpret_cast<uint8_t*>(base + bytes_c + size_t(m) * 8 + size_t(k) * 4);
+      const float* xp = x.data<float>();
+      const float* smp = hs ? sm.data<float>() : nullptr;
+      for (int64_t i = 0; i < m; ++i) quantize_row(xp + i * k, smp, k, tmp, q + i * k, rs[i], zp[i]);
+      gemm_u8s8(m, n, k, q, w.data<int8_t>(), c);
+      const float* wsp = ws.data<float>();
+      const int32_t* csp = cs.data<int32_t>();
+      const float* bp = hb ? bias.data<float>() : nullptr;
+      float* y = o.data<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t* ci = c + i * n;
+        float* yi = y + i * n;
+        const float si = rs[i];
+        const int32_t zi = zp[i];
+        for (int64_t j = 0; j < n; ++j) {
+          float v = (si * wsp[j]) * float(ci[j] - zi * csp[j]);
+          yi[j] = bp ? v + bp[j] : v;
+        }
+      }
+      allocator::allocator().free(buf);
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("Int8LinearCpu has no GPU implementation");
+  }
+  DEFINE_NAME(Int8LinearCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const Int8LinearCpu&>(other);
+    return has_bias_ == o.has_bias_ && has_smooth_ == o.has_smooth_;
+  }
+
+ private:
+  bool has_bias_, has_smooth_;
+};
+
+namespace {
+
+Stream cpu_stream() {
+  auto s = to_stream({});
+  if (s.device != Device::cpu) throw std::invalid_argument("int8_linear: CPU stream only");
+  return s;
+}
+
+array rowmajor(const array& a, const Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return contiguous(a, false, s);
+}
+
+void check_vec(const std::optional<array>& v, int64_t n, Dtype dt, const char* what) {
+  if (v && (v->dtype() != dt || v->ndim() != 1 || v->shape(0) != n))
+    throw std::invalid_argument(std::string("int8_linear: ") + what + " has the wrong dtype or shape");
+}
+
+}  // namespace
+
+array int8_gemm_cpu(const array& a, const array& b) {
+  if (!int8_has_dnnl()) throw std::runtime_error("int8_gemm: built without oneDNN");
+  if (a.dtype() != uint8 || b.dtype() != int8 || a.ndim() != 2 || b.ndim() != 2 ||
+      a.shape(1) != b.shape(1))
+    throw std::invalid_argument("int8_gemm: a must be uint8 (M, K) and b int8 (N, K)");
+  auto s = cpu_stream();
+  return array({a.shape(0), b.shape(0)}, int32, std::make_shared<Int8GemmCpu>(s),
+               {rowmajor(a, s), rowmajor(b, s)});
+}
+
+array int8_linear_cpu(const array& x, const array& wq, const array& w_scale, const array& colsum,
+                      const std::optional<array>& bias, const std::optional<array>& inv_smooth) {
+  if (!int8_has_dnnl()) throw std::runtime_error("int8_linear: built without oneDNN");
+  if (wq.dtype() != int8 || wq.ndim() != 2)
+    throw std::invalid_argument("int8_linear: wq must be int8 (out, in)");
+  const int n = wq.shape(0), k = wq.shape(1);
+  if (x.dtype() != float32 || x.ndim() < 1 || x.shape(-1) != k)
+    throw std::invalid_argument("int8_linear: x must be float32 (..., in)");
+  check_vec(w_scale, n, float32, "w_scale");
+  check_vec(colsum, n, int32, "colsum");
+  check_vec(bias, n, float32, "bias");
+  check_vec(inv_smooth, k, float32, "inv_smooth");
+  auto s = cpu_stream();
+  const int m = x.size() / k;
+  std::vector<array> in = {contiguous(reshape(x, {m, k}, s), false, s), rowmajor(wq, s),
+                           rowmajor(w_scale, s), rowmajor(colsum, s)};
+  if (bias) in.push_back(rowmajor(*bias, s));
+  if (inv_smooth) in.push_back(rowmajor(*inv_smooth, s));
+  auto y = array({m, n}, float32,
+                 std::make_shared<Int8LinearCpu>(s, bool(bias), bool(inv_smooth)), in);
+  Shape shape = x.shape();
+  shape.back() = n;
+  return reshape(y, shape, s);
+}
+
+void register_int8_linear(nb::module_& m) {
+  m.def("has_dnnl", &int8_has_dnnl, "Whether the int8 ops were built with oneDNN.");
+  m.def("int8_gemm", &int8_gemm_cpu, "a"_a, "b"_a,
+        "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K): dnnl_gemm_u8s8s32.");
+  m.def("int8_linear", &int8_linear_cpu, "x"_a, "wq"_a, "w_scale"_a, "colsum"_a,
+        "bias"_a = nb::none(), "inv_smooth"_a = nb::none(),
+        "W8A8 Linear: x (..., in) float32 quantized per row to uint8, times int8 wq (out, in) "
+        "on integer GEMMs, fp32 epilogue with w_scale (out,), colsum (out,) int32, bias.");
+}
+
+}  // namespace mlx::core
