@@ -19,6 +19,7 @@ import numpy as np
 
 from variants import device
 from variants.builders import lowrank as lr
+from variants.builders import lowrank_family
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
 from variants.timing import time_alternating
@@ -28,7 +29,7 @@ RULE = "=" * 6
 
 def configure_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ratios", type=float, nargs="+", default=list(lr.DEFAULT_RATIOS),
+    p.add_argument("--ratios", type=float, nargs="+", default=list(lowrank_family.DEFAULT_RATIOS),
                    help="keep ratios of each layer's parameters, in (0, 1]")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32], help="batch sizes")
     p.add_argument("--seq-len", type=int, default=32, help="tokens per text (no padding)")
@@ -52,7 +53,7 @@ def main(argv=None):
           f"{'measured':>9} {'ideal':>7} {'realised/ideal':>15}")
     for ratio in args.ratios:
         try:
-            cfg = lr.LowRankConfig(method="plain", ratio=ratio)
+            cfg = lowrank_family.LowRankConfig(method="plain", ratio=ratio)
         except ValueError as e:
             print(f"bench/lowrank.py: error: {e}", file=sys.stderr)
             return 2

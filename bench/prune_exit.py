@@ -11,7 +11,7 @@ import argparse
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 from variants import data
-from variants.builders import early_exit, prune
+from variants.builders import early_exit, exit_family, prune, prune_family
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
 from variants.timing import time_alternating
@@ -39,9 +39,9 @@ def main():
     lengths = [b.n_tokens for b in batches]
     timing = {1: batches[sorted(range(len(lengths)), key=lengths.__getitem__)[len(lengths) // 2]],
               32: ref.prepare(cal.subset(list(range(min(32, len(cal))))), batch_size=32)[0][0]}
-    configs = [("prune", prune, prune.PruneConfig(after_layer=a, keep_ratio=r), {})
+    configs = [("prune", prune, prune_family.PruneConfig(after_layer=a, keep_ratio=r), {})
                for a in args.layers for r in args.keep_ratios]
-    configs += [("exit", early_exit, early_exit.ExitConfig(rule, target=t), {"fit": fit})
+    configs += [("exit", early_exit, exit_family.ExitConfig(rule, target=t), {"fit": fit})
                 for rule in early_exit.RULES for t in args.targets]
     print("====== ideal vs measured speed-up (median of per-round ratios) ======")
     print(f"{'variant':<24} {'ideal':>7} " + " ".join(f"{'B=' + str(b):>14}" for b in timing))

@@ -8,8 +8,9 @@ from mlx.utils import tree_flatten
 
 from variants import data
 from variants.builders import early_exit as ee
+from variants.builders import exit_family
 from variants.builders import exit_heads, exit_rules
-from variants.builders.early_exit import ExitConfig
+from variants.builders.exit_family import ExitConfig
 from variants.cli import main
 from variants.models import choice, sentiment
 from runs.outputs import DecisionOutputs, finish_outputs
@@ -181,37 +182,37 @@ def test_bad_config(kwargs, message):
 
 
 def test_names_encode_parameters():
-    names = [c.name for c in ee.ladder(exit_targets=[0.99], exit_bits=[None, 4])]
+    names = [c.name for c in exit_family.ladder(exit_targets=[0.99], exit_bits=[None, 4])]
     assert names[:2] == ["exit-entropy-ag0.99", "exit-entropy-ag0.99-q4"]
     assert ExitConfig("patience", None, 3, exit_layers=(2, 4), label_mix=0.3).name == \
         "exit-patience-t3-h2.4-mix0.30"
     # today's names of the common values stay (existing result folders resume)
-    assert [c.name for c in ee.ladder()] == [f"exit-{r}-ag{a}" for r in exit_rules.RULES
+    assert [c.name for c in exit_family.ladder()] == [f"exit-{r}-ag{a}" for r in exit_rules.RULES
                                              for a in ("0.99", "0.97")]
-    assert [c.name for c in ee.ladder(exit_rules=["margin"], exit_thresholds=[0.3, 1e-9])] == \
+    assert [c.name for c in exit_family.ladder(exit_rules=["margin"], exit_thresholds=[0.3, 1e-9])] == \
         ["exit-margin-t0.3", "exit-margin-t1e-09"]
 
 
 def test_names_are_unique_and_faithful():
     # .3g used to name 0.1231 and 0.1234 both t0.123 (one variant silently dropped)
-    cfgs = ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.1231, 0.1234])
+    cfgs = exit_family.ladder(exit_rules=["entropy"], exit_thresholds=[0.1231, 0.1234])
     assert [c.name for c in cfgs] == ["exit-entropy-t0.1231", "exit-entropy-t0.1234"]
     assert [c.threshold for c in cfgs] == [0.1231, 0.1234]
-    cfgs = ee.ladder(exit_rules=["margin"], exit_targets=[0.9991, 0.9994], exit_label_mix=0.125)
+    cfgs = exit_family.ladder(exit_rules=["margin"], exit_targets=[0.9991, 0.9994], exit_label_mix=0.125)
     assert [c.name for c in cfgs] == ["exit-margin-ag0.9991-mix0.125",
                                       "exit-margin-ag0.9994-mix0.125"]
     for c in cfgs:  # the number in the name reads back as the value
         assert float(c.name.split("-ag")[1].split("-")[0]) == c.target
     assert ExitConfig(target=1 / 3).name == f"exit-entropy-ag{1 / 3!r}"
     # exact repeats are one variant
-    assert len(ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.3, 0.3])) == 1
+    assert len(exit_family.ladder(exit_rules=["entropy"], exit_thresholds=[0.3, 0.3])) == 1
 
 
 def test_two_configs_with_one_name_are_refused():
     # the group size is not in the name without bits: two such configs would share a folder
     with pytest.raises(ValueError, match=r"share the name 'exit-entropy-ag0.99'.*"
                                          r"--exit-group-size \(64 vs 32\)"):
-        ee.unique_by_name([ExitConfig(), ExitConfig(group_size=32)],
+        exit_family.unique_by_name([ExitConfig(), ExitConfig(group_size=32)],
                           {"group_size": "--exit-group-size"})
 
 
@@ -228,12 +229,12 @@ def test_two_configs_with_one_name_are_refused():
 ])
 def test_ladder_refuses(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ee.ladder(**kwargs)
+        exit_family.ladder(**kwargs)
 
 
 def test_ladder_targets_default_only_without_thresholds():
-    assert [c.target for c in ee.ladder(exit_rules=["entropy"])] == list(ee.DEFAULT_TARGETS)
-    cfgs = ee.ladder(exit_rules=["entropy"], exit_thresholds=[0.3])
+    assert [c.target for c in exit_family.ladder(exit_rules=["entropy"])] == list(exit_family.DEFAULT_TARGETS)
+    cfgs = exit_family.ladder(exit_rules=["entropy"], exit_thresholds=[0.3])
     assert [(c.target, c.threshold) for c in cfgs] == [(None, 0.3)]
 
 
@@ -497,7 +498,7 @@ def test_model_without_per_layer_access_is_refused(model, splits):
 def test_describe_lists_calibration_and_eval_exits(built):
     _, info, _ = built
     ev = exit_rules.exit_summary(np.array([6, 1, 2]), 6, np.array([[0.0, 0.1], [3, 0], [0, 5]]))
-    text = ee.describe(info, None, eval_summary=ev)
+    text = exit_family.describe(info, None, eval_summary=ev)
     assert "calibration: agreement" in text and "eval exit histogram L1: 1, L2: 1" in text
     assert "eval near ties" in text
 

@@ -15,12 +15,12 @@ import pytest
 
 from variants.builders import get_family
 from variants.builders import lowrank as lr
-from variants.builders.early_exit import ExitConfig
+from variants.builders.exit_family import ExitConfig
 from variants.builders.exit_net import ExitNet
 from variants.builders.exit_rules import fires, rule_statistic
 from variants.builders.family import BuildInputs
-from variants.builders.lowrank import LowRankConfig
-from variants.builders.prune import PruneConfig
+from variants.builders.lowrank_family import LowRankConfig
+from variants.builders.prune_family import PruneConfig
 from variants.builders.quantize import QuantConfig
 from variants.checkpoint import load_checkpoint
 from variants.decision import DecisionModel

@@ -11,7 +11,9 @@ import pytest
 from variants import activations, data
 from variants.activations import LinearStats
 from variants.builders import lowrank as lr
-from variants.builders.lowrank import LowRankConfig, LowRankLinear
+from variants.builders import lowrank_family
+from variants.builders.lowrank import LowRankLinear
+from variants.builders.lowrank_family import LowRankConfig
 from variants.cli import main
 from variants.models import sentiment
 
@@ -102,7 +104,7 @@ def test_table_predicted_equals_weighted_error_for_whitened(model, stats):
 
 # ---- factor shapes and exactness at full rank ----
 
-@pytest.mark.parametrize("method", lr.METHODS)
+@pytest.mark.parametrize("method", lowrank_family.METHODS)
 @pytest.mark.parametrize("path", [Q, UP, DOWN])
 def test_full_rank_reproduces_weight(model, stats, method, path):
     w = _weight(model, path)
@@ -212,7 +214,7 @@ def test_speed_build_reuses_factors_without_calibration(model, calibration):
     v2, i2 = lr.build(model, cfg, mode="native")  # what the sweep's timing build does
     assert i1["layers"] == i2["layers"]
     assert v1.module is v2.module
-    md = lr.describe(i1)
+    md = lowrank_family.describe(i1)
     assert "| layers.0.attention.query | 384×384 | 57 |" in md and "ideal speed-up" in md
 
 
@@ -224,7 +226,7 @@ def test_speed_build_reuses_factors_without_calibration(model, calibration):
     (lambda: LowRankConfig(method="tucker"), r"method='tucker' is not known"),
     (lambda: LowRankConfig(rule="vibes"), r"rank rule 'vibes' is not known"),
     (lambda: LowRankConfig(bits=5), r"bits=5 is not supported"),
-    (lambda: lr.ladder(methods=[]), r"no methods given"),
+    (lambda: lowrank_family.ladder(methods=[]), r"no methods given"),
     (lambda: lr.decompose(np.ones((4, 4)), "whitened"), r"no calibration data"),
     (lambda: lr.whitening(np.full((3, 3), np.nan)), r"non-finite"),
     (lambda: lr.whitening(np.zeros((3, 3))), r"singular"),
@@ -248,25 +250,25 @@ def test_rank_above_min_dim_and_missing_calibration(model):
 
 
 def test_ladder_names_encode_parameters():
-    names = [c.name for c in lr.ladder()]
+    names = [c.name for c in lowrank_family.ladder()]
     assert names[:2] == ["lr-whitened-p0.90", "lr-whitened-p0.70"] and "lr-plain-p0.10" in names
     assert len(names) == 10 == len(set(names))
-    q = lr.ladder(methods=["scaled"], ratios=[0.5], alpha=0.25, lowrank_bits=[4, 8],
+    q = lowrank_family.ladder(methods=["scaled"], ratios=[0.5], alpha=0.25, lowrank_bits=[4, 8],
                   lowrank_group_size=32)
     assert [c.name for c in q] == ["lr-scaled-a0.25-p0.50-q4g32", "lr-scaled-a0.25-p0.50-q8g32"]
-    assert [c.name for c in lr.ladder(rank_rule="energy", energies=[0.99])] == \
+    assert [c.name for c in lowrank_family.ladder(rank_rule="energy", energies=[0.99])] == \
            ["lr-whitened-e0.990", "lr-plain-e0.990"]
-    assert lr.run_name(rank_rule="params") == "params"
+    assert lowrank_family.run_name(rank_rule="params") == "params"
 
 
 def test_names_never_round_two_values_together():
     # .2f / .3f used to name 0.5 and 0.505 both p0.50, 0.9995 and 1.0 both e1.000
-    assert [c.name for c in lr.ladder(methods=["plain"], ratios=[0.5, 0.505])] == \
+    assert [c.name for c in lowrank_family.ladder(methods=["plain"], ratios=[0.5, 0.505])] == \
            ["lr-plain-p0.50", "lr-plain-p0.505"]
-    assert [c.name for c in lr.ladder(methods=["plain"], rank_rule="energy",
+    assert [c.name for c in lowrank_family.ladder(methods=["plain"], rank_rule="energy",
                                       energies=[0.99, 0.9995, 1.0])] == \
            ["lr-plain-e0.990", "lr-plain-e0.9995", "lr-plain-e1.000"]
-    assert [c.name for c in lr.ladder(methods=["scaled"], ratios=[0.5], alpha=0.125)] == \
+    assert [c.name for c in lowrank_family.ladder(methods=["scaled"], ratios=[0.5], alpha=0.125)] == \
            ["lr-scaled-a0.125-p0.50"]
 
 

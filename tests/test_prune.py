@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from variants import data
-from variants.builders import prune
-from variants.builders.prune import PruneConfig
+from variants.builders import prune, prune_family
+from variants.builders.prune_family import PruneConfig
 from variants.cli import main
 from variants.models import choice, sentiment
 
@@ -29,7 +29,7 @@ def batch(checkpoint):
     return tuple(mx.array(a) for a in checkpoint.tokenizer.batch(encs))
 
 
-@pytest.mark.parametrize("score", prune.SCORES)
+@pytest.mark.parametrize("score", prune_family.SCORES)
 def test_keep_ratio_one_reproduces_reference(model, batch, score):
     variant, info = prune.build(model, PruneConfig(after_layer=2, keep_ratio=1.0, score=score))
     ref = np.array(model.module(*batch))
@@ -123,27 +123,27 @@ def test_composes_with_quantization(model, batch):
 
 
 def test_ladder_names_encode_parameters():
-    names = [c.name for c in prune.ladder(prune_layers=[2], keep_ratios=[0.5, 0.3],
+    names = [c.name for c in prune_family.ladder(prune_layers=[2], keep_ratios=[0.5, 0.3],
                                           prune_scores=["received", "cls"])]
     assert names == ["prune-a2-r0.50", "prune-a2-r0.50-cls", "prune-a2-r0.30",
                      "prune-a2-r0.30-cls"]
-    assert prune.run_name(prune_scores=["received"]) == "grid-received"
+    assert prune_family.run_name(prune_scores=["received"]) == "grid-received"
 
 
 def test_names_never_round_two_ratios_together():
     # .2f used to name 0.7 and 0.705 both r0.70 (one variant silently dropped)
-    names = [c.name for c in prune.ladder(prune_layers=[2], keep_ratios=[0.7, 0.705, 0.5])]
+    names = [c.name for c in prune_family.ladder(prune_layers=[2], keep_ratios=[0.7, 0.705, 0.5])]
     assert names == ["prune-a2-r0.70", "prune-a2-r0.705", "prune-a2-r0.50"]
     assert PruneConfig(schedule=((2, 0.705), (4, 0.4))).name == "prune-s2x0.705-4x0.40"
-    assert prune.name_number(1 / 3, ".2f") == repr(1 / 3)  # exact, reads back as the value
-    assert [c.name for c in prune.ladder(prune_layers=[2, 2], keep_ratios=[0.5, 0.5])] == \
+    assert prune_family.name_number(1 / 3, ".2f") == repr(1 / 3)  # exact, reads back as the value
+    assert [c.name for c in prune_family.ladder(prune_layers=[2, 2], keep_ratios=[0.5, 0.5])] == \
            ["prune-a2-r0.50"]  # exact repeats are one variant
 
 
 def test_two_configs_with_one_name_are_refused():
     # group size is not in the name without bits: two such configs would share a folder
     with pytest.raises(ValueError, match=r"share the name 'prune-a2-r0.50'.*--prune-group-size"):
-        prune.unique_by_name([PruneConfig(), PruneConfig(group_size=32)],
+        prune_family.unique_by_name([PruneConfig(), PruneConfig(group_size=32)],
                              {"group_size": "--prune-group-size"})
 
 

@@ -34,10 +34,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
-from variants.builders.exit_family import (DEFAULT_TARGETS, NEAR_TIE_MARGIN,  # noqa: F401
-                                           PARAMS, ExitConfig, _mixed_patience_hint,
-                                           add_arguments, describe, ladder, run_name)
+from metrics.defaults import NEAR_TIE_MARGIN
 from variants.builders.exit_heads import (FALLBACK_N_FIT, HEAD_L2, KINDS, cosine_logits,  # noqa: F401
                                           fit_cosine_head, fit_head, head_logits, ridge_map,
                                           split_features, trained_heads, unit)

@@ -32,9 +32,6 @@ from threadpoolctl import threadpool_limits
 
 from variants import activations
 from variants.builders import ratio_map
-from variants.builders.lowrank_family import (DEFAULT_METHODS, DEFAULT_RATIOS,  # noqa: F401
-                                              METHODS, PARAMS, RULES, LowRankConfig,
-                                              add_arguments, describe, ladder, run_name)
 from variants.builders.lowrank_math import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START,  # noqa: F401
                                             Decomposition, _weighted_norm, break_even,
                                             choose_rank, cost_model, decompose, whitening)

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from variants.builders import name_number, ratio_map as ratio_map_mod, realised_speed_lines, \
     unique_by_name
 from variants.builders.family import BuildInputs, Family
+from variants.builders.lowrank_config import METHODS, RULES  # noqa: F401
 from variants.builders.quant_family import BITS, GROUP_SIZES, check_bits
 
-METHODS = ("plain", "whitened", "scaled")
-RULES = ("params", "energy", "rank")
 DEFAULT_RATIOS = (0.9, 0.7, 0.5, 0.3, 0.1)
 DEFAULT_METHODS = ("whitened", "plain")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from variants.builders.lowrank_family import METHODS, RULES
+from variants.builders.lowrank_config import METHODS, RULES
 
 LAMBDA_START = 1e-8  # first λ / mean diag(G) tried when Cholesky(G) fails
 LAMBDA_MAX = 1e-1  # beyond this the statistics matrix is declared singular

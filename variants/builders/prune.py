@@ -33,11 +33,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants.builders import name_number, realised_speed_lines, unique_by_name  # noqa: F401
-from variants.builders.prune_family import (DEFAULT_KEEP_RATIOS, DEFAULT_LAYERS,  # noqa: F401
-                                            PARAMS, PROTECTED_TOKENS, SCORES, PruneConfig,
-                                            _check_ratio, add_arguments, describe, ladder,
-                                            parse_schedule, run_name)
+from variants.builders.prune_config import PROTECTED_TOKENS, SCORES
 from variants.builders.quantize import MODES, QuantConfig, quantize_module
 from variants.builders.readout import check_readout
 

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from metrics._checks import short_repr
 from variants.builders import name_number, realised_speed_lines, unique_by_name
 from variants.builders.family import BuildInputs, Family
+from variants.builders.prune_config import PROTECTED_TOKENS, SCORES  # noqa: F401
 from variants.builders.quant_family import BITS, GROUP_SIZES, check_bits
 
-SCORES = ("received", "cls")
 DEFAULT_LAYERS = (1, 2, 3)
 DEFAULT_KEEP_RATIOS = (0.7, 0.5, 0.3)
-PROTECTED_TOKENS = ("[CLS]", "[SEP]")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,9 +21,8 @@ from mlx.utils import tree_flatten
 
 from variants import qlinear
 from variants.builders import bits_map
-from variants.builders.quant_family import (BITS, GROUP_SIZES, MODES, PARAMS,  # noqa: F401
-                                            QuantConfig, add_arguments, check_bits, ladder,
-                                            run_name)
+from variants.builders.quant_config import (BITS, GROUP_SIZES, MODES,  # noqa: F401
+                                           QuantConfig, check_bits)
 
 
 #: How a skip for an input size that the group size does not divide begins (build.json).

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from variants.builders import name_number, unique_by_name
 from variants.builders.family import BuildInputs, Family
+from variants.builders.student_config import TRAIN_BATCH  # noqa: F401
 
 RULES = ("entropy", "margin")  # as early exit's (variants.builders.exit_rules)
 INITS = ("first", "even")
@@ -23,7 +24,6 @@ DEFAULT_EPOCHS = 2
 DEFAULT_TRAIN_TEXTS = 1500
 DEFAULT_LR = 1e-4
 DEFAULT_HIDDEN_WEIGHT = 0.0
-TRAIN_BATCH = 32
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from metrics.softmax import masked_softmax
 from variants.builders.exit_heads import cosine_logits, module_digest
-from variants.builders.student_family import TRAIN_BATCH
+from variants.builders.student_config import TRAIN_BATCH
 
 VERSION = "student-kl-v1"
 WEIGHT_DECAY = 0.01
