@@ -26,7 +26,7 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import device, fused_layer, qlinear
+from variants import device, encoder, qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
@@ -101,7 +101,7 @@ def main(argv=None):
                     qlinear.KERNELS[bits] = kernel
                 # + fused-qlayer-cpp when the layers run as one compiled op (variants.fused_layer)
                 name = ", ".join(qlinear.kernels(var_k) + [n for n in (
-                    fused_layer.used_in(var_k),) if n])
+                    encoder.compiled_paths(var_k),) if n])
                 for b, (ids, mask) in batches.items():
                     types = mx.zeros_like(ids)
                     if kernel == "native" and b > 1:

@@ -96,7 +96,7 @@ def test_panels_are_dropped_when_a_layer_stops_being_plain(qk):
     go with the fast weights (modernbert_fast.layer_weights drops every derived copy)."""
     import mlx.nn as nn
 
-    from variants import modernbert_fused
+    from variants import modernbert
 
     assert hasattr(qk, "fused_mbert_layer")  # the kernel builds every source in SOURCES
     enc = load_checkpoint(HF / "modernbert").encoder
@@ -105,7 +105,7 @@ def test_panels_are_dropped_when_a_layer_stops_being_plain(qk):
     assert all(layer._mbert_panels.arrays is not None for layer in enc.layers)
     nn.quantize(enc, group_size=32, bits=4,
                 class_predicate=lambda _, m: isinstance(m, nn.Linear))
-    assert modernbert_fused.used_in(enc) is None
+    assert modernbert.compiled_paths(enc) is None
     y = np.array(enc(ids, mask).last_hidden)
     assert np.isfinite(y).all() and y.std() > 0.1
     assert all(layer._mbert_panels.arrays is None for layer in enc.layers)

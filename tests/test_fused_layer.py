@@ -10,7 +10,8 @@ import pytest
 from scipy.special import erf
 
 from variants import fused_layer, qkernel
-from variants.encoder import BertEncoder, ModelArgs, TransformerLayer, attention_bias, mean_pool
+from variants.encoder import (BertEncoder, ModelArgs, TransformerLayer, attention_bias,
+                              compiled_paths, mean_pool)
 
 
 @pytest.fixture
@@ -169,17 +170,17 @@ def test_switch_off_and_missing_kernel_fall_back(monkeypatch):
 def test_non_reference_layers_take_the_mlx_path(qk):
     enc = _small()
     layer = enc.layers[0]
-    assert fused_layer.path_name(enc.layers) == fused_layer.used_in(enc) == fused_layer.NAME
+    assert fused_layer.path_name(enc.layers) == compiled_paths(enc) == fused_layer.NAME
     x = mx.array(np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32))
     per_query = mx.zeros((2, 1, 5, 5))
     assert fused_layer.forward(layer, x, per_query) is None
     layer.attention.query = nn.QuantizedLinear.from_linear(layer.attention.query, 32, 8)
     assert fused_layer.weights(layer) is None and fused_layer.forward(layer, x, None) is None
     assert fused_layer.path_name(enc.layers) is None
-    assert fused_layer.used_in(enc) == fused_layer.NAME  # layer 1 still runs compiled
+    assert compiled_paths(enc) == fused_layer.NAME  # layer 1 still runs compiled
     for lyr in enc.layers:
         lyr.intermediate = nn.QuantizedLinear.from_linear(lyr.intermediate, 32, 8)
-    assert fused_layer.used_in(enc) is None
+    assert compiled_paths(enc) is None
     other = _small("gelu_new").layers[0]
     assert fused_layer.weights(other) is None
 

@@ -13,7 +13,7 @@ import pytest
 from test_fused_layer import _numpy_layer, calls  # noqa: F401  (fixtures)
 
 from variants import fused_layer, qlinear, sweep_timing
-from variants.encoder import BertEncoder, ModelArgs, attention_bias, mean_pool
+from variants.encoder import BertEncoder, ModelArgs, attention_bias, compiled_paths, mean_pool
 
 PROJ = (("attention", "query"), ("attention", "key"), ("attention", "value"),
         ("attention", "out"), (None, "intermediate"), (None, "output"))
@@ -129,24 +129,24 @@ def test_packed_parts_run_the_qlayer(qk, monkeypatch, calls):  # noqa: F811
 def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, monkeypatch):
     enc = _quantized("mixed")
     layer = enc.layers[0]
-    assert fused_layer.path_name(enc.layers) == fused_layer.used_in(enc) == fused_layer.QNAME
+    assert fused_layer.path_name(enc.layers) == compiled_paths(enc) == fused_layer.QNAME
     assert fused_layer.weights(layer) is None  # not the fp32 op
     monkeypatch.setitem(qlinear.KERNELS, 8, "unpack")  # the key projection: not the cpp kernel
-    assert fused_layer.qweights(layer) is None and fused_layer.used_in(enc) is None
+    assert fused_layer.qweights(layer) is None and compiled_paths(enc) is None
     monkeypatch.undo()
     plain = nn.QuantizedLinear.from_linear(nn.Linear(64, 64), 32, 4)  # not the CPU class
     layer.attention.value = plain
     assert fused_layer.qweights(layer) is None
     assert fused_layer.forward(layer, mx.zeros((1, 3, 64)), None) is None
     assert fused_layer.path_name(enc.layers) is None
-    assert fused_layer.used_in(enc) == fused_layer.QNAME  # layer 1 still runs compiled
+    assert compiled_paths(enc) == fused_layer.QNAME  # layer 1 still runs compiled
     layer.attention.value = nn.Linear(64, 64)  # an fp32 projection in a quantized layer
     assert fused_layer.qweights(layer) is None
     # an fp32 reference layer next to a quantized one: both names
     fp32 = BertEncoder(enc.args).layers[0]
     mx.eval(fp32.parameters())
     enc.layers[0] = fp32
-    assert fused_layer.used_in(enc) == f"{fused_layer.NAME}, {fused_layer.QNAME}"
+    assert compiled_paths(enc) == f"{fused_layer.NAME}, {fused_layer.QNAME}"
 
 
 def test_timing_record_names_the_qlayer(qk):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from variants import modernbert_fast, modernbert_fused, sweep_timing
+from variants import modernbert, modernbert_fast, modernbert_fused, sweep_timing
 from variants.checkpoint import load_checkpoint
 from variants.encoder import MASK_BIAS
 
@@ -233,20 +233,20 @@ def test_batch_split_by_streams_and_by_parts_agree(mk, loaded, runs, monkeypatch
 def test_switch_off_and_masked_mode_fall_back(mk, loaded, runs, monkeypatch):
     enc = loaded["modernbert_g2"]
     ids, mask = mx.array([[5, 6, 7, 8, 9]]), mx.ones((1, 5), mx.int32)
-    assert modernbert_fused.used_in(enc) == modernbert_fused.NAME
+    assert modernbert.compiled_paths(enc) == modernbert_fused.NAME
 
     class Model:
         module = enc
     assert modernbert_fused.NAME in sweep_timing.kernel(Model)
     monkeypatch.setenv("VARIANTS_FUSED_LAYER", "off")
     enc(ids, mask)
-    assert runs[0] == 0 and modernbert_fused.used_in(enc) is None
+    assert runs[0] == 0 and modernbert.compiled_paths(enc) is None
     assert sweep_timing.kernel(Model) == "fp32 gemm"
     monkeypatch.delenv("VARIANTS_FUSED_LAYER")
     enc.local_attention_impl = "masked"
     try:
         enc(ids, mask)
-        assert modernbert_fused.used_in(enc) is None
+        assert modernbert.compiled_paths(enc) is None
     finally:
         enc.local_attention_impl = None
     assert runs[0] == 0

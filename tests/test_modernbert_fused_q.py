@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_modernbert_fused import _mask, _numpy_layer
 
-from variants import modernbert_fast, modernbert_fused_q, qlinear, sweep_timing
+from variants import modernbert, modernbert_fast, modernbert_fused_q, qlinear, sweep_timing
 from variants.builders.lowrank import LowRankLinear
 from variants.checkpoint import load_checkpoint
 from variants.encoder import MASK_BIAS
@@ -182,7 +182,7 @@ def test_a_stack_with_an_fp32_layer(mk, fp32, runs):
     enc = _quantized(fp32["modernbert"], "4bit", layers={1, 2, 3, 4, 5})
     plain, fused, real = _plain_and_fused(enc, 3, 70, True)
     assert runs[0] >= 1 and np.abs(fused[real] - plain[real]).max() <= 1e-5
-    assert modernbert_fused_q.used_in(enc) == "fused-mbert-layer-cpp, fused-mbert-qlayer-cpp"
+    assert modernbert.compiled_paths(enc) == "fused-mbert-layer-cpp, fused-mbert-qlayer-cpp"
 
 
 def _other_kernel(enc):
@@ -202,7 +202,7 @@ def test_layers_it_must_leave_to_the_plain_path(mk, quant, runs, change):
     enc = copy.deepcopy(quant("modernbert", "4bit"))
     assert modernbert_fused_q.applies(enc)
     change(enc)
-    assert not modernbert_fused_q.applies(enc) and modernbert_fused_q.used_in(enc) is None
+    assert not modernbert_fused_q.applies(enc) and modernbert.compiled_paths(enc) is None
     plain, fused, real = _plain_and_fused(enc, 1, 24, False)
     assert runs[0] == 0 and np.abs(fused - plain).max() == 0.0
 
@@ -221,7 +221,7 @@ def test_switch_masked_mode_and_timing_names(mk, quant, runs, monkeypatch):
     enc.local_attention_impl = "masked"
     try:
         enc(ids, mask)
-        assert runs[0] == 0 and modernbert_fused_q.used_in(enc) is None
+        assert runs[0] == 0 and modernbert.compiled_paths(enc) is None
     finally:
         enc.local_attention_impl = None
     enc(ids, mask)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from variants import fused_layer, qlinear, sweep_timing
+from variants import encoder, fused_layer, qlinear, sweep_timing
 from variants.builders import quantize
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.models import sentiment
@@ -109,7 +109,7 @@ def test_timing_records_name_the_kernel(model, monkeypatch):
     assert sweep_timing.kernel(native) == default
     monkeypatch.setitem(qlinear.KERNELS, 4, "unpack")
     assert sweep_timing.kernel(native) == "unpack+gemm"
-    fp32 = fused_layer.used_in(model.module) or "fp32 gemm"  # fused-layer-cpp when built
+    fp32 = encoder.compiled_paths(model.module) or "fp32 gemm"  # fused-layer-cpp when built
     assert sweep_timing.kernel(sim) == sweep_timing.kernel(model) == fp32
     monkeypatch.setitem(qlinear.KERNELS, 4, "dequantize")
     assert sweep_timing.kernel(native) == "dequant+gemm"

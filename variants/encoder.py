@@ -378,3 +378,11 @@ def sanitize(weights):
             name = name.replace(old, new)
         out[name] = w
     return out
+
+
+def compiled_paths(module):
+    """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any BERT layer
+    (:class:`TransformerLayer`) of ``module`` (an ``nn.Module``) runs compiled
+    (:mod:`variants.fused_layer`), else None: for timing records."""
+    layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
+    return fused_layer.used_by(layers)

@@ -251,13 +251,10 @@ def path_name(layers):
     return ", ".join(_names(layers)) if layers and applies(layers) else None
 
 
-def used_in(module):
-    """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any BERT layer
-    (:class:`variants.encoder.TransformerLayer`) of ``module`` (an ``nn.Module``) runs compiled
-    here, else None: for timing records."""
-    from variants.encoder import TransformerLayer
-
-    layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
+def used_by(layers):
+    """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any of the BERT
+    ``layers`` runs compiled here, else None: for timing records
+    (:func:`variants.encoder.compiled_paths` finds a module's layers)."""
     return ", ".join(_names(layers)) or None
 
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import modernbert_fast, parallel
+from variants import modernbert_fast, modernbert_fused, modernbert_fused_q, parallel
 from variants import modernbert_window as window
 from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids, check_mask
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
@@ -142,7 +142,7 @@ class ModernBertEncoder(nn.Module):
         check_mask(input_ids, attention_mask)
         if self.fast and not (output_hidden_states or output_attentions
                               or parallel.whole_batches()):
-            y = modernbert_fast.forward(self, x, np.array(attention_mask),
+            y = fast_forward(self, x, np.array(attention_mask),
                                         window.resolve_mode(self.local_attention_impl))
             if y is not None:
                 return EncoderOutput(self.finish(y))
@@ -171,3 +171,32 @@ def sanitize(weights):
             continue
         out[name.removeprefix("model.")] = w
     return out
+
+
+def fast_forward(encoder, x, mask, mode):
+    """The layer stack of ``encoder`` on embeddings ``x`` (B, L, D) with ``mask`` (B, L) NumPy
+    0/1, before ``final_norm``, on the fastest path that applies: quantized layers as one
+    compiled op each (:mod:`variants.modernbert_fused_q`), fp32 layers as one compiled op each
+    (:mod:`variants.modernbert_fused`), else the MLX fast path
+    (:func:`variants.modernbert_fast.forward`). None when none applies (a layer that is not
+    plain, or MLX's default device is not the CPU): the caller then runs the plain path."""
+    if not modernbert_fast.device.is_cpu():
+        return None
+    if any(modernbert_fast.layer_weights(layer) is None for layer in encoder.layers):
+        return modernbert_fused_q.forward(encoder, x, mask, mode)
+    y = modernbert_fused.forward(encoder, x, mask, mode)
+    return y if y is not None else modernbert_fast.forward(encoder, x, mask, mode)
+
+
+def compiled_paths(module):
+    """``"fused-mbert-layer-cpp"`` / ``"fused-mbert-qlayer-cpp"`` (comma-joined when mixed) when
+    a ModernBERT encoder inside ``module`` (an ``nn.Module``) runs its layers as compiled ops
+    (:mod:`variants.modernbert_fused`, :mod:`variants.modernbert_fused_q`), else None: for
+    timing records."""
+    for _, m in module.named_modules():
+        if (isinstance(m, ModernBertEncoder) and m.fast
+                and window.resolve_mode(m.local_attention_impl) != "masked"):
+            name = modernbert_fused.used_by(m) or modernbert_fused_q.used_by(m)
+            if name:
+                return name
+    return None

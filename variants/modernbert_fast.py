@@ -302,15 +302,8 @@ def forward(encoder, x, mask, mode):
     if not device.is_cpu():
         return None
     weights = [layer_weights(layer) for layer in encoder.layers]
-    if any(w is None for w in weights):  # quantized layers: one compiled op each, when it applies
-        from variants import modernbert_fused_q
-
-        return modernbert_fused_q.forward(encoder, x, mask, mode)
-    from variants import modernbert_fused  # each layer as one compiled op, when it applies
-
-    y = modernbert_fused.forward(encoder, x, mask, mode)
-    if y is not None:
-        return y
+    if any(w is None for w in weights):
+        return None
     ss = parallel.streams()
     B, L = mask.shape
     if len(ss) > 1 and B >= len(ss) and B * L >= parallel.MIN_ROWS:

@@ -11,13 +11,13 @@ over its keys |q - k| <= local_attention // 2 only, blocks of 16 queries multipl
 keys their window reaches); float32 throughout, outputs equal the MLX path to float32 round-off
 (tests/test_modernbert_fused.py).
 
-It runs when all of these hold, else :func:`variants.modernbert_fast.forward` keeps its MLX path
+It runs when all of these hold, else :func:`variants.modernbert.fast_forward` keeps the MLX path
 (the same results): MLX's default device is the CPU, the extension is built
 (:func:`variants.qkernel.load`), ``VARIANTS_FUSED_LAYER`` is not ``off`` (the switch the BERT
 layer op reads, :mod:`variants.fused_layer`), every layer has fast weights (plain fp32
 ``nn.Linear`` projections) and float32 layer norms, the activation is in :data:`ACTS`, and the
 local attention mode is not ``masked`` (kept as the A/B baseline of
-:mod:`variants.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_in`).
+:mod:`variants.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_by`).
 
 Work split: B = 1 from :data:`SPLIT_ROWS_B1` real tokens, each layer in two parts (heads, output
 columns) over the kernel's helper thread; B >= 2 by sequences over the streams. Memory: besides
@@ -171,14 +171,8 @@ def applies(encoder):
                                          for layer in encoder.layers)
 
 
-def used_in(module):
-    """:data:`NAME` when a ModernBERT encoder inside ``module`` (an ``nn.Module``) runs its
-    layers through the op here, else None: for timing records."""
-    from variants.modernbert import ModernBertEncoder
-    from variants.modernbert_window import resolve_mode
-
-    for _, m in module.named_modules():
-        if (isinstance(m, ModernBertEncoder) and m.fast and applies(m)
-                and resolve_mode(m.local_attention_impl) != "masked"):
-            return NAME
-    return None
+def used_by(encoder):
+    """:data:`NAME` when ``encoder`` (a ModernBERT encoder on its fast path, windowed local
+    attention) runs its layers through the op here, else None: for timing records
+    (:func:`variants.modernbert.compiled_paths` finds the encoders of a module)."""
+    return NAME if applies(encoder) else None

@@ -16,14 +16,14 @@ split. Bit widths and group sizes may differ per projection (mixed-precision map
 fp32 in the same stack run :mod:`variants.modernbert_fused`'s op. Outputs equal the plain
 quantized MLX path to float32 round-off (tests/test_modernbert_fused_q.py).
 
-It runs when :func:`variants.modernbert_fast.forward` finds a layer that is not plain fp32 and
+It runs when :func:`variants.modernbert.fast_forward` finds a layer that is not plain fp32 and
 all of these hold, else the plain path (the same results): MLX's default device is the CPU,
 the extension is built, ``VARIANTS_FUSED_LAYER`` is not ``off``, every layer is quantized as
 above or an fp32 layer the fused op takes, the norms are float32 LayerNorms (or layer 0's
 identity), the activation is in :data:`variants.modernbert_fused.ACTS`, and the local
 attention mode is not ``masked``. Low-rank or pruned Linears and quantized Linears on another
 kernel (``quantized_matmul``, ``unpack+gemm``, ``dequant+gemm``) take the plain path. Timing
-records name it :data:`NAME` (:func:`used_in`).
+records name it :data:`NAME` (:func:`used_by`).
 """
 
 import os
@@ -157,16 +157,12 @@ def applies(encoder):
     return all(k is not None for k in kinds) and any(k[0] == "q" for k in kinds)
 
 
-def used_in(module):
+def used_by(encoder):
     """:data:`NAME` (with :data:`variants.modernbert_fused.NAME` when some layers stayed fp32,
-    comma-joined) when a ModernBERT encoder inside ``module`` runs its quantized layers through
-    the op here, else None: for timing records."""
-    from variants.modernbert import ModernBertEncoder
-    from variants.modernbert_window import resolve_mode
-
-    for _, m in module.named_modules():
-        if (isinstance(m, ModernBertEncoder) and m.fast and applies(m)
-                and resolve_mode(m.local_attention_impl) != "masked"):
-            fp32 = any(qlayer_args(layer) is None for layer in m.layers)
-            return f"{mf.NAME}, {NAME}" if fp32 else NAME
-    return None
+    comma-joined) when ``encoder`` (a ModernBERT encoder on its fast path, windowed local
+    attention) runs its quantized layers through the op here, else None: for timing records
+    (:func:`variants.modernbert.compiled_paths` finds the encoders of a module)."""
+    if not applies(encoder):
+        return None
+    fp32 = any(qlayer_args(layer) is None for layer in encoder.layers)
+    return f"{mf.NAME}, {NAME}" if fp32 else NAME

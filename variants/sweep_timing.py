@@ -6,8 +6,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import (BLAS_INFO, device, fused_layer, modernbert_fused, modernbert_fused_q,
-                      plausible, qlinear)
+from variants import BLAS_INFO, device, encoder, modernbert, plausible, qlinear
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
@@ -31,8 +30,7 @@ def kernel(model):
     (:mod:`variants.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
     :mod:`variants.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
     :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
-    fused = (fused_layer.used_in(model.module), modernbert_fused.used_in(model.module),
-             modernbert_fused_q.used_in(model.module))
+    fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
     from variants.builders import w8a8
 
     names = qlinear.kernels(model.module) + [n for n in fused if n]
