@@ -11,20 +11,11 @@ import numpy as np
 from metrics._checks import short_repr
 from runs.io import write_npz
 
-MODELS = {
-    "minilm-sentiment": "minilm-sentiment.toml",
-    "minilm-choice": "minilm-choice.toml",
-}
+from variants.models.shipped import MODELS, shipped_config  # noqa: F401
+
 #: sources resolved in this process by name, so that ``get_module(model.name)`` finds a model
 #: from a user's TOML too (the early-exit builder asks by the reference's name)
 _RESOLVED = {}
-
-
-def shipped_config(name):
-    """The parsed shipped TOML of registered model ``name`` (a ModelConfig)."""
-    from variants.model_config import load_model_config
-
-    return load_model_config(Path(__file__).with_name(MODELS[name]))
 
 
 def resolve(model=None, model_config=None):

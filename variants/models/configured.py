@@ -135,7 +135,7 @@ class ModelSource:
         """(options, scores, actions) of single-question models, or None."""
         cfg = self.config
         if cfg is None:  # a bare factory asks minilm-sentiment's question
-            from variants.models import shipped_config
+            from variants.models.shipped import shipped_config
 
             cfg = shipped_config("minilm-sentiment")
         if cfg.options is not None:
@@ -150,7 +150,7 @@ class ModelSource:
         opts = self.fixed_options()
         if opts is not None and opts[2] is None:
             return list(opts[0])
-        from variants.models import shipped_config
+        from variants.models.shipped import shipped_config
 
         return shipped_config("minilm-sentiment").action_names
 
