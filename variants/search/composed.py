@@ -177,3 +177,34 @@ def costs(table, summ):
             "bits": 8.0 * (summ["model_bytes"] - fixed) / weights,
             "flops": dense_flops * summ["linear_flop_ratio"] * summ["prune_work_ratio"]
             * summ["exit_expected_cost"]}
+
+
+def require_optuna():
+    """Import optuna or raise ValueError naming the extra to install."""
+    try:
+        import optuna
+    except ImportError:
+        raise ValueError("--strategy optuna needs Optuna: pip install 'mlx-variants[search]' "
+                         "(or optuna==5.0.*)") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def check_options(opts):
+    """Raise ValueError (one line naming the flag) for families/strategy/cost combinations the
+    search cannot run."""
+    fams = tuple(opts.families)
+    others = [f for f in fams if f != "quant"]
+    if opts.strategy != "optuna":
+        if others:
+            raise ValueError(f"--families {' '.join(fams)}: --strategy {opts.strategy} searches "
+                             "per-layer bits of the quant family only; pass --strategy optuna "
+                             "for the cross-family space, or --families quant")
+        return
+    require_optuna()
+    check_families(fams)
+    if others and opts.cost.startswith("latency"):
+        raise ValueError(f"--cost {opts.cost} is a quant-kernel cost model; with --families "
+                         f"{' '.join(others)} pass --cost bytes, bits or flops")
+    if len(set(fams)) != len(fams):
+        raise ValueError(f"--families {' '.join(fams)} repeats a family; name each once")

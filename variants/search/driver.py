@@ -81,7 +81,7 @@ class SearchOptions:
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
                              f"{', '.join(FAMILIES)}; pass e.g. --families quant")
-        from variants.search.optuna_search import check_options
+        from variants.search.composed import check_options
 
         check_options(self)
         if not 0 <= self.seed <= MAX_SEED:
