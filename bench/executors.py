@@ -29,6 +29,7 @@ import time
 import variants  # noqa: F401  (preloads OpenBLAS before mlx)
 import numpy as np
 
+from variants import executor_factory
 from variants import executors as ex
 
 WORDS = ("good bad movie plot actor great terrible boring fun slow dark bright story music "
@@ -85,7 +86,7 @@ def measure(kind, workers, units, batches, streams=None):
     if streams is not None:
         ex.driver_streams = lambda: streams
     try:
-        exe = ex.make_executor(kind, workers=workers)
+        exe = executor_factory.make_executor(kind, workers=workers)
         t = time.perf_counter()
 
         def on_result(i, spec, result):

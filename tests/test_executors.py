@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import executor_toys as toys
+from variants import executor_factory
 from variants import executors as ex
 
 HAVE_RAY = True
@@ -47,7 +48,7 @@ def _run(kind, specs, tmp_path, workers, init=toys.init, scale=2.0):
         assert i not in got and spec is specs[i]
         got[i] = result
 
-    exe = ex.make_executor(kind, workers=workers, log=logs.append)
+    exe = executor_factory.make_executor(kind, workers=workers, log=logs.append)
     exe.run(init, (str(tmp_path), scale), toys.fn, specs, on_result)
     assert threads <= {threading.get_ident()}  # on_result runs in the driver's thread
     return got, logs
@@ -95,7 +96,7 @@ def test_mlx_results_bit_identical_to_local(kind, request):
     runs = {}
     for k, w in (("local", 1), (kind, 2)):
         got = {}
-        ex.make_executor(k, workers=w).run(toys.mlx_init, (3,), toys.mlx_fn, specs,
+        executor_factory.make_executor(k, workers=w).run(toys.mlx_init, (3,), toys.mlx_fn, specs,
                                           lambda i, spec, r: got.__setitem__(i, r["hidden"]))
         runs[k] = got
     for i in range(4):
@@ -149,7 +150,7 @@ def test_bad_ray_address_fails_fast(monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # even with the module's Ray up
-    exe = ex.make_executor("ray", workers=2, ray_address=f"127.0.0.1:{port}")
+    exe = executor_factory.make_executor("ray", workers=2, ray_address=f"127.0.0.1:{port}")
     t = time.monotonic()
     with pytest.raises(ex.ExecutorError, match=rf"Ray address '127.0.0.1:{port}' does not "
                                                r"answer.*ray start --head.*--ray-address"):
@@ -160,15 +161,15 @@ def test_bad_ray_address_fails_fast(monkeypatch):
 @needs_ray
 def test_ray_address_from_env(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert ex.make_executor("ray").address == "10.0.0.1:6379"
-    assert ex.make_executor("ray", ray_address="h:1").address == "h:1"
+    assert executor_factory.make_executor("ray").address == "10.0.0.1:6379"
+    assert executor_factory.make_executor("ray", ray_address="h:1").address == "h:1"
 
 
 def test_ray_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(ex.ExecutorError, match=r'not installed; install it with: pip install '
                                                r'-e "\.\[ray\]"'):
-        ex.make_executor("ray", workers=2)
+        executor_factory.make_executor("ray", workers=2)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -183,7 +184,7 @@ def test_ray_not_installed(monkeypatch):
 def test_bad_arguments(kwargs, match):
     kind = kwargs.pop("kind")
     with pytest.raises(ValueError, match=match):
-        ex.make_executor(kind, **kwargs)
+        executor_factory.make_executor(kind, **kwargs)
 
 
 def test_probe_address_parsing():
@@ -195,7 +196,7 @@ def test_probe_address_parsing():
 
 
 def test_empty_specs_start_nothing(tmp_path):
-    exe = ex.make_executor("process", workers=2)
+    exe = executor_factory.make_executor("process", workers=2)
     exe.run(toys.init, (str(tmp_path), 1.0), toys.fn, [], lambda *a: pytest.fail("called"))
     assert _inits(tmp_path) == []
 
@@ -208,7 +209,7 @@ def test_open_keeps_workers_across_runs(kind, tmp_path, request):
     if kind == "ray":
         request.getfixturevalue("ray_local")
     logs, got = [], {}
-    exe = ex.make_executor(kind, workers=2, log=logs.append)
+    exe = executor_factory.make_executor(kind, workers=2, log=logs.append)
     specs = _specs(7, tmp_path, {4: {"die": "once"}})
     with exe:
         for batch in (specs[:1], specs[1:4], specs[4:]):  # 1 unit, then 3, then 3

@@ -142,13 +142,13 @@ class _LosesTheSecond:
 
 
 def test_a_lost_candidate_is_failed_and_the_search_goes_on(shared, tmp_path, monkeypatch):
-    from variants import executors
+    from variants import executor_factory
     from variants.cli import main
     from variants.search import driver
 
     root, local = shared
     monkeypatch.setattr(driver.Search, "sensitivity", _fake_sensitivity)
-    monkeypatch.setattr(executors, "make_executor", lambda *a, **k: _LosesTheSecond())
+    monkeypatch.setattr(executor_factory, "make_executor", lambda *a, **k: _LosesTheSecond())
     out = tmp_path / "s"
     assert main(["search", *TINY, "--results-dir", str(root / "r"), "--out", str(out)]) == 0
     res = json.loads((out / "search.json").read_text())

@@ -1,6 +1,7 @@
 """Run independent units (search candidates) in-process, in worker processes, or on Ray.
 
-``make_executor(kind, workers=..., ray_address=...)`` gives an object with
+:func:`variants.executor_factory.make_executor` (kind, workers=..., ray_address=...) gives an
+object with
 ``run(init, init_args, fn, specs, on_result)``:
 
 - ``init(*init_args) -> state`` runs once per worker, in the worker (in ``variants search``: load
@@ -313,51 +314,3 @@ class ProcessExecutor(SlotExecutor):
 
     def _close(self):
         pass
-
-
-def make_executor(kind, *, workers=1, ray_address=None, log=_stderr):
-    """An executor for ``variants search --executor KIND --workers N [--ray-address A]``.
-
-    Parameters
-    ----------
-    kind : {"local", "process", "ray"}
-    workers : int, default=1
-        Workers (processes or Ray actors), 1..``MAX_WORKERS``; ``local`` accepts only 1.
-    ray_address : str, optional
-        A running Ray cluster (``host:port`` of its head, ``ray://host:10001`` or ``auto``); else
-        ``RAY_ADDRESS``; else a local Ray with ``workers`` CPUs. Only for ``kind="ray"``.
-    log : callable(str), default: a line on stderr
-        Where lost-worker lines go.
-
-    Returns
-    -------
-    LocalExecutor, ProcessExecutor or variants.executors_ray.RayExecutor
-
-    Raises
-    ------
-    ValueError
-        Unknown ``kind`` (names --executor and the choices), ``workers`` out of range (names
-        --workers), or ``ray_address`` with another kind (names --ray-address).
-    ExecutorError
-        ``kind="ray"`` and Ray is not installed (names the install command). An unreachable
-        address is reported by ``run``, before any unit runs.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"--executor must be one of {', '.join(KINDS)}, got "
-                         f"{short_repr(kind)}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
-        raise ValueError(f"--workers must be a whole number from 1 to {MAX_WORKERS}, got "
-                         f"{short_repr(workers)}")
-    if kind == "local" and workers != 1:
-        raise ValueError(f"--workers {workers} needs --executor process or ray (local runs one "
-                         "unit at a time); choose one of those or drop --workers")
-    if ray_address is not None and kind != "ray":
-        raise ValueError(f"--ray-address needs --executor ray (got --executor {kind}); add "
-                         "--executor ray or drop --ray-address")
-    if kind == "local":
-        return LocalExecutor(workers, log)
-    if kind == "process":
-        return ProcessExecutor(workers, log)
-    from variants.executors_ray import RayExecutor
-
-    return RayExecutor(workers, ray_address=ray_address, log=log)

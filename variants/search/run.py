@@ -19,12 +19,12 @@ def run_search(opts, log=print):
     holder. Raises ValueError / SweepError (bad input) or :class:`variants.executors.ExecutorError`
     (``--executor ray`` and Ray missing or its address not answering) before the first write.
 
-    Candidates run on ``opts.executor`` (:func:`variants.executors.make_executor`), its workers
+    Candidates run on ``opts.executor`` (:func:`variants.executor_factory.make_executor`), its workers
     kept for the whole search. ``local`` hands the driver's own state to each candidate;
     ``process`` / ``ray`` workers get only the payload (settings and absolute paths,
     :meth:`Search.remote_payload`) and load the checkpoint and the reference outputs
     themselves, from the caches this driver writes before the first worker starts."""
-    from variants.executors import make_executor
+    from variants.executor_factory import make_executor
     from variants.search import worker
 
     t0 = time.perf_counter()
