@@ -14,6 +14,7 @@ that gives only the first understates what serving costs.
 """
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import psutil
 
 _PROCESS = psutil.Process()
@@ -29,3 +30,11 @@ def snapshot():
     the last reset), cache and active bytes, and the process RSS, now (ints, bytes)."""
     return {"peak_bytes": int(mx.get_peak_memory()), "cache_bytes": int(mx.get_cache_memory()),
             "active_bytes": int(mx.get_active_memory()), "rss_bytes": process_rss_bytes()}
+
+
+def model_bytes(model):
+    """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
+    scales + biases; fp32 elsewhere). An array the module tree reaches twice is stored once and
+    counted once (the student family's student shares the teacher's embeddings and head)."""
+    arrays = {id(v): v for _, v in tree_flatten(model.module.parameters())}
+    return int(sum(v.nbytes for v in arrays.values()))

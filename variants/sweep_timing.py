@@ -4,23 +4,15 @@ content."""
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from variants import BLAS_INFO, device, encoder, modernbert, plausible, qlinear
+from variants.memory import model_bytes  # noqa: F401
 from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                              time_alternating)
 
 #: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
 #: model_bytes, cold_start). Documented in results/README.md.
 TIMING_SCHEMA_VERSION = 2
-
-
-def model_bytes(model):
-    """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
-    scales + biases; fp32 elsewhere). An array the module tree reaches twice is stored once and
-    counted once (the student family's student shares the teacher's embeddings and head)."""
-    arrays = {id(v): v for _, v in tree_flatten(model.module.parameters())}
-    return int(sum(v.nbytes for v in arrays.values()))
 
 
 def kernel(model):

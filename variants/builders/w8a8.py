@@ -31,7 +31,7 @@ import mlx.nn as nn
 import numpy as np
 
 from variants import activations, parallel, qkernel
-from variants.builders.w8a8_family import ALPHAS, W8A8Config  # noqa: F401
+from variants.builders.w8a8_config import ALPHAS
 
 #: token rows per Linear input kept for the α search (sampled evenly from the fit split)
 SAMPLE_ROWS = 512
@@ -234,7 +234,7 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     for p in run:
         activations.set_module(module, p, Int8Linear(mods[p], native=native, smooth=smooth.get(p)))
     mx.eval(module.parameters())
-    from variants.sweep_timing import model_bytes
+    from variants.memory import model_bytes
 
     variant = reference.replace_module(module)
     info.update(int8_share=sum(mods[p].weight.size for p in run) / max(total, 1),

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 from variants.builders import name_number
 from variants.builders.family import BuildInputs, Family
+from variants.builders.w8a8_config import ALPHAS  # noqa: F401
 
-#: the α grid searched per layer (SmoothQuant's paper sweeps 0.4-0.9; 0 = no migration)
-ALPHAS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SMOOTH_CHOICES = ("off", "on")
 
 
