@@ -17,12 +17,12 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import device
+from variants.runtime import device
 from variants.builders import lowrank as lr
 from variants.builders import lowrank_family
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 RULE = "=" * 6
 

@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/prune_exit.py [--n-fit 300 --n-calibration 120 --rounds 5]
 
-Reference and variant are timed in strict alternation (variants.timing.time_alternating) on the
+Reference and variant are timed in strict alternation (variants.runtime.timing.time_alternating) on the
 sweep's timing batches (B=1: the median-length calibration text; B=32: 32 calibration texts).
 Early-exit heads are fitted on the fit split, thresholds on the calibration split.
 """
@@ -14,7 +14,7 @@ from variants import data
 from variants.builders import early_exit, exit_family, prune, prune_family
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 
 def main():

@@ -103,7 +103,7 @@ def _mlx_worker():
         """The fixed-shape forward's GEMMs alone, issued as the forward issues them: the batch
         split by sequences over the streams, per layer the folded q|k|v, output, intermediate
         and output-MLP GEMMs (1-thread OpenBLAS each); ms per forward."""
-        from variants import parallel
+        from variants.runtime import parallel
         ss = parallel.streams()
         cuts = parallel.bounds(B, len(ss)) if B >= len(ss) else [(0, B)]
         rng = np.random.default_rng(0)
@@ -259,7 +259,7 @@ def main(rounds=9, iters=3, n_texts=800, e2e_rounds=5, profile_rounds=5, steps_r
     print(f"\n{RULE} sgemm roofline {RULE}")
     seg = prof["segments_ms"]
     gemm_ms = seg["qkv_proj"] + seg["out_proj"] + seg["mlp_gemm"]
-    tokens = prof["gemm_rows"]  # real tokens only: the batch runs packed (variants.packing)
+    tokens = prof["gemm_rows"]  # real tokens only: the batch runs packed (variants.runtime.packing)
     floor_ms = GEMM_FLOP_PER_TOKEN * tokens / (gflops * 1e9) * 1e3
     print(f"  NumPy sgemm (4096x384 @ 384x1536, separate process): {gflops:.0f} GFLOP/s "
           f"(median of {roofline_rounds} rounds, {min(rates):.0f}-{max(rates):.0f})")

@@ -140,7 +140,7 @@ def enc():
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped, naming the device, where MLX has no GPU backend."""
-    from variants import device
+    from variants.runtime import device
 
     if device.backend() is not None:
         return
@@ -152,9 +152,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def qk():
-    """The compiled extension with its fused BERT layer ops (variants.qkernel), or a skip naming
+    """The compiled extension with its fused BERT layer ops (variants.runtime.qkernel), or a skip naming
     why it is unavailable here (tests/test_qkernel.py has its own, for the dequantizer alone)."""
-    from variants import qkernel
+    from variants.runtime import qkernel
 
     mod = qkernel.load()
     if mod is None or not hasattr(mod, "fused_bert_layer"):
@@ -179,10 +179,10 @@ class FakeClock:
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    """:class:`FakeClock` standing in for ``time.perf_counter`` inside ``variants.timing``."""
+    """:class:`FakeClock` standing in for ``time.perf_counter`` inside ``variants.runtime.timing``."""
     from types import SimpleNamespace
 
-    import variants.timing as timing
+    import variants.runtime.timing as timing
 
     clock = FakeClock()
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock.perf_counter))

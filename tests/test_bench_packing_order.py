@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import packing_order  # noqa: E402
 
-from variants import packing  # noqa: E402
+from variants.runtime import packing  # noqa: E402
 
 
 def test_packing_order_bench_runs_and_restores_the_shipped_order(checkpoint):

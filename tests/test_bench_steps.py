@@ -10,7 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import encoder_steps  # noqa: E402
 
-from variants import encoder, fast_ops  # noqa: E402
+from variants import encoder
+from variants.runtime import fast_ops  # noqa: E402
 
 
 @pytest.mark.parametrize("batch_size,seq_len", [(2, 16), (1, 40)])  # (1, 40): B=1 head split

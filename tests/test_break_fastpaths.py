@@ -1,4 +1,4 @@
-"""Attempts to break the merged fast paths (variants.fused_layer + qkernel/fused_layer.cpp,
+"""Attempts to break the merged fast paths (variants.runtime.fused_layer + qkernel/fused_layer.cpp,
 variants.modernbert_fast, variants.builders.outsel) with inputs their own tests do not use.
 
 Each test compares the fast path against the MLX path of the same module
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from variants import fused_layer  # noqa: I001  (variants before mlx: OpenBLAS)
+from variants.runtime import fused_layer  # noqa: I001  (variants before mlx: OpenBLAS)
 import mlx.core as mx
 from mlx.utils import tree_flatten
 

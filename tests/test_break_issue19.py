@@ -27,7 +27,7 @@ def test_ratio_map_shadowed_pattern_is_refused():
 
 def test_qkernel_cache_that_is_a_file_falls_back_without_traceback(tmp_path, monkeypatch,
                                                                     capsys):
-    from variants import qkernel
+    from variants.runtime import qkernel
 
     f = tmp_path / "afile"
     f.write_text("garbage")
@@ -39,7 +39,7 @@ def test_qkernel_cache_that_is_a_file_falls_back_without_traceback(tmp_path, mon
 
 
 def test_qkernel_main_reports_a_corrupt_cached_build(tmp_path, monkeypatch, capsys):
-    from variants import qkernel
+    from variants.runtime import qkernel
 
     monkeypatch.setenv(qkernel.ENV_CACHE, str(tmp_path))
     target = qkernel._target(tmp_path / qkernel.key())

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import parallel
+from variants.runtime import parallel
 from variants.checkpoint import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -210,7 +210,7 @@ def test_a_model_loaded_on_one_thread_runs_on_another(monkeypatch, name):
     norm's cached column of 1/D (fast_ops._AVG) was made lazily by load_checkpoint's head
     check on the loading thread's stream and never evaluated there. Now it is made from NumPy
     (no graph, no stream)."""
-    from variants import fast_ops
+    from variants.runtime import fast_ops
 
     monkeypatch.setattr(fast_ops, "_AVG", {})  # as in a fresh process
     model = load_checkpoint(HF / name).encoder

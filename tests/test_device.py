@@ -1,4 +1,4 @@
-"""--device / --dtype / VARIANTS_DEVICE (variants.device): parsed, bad values refused in one
+"""--device / --dtype / VARIANTS_DEVICE (variants.runtime.device): parsed, bad values refused in one
 line before anything is written, half precision refused on the CPU, a GPU refused here with the
 install command, run.json and the resume identity record the device, every cache key changes
 with it, and the CPU-only fast paths stand aside off the CPU. The GPU forward test runs only
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runs.io import write_json
-from variants import device, parallel, qlinear
+from variants.runtime import device, parallel, qlinear
 from variants.cli import main
 from variants.sweep_config import SweepConfig, SweepError
 from variants.sweep_resume import check_run_folder

@@ -147,7 +147,7 @@ def test_derived_weight_caches_start_empty_in_deep_copies_and_go_when_unused(che
 
     import mlx.nn as nn
 
-    from variants import parallel
+    from variants.runtime import parallel
     enc = checkpoint.encoder
     tok = checkpoint.tokenizer
     encs, _ = tok.encode(["warm the caches", "a second, longer text to pad the first one"])

@@ -1,4 +1,4 @@
-"""The compiled BERT layer (variants.fused_layer, qkernel/fused_layer.cpp): equal to the MLX path
+"""The compiled BERT layer (variants.runtime.fused_layer, qkernel/fused_layer.cpp): equal to the MLX path
 and to an independent float64 NumPy layer to float32 round-off, padded and packed, B = 1 and
 B >= 2, L from 1 to 512; the switch, the missing-kernel fallback and the layers it must leave to
 the MLX path (quantized, attention probabilities, per-query bias)."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from variants import fused_layer, qkernel
+from variants.runtime import fused_layer, qkernel
 from variants.encoder import (BertEncoder, ModelArgs, TransformerLayer, attention_bias,
                               compiled_paths, mean_pool)
 
@@ -222,7 +222,7 @@ def test_panel_cache_starts_empty_in_deep_copies(qk):
 def test_b1_splits_in_two_parts_from_min_rows_unless_forced(monkeypatch):
     """The B = 1 default: two parts (both cores on one sequence) from parallel.MIN_ROWS rows, one
     below it and whenever the stream split is off; VARIANTS_FUSED_THREADS=1/2 forces it."""
-    from variants import parallel
+    from variants.runtime import parallel
 
     monkeypatch.delenv("VARIANTS_FUSED_THREADS", raising=False)
     monkeypatch.setattr(parallel, "streams", lambda: ["s0", "s1"])

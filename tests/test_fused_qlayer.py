@@ -1,4 +1,4 @@
-"""The compiled BERT layer on quantized projections (variants.fused_layer.qweights,
+"""The compiled BERT layer on quantized projections (variants.runtime.fused_layer.qweights,
 qkernel/fused_qlayer.cpp): equal to the quantized layer's MLX path (VARIANTS_FUSED_LAYER=off)
 and to a float64 NumPy layer on the mx.dequantize'd weights to float32 round-off, padded and
 packed, B = 1 and B >= 2, 2 / 4 / 8 bits and a mixed-bits layer; the layers it must leave to
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from test_fused_layer import _numpy_layer, calls  # noqa: F401  (fixtures)
 
-from variants import fused_layer, qlinear, sweep_timing
+from variants.runtime import fused_layer, qlinear
+from variants import sweep_timing
 from variants.encoder import BertEncoder, ModelArgs, attention_bias, compiled_paths, mean_pool
 
 PROJ = (("attention", "query"), ("attention", "key"), ("attention", "value"),
@@ -28,7 +29,7 @@ def _owner(layer, where):
 
 def _quantized(config, act="gelu", seed=5):
     """A 2-layer encoder (D 64, 4 heads, F 128) with every projection quantized per ``config``
-    (None: left fp32) and the CPU path on (:func:`variants.qlinear.use_cpu_path`)."""
+    (None: left fp32) and the CPU path on (:func:`variants.runtime.qlinear.use_cpu_path`)."""
     mx.random.seed(seed)
     enc = BertEncoder(ModelArgs(vocab_size=50, hidden_size=64, num_hidden_layers=2,
                                 num_attention_heads=4, intermediate_size=128, hidden_act=act,
@@ -114,7 +115,7 @@ def test_encoder_equals_the_mlx_path(qk, monkeypatch, calls, lengths, L):  # noq
 def test_packed_parts_run_the_qlayer(qk, monkeypatch, calls):  # noqa: F811
     """A batch with much padding over two streams runs packed: forward_packed takes the
     quantized layer too."""
-    from variants import parallel
+    from variants.runtime import parallel
 
     if len(parallel.streams()) < 2:
         pytest.skip("one CPU stream here: batches do not run packed")

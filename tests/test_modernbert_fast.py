@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from variants import modernbert_fast as fast
-from variants import parallel
+from variants.runtime import parallel
 from variants.checkpoint import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from test_modernbert_fused import _mask, _numpy_layer
 
-from variants import modernbert, modernbert_fast, modernbert_fused_q, qlinear, sweep_timing
+from variants import modernbert, modernbert_fast, modernbert_fused_q
+from variants.runtime import qlinear
+from variants import sweep_timing
 from variants.builders.lowrank import LowRankLinear
 from variants.checkpoint import load_checkpoint
 from variants.encoder import MASK_BIAS
@@ -42,7 +44,7 @@ def fp32():
 
 def _quantized(enc, config, layers=None):
     """A copy of ``enc`` with the projections of ``layers`` (default all) quantized per
-    ``config`` and the CPU path on (:func:`variants.qlinear.use_cpu_path`)."""
+    ``config`` and the CPU path on (:func:`variants.runtime.qlinear.use_cpu_path`)."""
     enc = copy.deepcopy(enc)
     for i, layer in enumerate(enc.layers):
         if layers is not None and i not in layers:

@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import packing, parallel
+from variants.runtime import packing, parallel
 from variants.encoder import TransformerLayer, attention_bias, mean_pool
 
 

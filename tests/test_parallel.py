@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import parallel
+from variants.runtime import parallel
 from variants.encoder import BertEncoder, ModelArgs, TransformerLayer
 
 

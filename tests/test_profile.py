@@ -4,12 +4,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import fast_ops
+from variants.runtime import fast_ops
 from variants.encoder import BertEncoder, ModelArgs, mean_pool
 from variants.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
                               exit_speedup, prune_speedup)
 from variants.work_counts import count_work, work_slopes
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
                             "num_attention_heads": 4, "intermediate_size": 128})
@@ -82,8 +82,8 @@ def test_work_per_forward_does_not_grow_with_tokens_or_examples(monkeypatch):
     def make(B, L):
         return mx.zeros((B, L), mx.int32), mx.ones((B, L), mx.int32)
 
-    try:  # the two-stream layer split (variants.parallel) doubles the compiled calls above a size
-        from variants.parallel import single_stream
+    try:  # the two-stream layer split (variants.runtime.parallel) doubles the compiled calls above a size
+        from variants.runtime.parallel import single_stream
     except ImportError:
         from contextlib import nullcontext as single_stream
     with single_stream():
@@ -213,7 +213,7 @@ def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, length
     profile used to time padded batches while the forward packed them, and printed -87%
     unattributed time): same pooled output, same rows through the MLP."""
     from variants import encoder as encoder_module
-    from variants import parallel
+    from variants.runtime import parallel
     from variants.profile import SEGMENTS, _segmented_forward
     if mlp_rows is None:  # head split with two or more streams, else packed like any batch
         mlp_rows = L if len(parallel.streams()) > 1 else sum(lengths)

@@ -1,4 +1,4 @@
-"""The compiled CPU kernel for quantized Linears (variants.qkernel): equal to mx.dequantize bit for
+"""The compiled CPU kernel for quantized Linears (variants.runtime.qkernel): equal to mx.dequantize bit for
 bit, the Linear equal to the dense NumPy product to round-off at every tile size, its temporary
 buffer counted in MLX's peak memory, bad arguments refused; and the fallback: disabled, missing
 tools or a failed build give one line and the MLX unpacking path with the same numbers."""
@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import qkernel, qlinear
+from variants.runtime import qkernel, qlinear
 from variants.builders.quantize import BITS
 
 

@@ -1,4 +1,4 @@
-"""The CPU path of native quantized Linears (variants.qlinear): the unpacking dequantizer equals
+"""The CPU path of native quantized Linears (variants.runtime.qlinear): the unpacking dequantizer equals
 mx.dequantize bit for bit, the layer equals mx.quantized_matmul to round-off (split over the
 streams or not), model bytes are unchanged and nothing fp32 is kept, timing records name the
 kernel."""
@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from variants import encoder, fused_layer, qlinear, sweep_timing
+from variants import encoder
+from variants.runtime import fused_layer, qlinear
+from variants import sweep_timing
 from variants.builders import quantize
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.models import sentiment
-from variants.qlinear import CpuQuantizedLinear
+from variants.runtime.qlinear import CpuQuantizedLinear
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_unpack_equals_mx_dequantize_bit_for_bit(model, bits, group_size):
                          + [(4, 3, "dequantize"), (3, 200, "dequantize")])
 def test_cpu_linear_equals_quantized_matmul(model, monkeypatch, bits, rows, kernel):
     """3 rows: the output features split over the streams (SPLIT_ROWS 128); 200: one GEMM.
-    "cpp": the compiled kernel (variants.qkernel), skipped where it could not be built."""
+    "cpp": the compiled kernel (variants.runtime.qkernel), skipped where it could not be built."""
     if kernel == "cpp" and qlinear.qkernel.load() is None:
         pytest.skip(f"compiled kernel unavailable: {qlinear.qkernel.why_unavailable()}")
     monkeypatch.setitem(qlinear.KERNELS, bits, kernel)

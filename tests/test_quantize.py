@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from variants import qlinear
+from variants.runtime import qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.models import sentiment
-from variants.qlinear import CpuQuantizedLinear
+from variants.runtime.qlinear import CpuQuantizedLinear
 
 TEXTS = ["Honestly the best pasta I have had in years.",
          "The service was slow and the soup was cold.",
@@ -65,7 +65,7 @@ def test_native_and_simulated_agree_to_round_off(model, batch, cfg):
     assert {k: v for k, v in info_n.items() if k != "mode"} == \
            {k: v for k, v in info_s.items() if k != "mode"}
     assert isinstance(_module_at(native, LAYER), nn.QuantizedLinear)
-    # the default CPU kernel: the compiled one where it is built (variants.qkernel)
+    # the default CPU kernel: the compiled one where it is built (variants.runtime.qkernel)
     assert qlinear.kernels(native) == [qlinear.NAMES[qlinear.resolve("cpp")]]
     assert type(_module_at(sim, LAYER)) is nn.Linear
     emb_n, emb_s = np.array(native.embed(*batch)), np.array(sim.embed(*batch))

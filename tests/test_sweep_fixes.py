@@ -50,7 +50,7 @@ def test_bad_variants_streams_is_refused_before_writing(tmp_path, capsys, monkey
 def test_validate_env():
     import os
 
-    from variants import parallel
+    from variants.runtime import parallel
 
     old = os.environ.get("VARIANTS_STREAMS")
     try:

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from metrics.latency import relative_trend
-from variants.timing import (TIMED_REGIONS, Staged, end_to_end_call, split_regions,
-                             time_alternating)
+from variants.runtime.timing import (TIMED_REGIONS, Staged, end_to_end_call, split_regions,
+                                     time_alternating)
 
 
 def _sleeper(clock, ms):

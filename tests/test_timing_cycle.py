@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from variants import sweep_timing
-from variants.timing import rotating, time_alternating
+from variants.runtime.timing import rotating, time_alternating
 
 
 def test_rotation_gives_both_sides_the_same_position_every_round():

@@ -7,7 +7,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import data, qkernel
+from variants import data
+from variants.runtime import qkernel
 from variants.builders import get_family
 from variants.builders import w8a8
 from variants.builders.w8a8_family import W8A8Config
@@ -19,7 +20,7 @@ def k8():
     mod = qkernel.load()
     if mod is None or not mod.has_dnnl():
         pytest.skip("W8A8 integer GEMM unavailable here (apt-get install libdnnl-dev, then "
-                    "python -m variants.qkernel --force)")
+                    "python -m variants.runtime.qkernel --force)")
     return mod
 
 

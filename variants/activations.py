@@ -15,7 +15,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
-from variants import parallel
+from variants.runtime import parallel
 from runs.io import write_npz
 
 STATS_VERSION = 1  # bump when the accumulation changes: part of the cache key

@@ -17,7 +17,7 @@ JSON object with each stage timed separately:
 - ``total_s``: the sum of the above (startup through the first forward);
 - ``model_bytes`` (parameters as stored; quantized layers count packed weights + scales +
   biases) and ``peak_memory_bytes`` (``mx.get_peak_memory`` of the whole child process);
-- memory of the two moments apart (:mod:`variants.memory`: allocator peak, MLX cache, process
+- memory of the two moments apart (:mod:`variants.runtime.memory`: allocator peak, MLX cache, process
   RSS, bytes): ``load_peak_memory_bytes`` / ``load_cache_memory_bytes`` /
   ``load_process_rss_bytes`` once the weights are loaded and the variant built, before any call;
   ``first_call_peak_memory_bytes`` (peak reset after loading, so the first tokenisation and
@@ -57,7 +57,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name or a ModelSource),
     ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the sweep's
     ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
-    optionally ``device``, ``dtype`` (:mod:`variants.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
+    optionally ``device``, ``dtype`` (:mod:`variants.runtime.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
     ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``.
 
     Raises
@@ -91,7 +91,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     module = get_module(spec["model"])
     out["import_s"] = _now() - t0
     mx.reset_peak_memory()
-    from variants import device  # the sweep's --device / --dtype (older specs: cpu, float32)
+    from variants.runtime import device  # the sweep's --device / --dtype (older specs: cpu, float32)
 
     device.use(spec.get("device") or "cpu", spec.get("dtype") or "float32")
 
@@ -127,7 +127,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
         out["build_s"] = _now() - t0
     else:
         out["build_s"] = 0.0
-    from variants.memory import snapshot
+    from variants.runtime.memory import snapshot
 
     load = snapshot()  # weights loaded (and the variant built): before any call
     out["load_peak_memory_bytes"] = load["peak_bytes"]

@@ -7,16 +7,16 @@ The compute path is read from the switches that choose it, as they are set now (
 afresh when a kernel runs, so a key made after a change sees it):
 
 - ``qkernel``: the compiled CPU kernel for quantized Linears (``VARIANTS_QKERNEL``,
-  :func:`variants.qkernel.enabled`);
+  :func:`variants.runtime.qkernel.enabled`);
 - ``fused_layer``: the compiled encoder layers (``VARIANTS_FUSED_LAYER``,
-  :func:`variants.fused_layer.enabled`);
+  :func:`variants.runtime.fused_layer.enabled`);
 - ``streams``: the CPU streams a layer splits over (``VARIANTS_STREAMS``; 1 = no split),
   ``fused_threads``: a compiled layer's parts (``VARIANTS_FUSED_THREADS``; "auto" unless forced);
 - ``modernbert_attention``: ModernBERT's local attention path (``VARIANTS_MODERNBERT_ATTENTION``);
 - ``blas``: the BLAS library MLX's CPU GEMMs run on (:data:`variants.BLAS_INFO`).
 
 Only the switches are read (nothing is built or loaded): a kernel that is switched on but
-cannot be built falls back to MLX with the same results (:mod:`variants.qkernel`).
+cannot be built falls back to MLX with the same results (:mod:`variants.runtime.qkernel`).
 """
 
 import os
@@ -27,7 +27,9 @@ def key_part():
     import mlx.core as mx
 
     import variants
-    from variants import fused_layer, modernbert_window, parallel, qkernel
+    from variants.runtime import fused_layer
+    from variants import modernbert_window
+    from variants.runtime import parallel, qkernel
 
     blas = variants.BLAS_INFO.get("library")
     path = {"qkernel": qkernel.enabled(), "fused_layer": fused_layer.enabled(),

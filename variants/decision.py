@@ -103,11 +103,12 @@ class DecisionModel:
         padding, special tokens, normalizer, vocabulary). Every cache under ``results/.cache``
         keys through here, so none can miss a tokenizer setting. A tokenizer without
         ``fingerprint()`` is keyed by its type name only (give yours one). The device, GPU
-        backend and dtype computed on (:func:`variants.device.key_part`) join too: outputs of
+        backend and dtype computed on (:func:`variants.runtime.device.key_part`) join too: outputs of
         another device are recomputed, never mixed; so do the package and MLX versions and the
         compute path (compiled kernel, fused layers, stream split:
         :func:`variants.compute_path.key_part`)."""
-        from variants import compute_path, device
+        from variants import compute_path
+        from variants.runtime import device
 
         fp = getattr(self.tokenizer, "fingerprint", None)
         tok = fp() if callable(fp) else type(self.tokenizer).__qualname__

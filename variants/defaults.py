@@ -1,6 +1,6 @@
 """The command line's defaults, in one table: ``variants sweep``, ``variants search`` and
 ``variants sensitivity`` (and :class:`variants.sweep_config.SweepConfig`,
-:class:`variants.search.driver.SearchOptions`, :mod:`variants.timing`) read them from here, so a
+:class:`variants.search.driver.SearchOptions`, :mod:`variants.runtime.timing`) read them from here, so a
 setting two commands share has one default. Plain Python: no MLX import.
 
 Timing (seed analysis: 5 warm-ups, 50 timed rounds) and cold starts are the sweep's; the

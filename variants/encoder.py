@@ -7,10 +7,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import fast_ops, fused_layer, parallel
-from variants.derived import DerivedWeights, plain_linear, transposed
-from variants.fused import FusedAttention, FusedMLP
-from variants.streams import StreamEncoder, StreamLayer
+from variants.runtime import fast_ops, fused_layer, parallel
+from variants.runtime.derived import DerivedWeights, plain_linear, transposed
+from variants.runtime.fused import FusedAttention, FusedMLP
+from variants.runtime.streams import StreamEncoder, StreamLayer
 
 #: the names bench/ scripts and older code use for the derived-weight cache and its helpers
 _Folded, _plain_linear, _t = DerivedWeights, plain_linear, transposed
@@ -63,7 +63,7 @@ class ModelArgs:
 
 class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` (same parameters and weight names) computed by
-    :func:`variants.fast_ops.layer_norm`: MLX's fused layer norm has no CPU kernel."""
+    :func:`variants.runtime.fast_ops.layer_norm`: MLX's fused layer norm has no CPU kernel."""
 
     def __call__(self, x):
         return fast_ops.layer_norm(x, getattr(self, "weight", None), getattr(self, "bias", None),
@@ -133,7 +133,7 @@ class Attention(FusedAttention, nn.Module):
 
     When query, key, value and out are plain biased ``nn.Linear`` (the reference; quantised or
     low-rank variants replace them and take the unfused path), the forward uses weights folded
-    once per weight set (:class:`variants.fused.FusedAttention`). The softmax is left unnormalised until after ``probs @ v`` (:func:`fast_ops.softmax_parts`).
+    once per weight set (:class:`variants.runtime.fused.FusedAttention`). The softmax is left unnormalised until after ``probs @ v`` (:func:`fast_ops.softmax_parts`).
     """
 
     def __init__(self, args):
@@ -191,9 +191,9 @@ class TransformerLayer(StreamLayer, FusedMLP, nn.Module):
     """Post-norm BERT layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
     Called directly on a multi-core CPU, the layer's rows are split over the streams
-    (:class:`variants.streams.StreamLayer`, which also gives :meth:`forward_sharded` and
+    (:class:`variants.runtime.streams.StreamLayer`, which also gives :meth:`forward_sharded` and
     :meth:`_forward_packed`); the MLP runs on cached transposed weights
-    (:class:`variants.fused.FusedMLP`). Every row's arithmetic is unchanged.
+    (:class:`variants.runtime.fused.FusedMLP`). Every row's arithmetic is unchanged.
     """
 
     def __init__(self, args):
@@ -228,7 +228,7 @@ class EncoderOutput:
     ``attentions``: each layer's (B, heads, L, L) probabilities (or None).
 
     Padded positions of ``last_hidden`` hold zeros when the batch ran packed
-    (:mod:`variants.packing`), else whatever the layers computed there: only real positions
+    (:mod:`variants.runtime.packing`), else whatever the layers computed there: only real positions
     carry meaning either way."""
 
     last_hidden: mx.array
@@ -251,7 +251,7 @@ class BertEncoder(StreamEncoder, nn.Module):
     Call with ``input_ids`` (B, L) int32, ``attention_mask`` (B, L) 0/1, optional
     ``token_type_ids`` (B, L) int32; returns :class:`EncoderOutput`.
     ``layers`` is a plain list so variants can run, skip or replace layers one by one. On a
-    multi-core CPU the stack runs over the streams (:class:`variants.streams.StreamEncoder`).
+    multi-core CPU the stack runs over the streams (:class:`variants.runtime.streams.StreamEncoder`).
     """
 
     def __init__(self, args: ModelArgs):
@@ -383,6 +383,6 @@ def sanitize(weights):
 def compiled_paths(module):
     """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any BERT layer
     (:class:`TransformerLayer`) of ``module`` (an ``nn.Module``) runs compiled
-    (:mod:`variants.fused_layer`), else None: for timing records."""
+    (:mod:`variants.runtime.fused_layer`), else None: for timing records."""
     layers = [m for _, m in module.named_modules() if isinstance(m, TransformerLayer)]
     return fused_layer.used_by(layers)

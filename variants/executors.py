@@ -72,10 +72,10 @@ def _stderr(msg):
 
 
 def driver_streams():
-    """MLX CPU streams this process's encoder splits over (:mod:`variants.parallel`, read
+    """MLX CPU streams this process's encoder splits over (:mod:`variants.runtime.parallel`, read
     without creating them). Workers are given the same count: the stream split decides how a
     batch is cut and packed, so a different count changes results in the last float bits."""
-    from variants import parallel
+    from variants.runtime import parallel
 
     return parallel._requested()
 
@@ -83,7 +83,7 @@ def driver_streams():
 def match_streams(n):
     """Worker set-up: use ``n`` MLX CPU streams, as the driver does (``VARIANTS_STREAMS``).
 
-    With ``n >= 2`` :mod:`variants.parallel` also sets OpenBLAS to one thread per GEMM call, so
+    With ``n >= 2`` :mod:`variants.runtime.parallel` also sets OpenBLAS to one thread per GEMM call, so
     ``w`` workers on a machine run ``w * n`` compute threads, never ``w * n * cores``.
     """
     os.environ["VARIANTS_STREAMS"] = str(int(n))

@@ -14,7 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import modernbert_fast, modernbert_fused, modernbert_fused_q, parallel
+from variants import modernbert_fast, modernbert_fused, modernbert_fused_q
+from variants.runtime import parallel
 from variants import modernbert_window as window
 from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids, check_mask
 from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
@@ -100,7 +101,7 @@ class ModernBertEncoder(nn.Module):
     :mod:`variants.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``.
 
     ``fast`` (default True): without hidden states or probabilities, and outside
-    :func:`variants.parallel.single_stream`, the stack runs on :mod:`variants.modernbert_fast`
+    :func:`variants.runtime.parallel.single_stream`, the stack runs on :mod:`variants.modernbert_fast`
     (same outputs to float32 round-off); False keeps the plain layer-by-layer path."""
 
     local_attention_impl = None

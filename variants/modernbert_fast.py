@@ -1,20 +1,20 @@
 """The ModernBERT encoder's fast CPU path (:class:`variants.modernbert.ModernBertEncoder`'s
 ``__call__`` without hidden states or probabilities): the MiniLM reference's speed steps
-(:mod:`variants.fused`, :mod:`variants.streams`, :mod:`variants.fast_ops`) carried over to
+(:mod:`variants.runtime.fused`, :mod:`variants.runtime.streams`, :mod:`variants.runtime.fast_ops`) carried over to
 ModernBERT's pre-norm layers with rotary positions and GeGLU. Every row's arithmetic is the plain
 path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
 
-- weights derived once per weight set (:class:`variants.derived.DerivedWeights`), stored
+- weights derived once per weight set (:class:`variants.runtime.derived.DerivedWeights`), stored
   transposed (``x @ w_t``): ``Wqkv`` with 1/sqrt(head_dim) folded into the query columns (rotary
   is linear, so rope(s·q) = s·rope(q)); ``Wi`` cut into its input and gate halves, each
   contiguous, so GeGLU's element-wise kernels read contiguous arrays;
 - explicit attention with the scores transposed (keys on axis -2) and the compiled exp of
-  :func:`variants.fast_ops.softmax_parts`, as :meth:`variants.encoder.Attention.core`; the
+  :func:`variants.runtime.fast_ops.softmax_parts`, as :meth:`variants.encoder.Attention.core`; the
   local layers' sliding window through its (B, 1, L, L) bias, or, when every key is inside the
   window (L - 1 <= local_attention // 2), with no window at all; the windowed path
   (:mod:`variants.modernbert_window`) where the plain path takes it;
 - rotary tables for positions 0..L-1 computed once per (L, θ) and kept;
-- the work split over :func:`variants.parallel.streams` (one OpenBLAS thread each, MLX's buffer
+- the work split over :func:`variants.runtime.parallel.streams` (one OpenBLAS thread each, MLX's buffer
   cache raised): B >= 2 by sequences, one whole layer stack per stream; B = 1 by heads and MLP
   features (tensor parallelism, partial outputs summed before each residual add) from
   :data:`SPLIT_ROWS_B1` real tokens.
@@ -35,9 +35,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import device, fast_ops, parallel
+from variants.runtime import device, fast_ops, parallel
 from variants import modernbert_window as window
-from variants.derived import DerivedWeights, transposed
+from variants.runtime.derived import DerivedWeights, transposed
 from variants.encoder import ACTIVATIONS, MASK_BIAS
 from variants.modernbert_layers import apply_rope, rope_tables
 
@@ -101,7 +101,7 @@ def layer_weights(layer):
     when a Linear is not a plain ``nn.Linear``: ``(w_qkv_t (D, 3D), b_qkv (3D,) or None, w_o_t
     (D, D), b_o, w_in_t (D, F), b_in, w_gate_t (D, F), b_gate, w_out_t (F, D), b_out)``, the
     query columns and bias scaled by 1/sqrt(head_dim). Rebuilt when a weight array is replaced
-    (as :meth:`variants.fused.FusedAttention.folded`)."""
+    (as :meth:`variants.runtime.fused.FusedAttention.folded`)."""
     att, mlp = layer.attn, layer.mlp
     mods = (att.Wqkv, att.Wo, mlp.Wi, mlp.Wo)
     cache = layer.__dict__.setdefault("_fast_weights", DerivedWeights())

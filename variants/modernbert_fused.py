@@ -1,5 +1,5 @@
 """A whole ModernBERT pre-norm layer as one compiled MLX op on the CPU (``fused_mbert_layer.cpp``
-in :mod:`variants.qkernel`): the fast path's (:mod:`variants.modernbert_fast`) layers, each ~25-30
+in :mod:`variants.runtime.qkernel`): the fast path's (:mod:`variants.modernbert_fast`) layers, each ~25-30
 MLX primitives of ~16 us fixed cost, as one primitive each.
 
 The op does :func:`variants.modernbert_fast.layer_forward`'s algebra on the same derived weights
@@ -13,8 +13,8 @@ keys their window reaches); float32 throughout, outputs equal the MLX path to fl
 
 It runs when all of these hold, else :func:`variants.modernbert.fast_forward` keeps the MLX path
 (the same results): MLX's default device is the CPU, the extension is built
-(:func:`variants.qkernel.load`), ``VARIANTS_FUSED_LAYER`` is not ``off`` (the switch the BERT
-layer op reads, :mod:`variants.fused_layer`), every layer has fast weights (plain fp32
+(:func:`variants.runtime.qkernel.load`), ``VARIANTS_FUSED_LAYER`` is not ``off`` (the switch the BERT
+layer op reads, :mod:`variants.runtime.fused_layer`), every layer has fast weights (plain fp32
 ``nn.Linear`` projections) and float32 layer norms, the activation is in :data:`ACTS`, and the
 local attention mode is not ``masked`` (kept as the A/B baseline of
 :mod:`variants.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_by`).
@@ -31,18 +31,18 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import fused_layer, parallel
-from variants.derived import DerivedWeights
+from variants.runtime import fused_layer, parallel
+from variants.runtime.derived import DerivedWeights
 from variants.encoder import MASK_BIAS
 
 #: the forward path's name in timing records
 NAME = "fused-mbert-layer-cpp"
-#: hidden_activation -> the kernel's code: 0 erf GELU (variants.fast_ops.gelu / nn.gelu),
+#: hidden_activation -> the kernel's code: 0 erf GELU (variants.runtime.fast_ops.gelu / nn.gelu),
 #: 1 ReLU, 2 tanh GELU (nn.gelu_approx)
 ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2}
 #: B = 1 splits each layer in two parts over the kernel's helper thread from this many rows
 SPLIT_ROWS_B1 = 8
-#: B >= 2 splits the batch by sequences over :func:`variants.parallel.streams` (one op per stream
+#: B >= 2 splits the batch by sequences over :func:`variants.runtime.parallel.streams` (one op per stream
 #: and layer, one part each) from this many rows B * L (as the MLX fast path); below, one op per
 #: layer runs in two parts over the helper thread. Measured (3 ModernBERT-base layers, one
 #: process, 7 alternated rounds, shared 2-core machine; split-by-streams time / two-parts time):
@@ -159,7 +159,7 @@ def forward(encoder, x, mask, mode):
                 outs.append(_stack(kernel, encoder, all_args, x[a:b], mask[a:b], 1))
         return mx.concatenate(outs, axis=0)
     threads = 2 if len(ss) > 1 and (B >= 2 or mask.sum() >= SPLIT_ROWS_B1) else 1
-    forced = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()  # as variants.fused_layer
+    forced = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()  # as variants.runtime.fused_layer
     threads = int(forced) if forced in ("1", "2") and len(ss) > 1 else threads
     return _stack(kernel, encoder, all_args, x, mask, threads)
 

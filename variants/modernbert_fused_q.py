@@ -1,8 +1,8 @@
 """A quantized ModernBERT layer as one compiled MLX op on the CPU (``fused_mbert_qlayer.cpp`` in
-:mod:`variants.qkernel`), as :mod:`variants.fused_layer`'s ``qweights`` is to MiniLM's layer.
+:mod:`variants.runtime.qkernel`), as :mod:`variants.runtime.fused_layer`'s ``qweights`` is to MiniLM's layer.
 
 A quantized ModernBERT (:func:`variants.builders.quantize.quantize_module`, then
-:func:`variants.qlinear.use_cpu_path`) has no fp32 fast weights
+:func:`variants.runtime.qlinear.use_cpu_path`) has no fp32 fast weights
 (:func:`variants.modernbert_fast.layer_weights` is None), so its layers used to run the plain MLX
 path, each projection a ``dequant-cpp+gemm`` call. Here each layer whose four projections
 (``Wqkv``, ``Wo``, ``Wi``, the MLP's ``Wo``) all run that compiled kernel (:func:`_cpp_qlinear`)
@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from variants import modernbert_fused as mf
-from variants import parallel, qlinear
+from variants.runtime import parallel, qlinear
 from variants.encoder import MASK_BIAS
 
 #: the quantized layers' path name in timing records
@@ -52,7 +52,7 @@ def _kernel():
 
 
 def _cpp_qlinear(m):
-    """Whether ``m`` is a :class:`variants.qlinear.CpuQuantizedLinear` (bias or not) whose calls
+    """Whether ``m`` is a :class:`variants.runtime.qlinear.CpuQuantizedLinear` (bias or not) whose calls
     run the compiled ``dequant-cpp+gemm`` kernel now, with float32 scales and bias."""
     return (type(m) is qlinear.CpuQuantizedLinear and m.kernel == qlinear.NAMES["cpp"]
             and m["weight"].dtype == mx.uint32 and m["scales"].dtype == mx.float32

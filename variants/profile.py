@@ -16,7 +16,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from variants import parallel
+from variants.runtime import parallel
 from variants.encoder import ACTIVATIONS, attention_bias, mean_pool
 from variants.models.choice import COSINE_SCALE
 
@@ -84,7 +84,7 @@ def _segmented_forward(encoder, ids, mask, types, acc):
 
     Runs the batch the way :class:`variants.encoder.BertEncoder` does, so the segments time the
     same work as the whole forward: packed over the streams when enough of the batch is padding
-    (:mod:`variants.packing`; the pack and unpack gathers count as embeddings and pooling), else
+    (:mod:`variants.runtime.packing`; the pack and unpack gathers count as embeddings and pooling), else
     the padded batch split by sequences, one part per stream (a batch the forward splits by
     heads, B < streams, runs as one padded part on one stream: the head split is not
     segmented). Every segment evaluates all parts at once, each on its own stream, so a

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 import mlx.core as mx
 
 from runs import lock as runlock
-from variants import device
+from variants.runtime import device
 from runs.family_text import family_extras
 from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
 from runs.judge import judge_variant

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrics._checks import short_repr
-from variants import defaults, device, parallel
+from variants import defaults
+from variants.runtime import device, parallel
 from variants.builders import get_family
 from variants.builders.quant_family import MODES
 from variants.models import resolve
@@ -75,7 +76,7 @@ class SweepConfig:
     seed: int = defaults.SEED
     progress: bool = True
     device: str | None = None  # --device cpu|gpu; None = $VARIANTS_DEVICE, else cpu (validate)
-    dtype: str = "float32"  # --dtype; float16/bfloat16 only on a GPU (variants.device.check)
+    dtype: str = "float32"  # --dtype; float16/bfloat16 only on a GPU (variants.runtime.device.check)
     variants: list = field(default_factory=list)  # filled by validate()
     #: what the files named above hold (parsed model TOML, checkpoint sha256, data fingerprint),
     #: filled by variants.sweep_inputs.load_inputs; part of :meth:`identity`

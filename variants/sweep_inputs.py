@@ -3,7 +3,8 @@ checkpoint (and the family's limits on it), the data splits sampled into TaskSet
 contract's needs of them (calibration size, strata)."""
 
 from contracts.checker import load_contract
-from variants import data, device
+from variants import data
+from variants.runtime import device
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoint import load_checkpoint

@@ -5,7 +5,8 @@ from dataclasses import asdict
 
 import mlx.core as mx
 
-from variants import BLAS_INFO, __version__, device, parallel
+from variants import BLAS_INFO, __version__
+from variants.runtime import device, parallel
 from variants.sweep_timing import model_bytes
 from variants.special_tokens import count_special_only, special_only_ids
 
@@ -38,7 +39,7 @@ def run_metadata(sweep):
         "contract": sweep.contract.name,
         "versions": _versions(),
         "blas": dict(BLAS_INFO),
-        "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.device.use set
+        "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.runtime.device.use set
         "dtype": cfg.dtype,
         "device_info": dict(device.key_part(), mlx_device=str(mx.default_device())),
         "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},

@@ -1,14 +1,17 @@
 """The sweep's speed measurement: which eval texts are timed, and one variant timed against the
-reference (strict alternation, both timed regions, :mod:`variants.timing`) into timing.json's
+reference (strict alternation, both timed regions, :mod:`variants.runtime.timing`) into timing.json's
 content."""
 
 import mlx.core as mx
 import numpy as np
 
-from variants import BLAS_INFO, device, encoder, modernbert, plausible, qlinear
-from variants.memory import model_bytes  # noqa: F401
-from variants.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
-                             time_alternating)
+from variants import BLAS_INFO
+from variants.runtime import device
+from variants import encoder, modernbert, plausible
+from variants.runtime import qlinear
+from variants.runtime.memory import model_bytes  # noqa: F401
+from variants.runtime.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
+                                     time_alternating)
 
 #: Version of timing.json (1 = forward only, no schema_version key; 2 = + end_to_end, method,
 #: model_bytes, cold_start). Documented in results/README.md.
@@ -17,9 +20,9 @@ TIMING_SCHEMA_VERSION = 2
 
 def kernel(model):
     """The Linear kernel(s) a DecisionModel's forward runs now, for timing records: the
-    quantized Linears' (:func:`variants.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
+    quantized Linears' (:func:`variants.runtime.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
     ``quantized_matmul``) and ``fused-layer-cpp`` when fp32 layers run as one compiled op
-    (:mod:`variants.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
+    (:mod:`variants.runtime.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
     :mod:`variants.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
     :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))

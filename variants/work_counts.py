@@ -11,12 +11,12 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from variants import fast_ops
+from variants.runtime import fast_ops
 
 
 @contextmanager
 def count_work():
-    """Count ``mx.eval`` calls and calls of :mod:`variants.fast_ops`' fused functions (GELU,
+    """Count ``mx.eval`` calls and calls of :mod:`variants.runtime.fast_ops`' fused functions (GELU,
     softmax; each runs two or three compiled kernels).
 
     Yields a dict ``{"evals": n, "compiled_calls": n}`` that fills while the block runs.

@@ -22,7 +22,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import compute_path, device, parallel
+from variants import compute_path
+from variants.runtime import device, parallel
 from variants.builders.exact_keys import ResultCache, dedup, row_keys
 from variants.decision import PreparedBatch
 
@@ -30,7 +31,7 @@ from variants.decision import PreparedBatch
 def namespace_of(model):
     """16-byte digest of what makes a model's logits: every parameter (name, shape, dtype and
     bytes: the checkpoint revision and fitted head as loaded), the device and dtype
-    (:func:`variants.device.key_part`), the execution config (stream count, whole-batch mode)
+    (:func:`variants.runtime.device.key_part`), the execution config (stream count, whole-batch mode)
     and the model's :meth:`config` (temperatures excluded: the cache holds raw logits)."""
     h = hashlib.blake2b(digest_size=16)
     for name, v in tree_flatten(model.module.parameters()):

@@ -73,7 +73,7 @@ def time_stream(reference, variant, taskset, rows, batch_size):
     """One stream: calls of ``batch_size`` rows of ``taskset`` (``rows`` in order), reference
     and variant alternated per call (end to end: tokenise, forward, post-process), the variant's
     cache cold at the start. Returns the stream's record (see :func:`workload_timing`)."""
-    from variants.timing import end_to_end_call
+    from variants.runtime.timing import end_to_end_call
 
     calls = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     warm = taskset.subset(calls[0])
@@ -121,7 +121,7 @@ def hit_cost(reference, variant, taskset, rows, rounds=5):
     again on the same request (every row a hit), end to end. Returns medians (ms),
     ``epsilon`` = hit / miss, ``miss_overhead`` = miss / reference, and a note that this
     repeats one request on purpose."""
-    from variants.timing import end_to_end_call
+    from variants.runtime.timing import end_to_end_call
 
     sub = taskset.subset(rows)
     ref_fn, var_fn = end_to_end_call(reference, sub), end_to_end_call(variant, sub)

@@ -17,7 +17,7 @@ output reads every position, so there is nothing to skip (:func:`reads_of` says 
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import fused_layer
+from variants.runtime import fused_layer
 from variants.encoder import BertEncoder
 
 
@@ -72,7 +72,7 @@ class OutputSelectNet(nn.Module):
         for i in range(len(enc.layers) - 1):
             x, _ = enc.apply_layer(i, x, ctx)
         if fused_layer.applies(enc.layers[-1:]):
-            # the reference runs this layer as one compiled op (variants.fused_layer): all its
+            # the reference runs this layer as one compiled op (variants.runtime.fused_layer): all its
             # queries, so the selected rows equal the reference's bit for bit
             x, _ = enc.apply_layer(len(enc.layers) - 1, x, ctx)
             return enc.finish(mx.take_along_axis(x, positions[:, :, None], axis=1))

@@ -5,7 +5,7 @@ integers q with one scale s and one bias b (w ~= s q + b); see MLX's ``mx.quanti
 mlx-lm's ``convert.py``. Two execution modes:
 
 - ``native``: the weights stay packed (``nn.QuantizedLinear`` parameters, so the model bytes are
-  the quantized ones): :class:`variants.qlinear.CpuQuantizedLinear`, which on the CPU dequantizes
+  the quantized ones): :class:`variants.runtime.qlinear.CpuQuantizedLinear`, which on the CPU dequantizes
   each weight per call into a temporary fp32 buffer and runs the BLAS GEMM, and elsewhere
   (Metal, CUDA) is ``mx.quantized_matmul``: what a deployment runs.
 - ``simulated``: the same quantized weights dequantized once into dense fp32 ``nn.Linear``
@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from variants import qlinear
+from variants.runtime import qlinear
 from variants.builders import bits_map
 from variants.builders.quant_config import (BITS, GROUP_SIZES, MODES,  # noqa: F401
                                            QuantConfig, check_bits)

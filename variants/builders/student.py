@@ -27,7 +27,7 @@ from variants.builders.student_fallback import fit_fallback
 from variants.builders.student_net import StudentNet
 from variants.builders.exit_heads import cosine_logits
 from variants.builders.student_train import trainable_encoder, trained_student
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 C_ROUNDS = 5  # alternated rounds of the c measurement
 C_BATCHES = 4  # calibration batches (spread over the lengths) per round

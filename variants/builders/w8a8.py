@@ -8,7 +8,7 @@ Per Linear W (out, in) with bias b:
   s_i = (hi - lo) / 255, zp_i = round(-lo / s_i), q = clip(round(x / s_i) + zp_i, 0, 255);
 - y_ij = s_i s_w,j Σ_k (q_ik - zp_i) Wq_jk + b_j (int32 accumulation).
 
-``native`` runs the compiled op ``int8_linear`` of :mod:`variants.qkernel` (oneDNN's
+``native`` runs the compiled op ``int8_linear`` of :mod:`variants.runtime.qkernel` (oneDNN's
 ``dnnl_gemm_u8s8s32``, VNNI / AVX-512 / AVX2 kernels chosen by oneDNN at run time); ``simulated``
 computes the same quantization in MLX and multiplies the dequantized values in fp32. For the same
 input the two agree to fp32 round-off (the codes are identical: same divisions, round half to
@@ -30,7 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import activations, parallel, qkernel
+from variants import activations
+from variants.runtime import parallel, qkernel
 from variants.builders.w8a8_config import ALPHAS
 
 #: token rows per Linear input kept for the α search (sampled evenly from the fit split)
@@ -207,7 +208,7 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     native = mode == "native"
     if native and _kernel() is None and not _warned["done"]:
         _warned["done"] = True
-        why = "oneDNN not found (apt-get install libdnnl-dev, then python -m variants.qkernel " \
+        why = "oneDNN not found (apt-get install libdnnl-dev, then python -m variants.runtime.qkernel " \
               "--force)" if qkernel.load() is not None else qkernel.why_unavailable()
         print(f"variants: w8a8 runs simulated (fake-quantized fp32): {why}", file=sys.stderr)
     info = {"int8_layers": len(run), "kept_fp32": keep, "smooth": cfg.smooth}
@@ -234,7 +235,7 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     for p in run:
         activations.set_module(module, p, Int8Linear(mods[p], native=native, smooth=smooth.get(p)))
     mx.eval(module.parameters())
-    from variants.memory import model_bytes
+    from variants.runtime.memory import model_bytes
 
     variant = reference.replace_module(module)
     info.update(int8_share=sum(mods[p].weight.size for p in run) / max(total, 1),

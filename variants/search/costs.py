@@ -12,7 +12,7 @@ latency cost model.
   the fp32 GEMM): ``2 * in * out`` per token per Linear, summed; the same for every candidate,
   so ``--cost flops`` ranks candidates by bytes (the tie-break of every cost).
 - ``latency-b1`` / ``latency-b32``: a cost model, not a measurement of the candidate: the time
-  of each distinct (in, out, bits) quantized Linear (:class:`variants.qlinear.CpuQuantizedLinear`,
+  of each distinct (in, out, bits) quantized Linear (:class:`variants.runtime.qlinear.CpuQuantizedLinear`,
   the speed mode's kernel) on ``B * 128`` token rows, median of a few calls, measured once on
   the driver and cached in ``cache_dir/search/latency-<device>-B<B>.json``; a candidate's cost is
   the sum over its layers, in ms (attention, norms and the rest are the same for every
@@ -114,12 +114,12 @@ class CostTable:
 
 
 def kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
-    """Median ms of one :class:`variants.qlinear.CpuQuantizedLinear` call (random weights) on
+    """Median ms of one :class:`variants.runtime.qlinear.CpuQuantizedLinear` call (random weights) on
     ``rows`` x ``in_dims`` fp32 inputs, after one warm-up call."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from variants import qlinear
+    from variants.runtime import qlinear
 
     mx.random.seed(0)
     lin = nn.Linear(in_dims, out_dims)

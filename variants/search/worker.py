@@ -46,7 +46,7 @@ def load(payload):
     data splits and the search parts (:func:`variants.search.split.search_tasksets`), the
     judge's settings. Raises SweepError / ValueError on bad input."""
     from runs.settings import resolve_settings
-    from variants import device
+    from variants.runtime import device
     from variants.search.margin import tighten
     from variants.search.split import search_tasksets
     from variants.sweep_config import SweepConfig

@@ -31,7 +31,7 @@ class Part:
     rows (any valid row for padding: those keys are masked, those queries dropped);
     ``real_index`` (n,) int32: for every packed row, its position in the part's (b−a)·L layout;
     ``bias`` (b−a, 1, 1, L) float32: the additive key padding bias; ``lens``: real tokens per
-    sequence (the packed rows are these sequences end to end; :mod:`variants.fused_layer`).
+    sequence (the packed rows are these sequences end to end; :mod:`variants.runtime.fused_layer`).
     """
 
     seqs: tuple

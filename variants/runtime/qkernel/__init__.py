@@ -9,16 +9,16 @@ CMake config the ``mlx`` wheel ships):
   for the baseline x86-64 ISA (chosen at run time by the CPU; no ``-march=native``);
 - ``qlinear(x, w, scales, biases, bias, group_size, bits, tile)``: ``x @ W.T + bias`` with W
   dequantized into one temporary fp32 buffer (``tile`` <= 0) or ``tile`` output rows at a time,
-  each multiplied by ``cblas_sgemm`` (OpenBLAS when :mod:`variants._blas` loaded it). The buffer
+  each multiplied by ``cblas_sgemm`` (OpenBLAS when :mod:`variants.runtime.blas` loaded it). The buffer
   comes from MLX's allocator: it counts in ``mx.get_peak_memory()``.
 
 :func:`load` returns the built module or None. The build (``cmake`` + a C++17 compiler +
 the ``nanobind`` package, ~30 s on 2 cores) runs at set-up (``scripts/setup.sh`` runs
-``python -m variants.qkernel``) or else lazily on first use, into
+``python -m variants.runtime.qkernel``) or else lazily on first use, into
 ``$VARIANTS_KERNEL_CACHE`` (default ``~/.cache/mlx-variants/qkernel``), one folder per digest
 of the sources, MLX, nanobind and Python versions. When a tool is missing or the build fails,
 one line goes to stderr (with the build log's path), the failure is remembered for that digest,
-and callers use the pure-MLX path (:mod:`variants.qlinear`: the same results).
+and callers use the pure-MLX path (:mod:`variants.runtime.qlinear`: the same results).
 ``VARIANTS_QKERNEL=off`` disables the kernel (A/B measurements, tests of the fallback).
 """
 
@@ -150,12 +150,12 @@ def _import(path):
     """(module, None) of the built file at ``path``, or (None, why) when it cannot be loaded
     (a truncated or foreign file in the cache: the fix is a forced rebuild)."""
     try:
-        spec = importlib.util.spec_from_file_location("variants.qkernel._qkernel", path)
+        spec = importlib.util.spec_from_file_location("variants.runtime.qkernel._qkernel", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod, None
     except (ImportError, OSError) as e:
-        return None, f"cannot load {path}: {e}; rebuild it with python -m variants.qkernel --force"
+        return None, f"cannot load {path}: {e}; rebuild it with python -m variants.runtime.qkernel --force"
 
 
 def enabled():
@@ -189,7 +189,7 @@ def why_unavailable():
 
 
 def main(argv=None):
-    """``python -m variants.qkernel [--force]``: build now; exit 0 when built, 1 otherwise."""
+    """``python -m variants.runtime.qkernel [--force]``: build now; exit 0 when built, 1 otherwise."""
     argv = sys.argv[1:] if argv is None else argv
     path, why = build(force="--force" in argv)
     if path is not None:

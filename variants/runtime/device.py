@@ -8,8 +8,8 @@ Linux (``pip install "mlx[cuda13]==0.32.4"``). float16/bfloat16 are allowed only
 backend has no BLAS path for them (its half-precision matmuls run element by element).
 
 The CPU-only fast paths ask :func:`is_cpu` whether to run: stream splitting
-(:func:`variants.parallel.streams`), the dequantize + GEMM quantized Linear
-(:func:`variants.qlinear.on_cpu`) and the GEMV layer norm (:func:`variants.fast_ops.layer_norm`).
+(:func:`variants.runtime.parallel.streams`), the dequantize + GEMM quantized Linear
+(:func:`variants.runtime.qlinear.on_cpu`) and the GEMV layer norm (:func:`variants.runtime.fast_ops.layer_norm`).
 """
 
 import os

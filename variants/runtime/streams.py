@@ -1,16 +1,16 @@
 """Running a layer stack fast on a multi-core CPU: rows split over MLX streams, padded batches
-packed (:mod:`variants.packing`), heads and MLP features sharded when a batch is too small to
+packed (:mod:`variants.runtime.packing`), heads and MLP features sharded when a batch is too small to
 split by rows. Mixins for any post-norm BERT-style architecture: :class:`StreamLayer` (a layer
-with ``attention`` (:class:`variants.fused.FusedAttention`), ``attention_norm``,
+with ``attention`` (:class:`variants.runtime.fused.FusedAttention`), ``attention_norm``,
 ``output_norm``, ``intermediate``, ``output``, ``mlp``, ``activation``, ``_forward`` and a
-:class:`variants.derived.DerivedWeights` ``_shards``) and :class:`StreamEncoder` (a ``layers``
+:class:`variants.runtime.derived.DerivedWeights` ``_shards``) and :class:`StreamEncoder` (a ``layers``
 list of them); :mod:`variants.encoder` uses both. Every row's arithmetic is unchanged.
 """
 
 import mlx.core as mx
 import numpy as np
 
-from variants import fused_layer, packing, parallel
+from variants.runtime import fused_layer, packing, parallel
 
 
 def _packed_step(layer, rows, part):
@@ -19,7 +19,7 @@ def _packed_step(layer, rows, part):
 
 class StreamLayer:
     """A layer called directly on a multi-core CPU splits its rows over
-    :func:`variants.parallel.streams` (the batch when B >= 2, else the query positions, each
+    :func:`variants.runtime.parallel.streams` (the batch when B >= 2, else the query positions, each
     half attending to all keys) and runs the halves at once on separate MLX streams;
     :class:`StreamEncoder` also uses :meth:`forward_sharded` (B = 1) and :meth:`_forward_packed`
     (packed batches)."""
@@ -117,7 +117,7 @@ class StreamLayer:
         return y, attn
 
     def _forward_packed(self, x, part):
-        """The layer on one part of a packed batch (:mod:`variants.packing`): ``x`` (n, D) the
+        """The layer on one part of a packed batch (:mod:`variants.runtime.packing`): ``x`` (n, D) the
         part's real tokens -> (n, D); the attention core runs on the part's (B, part.L) layout."""
         y = fused_layer.forward_packed(self, x, part)
         if y is not None:
@@ -150,7 +150,7 @@ class StreamEncoder:
         return shards if all(sh is not None for sh in shards) else None
 
     def _packing_plan(self, mask, bias):
-        """A :class:`variants.packing.Plan` for ``mask`` (B, L) NumPy, split by sequences over
+        """A :class:`variants.runtime.packing.Plan` for ``mask`` (B, L) NumPy, split by sequences over
         the streams, when the batch has padding (``bias`` not None) and enough of it, else None."""
         if bias is None or parallel.whole_batches():
             return None

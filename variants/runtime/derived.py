@@ -1,6 +1,6 @@
 """Weights derived from a module's own (fused, transposed or sharded copies), cached until the
 module's weights are replaced: the cache behind the encoder's fast paths
-(:mod:`variants.fused`, :mod:`variants.streams`), reusable by any MLX architecture."""
+(:mod:`variants.runtime.fused`, :mod:`variants.runtime.streams`), reusable by any MLX architecture."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,5 +39,5 @@ def plain_linear(m):
 
 def transposed(w):
     """``w`` (out, in) -> its transpose (in, out), contiguous (see
-    :meth:`variants.fused.FusedAttention.folded`)."""
+    :meth:`variants.runtime.fused.FusedAttention.folded`)."""
     return mx.contiguous(w.T)

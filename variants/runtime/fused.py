@@ -2,13 +2,13 @@
 ``nn.Linear`` (the reference; quantised or low-rank variants replace them and take the plain
 path). Mixins for any architecture with the same projection names: :class:`FusedAttention`
 (``query``, ``key``, ``value``, ``out``, ``scale``, ``head_dim``, ``heads``, ``core`` and a
-:class:`variants.derived.DerivedWeights` ``_folded``) and :class:`FusedMLP` (``intermediate``,
+:class:`variants.runtime.derived.DerivedWeights` ``_folded``) and :class:`FusedMLP` (``intermediate``,
 ``output``, ``activation`` and a ``_mlp`` cache); :mod:`variants.encoder` uses both.
 """
 
 import mlx.core as mx
 
-from variants.derived import plain_linear, transposed
+from variants.runtime.derived import plain_linear, transposed
 
 
 class FusedAttention:
@@ -59,7 +59,7 @@ class FusedAttention:
         return pick(x @ w_t[:, :D]) + b_q, kvp[..., :D], kvp[..., D:]
 
     def packed_project(self, x, part):
-        """(q, k, v) heads on a packed part's (B, part.L) layout (:mod:`variants.packing`) from
+        """(q, k, v) heads on a packed part's (B, part.L) layout (:mod:`variants.runtime.packing`) from
         its real-token rows ``x`` (n, D), gathered once from the fused q|k|v."""
         B = part.seqs[1] - part.seqs[0]
         return tuple(self.heads(t, B, part.L) for t in self.projections(x, rows=part.pad_index))

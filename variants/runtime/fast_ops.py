@@ -18,7 +18,7 @@ What makes element-wise work slow or fast there (MLX 0.32, Linux x86-64 wheel; m
 
 - MLX keeps at most 32 MB of freed buffers for reuse by default on this CPU; larger arrays go
   back to the OS and come back as fresh pages (a page fault per 4 KB): see
-  :func:`variants.parallel.streams`, which raises the cache limit.
+  :func:`variants.runtime.parallel.streams`, which raises the cache limit.
 
 - Reductions over a short last axis are slow there too (a row mean over 384 floats costs 3x a
   GEMV by a column of 1/D), and ``mx.fast.layer_norm`` has no CPU kernel: it runs as 18
@@ -34,7 +34,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from variants import device
+from variants.runtime import device
 
 # erf(x) ~ x P(x²) / Q(x²) on |x| <= 4 (erf is +/-1 in float32 beyond): Eigen's
 # generic_fast_erf_float coefficients, as XLA uses for float32 erf (highest power first).

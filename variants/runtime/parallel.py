@@ -8,7 +8,7 @@ to one thread per GEMM call so the streams' GEMMs do not oversubscribe the cores
 
 - B >= 2: the batch, by sequences; each part runs the whole layer stack on its own stream and
   the parts are joined once at the end (packed parts when the batch has padding,
-  :mod:`variants.packing`);
+  :mod:`variants.runtime.packing`);
 - B = 1: each layer's heads and MLP features (tensor parallelism), summed before each norm;
 - a direct ``layer(x, bias)`` call (prune and exit variants, hidden states): the batch halves,
   or for B = 1 the query positions, joined after the layer.
@@ -28,7 +28,7 @@ import threading
 
 import mlx.core as mx
 
-from variants import _blas
+from variants.runtime import blas as _blas
 
 # Splitting costs two graph branches and a concatenation; below this many rows (B*L) a half is
 # too small to pay for it.
@@ -78,7 +78,7 @@ def streams():
     Created once per process. When more than one, OpenBLAS is set to one thread per GEMM call.
     On the CPU, MLX's buffer cache limit is raised to ``CACHE_LIMIT_BYTES`` at the same time.
     """
-    from variants import device
+    from variants.runtime import device
 
     on_cpu = device.is_cpu()
     if _state["streams"] is not None and _state.get("streams_on_cpu", True) != on_cpu:
@@ -126,7 +126,7 @@ def info():
 
 def whole_batches():
     """True inside :func:`single_stream`: the encoder then also keeps batches padded (no
-    packing, :mod:`variants.packing`), so per-Linear hooks see whole (B, L, D) inputs."""
+    packing, :mod:`variants.runtime.packing`), so per-Linear hooks see whole (B, L, D) inputs."""
     return bool(getattr(_local, "off", 0))
 
 

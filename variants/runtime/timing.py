@@ -28,7 +28,7 @@ import mlx.core as mx
 from metrics.latency import latency_summary, paired_speedup, relative_trend
 from runs.outputs import finish_outputs
 from variants import defaults
-from variants.memory import process_rss_bytes
+from variants.runtime.memory import process_rss_bytes
 
 TIMED_REGIONS = {
     "forward": "forward: prepared token ids -> option logits, mx.eval inside the timed region "
@@ -40,7 +40,7 @@ TIMED_REGIONS = {
 #: The forward region's description (kept for callers of the first timing.json schema).
 TIMED_REGION = TIMED_REGIONS["forward"]
 #: Memory held besides the allocator peak (max over rounds, read just after each call): MLX's
-#: buffer cache and the process RSS (:mod:`variants.memory`; both models are loaded in the
+#: buffer cache and the process RSS (:mod:`variants.runtime.memory`; both models are loaded in the
 #: process, so the RSS is the same process for reference and variant).
 HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rss_bytes",
              "var_process_rss_bytes")
@@ -155,7 +155,7 @@ def _call(fn):
 
 
 def _held():
-    """MLX's buffer cache and the process RSS now (:mod:`variants.memory`), bytes."""
+    """MLX's buffer cache and the process RSS now (:mod:`variants.runtime.memory`), bytes."""
     return {"cache_bytes": int(mx.get_cache_memory()), "rss_bytes": process_rss_bytes()}
 
 

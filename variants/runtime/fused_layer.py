@@ -1,22 +1,22 @@
 """A whole post-norm BERT layer as one compiled MLX op on the CPU (``fused_layer.cpp`` in
-:mod:`variants.qkernel`): the reference layer's fast path.
+:mod:`variants.runtime.qkernel`): the reference layer's fast path.
 
 A MiniLM layer in MLX ops is ~30 primitives of ~16 us fixed cost each on this CPU: at B=1 L=24
 about 1.5 of its 3.3 ms were not arithmetic. The compiled layer does the same algebra as
-:class:`variants.encoder.TransformerLayer` on the folded weights (:mod:`variants.fused`): five
+:class:`variants.encoder.TransformerLayer` on the folded weights (:mod:`variants.runtime.fused`): five
 OpenBLAS GEMMs for the projections, the attention per (sequence, head) with the additive key
 bias, exp(s - max) softmax, bias + erf-GELU (or ReLU), residual + layer norm, all float32
 (outputs equal the MLX path to float32 round-off: tests/test_fused_layer.py).
 
 It runs only when all of these hold, else the caller keeps the MLX path (the same results):
-MLX's default device is the CPU, the extension is built (:func:`variants.qkernel.load`),
+MLX's default device is the CPU, the extension is built (:func:`variants.runtime.qkernel.load`),
 ``VARIANTS_FUSED_LAYER`` is not ``off``, the layer is a plain fp32 reference layer (plain
 biased ``nn.Linear`` projections at full width, affine layer norms, ``hidden_act`` ``gelu`` /
 ``gelu_exact`` / ``relu``), no attention probabilities are asked for, and the bias is a key
 padding bias (B or 1, 1, 1, L) or None. Low-rank or pruned variants fail the plain Linear
 test and take the MLX path.
 
-A quantized layer whose six projections all run :mod:`variants.qlinear`'s compiled
+A quantized layer whose six projections all run :mod:`variants.runtime.qlinear`'s compiled
 ``dequant-cpp+gemm`` (:func:`qweights`) runs as ``fused_bert_qlayer`` (``fused_qlayer.cpp``):
 the same op on the packed weights, dequantized per call into one scratch buffer (the size of
 the largest single Linear's qlinear buffer, from MLX's allocator: it counts in the peak memory)
@@ -31,15 +31,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import device, parallel, qkernel, qlinear
-from variants.derived import DerivedWeights
+from variants.runtime import device, parallel, qkernel, qlinear
+from variants.runtime.derived import DerivedWeights
 
 ENV_SWITCH = "VARIANTS_FUSED_LAYER"
 #: the forward path's name in timing records (:func:`path_name`)
 NAME = "fused-layer-cpp"
 #: the quantized layer's path name (:func:`qweights`)
 QNAME = "fused-qlayer-cpp"
-#: hidden_act -> the kernel's activation code (gelu: erf form, as variants.fast_ops.gelu)
+#: hidden_act -> the kernel's activation code (gelu: erf form, as variants.runtime.fast_ops.gelu)
 ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1}
 #: calls of at most this many rows multiply by the kernel's own GEMM on weights pre-packed in
 #: 16-column panels (:func:`panels`); larger ones by OpenBLAS on the (K, N) weights
@@ -85,8 +85,8 @@ def _affine_norm(n):
 def weights(layer):
     """The kernel's 12 arrays ``(w_qkv_t (D, 3D), b_q, w_o_t (D, D), b_o, g1, b1,
     w_i_t (D, F), b_i (F,), w_u_t (F, D), b_u, g2, b2)`` (vectors (D,) unless noted; cached
-    derived weights, :meth:`variants.fused.FusedAttention.folded` and
-    :meth:`variants.fused.FusedMLP.mlp_weights`) or None when ``layer`` is not a plain fp32
+    derived weights, :meth:`variants.runtime.fused.FusedAttention.folded` and
+    :meth:`variants.runtime.fused.FusedMLP.mlp_weights`) or None when ``layer`` is not a plain fp32
     reference layer."""
     att = getattr(layer, "attention", None)
     if (not hasattr(att, "folded") or not hasattr(layer, "mlp_weights")
@@ -111,7 +111,7 @@ def weights(layer):
 
 
 def _cpp_qlinear(m):
-    """Whether ``m`` is a biased :class:`variants.qlinear.CpuQuantizedLinear` whose calls run
+    """Whether ``m`` is a biased :class:`variants.runtime.qlinear.CpuQuantizedLinear` whose calls run
     the compiled ``dequant-cpp+gemm`` kernel now."""
     return (type(m) is qlinear.CpuQuantizedLinear and "bias" in m
             and m.kernel == qlinear.NAMES["cpp"] and m["weight"].dtype == mx.uint32
@@ -124,7 +124,7 @@ def qweights(layer):
     group_size), biases (same), bias (N,))`` of query, key, value, out, intermediate, output
     (``mx.quantize``'s affine packing; N, K = D, D for the attention and D, F / F, D for the
     MLP), ``group_sizes`` and ``bits`` 6 ints each, ``norms`` ``(g1, b1, g2, b2)`` (D,); or None
-    unless every projection is a compiled-kernel :class:`variants.qlinear.CpuQuantizedLinear`
+    unless every projection is a compiled-kernel :class:`variants.runtime.qlinear.CpuQuantizedLinear`
     (:func:`_cpp_qlinear`) and the layer is otherwise a reference layer (affine norms, an
     ``ACTS`` activation)."""
     att = getattr(layer, "attention", None)
@@ -220,7 +220,7 @@ def forward(layer, x, bias, threads=0):
 
 
 def forward_packed(layer, x, part, threads=0):
-    """The layer on a packed part (:mod:`variants.packing`): ``x`` (n, D) the part's real tokens,
+    """The layer on a packed part (:mod:`variants.runtime.packing`): ``x`` (n, D) the part's real tokens,
     sequence after sequence -> (n, D), or None when the fused layer does not apply. No bias:
     each sequence attends to its own real tokens only."""
     kernel = _kernel()

@@ -2,7 +2,7 @@
 
 MLX's CPU backend has no BLAS path for ``mx.quantized_matmul``: one 384 -> 1536 layer at 4 bits
 takes ~840 ms at 1504 rows against ~12 ms for ``mx.dequantize`` + the OpenBLAS GEMM
-(:mod:`variants._blas`). :class:`CpuQuantizedLinear` is an ``nn.QuantizedLinear`` with the same
+(:mod:`variants.runtime.blas`). :class:`CpuQuantizedLinear` is an ``nn.QuantizedLinear`` with the same
 parameters (packed weights, scales, biases: the model bytes do not change) whose call, on the CPU,
 dequantizes the weight into a temporary fp32 buffer (one per call, freed after it; it counts in
 the call's peak memory, never kept across calls) and multiplies with the GEMM. Off the CPU
@@ -11,7 +11,7 @@ the call's peak memory, never kept across calls) and multiplies with the GEMM. O
 Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
 
 - ``dequant-cpp+gemm`` (the default where it is built): the compiled extension
-  :mod:`variants.qkernel` (an MLX C++ primitive) dequantizes into one temporary fp32 buffer
+  :mod:`variants.runtime.qkernel` (an MLX C++ primitive) dequantizes into one temporary fp32 buffer
   (AVX2 loop where the CPU has it: ~0.1 ms per 384x1536 weight, ~0.16 ns per weight, 4-10x
   faster than the unpacking chain; a portable loop elsewhere, ~0.35 ns) and calls
   ``cblas_sgemm`` on it; without a compiler / cmake / nanobind it falls back to ``unpack+gemm``
@@ -24,7 +24,7 @@ Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
 Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
 unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
 bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
-features are split over :func:`variants.parallel.streams` (both cores dequantize at B=1); off by
+features are split over :func:`variants.runtime.parallel.streams` (both cores dequantize at B=1); off by
 default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
 (alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
 
@@ -43,13 +43,13 @@ import functools
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import parallel, qkernel
+from variants.runtime import parallel, qkernel
 
 #: bytes and values per packed chunk (MLX's affine packing)
 _CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
 
 #: the dequantizer each bit width uses on the CPU ("cpp", "unpack" or "dequantize"; "cpp"
-#: falls back to "unpack" where :mod:`variants.qkernel` is not built)
+#: falls back to "unpack" where :mod:`variants.runtime.qkernel` is not built)
 KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
 
 #: kernel names as timing records give them
@@ -116,7 +116,7 @@ def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
 
 def on_cpu():
     """Whether MLX's default device is the CPU (the dequantize + GEMM path is used only there)."""
-    from variants import device
+    from variants.runtime import device
 
     return device.is_cpu()
 
