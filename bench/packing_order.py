@@ -18,7 +18,7 @@ import variants  # noqa: F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.runtime import packing
 from variants.checkpoint import load_checkpoint
 from variants.encoder import attention_bias, mean_pool

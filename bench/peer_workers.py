@@ -89,7 +89,7 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
 
     def profile(n_texts, rounds):
         """Segment profile (variants/profile.py) of the reference at B = n_texts (MiniLM)."""
-        from variants import data
+        from variants.datasets import bundled as data
         from variants.models import sentiment
         from variants.profile import segment_profile
         texts = list(data.sample(data.split_frame(data.load_vader(), "eval"), 64,

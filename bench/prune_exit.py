@@ -10,7 +10,7 @@ Early-exit heads are fitted on the fit split, thresholds on the calibration spli
 import argparse
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders import early_exit, exit_family, prune, prune_family
 from variants.checkpoint import load_checkpoint
 from variants.models import sentiment

@@ -34,7 +34,7 @@ GEMM_FLOP_PER_TOKEN = LAYERS * 2 * (4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN)
 
 # -- workers ---------------------------------------------------------------------------------
 def _eval_texts(n):
-    from variants import data
+    from variants.datasets import bundled as data
     return list(data.sample(data.split_frame(data.load_vader(), "eval"), n, seed=0)["text"])
 
 

@@ -10,7 +10,7 @@ import variants  # noqa: F401  (first: loads OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders.quantize import QuantConfig, build as quantize
 from variants.checkpoint import load_checkpoint
 from variants.decision import DecisionModel

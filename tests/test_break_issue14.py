@@ -48,7 +48,7 @@ def test_nll_of_a_certain_target_is_plus_zero():
 
 
 def test_prepared_digest_changes_with_the_batch_size(checkpoint):
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.decision import prepared_digest
     from variants.models import sentiment
 
@@ -69,7 +69,7 @@ def test_prepared_digest_changes_with_the_batch_size(checkpoint):
 def test_reference_outputs_cached_at_batch_32_are_not_reused_at_batch_4(checkpoint, tmp_path):
     """Sweep.reference with --batch-size 32, again with 32 (from the cache), then with 4: the
     reference outputs are recomputed (a key without the batch size reused them) and differ."""
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import sentiment
     from variants.sweep import Sweep, SweepClock, SweepConfig
 

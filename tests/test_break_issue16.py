@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from variants import own_data
+from variants.datasets import own as own_data
 from variants.cli import main
 from variants.model_config import ModelConfigError, parse_model_config
 
@@ -388,7 +388,7 @@ def test_an_empty_path_flag_is_refused_not_read_as_the_current_folder(flag, tmp_
 def test_a_semicolon_separated_csv_is_named_as_such(tmp_path):
     """A CSV saved with ';' (a European spreadsheet) read as one unknown column 'text;label':
     the error now says the separator is the problem."""
-    from variants.own_data import DataError, read_data
+    from variants.datasets.own import DataError, read_data
 
     f = tmp_path / "rows.csv"
     f.write_text("text;label\nso good;2\n")

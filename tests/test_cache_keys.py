@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from tokenizers import normalizers, processors
 
-from variants import activations, data
+from variants import activations
+from variants.datasets import bundled as data
 from variants.builders import exit_heads
 from variants.checkpoint import MAX_LENGTH, TextTokenizer, minilm_path
 from variants.models import sentiment

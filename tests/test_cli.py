@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from variants import checkpoint as checkpoint_mod
-from variants import data
+from variants.datasets import bundled as data
 from variants.cli import main
 
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",

@@ -1,4 +1,4 @@
-"""Tests for variants.data: the vendored VADER corpora, splits, samples and labels."""
+"""Tests for variants.datasets.bundled: the vendored VADER corpora, splits, samples and labels."""
 
 import doctest
 import hashlib
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from variants import data as D
+from variants.datasets import bundled as D
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "vader"
 DOMAIN_COUNTS = {"tweet": 4200, "movie": 10605, "product": 3708, "news": 5190}

@@ -12,7 +12,7 @@ import pytest
 from scipy.special import log_softmax, softmax
 from scipy.stats import entropy
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders import get_family
 from variants.builders.quantize import QuantConfig
 from variants.decision import DecisionModel

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders import early_exit as ee
 from variants.builders import exit_family
 from variants.builders import exit_heads, exit_rules

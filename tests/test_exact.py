@@ -118,7 +118,7 @@ def test_ladder_names_and_bad_values():
 
 @pytest.fixture(scope="module")
 def sentiment(checkpoint):
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import sentiment
 
     frame = data.load_vader()
@@ -199,7 +199,7 @@ def test_outsel_variant_of_a_cls_classifier_toml_keeps_every_answer(tmp_path):
     variant gives the reference's logits to float round-off on VADER texts, every argmax kept."""
     from pathlib import Path
 
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.builders import get_family
     from variants.builders.exact_family import ExactConfig
     from variants.checkpoint import load_checkpoint

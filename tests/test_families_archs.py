@@ -25,7 +25,7 @@ from variants.builders.quantize import QuantConfig
 from variants.checkpoint import load_checkpoint
 from variants.decision import DecisionModel
 from variants.encoder import mean_pool
-from variants.tasks import build_taskset
+from variants.datasets.tasks import build_taskset
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 ARCHS = ["roberta", "modernbert", "modernbert_g2"]

@@ -10,7 +10,7 @@ import pytest
 from contracts.checker import ContractError, load_contract
 from metrics._checks import short_list, short_path
 from metrics.evaluate import METRICS, STRATA, check_metric_statistic, check_stratum
-from variants import data
+from variants.datasets import bundled as data
 from variants.cli import main
 
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",

@@ -12,7 +12,7 @@ from scipy.special import softmax
 
 from variants.model_config import ModelConfigError, parse_model_config
 from variants.models.configured import ModelSource
-from variants.tasks import build_taskset
+from variants.datasets.tasks import build_taskset
 
 TEXTS = ["I love this, best day ever!", "This is awful and I hate it.", "It is a table.",
          "Not bad at all, quite good really.", "Terrible service, never again.",

@@ -8,7 +8,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import activations, data
+from variants import activations
+from variants.datasets import bundled as data
 from variants.activations import LinearStats
 from variants.builders import lowrank as lr
 from variants.builders import lowrank_family

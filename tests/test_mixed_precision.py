@@ -148,7 +148,7 @@ def test_one_layer_at_8_bits_changes_only_that_layer(model):
 
 @pytest.fixture(scope="module")
 def fitted(model):
-    from variants import data
+    from variants.datasets import bundled as data
 
     frame = data.sample(data.split_frame(data.load_vader(), "calibration"), 24, seed=0)
     from variants.models import resolve

@@ -32,7 +32,7 @@ def test_shipped_sentiment_toml_holds_the_bundled_constants():
 
 def test_shipped_choice_toml_holds_the_bundled_tasks_in_order():
     from variants.models import choice
-    from variants import data
+    from variants.datasets import bundled as data
 
     cfg = load_model_config(SHIPPED / "minilm-choice.toml")
     assert list(cfg.tasks) == list(choice.TASKS)  # the hash picks tasks by this order
@@ -50,7 +50,7 @@ def test_shipped_choice_toml_holds_the_bundled_tasks_in_order():
 @pytest.mark.parametrize("name", ["minilm-sentiment", "minilm-choice"])
 def test_shipped_toml_makes_the_same_taskset_as_the_python_model(name):
     """Every field of the TaskSet (fingerprint) equals the one of the former Python models."""
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import choice, get_module, sentiment
 
     frame = data.sample(data.split_frame(data.load_vader(), "eval"), 80, seed=1)
@@ -155,7 +155,7 @@ def test_own_factory_sweeps_through_the_cli(tmp_path, capsys, monkeypatch):
 def test_marker_toml_on_own_data_through_the_cli(tmp_path, capsys, monkeypatch):
     """examples/model-marker.toml on the example JSONL: run.json records the parsed TOML, the data file and its fingerprint,
     and they are part of the identity."""
-    from variants import own_data
+    from variants.datasets import own as own_data
 
     data = ROOT / "examples" / "vader_raters.jsonl"
     monkeypatch.chdir(ROOT)

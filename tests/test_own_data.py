@@ -1,4 +1,4 @@
-"""The user's own data file (variants.own_data): each error is one line naming file, row and
+"""The user's own data file (variants.datasets.own): each error is one line naming file, row and
 column; JSONL/CSV/Parquet read alike; the hash split is the VADER rule; the fingerprint sees
 every field; the shipped example reads clean."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from variants.own_data import (DataError, data_fingerprint, read_data, split_rows, taskset_rows,
-                               to_taskset)
+from variants.datasets.own import (DataError, data_fingerprint, read_data, split_rows, taskset_rows,
+                                   to_taskset)
 from variants.special_tokens import count_special_only, special_only_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def _independent_split(key):
 
 
 def test_rows_without_split_get_the_vader_hash_split(tmp_path):
-    from variants.data_splits import assign_split
+    from variants.datasets.splits import assign_split
 
     rows = [{"id": f"tweet:{i}", "text": f"t{i}"} for i in range(60)]
     frame = read_data(jsonl(tmp_path, rows))
@@ -219,7 +219,7 @@ def test_csv_fixture_reads_with_defaults():
 
 
 def test_example_file_reads_clean_and_matches_vader():
-    from variants import data
+    from variants.datasets import bundled as data
 
     frame = read_data(ROOT / "examples/vader_raters.jsonl")
     counts = frame["split"].value_counts()
@@ -278,7 +278,7 @@ def test_a_rows_own_question_reaches_the_prompt():
     """A data row's ``question`` fills the prompt's {question}; rows without one get the model's;
     a TaskSet without questions keeps its former fingerprint (no field added)."""
     from variants.decision import DecisionModel
-    from variants.tasks import build_taskset
+    from variants.datasets.tasks import build_taskset
 
     base = dict(task="t", options=["no", "yes"], scores=None, actions=["a", "b"], label=0,
                 human=None)

@@ -64,7 +64,7 @@ class CachedLogits(nn.Module):
 
 @pytest.fixture(scope="module")
 def timed(checkpoint):
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import sentiment
     from variants.sweep_timing import time_pair
 

@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders import prune, prune_family
 from variants.builders.prune_family import PruneConfig
 from variants.cli import main

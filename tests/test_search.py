@@ -21,7 +21,7 @@ from variants.search.store import Store, candidate_id
 def splits():
     """Real sentiment rows (options, scores, actions, labels) with synthetic reference logits:
     160 calibration and 160 eval rows."""
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import resolve
 
     src = resolve(model="minilm-sentiment")

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders.family import BuildInputs
 from variants.models import sentiment
 from variants.search import composed

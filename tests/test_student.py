@@ -9,7 +9,7 @@ from scipy.stats import entropy
 
 import mlx.core as mx
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.builders import student as sb
 from variants.builders import student_fallback as fb
 from variants.builders import student_train as st

@@ -74,7 +74,7 @@ def test_relative_trend():
 
 @pytest.fixture(scope="module")
 def sentiment(checkpoint):
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import get_module
 
     mod = get_module("minilm-sentiment")

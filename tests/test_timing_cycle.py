@@ -25,7 +25,7 @@ def test_rotation_gives_both_sides_the_same_position_every_round():
 
 @pytest.fixture(scope="module")
 def models(checkpoint):
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import sentiment
 
     frame = data.load_vader()

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.runtime import qkernel
 from variants.builders import get_family
 from variants.builders import w8a8

@@ -156,7 +156,7 @@ def collect(model, taskset, *, paths=None, batch_size=32):
     model : variants.decision.DecisionModel
         Its ``forward`` must call ``model.module(input_ids, attention_mask, ...)`` (both shipped
         models do). The model and its module are not modified.
-    taskset : variants.tasks.TaskSet
+    taskset : variants.datasets.tasks.TaskSet
         The calibration split.
     paths : list of str, optional
         Linear paths to record; default :func:`target_linears`.

@@ -75,7 +75,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     from variants.models import get_module
     from mlx.utils import tree_flatten
 
-    import variants.tasks  # noqa: F401  (what the spec's TaskSets unpickle into)
+    import variants.datasets.tasks  # noqa: F401  (what the spec's TaskSets unpickle into)
     import variants.models.configured  # noqa: F401  (and its ModelSource)
 
     if not isinstance(spec, dict):

@@ -77,7 +77,7 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     ----------
     reference : variants.decision.DecisionModel
         Not modified (a copy of its module is edited).
-    taskset : variants.tasks.TaskSet
+    taskset : variants.datasets.tasks.TaskSet
         The split compared on (N examples).
     bits : sequence of int
         Candidate widths, each in (2, 3, 4, 6, 8).

@@ -3,7 +3,7 @@ checkpoint (and the family's limits on it), the data splits sampled into TaskSet
 contract's needs of them (calibration size, strata)."""
 
 from contracts.checker import load_contract
-from variants import data
+from variants.datasets import bundled as data
 from variants.runtime import device
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
@@ -177,7 +177,7 @@ def _check_head_classes(path, frame, kind, classes):
     """A classifier's (or linear head's) logit k is ``classes[k]``: a row with its own options
     must list exactly those, in that order. Raises own_data.DataError naming the row."""
     from metrics._checks import short_repr
-    from variants.own_data import fail
+    from variants.datasets.own import fail
 
     for where, own in zip(frame.index, frame["options"]):
         if own is not None and list(own) != list(classes):
@@ -190,7 +190,7 @@ def _check_head_classes(path, frame, kind, classes):
 def own_data_tasksets(path, source, sizes, seed):
     """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
 
-    Adapter to the data helper's :mod:`variants.own_data` (``read_data``, ``split_rows``,
+    Adapter to the data helper's :mod:`variants.datasets.own` (``read_data``, ``split_rows``,
     ``to_taskset``, ``data_fingerprint``, ``DataError``): the model TOML's fixed options, scores
     and actions fill what the rows leave out. Each split keeps at most ``sizes[split]`` rows:
     those with the smallest ``sha256(f"{seed}:{id}")``, in file order (a split with fewer rows
@@ -204,9 +204,9 @@ def own_data_tasksets(path, source, sizes, seed):
     import hashlib
 
     try:
-        from variants import own_data
+        from variants.datasets import own as own_data
     except ImportError:
-        raise SweepError("--data needs variants.own_data, which this build lacks") from None
+        raise SweepError("--data needs variants.datasets.own, which this build lacks") from None
     options, scores, actions = source.fixed_options() or (None, None, None)
     defaults = dict(options=options, scores=scores, actions=actions)
     try:

@@ -255,7 +255,7 @@ def fit_split(reference, fit):
     """``(fit TaskSet, source sentence)``: the sweep's fit split, or FALLBACK_N_FIT drawn here."""
     if fit is not None:
         return fit, f"fit split passed by the sweep ({len(fit)} examples)"
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import get_module
 
     frame = data.sample(data.split_frame(data.load_vader(), "fit"), FALLBACK_N_FIT, seed=0)

@@ -18,9 +18,9 @@ class BuildInputs:
 
     Attributes
     ----------
-    calibration : variants.tasks.TaskSet or None
+    calibration : variants.datasets.tasks.TaskSet or None
         The calibration split (exit thresholds, activation statistics, realised work ratios).
-    fit : variants.tasks.TaskSet or None
+    fit : variants.datasets.tasks.TaskSet or None
         The fit split (early-exit heads are distilled on it).
     cache_dir : pathlib.Path or None
         ``results/.cache``: activation statistics and exit heads are cached under it.

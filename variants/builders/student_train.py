@@ -167,7 +167,7 @@ def training_set(reference, fit, train_texts):
     split (items not in ``fit``) up to ``train_texts`` texts; ``train_texts`` of the fit texts
     (seeded) when the fit split has that many; the fit split alone for a model whose data the
     builder cannot draw (own data, factories)."""
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.models import MODELS, get_module
 
     if len(fit) >= train_texts:

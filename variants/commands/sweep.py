@@ -11,7 +11,7 @@ def configure(sub):
     from variants.builders import FAMILIES, get_family
     from variants.builders.quant_family import MODES
     from variants.models import MODELS
-    from variants.own_data import SCHEMA_HELP
+    from variants.datasets.own import SCHEMA_HELP
     from variants.sweep_config import SweepConfig
 
     d = SweepConfig()

@@ -4,10 +4,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.decision import DecisionModel
 from variants.encoder import mean_pool
-from variants.tasks import build_taskset
+from variants.datasets.tasks import build_taskset
 
 COSINE_SCALE = 20.0  # raw logit = 20 * cos(text, option); temperatures are fitted per K
 K_MAX = 5

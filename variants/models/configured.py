@@ -170,8 +170,8 @@ class ModelSource:
         ModelConfigError
             The options cannot be labelled from VADER (pass your own data with ``--data``).
         """
-        from variants import data
-        from variants.tasks import build_taskset
+        from variants.datasets import bundled as data
+        from variants.datasets.tasks import build_taskset
 
         tasks = self.config.tasks if self.config is not None else None
         if tasks is None:

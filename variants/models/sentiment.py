@@ -5,10 +5,10 @@ import mlx.nn as nn
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from variants import data
+from variants.datasets import bundled as data
 from variants.decision import DecisionModel
 from variants.encoder import mean_pool
-from variants.tasks import build_taskset
+from variants.datasets.tasks import build_taskset
 
 OPTIONS = data.SENTIMENT_OPTIONS[3]
 SCORES = (-1.0, 0.0, 1.0)

@@ -82,7 +82,7 @@ def end_to_end_call(model, taskset):
     ----------
     model : variants.decision.DecisionModel
         With temperatures for every option count in ``taskset``.
-    taskset : variants.tasks.TaskSet
+    taskset : variants.datasets.tasks.TaskSet
         The texts of one batch (N >= 1).
 
     Returns

@@ -1,5 +1,5 @@
 """Deterministic splits of the VADER items (fit / calibration / eval by id hash) and seeded,
-domain-stratified samples of a split. The corpus reader is :mod:`variants.data`."""
+domain-stratified samples of a split. The corpus reader is :mod:`variants.datasets.bundled`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from variants.data_labels import _domain_order
+from variants.datasets.labels import _domain_order
 
 SPLITS = ("fit", "calibration", "eval")
 SPLIT_FRACTIONS = {"fit": 0.6, "calibration": 0.2, "eval": 0.2}

@@ -1,8 +1,8 @@
 """The user's data schema, one row at a time: which columns exist, how a cell of each is read
 (JSONL value, CSV string, Parquet value) and checked, and the one-line :class:`DataError`.
 
-The reader and the conversion to a :class:`variants.tasks.TaskSet` are in
-:mod:`variants.own_data`; this module knows nothing about files beyond the location text.
+The reader and the conversion to a :class:`variants.datasets.tasks.TaskSet` are in
+:mod:`variants.datasets.own`; this module knows nothing about files beyond the location text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from metrics._checks import short_repr
-from variants.data_splits import SPLITS
+from variants.datasets.splits import SPLITS
 
 #: Every column a data file may have; ``text`` is the only required one.
 COLUMNS = ("id", "text", "question", "options", "label", "scores", "actions", "raters", "split",

@@ -1,6 +1,6 @@
 """Labels of the VADER items: the corpus' domains and rating scale, sentiment classes binned
 from the mean human rating, the raters' distribution over the same bins, the domain index.
-NumPy only; the corpus reader is :mod:`variants.data`.
+NumPy only; the corpus reader is :mod:`variants.datasets.bundled`.
 
 References
 ----------

@@ -1,8 +1,8 @@
 """The team's own data: read a JSONL, CSV or Parquet file into checked, normalized rows, and
-turn them into :class:`variants.tasks.TaskSet` rows. Every problem is found before anything is
+turn them into :class:`variants.datasets.tasks.TaskSet` rows. Every problem is found before anything is
 written and reported as one :class:`DataError` line (file, row, column, fix).
 
-The schema (columns, how each cell is read) is in :mod:`variants.own_data_schema`; the text
+The schema (columns, how each cell is read) is in :mod:`variants.datasets.own_schema`; the text
 below (:data:`SCHEMA_HELP`) is what ``variants sweep --help`` prints.
 """
 
@@ -19,9 +19,9 @@ import pandas as pd
 
 from metrics._checks import short_repr
 from runs.io import digest
-from variants.data_splits import SPLITS, assign_split
-from variants.own_data_schema import (COLUMNS, REQUIRED, DataError, RowChecker,  # noqa: F401
-                                      closest_column, fail, from_csv_cell, is_missing, plain)
+from variants.datasets.splits import SPLITS, assign_split
+from variants.datasets.own_schema import (COLUMNS, REQUIRED, DataError, RowChecker, closest_column,
+                                          fail, from_csv_cell, is_missing, plain)
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
            ".pq": "parquet"}
@@ -252,7 +252,7 @@ def read_data(path, *, options=None, scores=None, actions=None, require_splits=S
         given while the row has no options), ``scores``
         list[float] or None, ``actions`` list[str] or None, ``raters`` list[float] (shares per
         option, summing to 1) or None, ``split`` in ``SPLITS`` (given, else
-        :func:`variants.data_splits.assign_split` of the id). The index holds each row's
+        :func:`variants.datasets.splits.assign_split` of the id). The index holds each row's
         location ("line 7" / "row index 6"); ``frame.attrs["path"]`` the file.
 
     Raises
@@ -300,7 +300,7 @@ def split_rows(frame, split):
 
 def taskset_rows(frame, *, options=None, scores=None, actions=None, action_names=None,
                  task=None):
-    """Rows for :func:`variants.tasks.build_taskset` from a :func:`read_data` frame.
+    """Rows for :func:`variants.datasets.tasks.build_taskset` from a :func:`read_data` frame.
 
     Parameters
     ----------
@@ -353,8 +353,8 @@ def taskset_rows(frame, *, options=None, scores=None, actions=None, action_names
 
 
 def to_taskset(frame, **defaults):
-    """:func:`taskset_rows` assembled by :func:`variants.tasks.build_taskset`."""
-    from variants.tasks import build_taskset
+    """:func:`taskset_rows` assembled by :func:`variants.datasets.tasks.build_taskset`."""
+    from variants.datasets.tasks import build_taskset
 
     rows, k_max, action_names = taskset_rows(frame, **defaults)
     return build_taskset(rows, k_max=k_max, action_names=action_names)

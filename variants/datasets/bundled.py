@@ -23,13 +23,13 @@ import pandas as pd
 from metrics._checks import short_repr
 from runs.texts import clean_text
 # the corpus' labels and splits, importable from here as before
-from variants.data_labels import (DOMAINS, RATING_MAX, RATING_MIN,  # noqa: F401
-                                  SENTIMENT_BINS, SENTIMENT_OPTIONS, VADER_CORPORA, domain_label,
-                                  rater_distribution, sentiment_label)
-from variants.data_splits import (SPLIT_FRACTIONS, SPLITS, assign_split,  # noqa: F401
-                                  check_sample_size, sample, split_frame)
+from variants.datasets.labels import (DOMAINS, RATING_MAX, RATING_MIN, SENTIMENT_BINS,
+                                      SENTIMENT_OPTIONS, VADER_CORPORA, domain_label,
+                                      rater_distribution, sentiment_label)
+from variants.datasets.splits import (SPLIT_FRACTIONS, SPLITS, assign_split, check_sample_size,
+                                      sample, split_frame)
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "vader"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "vader"
 REGENERATE_HINT = "run `python data/regenerate_vader.py` from the repository root to restore it"
 
 _COLUMNS = ("id", "domain", "text", "mean_rating", "rater_scores", "groundtruth_mean")
