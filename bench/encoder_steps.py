@@ -29,10 +29,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import encoder
+from variants.arch import encoder
 from variants.runtime import fast_ops, parallel
 from variants.checkpoint import load_checkpoint
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 
 STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
          "2 + fused exp softmax", "3 + two CPU streams", "4 + folded QKV GEMM",

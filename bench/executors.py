@@ -54,7 +54,7 @@ def unit(state, spec):
     per-batch sums of the mean-pooled embeddings (float64) and the unit's compute time."""
     import mlx.core as mx
 
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
 
     t = time.perf_counter()
     ck, pool = state["ck"], state["pool"]

@@ -1,5 +1,5 @@
 """A quantized ModernBERT before and after its layers run as one compiled op
-(variants/modernbert_fused_q.py), each against the fp32 reference, alternated in one process.
+(variants/arch/modernbert_fused_q.py), each against the fp32 reference, alternated in one process.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.make_modernbert,
 built once by ``--peer-python``'s transformers into ``--model`` unless it is there; ``--layers``
@@ -54,10 +54,11 @@ def main(argv=None):
     from peer_workers import _ids, block
     from peers import ratio
 
-    from variants import modernbert_fused_q, sweep_timing
+    from variants.arch import modernbert_fused_q
+    from variants import sweep_timing
     from variants.builders.quantize import QuantConfig, quantize_module
     from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
 
     ck = load_checkpoint(build_model(args.model, args.layers, args.peer_python))
     encs = {"fp32": (ck.encoder, True)}

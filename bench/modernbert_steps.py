@@ -1,4 +1,4 @@
-"""What each step of ModernBERT's fast CPU path (variants/modernbert_fast.py) gives, in one run.
+"""What each step of ModernBERT's fast CPU path (variants/arch/modernbert_fast.py) gives, in one run.
 
 Steps (each adds to the previous; all in one process, alternated round by round with the order
 rotating, so machine load hits every step alike; per-round ratios against step 0):
@@ -14,7 +14,7 @@ rotating, so machine load hits every step alike; per-round ratios against step 0
 4. + rotary q and k in one compiled kernel from the fused projection (``rope_qk``);
 5. + the windowed blocks' scores transposed with the compiled exp (``windowed_core``; only
    from L >= 2 · window, 256 at base shapes): the MLX fast path;
-6. + each layer as one compiled op (:mod:`variants.modernbert_fused`; steps 0-5 run with
+6. + each layer as one compiled op (:mod:`variants.arch.modernbert_fused`; steps 0-5 run with
    ``VARIANTS_FUSED_LAYER=off``): shipped where the extension is built.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.py
@@ -38,9 +38,9 @@ import variants  # noqa: E402,F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from variants import modernbert_fast
+from variants.arch import modernbert_fast
 from variants.runtime import parallel  # noqa: E402
-from variants.encoder import mean_pool  # noqa: E402
+from variants.arch.encoder import mean_pool  # noqa: E402
 
 STEPS = ("0 plain, BLAS default threads, default cache", "1 plain, 1 BLAS thread, 1 GB cache",
          "2 fast layers, one stream", "3 + two streams", "4 + compiled rotary",

@@ -21,7 +21,7 @@ import numpy as np
 from variants.datasets import bundled as data
 from variants.runtime import packing
 from variants.checkpoint import load_checkpoint
-from variants.encoder import attention_bias, mean_pool
+from variants.arch.encoder import attention_bias, mean_pool
 
 
 def _own_order(mask):

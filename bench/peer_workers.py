@@ -52,7 +52,7 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
     import mlx.core as mx
     from variants.builders.quantize import QuantConfig, quantize_module
     from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
     ck = load_checkpoint(path)
     encs = {"mlx": ck.encoder}
     for bits in quant_bits:

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from variants.runtime import device
-from variants import encoder
+from variants.arch import encoder
 from variants.runtime import qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
 from variants.checkpoint import load_checkpoint

@@ -52,7 +52,7 @@ def _mlx_worker():
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
     from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
     ck = load_checkpoint()
     enc, tok = ck.encoder, ck.tokenizer
 

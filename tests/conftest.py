@@ -128,7 +128,7 @@ def enc():
     tests that compare the encoder's execution paths (streams, packing, head split)."""
     import mlx.core as mx
 
-    from variants.encoder import BertEncoder, ModelArgs
+    from variants.arch.encoder import BertEncoder, ModelArgs
 
     mx.random.seed(3)
     e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2,

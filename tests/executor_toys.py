@@ -41,7 +41,7 @@ def mlx_init(seed):
     import variants  # noqa: F401  (OpenBLAS before mlx)
     import mlx.core as mx
 
-    from variants.encoder import BertEncoder, ModelArgs
+    from variants.arch.encoder import BertEncoder, ModelArgs
 
     mx.random.seed(seed)
     e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2,

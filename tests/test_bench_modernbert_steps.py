@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 import modernbert_steps as bench  # noqa: E402
 
-from variants import modernbert_fast
+from variants.arch import modernbert_fast
 from variants.runtime import parallel  # noqa: E402
 from variants.checkpoint import load_checkpoint  # noqa: E402
 

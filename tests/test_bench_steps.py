@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import encoder_steps  # noqa: E402
 
-from variants import encoder
+from variants.arch import encoder
 from variants.runtime import fast_ops  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Attempts to break the merged fast paths (variants.runtime.fused_layer + qkernel/fused_layer.cpp,
-variants.modernbert_fast, variants.builders.outsel) with inputs their own tests do not use.
+variants.arch.modernbert_fast, variants.builders.outsel) with inputs their own tests do not use.
 
 Each test compares the fast path against the MLX path of the same module
 (``VARIANTS_FUSED_LAYER=off``; ``ModernBertEncoder.fast = False``), which is the stated contract
@@ -23,7 +23,7 @@ from variants.runtime import fused_layer  # noqa: I001  (variants before mlx: Op
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from variants.encoder import BertEncoder, ModelArgs, attention_bias
+from variants.arch.encoder import BertEncoder, ModelArgs, attention_bias
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 
@@ -98,7 +98,7 @@ _OOB = """
 import sys
 import variants
 import mlx.core as mx
-from variants.encoder import BertEncoder, ModelArgs
+from variants.arch.encoder import BertEncoder, ModelArgs
 e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=1,
                           num_attention_heads=4, intermediate_size=64))
 try:

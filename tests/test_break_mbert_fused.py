@@ -1,4 +1,4 @@
-"""Breaking the compiled ModernBERT layer (variants/modernbert_fused.py) and what it runs in:
+"""Breaking the compiled ModernBERT layer (variants/arch/modernbert_fused.py) and what it runs in:
 each test here failed before the fix its commit names."""
 
 import re
@@ -75,7 +75,7 @@ def test_an_odd_head_dim_is_refused_when_the_config_is_read(tmp_path):
     import shutil
 
     from variants.checkpoint_files import CheckpointError
-    from variants.modernbert_layers import ModernBertArgs
+    from variants.arch.modernbert_layers import ModernBertArgs
 
     folder = tmp_path / "odd"
     shutil.copytree(HF / "modernbert", folder)
@@ -96,7 +96,7 @@ def test_panels_are_dropped_when_a_layer_stops_being_plain(qk):
     go with the fast weights (modernbert_fast.layer_weights drops every derived copy)."""
     import mlx.nn as nn
 
-    from variants import modernbert
+    from variants.arch import modernbert
 
     assert hasattr(qk, "fused_mbert_layer")  # the kernel builds every source in SOURCES
     enc = load_checkpoint(HF / "modernbert").encoder

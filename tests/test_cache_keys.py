@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tokenizers import normalizers, processors
 
-from variants import activations
+from variants.arch import activations
 from variants.datasets import bundled as data
 from variants.builders import exit_heads
 from variants.checkpoint import MAX_LENGTH, TextTokenizer, minilm_path
@@ -270,7 +270,7 @@ def test_versions_and_compute_path_are_in_every_key(name, model, small, monkeypa
     does the name of the search's latency table; switched back, the keys are the old ones."""
     import importlib
 
-    from variants import compute_path
+    from variants.arch import compute_path
     from variants.search.costs import CostTable
 
     def base():  # the defaults, with the two-stream split whatever the machine's cores

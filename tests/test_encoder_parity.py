@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants.encoder import ModelArgs, mean_pool, sanitize
+from variants.arch.encoder import ModelArgs, mean_pool, sanitize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "minilm_reference.npz"
 
@@ -87,7 +87,7 @@ def test_folded_projections_equal_the_plain_linears(checkpoint, monkeypatch):
     """The fused QKV GEMM (scale folded into W_q, key bias dropped, value bias moved into the
     output bias) gives the plain per-Linear attention to float32 round-off, and is rebuilt when
     a weight array is replaced."""
-    from variants.encoder import Attention
+    from variants.arch.encoder import Attention
     enc, _ = checkpoint.tokenizer.encode(["folded weights", "the plot was thin but the cast shone"])
     ids, mask, types = (mx.array(a) for a in checkpoint.tokenizer.batch(enc))
     att = checkpoint.encoder.layers[0].attention

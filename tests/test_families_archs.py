@@ -24,7 +24,7 @@ from variants.builders.prune_family import PruneConfig
 from variants.builders.quantize import QuantConfig
 from variants.checkpoint import load_checkpoint
 from variants.decision import DecisionModel
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 
 HF = Path(__file__).parent / "fixtures" / "hf"

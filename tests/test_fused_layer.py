@@ -10,8 +10,8 @@ import pytest
 from scipy.special import erf
 
 from variants.runtime import fused_layer, qkernel
-from variants.encoder import (BertEncoder, ModelArgs, TransformerLayer, attention_bias,
-                              compiled_paths, mean_pool)
+from variants.arch.encoder import (BertEncoder, ModelArgs, TransformerLayer, attention_bias,
+                                   compiled_paths, mean_pool)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from test_fused_layer import _numpy_layer, calls  # noqa: F401  (fixtures)
 
 from variants.runtime import fused_layer, qlinear
 from variants import sweep_timing
-from variants.encoder import BertEncoder, ModelArgs, attention_bias, compiled_paths, mean_pool
+from variants.arch.encoder import BertEncoder, ModelArgs, attention_bias, compiled_paths, mean_pool
 
 PROJ = (("attention", "query"), ("attention", "key"), ("attention", "value"),
         ("attention", "out"), (None, "intermediate"), (None, "output"))

@@ -8,9 +8,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import activations
+from variants.arch import activations
 from variants.datasets import bundled as data
-from variants.activations import LinearStats
+from variants.arch.activations import LinearStats
 from variants.builders import lowrank as lr
 from variants.builders import lowrank_family
 from variants.builders.lowrank import LowRankLinear

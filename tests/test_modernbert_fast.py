@@ -1,9 +1,9 @@
-"""ModernBERT's fast CPU path (variants/modernbert_fast.py) computes what the plain layer-by-layer
+"""ModernBERT's fast CPU path (variants/arch/modernbert_fast.py) computes what the plain layer-by-layer
 path computes, to float32 round-off: padded and unpadded batches, B = 1 (head split) and B >= 2
 (sequence split), lengths on both sides of the window (every key inside it, the dense window
 bias, the windowed blocks), global and local layers, with and without biases (the two fixture
 checkpoints: window 128 without biases, window 64 with every bias); and it stands aside for a
-replaced Linear, and follows replaced weights. The compiled layer op (variants/modernbert_fused.py)
+replaced Linear, and follows replaced weights. The compiled layer op (variants/arch/modernbert_fused.py)
 is switched off here (VARIANTS_FUSED_LAYER=off) so these tests hold the MLX fast path, which runs
 where the kernel is not built; tests/test_modernbert_fused.py holds the op."""
 
@@ -14,7 +14,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import modernbert_fast as fast
+from variants.arch import modernbert_fast as fast
 from variants.runtime import parallel
 from variants.checkpoint import load_checkpoint
 
@@ -158,7 +158,7 @@ def test_a_replaced_linear_takes_the_plain_path_and_new_weights_are_seen(loaded)
 
 
 def test_the_compiled_rotary_equals_apply_rope():
-    from variants.modernbert_layers import apply_rope
+    from variants.arch.modernbert_layers import apply_rope
     B, L, H, d = 2, 7, 3, 8
     qkv = mx.array(np.random.default_rng(3).normal(size=(B, L, 3 * H * d)).astype(np.float32))
     tables = fast.rope_for_length(L, 10000.0, d)

@@ -1,4 +1,4 @@
-"""ModernBERT's pre-norm layer as one compiled op (variants/modernbert_fused.py,
+"""ModernBERT's pre-norm layer as one compiled op (variants/arch/modernbert_fused.py,
 qkernel/fused_mbert_layer.cpp): one layer equal to an independent float64 NumPy layer (global and
 local, a small window so the windowed blocks run, padded and not, B = 1 and 3, L from 1 to 200,
 one part or two, OpenBLAS and the panel GEMM, AVX2 and portable loops); whole forwards equal to
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from variants import modernbert, modernbert_fast, modernbert_fused, sweep_timing
+from variants.arch import modernbert, modernbert_fast, modernbert_fused
+from variants import sweep_timing
 from variants.checkpoint import load_checkpoint
-from variants.encoder import MASK_BIAS
+from variants.arch.encoder import MASK_BIAS
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

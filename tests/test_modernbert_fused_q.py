@@ -1,4 +1,4 @@
-"""A quantized ModernBERT layer as one compiled op (variants/modernbert_fused_q.py,
+"""A quantized ModernBERT layer as one compiled op (variants/arch/modernbert_fused_q.py,
 qkernel/fused_mbert_qlayer.cpp): one layer equal to an independent float64 NumPy layer on the
 mx.dequantize'd weights (global and local, a small window so the windowed blocks run, padded and
 not, one part or two, panels or OpenBLAS); whole forwards equal to the plain quantized MLX path
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from test_modernbert_fused import _mask, _numpy_layer
 
-from variants import modernbert, modernbert_fast, modernbert_fused_q
+from variants.arch import modernbert, modernbert_fast, modernbert_fused_q
 from variants.runtime import qlinear
 from variants import sweep_timing
 from variants.builders.lowrank import LowRankLinear
 from variants.checkpoint import load_checkpoint
-from variants.encoder import MASK_BIAS
+from variants.arch.encoder import MASK_BIAS
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 PROJ = (("attn", "Wqkv"), ("attn", "Wo"), ("mlp", "Wi"), ("mlp", "Wo"))

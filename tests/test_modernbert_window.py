@@ -1,4 +1,4 @@
-"""ModernBERT's windowed local attention (variants/modernbert_window.py) computes exactly what
+"""ModernBERT's windowed local attention (variants/arch/modernbert_window.py) computes exactly what
 the dense masked path computes: against an independent NumPy dense reference (padding, gapped
 positions, the window edges), on every layer of the two fixture checkpoints (a 307-token row
 with padding; window 128 and 64), against Hugging Face with the windowed path forced, and the
@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants import modernbert_window as W
+from variants.arch import modernbert_window as W
 from variants.checkpoint import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"

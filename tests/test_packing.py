@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from variants.runtime import packing, parallel
-from variants.encoder import TransformerLayer, attention_bias, mean_pool
+from variants.arch.encoder import TransformerLayer, attention_bias, mean_pool
 
 
 

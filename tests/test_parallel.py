@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from variants.runtime import parallel
-from variants.encoder import BertEncoder, ModelArgs, TransformerLayer
+from variants.arch.encoder import BertEncoder, ModelArgs, TransformerLayer
 
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from variants.runtime import fast_ops
-from variants.encoder import BertEncoder, ModelArgs, mean_pool
+from variants.arch.encoder import BertEncoder, ModelArgs, mean_pool
 from variants.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
                               exit_speedup, prune_speedup)
 from variants.work_counts import count_work, work_slopes
@@ -195,7 +195,7 @@ def test_fast_ops_in_half_precision_compute_in_float32(dtype):
     g = fast_ops.gelu(x.astype(dtype) + 10)
     assert g.dtype == dtype and np.isfinite(np.array(g.astype(mx.float32))).all()
     s = mx.array([[0.0, 0.0]], dtype)
-    from variants.encoder import attention_bias
+    from variants.arch.encoder import attention_bias
     bias = attention_bias(mx.array([[1, 0]]), dtype)  # -1e9 is -inf in float16
     assert np.isfinite(np.array(bias.astype(mx.float32))).all()
     p = np.array(fast_ops.masked_softmax(s, bias[0, 0]).astype(mx.float32))
@@ -212,7 +212,7 @@ def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, length
     """The segments time the same execution as the whole forward (packed when it packs; the
     profile used to time padded batches while the forward packed them, and printed -87%
     unattributed time): same pooled output, same rows through the MLP."""
-    from variants import encoder as encoder_module
+    from variants.arch import encoder as encoder_module
     from variants.runtime import parallel
     from variants.profile import SEGMENTS, _segmented_forward
     if mlp_rows is None:  # head split with two or more streams, else packed like any batch

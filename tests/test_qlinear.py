@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from variants import encoder
+from variants.arch import encoder
 from variants.runtime import fused_layer, qlinear
 from variants import sweep_timing
 from variants.builders import quantize

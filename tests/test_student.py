@@ -86,7 +86,7 @@ def test_plain_layer_equals_the_inference_layer(model, splits):
     x = enc.embed(b.input_ids, b.token_type_ids)
     ctx = enc.context(b.attention_mask)
     want, _ = enc.apply_layer(0, x, ctx)
-    from variants.encoder import attention_bias
+    from variants.arch.encoder import attention_bias
 
     got = st.plain_layer(enc.layers[0], x, attention_bias(b.attention_mask))
     m = np.array(b.attention_mask, bool)

@@ -1,6 +1,6 @@
 """Locate and load a local Hugging Face checkpoint folder (config.json, model.safetensors or
-shards, tokenizer.json): BERT, RoBERTa / XLM-R (:mod:`variants.encoder`) or ModernBERT
-(:mod:`variants.modernbert`), with its sequence-classification head when the file has one
+shards, tokenizer.json): BERT, RoBERTa / XLM-R (:mod:`variants.arch.encoder`) or ModernBERT
+(:mod:`variants.arch.modernbert`), with its sequence-classification head when the file has one
 (:mod:`variants.hf_heads`). Nothing is downloaded."""
 
 import hashlib
@@ -16,7 +16,7 @@ from metrics._checks import short_repr
 
 from variants import checkpoint_files as files_
 from variants.checkpoint_files import CheckpointError
-from variants.encoder import BertEncoder, ModelArgs, sanitize
+from variants.arch.encoder import BertEncoder, ModelArgs, sanitize
 from variants.hf_heads import load_head
 from runs.io import digest
 
@@ -140,10 +140,10 @@ class Checkpoint:
     """A loaded encoder with its tokenizer and identity (``sha256`` of the weights file; for
     shards a SHA-256 over theirs).
 
-    ``args``: :class:`variants.encoder.ModelArgs` or
-    :class:`variants.modernbert_layers.ModernBertArgs` (``model_type``, ``hidden_size``,
-    ``num_hidden_layers``, ...); ``encoder``: :class:`variants.encoder.BertEncoder` or
-    :class:`variants.modernbert.ModernBertEncoder`; ``classifier``: the checkpoint's own
+    ``args``: :class:`variants.arch.encoder.ModelArgs` or
+    :class:`variants.arch.modernbert_layers.ModernBertArgs` (``model_type``, ``hidden_size``,
+    ``num_hidden_layers``, ...); ``encoder``: :class:`variants.arch.encoder.BertEncoder` or
+    :class:`variants.arch.modernbert.ModernBertEncoder`; ``classifier``: the checkpoint's own
     sequence-classification head (:mod:`variants.hf_heads`) or None; ``id2label``: list of str
     or None.
     """
@@ -165,7 +165,7 @@ def _build(mt, config, config_file):
     """(args, encoder, sanitize) for architecture ``mt``."""
     try:
         if mt == "modernbert":
-            from variants import modernbert
+            from variants.arch import modernbert
             args = modernbert.ModernBertArgs.from_dict(config)
             return args, modernbert.ModernBertEncoder(args), modernbert.sanitize
         args = ModelArgs.from_dict(dict(config, model_type=mt))

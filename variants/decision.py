@@ -106,8 +106,8 @@ class DecisionModel:
         backend and dtype computed on (:func:`variants.runtime.device.key_part`) join too: outputs of
         another device are recomputed, never mixed; so do the package and MLX versions and the
         compute path (compiled kernel, fused layers, stream split:
-        :func:`variants.compute_path.key_part`)."""
-        from variants import compute_path
+        :func:`variants.arch.compute_path.key_part`)."""
+        from variants.arch import compute_path
         from variants.runtime import device
 
         fp = getattr(self.tokenizer, "fingerprint", None)

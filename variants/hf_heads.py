@@ -16,7 +16,7 @@ does its own pooling, as ``transformers``' ``*ForSequenceClassification`` (dropo
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants.encoder import ACTIVATIONS, LayerNorm
+from variants.arch.encoder import ACTIVATIONS, LayerNorm
 
 
 def _linear(weights, prefix):

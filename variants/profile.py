@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from variants.runtime import parallel
-from variants.encoder import ACTIVATIONS, attention_bias, mean_pool
+from variants.arch.encoder import ACTIVATIONS, attention_bias, mean_pool
 from variants.models.choice import COSINE_SCALE
 
 SEGMENTS = ("tokenisation", "embeddings", "qkv_proj", "attention_core", "out_proj", "mlp_gemm",
@@ -82,7 +82,7 @@ def _segmented_forward(encoder, ids, mask, types, acc):
     """The encoder forward + mean pooling, one ``mx.eval`` per segment, times added into ``acc``.
     Returns (pooled (B, D), the number of token rows each layer's GEMMs ran on).
 
-    Runs the batch the way :class:`variants.encoder.BertEncoder` does, so the segments time the
+    Runs the batch the way :class:`variants.arch.encoder.BertEncoder` does, so the segments time the
     same work as the whole forward: packed over the streams when enough of the batch is padding
     (:mod:`variants.runtime.packing`; the pack and unpack gathers count as embeddings and pooling), else
     the padded batch split by sequences, one part per stream (a batch the forward splits by

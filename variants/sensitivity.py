@@ -14,7 +14,7 @@ and the split's raw option logits are compared with the reference's:
 This is the measured ("leave-one-in") sensitivity that mlx-lm's ``dynamic_quant`` estimates
 from gradients, and that Intel Neural Compressor / NNCF measure before falling layers back to
 high precision. Results are cached in ``cache_dir/sensitivity/<model>-<key>.csv``, the key over
-the reference's weights (:func:`variants.activations.module_fingerprint`), the split's
+the reference's weights (:func:`variants.arch.activations.module_fingerprint`), the split's
 fingerprint, the candidates and the layers (through
 :meth:`variants.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
 
@@ -47,7 +47,7 @@ def quantizable_layers(module, layers=None, prefix="encoder.layers."):
     """Sorted paths (layer by layer, in forward order) of the plain ``nn.Linear`` modules under
     ``prefix``; ``layers`` (a regex, searched) keeps only the matching ones. Raises ValueError
     naming ``--layers`` when none is left."""
-    from variants.activations import target_linears
+    from variants.arch.activations import target_linears
 
     paths = target_linears(module, prefix=prefix)
     if layers:
@@ -134,7 +134,7 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
 
 def cache_key(reference, taskset, bits, group_size, layers=None):
     """16 hex digits: weights, split, candidates, layers, :data:`VERSION`, model settings."""
-    from variants.activations import module_fingerprint
+    from variants.arch.activations import module_fingerprint
 
     return reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
                                sorted(int(b) for b in bits), int(group_size), layers or "",

@@ -7,7 +7,8 @@ import numpy as np
 
 from variants import BLAS_INFO
 from variants.runtime import device
-from variants import encoder, modernbert, plausible
+from variants.arch import encoder, modernbert
+from variants import plausible
 from variants.runtime import qlinear
 from variants.runtime.memory import model_bytes  # noqa: F401
 from variants.runtime.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
@@ -23,8 +24,8 @@ def kernel(model):
     quantized Linears' (:func:`variants.runtime.qlinear.kernels`: ``unpack+gemm``, ``dequant+gemm``,
     ``quantized_matmul``) and ``fused-layer-cpp`` when fp32 layers run as one compiled op
     (:mod:`variants.runtime.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
-    :mod:`variants.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
-    :mod:`variants.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
+    :mod:`variants.arch.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
+    :mod:`variants.arch.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
     from variants.builders import w8a8
 

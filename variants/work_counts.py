@@ -36,7 +36,7 @@ def count_work():
             return fn(*a, **k)
         return inner
 
-    import variants.encoder as encoder_mod
+    import variants.arch.encoder as encoder_mod
     real_act = dict(encoder_mod.ACTIVATIONS)
     mx.eval = eval_
     for n, fn in compiled.items():

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from variants import compute_path
+from variants.arch import compute_path
 from variants.runtime import device, parallel
 from variants.builders.exact_keys import ResultCache, dedup, row_keys
 from variants.decision import PreparedBatch

@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten
 from scipy.optimize import minimize
 
 from variants.builders.exit_rules import masked_probs
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 from runs.io import write_npz
 
 KINDS = ("linear", "cosine")

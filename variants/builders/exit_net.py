@@ -9,7 +9,7 @@ import numpy as np
 
 from variants.builders.exit_heads import cosine_logits, unit
 from variants.builders.exit_rules import fires, never_fires, predictions, rule_statistic
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 
 
 

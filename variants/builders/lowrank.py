@@ -5,7 +5,7 @@ and W_v (k, n): two dense matmuls, k(m + n) weights instead of mn. A factorisati
 the break-even rank mn / (m + n) (192 for 384×384, 307 for 1536×384); a layer whose chosen rank
 reaches it stays dense, and the per-layer table says so.
 
-Methods (W_k = W_u W_v; G = E[x xᵀ] over real calibration tokens, see :mod:`variants.activations`):
+Methods (W_k = W_u W_v; G = E[x xᵀ] over real calibration tokens, see :mod:`variants.arch.activations`):
 
 - ``plain``: truncated SVD of W (Eckart-Young): minimises ‖W − W_k‖_F.
 - ``whitened`` (SVD-LLM, Wang et al. 2024, §3.1): S = Cholesky(G + λI) (float64; λ = 0 unless the
@@ -30,7 +30,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
-from variants import activations
+from variants.arch import activations
 from variants.builders import ratio_map
 from variants.builders.lowrank_math import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START,  # noqa: F401
                                             Decomposition, _weighted_norm, break_even,
@@ -80,10 +80,10 @@ def factorize_module(module, cfg, stats=None, *, paths=None):
     module : mlx.nn.Module
     cfg : LowRankConfig
     stats : dict {site: LinearStats}, optional
-        From :func:`variants.activations.collect`; required for ``whitened`` and ``scaled``;
+        From :func:`variants.arch.activations.collect`; required for ``whitened`` and ``scaled``;
         with ``plain`` it only adds the activation-weighted errors to the table.
     paths : list of str, optional
-        Layers to factorise; default :func:`variants.activations.target_linears`.
+        Layers to factorise; default :func:`variants.arch.activations.target_linears`.
 
     Returns
     -------
@@ -159,7 +159,7 @@ def check_model(module, cfgs):
     """Reject, before a sweep writes anything, a fixed rank no encoder Linear can hold.
 
     ``module``: the encoder (its Linears under ``layers.``) or the decision module (under
-    ``encoder.layers.``: :func:`variants.activations.target_linears`; a classifier head is not
+    ``encoder.layers.``: :func:`variants.arch.activations.target_linears`; a classifier head is not
     factorised, so its shape sets no limit).
 
     Raises

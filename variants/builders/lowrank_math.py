@@ -97,7 +97,7 @@ def decompose(weight, method, stats=None, *, alpha=0.5, site="layer"):
     ----------
     weight : array of shape (m, n)
     method : {'plain', 'whitened', 'scaled'}
-    stats : variants.activations.LinearStats, optional
+    stats : variants.arch.activations.LinearStats, optional
         Required by ``whitened`` and ``scaled``.
     alpha : float, default=0.5
         ASVD exponent of the mean |x| scaling.

@@ -4,7 +4,7 @@ A CLS-pooled classifier (BERT pooler, RoBERTa head: token 0) or a ``marker`` dec
 (the hidden state at each option's marker) reads P ≪ L positions of the last layer. Every layer
 but the last runs as usual; the last layer's queries, attention output, residual + norm and MLP
 run on the P read positions only, its keys and values still from all L tokens (the attention's
-``kv`` argument, :class:`variants.encoder.Attention`). Exact up to float round-off (the same
+``kv`` argument, :class:`variants.arch.encoder.Attention`). Exact up to float round-off (the same
 arithmetic per read position, in smaller matrix products). Saved work: the last layer's query
 and output projections, attention rows and MLP for L − P positions, ≈ (1 − P/L)·(1 − 2/12)/N of
 the encoder's per-token Linear work for a BERT layer (keys and values stay: 2 of its 12 D²
@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from variants.runtime import fused_layer
-from variants.encoder import BertEncoder
+from variants.arch.encoder import BertEncoder
 
 
 def reads_of(module):

@@ -3,7 +3,7 @@
 A decision module that these families can rebuild layer by layer has
 
 - ``encoder`` with the per-layer interface (``embed``, ``layers``, ``context``, ``apply_layer``,
-  ``finish``; :class:`variants.encoder.BertEncoder`, :class:`variants.modernbert.ModernBertEncoder`);
+  ``finish``; :class:`variants.arch.encoder.BertEncoder`, :class:`variants.arch.modernbert.ModernBertEncoder`);
 - ``readout(last_hidden, attention_mask)``: ``last_hidden`` (B, L, D) float32 after
   ``encoder.finish``, ``attention_mask`` (B, L) 0/1 -> what the module returns, logits (B, K) or
   an embedding (B, D): its own pooling and head. ``module(ids, mask, types)`` must equal

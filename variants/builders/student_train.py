@@ -85,7 +85,7 @@ _PLAIN_ACT = {"gelu": nn.gelu, "gelu_exact": nn.gelu, "gelu_new": nn.gelu_approx
 
 
 def plain_layer(layer, x, bias):
-    """A post-norm BERT layer (:class:`variants.encoder.TransformerLayer`) in plain,
+    """A post-norm BERT layer (:class:`variants.arch.encoder.TransformerLayer`) in plain,
     differentiable MLX ops (the inference paths' fused exp has no vjp): softmax attention,
     ``mx.fast.layer_norm``, the exact / tanh GELU of its ``hidden_act``. Same function as the
     layer's own forward up to float32 round-off."""
@@ -105,8 +105,8 @@ def plain_layer(layer, x, bias):
 
 def trainable_encoder(encoder):
     """Raise ValueError unless ``encoder``'s layers can be trained here (BERT / RoBERTa
-    post-norm layers, :class:`variants.encoder.TransformerLayer`)."""
-    from variants.encoder import TransformerLayer
+    post-norm layers, :class:`variants.arch.encoder.TransformerLayer`)."""
+    from variants.arch.encoder import TransformerLayer
 
     if not all(isinstance(layer, TransformerLayer) for layer in encoder.layers):
         raise ValueError(f"--family student trains BERT / RoBERTa encoder layers; this model's "
@@ -117,7 +117,7 @@ def trainable_encoder(encoder):
 def forward_hidden(module, ids, mask, types):
     """(last hidden after ``finish`` (B, L, D), [each layer's output]) in plain differentiable
     ops (:func:`plain_layer`); the embeddings (frozen, shared) run as in inference."""
-    from variants.encoder import attention_bias
+    from variants.arch.encoder import attention_bias
 
     enc = module.encoder
     x = mx.stop_gradient(enc.embed(ids, types))

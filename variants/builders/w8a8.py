@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import activations
+from variants.arch import activations
 from variants.runtime import parallel, qkernel
 from variants.builders.w8a8_config import ALPHAS
 
@@ -110,7 +110,7 @@ class Int8Linear(nn.Module):
 
 
 def target_paths(module, cfg):
-    """Encoder Linear paths that run in int8 (:func:`variants.activations.target_linears`
+    """Encoder Linear paths that run in int8 (:func:`variants.arch.activations.target_linears`
     minus ``cfg.skip`` matches) and those kept fp32 by ``cfg.skip``."""
     paths = activations.target_linears(module)
     pat = re.compile(cfg.skip) if cfg.skip else None

@@ -6,7 +6,7 @@ import numpy as np
 
 from variants.datasets import bundled as data
 from variants.decision import DecisionModel
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 
 COSINE_SCALE = 20.0  # raw logit = 20 * cos(text, option); temperatures are fitted per K

@@ -7,7 +7,7 @@ from sklearn.linear_model import LogisticRegression
 
 from variants.datasets import bundled as data
 from variants.decision import DecisionModel
-from variants.encoder import mean_pool
+from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 
 OPTIONS = data.SENTIMENT_OPTIONS[3]

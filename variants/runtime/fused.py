@@ -3,7 +3,7 @@
 path). Mixins for any architecture with the same projection names: :class:`FusedAttention`
 (``query``, ``key``, ``value``, ``out``, ``scale``, ``head_dim``, ``heads``, ``core`` and a
 :class:`variants.runtime.derived.DerivedWeights` ``_folded``) and :class:`FusedMLP` (``intermediate``,
-``output``, ``activation`` and a ``_mlp`` cache); :mod:`variants.encoder` uses both.
+``output``, ``activation`` and a ``_mlp`` cache); :mod:`variants.arch.encoder` uses both.
 """
 
 import mlx.core as mx

@@ -3,7 +3,7 @@
 
 A MiniLM layer in MLX ops is ~30 primitives of ~16 us fixed cost each on this CPU: at B=1 L=24
 about 1.5 of its 3.3 ms were not arithmetic. The compiled layer does the same algebra as
-:class:`variants.encoder.TransformerLayer` on the folded weights (:mod:`variants.runtime.fused`): five
+:class:`variants.arch.encoder.TransformerLayer` on the folded weights (:mod:`variants.runtime.fused`): five
 OpenBLAS GEMMs for the projections, the attention per (sequence, head) with the additive key
 bias, exp(s - max) softmax, bias + erf-GELU (or ReLU), residual + layer norm, all float32
 (outputs equal the MLX path to float32 round-off: tests/test_fused_layer.py).
@@ -254,7 +254,7 @@ def path_name(layers):
 def used_by(layers):
     """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any of the BERT
     ``layers`` runs compiled here, else None: for timing records
-    (:func:`variants.encoder.compiled_paths` finds a module's layers)."""
+    (:func:`variants.arch.encoder.compiled_paths` finds a module's layers)."""
     return ", ".join(_names(layers)) or None
 
 

@@ -3,7 +3,7 @@
 MLX's CPU backend runs each element-wise kernel (softmax, GELU, layer norm, adds) on one thread:
 the stream's worker. Only the GEMMs (OpenBLAS) use several cores. On a 2-core machine half the
 forward therefore ran on one core. Each MLX stream has its own worker thread, so the encoder
-(:class:`variants.encoder.BertEncoder`) splits its work over :func:`streams`, with OpenBLAS set
+(:class:`variants.arch.encoder.BertEncoder`) splits its work over :func:`streams`, with OpenBLAS set
 to one thread per GEMM call so the streams' GEMMs do not oversubscribe the cores:
 
 - B >= 2: the batch, by sequences; each part runs the whole layer stack on its own stream and

@@ -4,7 +4,7 @@ split by rows. Mixins for any post-norm BERT-style architecture: :class:`StreamL
 with ``attention`` (:class:`variants.runtime.fused.FusedAttention`), ``attention_norm``,
 ``output_norm``, ``intermediate``, ``output``, ``mlp``, ``activation``, ``_forward`` and a
 :class:`variants.runtime.derived.DerivedWeights` ``_shards``) and :class:`StreamEncoder` (a ``layers``
-list of them); :mod:`variants.encoder` uses both. Every row's arithmetic is unchanged.
+list of them); :mod:`variants.arch.encoder` uses both. Every row's arithmetic is unchanged.
 """
 
 import mlx.core as mx
@@ -162,7 +162,7 @@ class StreamEncoder:
     def stream_forward(self, x, mask, bias):
         """The whole stack on embeddings ``x`` (B, L, D) over the streams, or None when the
         batch runs best on one (the caller then runs the layers in turn). ``mask`` (B, L)
-        NumPy 0/1; ``bias`` as :func:`variants.encoder.attention_bias` gives, or None when no
+        NumPy 0/1; ``bias`` as :func:`variants.arch.encoder.attention_bias` gives, or None when no
         key is padding. Padded positions of a packed result are zeros."""
         B, L = mask.shape
         if B < len(parallel.streams()) and fused_layer.applies(self.layers):

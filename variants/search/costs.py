@@ -90,10 +90,10 @@ class CostTable:
     def load_latency(self, cost, bits, cache_dir, device="cpu", repeats=5):
         """Measure (or read) the per-(in, out, bits) times of ``cost`` ('latency-b1' or
         'latency-b32'); returns the cache file's path, whose name holds the versions and the
-        compute path measured on (:func:`variants.compute_path.key_part`): the kernel's times
+        compute path measured on (:func:`variants.arch.compute_path.key_part`): the kernel's times
         change with them."""
         from runs.io import digest
-        from variants import compute_path
+        from variants.arch import compute_path
 
         batch = int(cost.split("-b")[1])
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"

@@ -277,7 +277,7 @@ class BertEncoder(StreamEncoder, nn.Module):
             position_ids = mx.broadcast_to(mx.arange(L), (B, L))
         return self.embeddings(input_ids, token_type_ids, position_ids)
 
-    # -- the per-layer interface shared with variants.modernbert (context / apply_layer / finish)
+    # -- the per-layer interface shared with variants.arch.modernbert (context / apply_layer / finish)
     def context(self, attention_mask, positions=None):
         """What a layer needs besides ``x``: a :class:`BertContext` for ``attention_mask`` (B, L)
         0/1. ``positions`` is accepted for the common interface and unused: BERT's positions

@@ -1,18 +1,18 @@
-"""The ModernBERT encoder's fast CPU path (:class:`variants.modernbert.ModernBertEncoder`'s
+"""The ModernBERT encoder's fast CPU path (:class:`variants.arch.modernbert.ModernBertEncoder`'s
 ``__call__`` without hidden states or probabilities): the MiniLM reference's speed steps
 (:mod:`variants.runtime.fused`, :mod:`variants.runtime.streams`, :mod:`variants.runtime.fast_ops`) carried over to
 ModernBERT's pre-norm layers with rotary positions and GeGLU. Every row's arithmetic is the plain
-path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
+path's (:mod:`variants.arch.modernbert_layers`) up to float32 round-off:
 
 - weights derived once per weight set (:class:`variants.runtime.derived.DerivedWeights`), stored
   transposed (``x @ w_t``): ``Wqkv`` with 1/sqrt(head_dim) folded into the query columns (rotary
   is linear, so rope(s·q) = s·rope(q)); ``Wi`` cut into its input and gate halves, each
   contiguous, so GeGLU's element-wise kernels read contiguous arrays;
 - explicit attention with the scores transposed (keys on axis -2) and the compiled exp of
-  :func:`variants.runtime.fast_ops.softmax_parts`, as :meth:`variants.encoder.Attention.core`; the
+  :func:`variants.runtime.fast_ops.softmax_parts`, as :meth:`variants.arch.encoder.Attention.core`; the
   local layers' sliding window through its (B, 1, L, L) bias, or, when every key is inside the
   window (L - 1 <= local_attention // 2), with no window at all; the windowed path
-  (:mod:`variants.modernbert_window`) where the plain path takes it;
+  (:mod:`variants.arch.modernbert_window`) where the plain path takes it;
 - rotary tables for positions 0..L-1 computed once per (L, θ) and kept;
 - the work split over :func:`variants.runtime.parallel.streams` (one OpenBLAS thread each, MLX's buffer
   cache raised): B >= 2 by sequences, one whole layer stack per stream; B = 1 by heads and MLP
@@ -20,13 +20,13 @@ path's (:mod:`variants.modernbert_layers`) up to float32 round-off:
   :data:`SPLIT_ROWS_B1` real tokens.
 
 Where the compiled extension is built, each layer instead runs as one compiled op
-(:mod:`variants.modernbert_fused`, same algebra and weights; ``VARIANTS_FUSED_LAYER=off`` keeps
+(:mod:`variants.arch.modernbert_fused`, same algebra and weights; ``VARIANTS_FUSED_LAYER=off`` keeps
 the MLX ops described here).
 
 Quantized or low-rank variants replace a Linear (not a plain ``nn.Linear``): the stack then takes
 the plain path (:func:`layer_weights` is None), as it does on a GPU (``--device gpu``), except
 quantized layers on the compiled ``dequant-cpp+gemm`` kernel, which run as one compiled op each
-(:mod:`variants.modernbert_fused_q`).
+(:mod:`variants.arch.modernbert_fused_q`).
 Memory: the derived weights are a second copy of each layer's weights (+ the B = 1 shards' q|k|v
 and MLP-input columns), kept while the weights stay the same arrays.
 """
@@ -36,23 +36,23 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.runtime import device, fast_ops, parallel
-from variants import modernbert_window as window
+from variants.arch import modernbert_window as window
 from variants.runtime.derived import DerivedWeights, transposed
-from variants.encoder import ACTIVATIONS, MASK_BIAS
-from variants.modernbert_layers import apply_rope, rope_tables
+from variants.arch.encoder import ACTIVATIONS, MASK_BIAS
+from variants.arch.modernbert_layers import apply_rope, rope_tables
 
 _ROPE = {}  # (L, theta, head_dim) -> (cos, sin·[-1, 1]) (L, 2, head_dim / 2), evaluated once
-#: False: rotary by :func:`variants.modernbert_layers.apply_rope` on each head (before the
+#: False: rotary by :func:`variants.arch.modernbert_layers.apply_rope` on each head (before the
 #: compiled kernel; bench/modernbert_steps.py's A/B)
 COMPILED_ROPE = True
-#: False: the local layers' windowed blocks by :func:`variants.modernbert_window.windowed_attention`
+#: False: the local layers' windowed blocks by :func:`variants.arch.modernbert_window.windowed_attention`
 #: (bench/modernbert_steps.py's A/B) instead of :func:`windowed_core`
 FAST_WINDOW = True
 
 
 def rope_for_length(L, theta, head_dim):
     """Rotary tables for positions 0..L-1, kept per (L, θ, head_dim)
-    (:func:`variants.modernbert_layers.rope_tables`): ``(cos, sin)`` each (1, 1, L, head_dim),
+    (:func:`variants.arch.modernbert_layers.rope_tables`): ``(cos, sin)`` each (1, 1, L, head_dim),
     and ``(cos, signed_sin)`` each (L, 2, head_dim / 2) for :func:`rope_qk` (sin negated on the
     first half: rotate_half(x) · sin = swap_halves(x) · signed_sin)."""
     key = (int(L), float(theta), int(head_dim))
@@ -78,7 +78,7 @@ def rope_qk(qkv, n_heads, head_dim, tables):
     """Rotary q and k straight from the fused projection ``qkv`` (B, L, 3·n_heads·head_dim):
     one compiled kernel reading q|k in place (each head's halves swapped by a reversed view)
     and writing (2, B, n_heads, L, head_dim) contiguous, the heads layout attention reads.
-    Same arithmetic as :func:`variants.modernbert_layers.apply_rope` (x·cos + rotate_half(x)·sin,
+    Same arithmetic as :func:`variants.arch.modernbert_layers.apply_rope` (x·cos + rotate_half(x)·sin,
     bit-identical here); 2.8-3.7x its time for q and k (B=1 L=24 / 512, B=8 L=128)."""
     B, L, _ = qkv.shape
     h = head_dim // 2
@@ -97,7 +97,7 @@ def _bias(m):
 
 
 def layer_weights(layer):
-    """The fast path's weights of a :class:`variants.modernbert_layers.ModernBertLayer`, or None
+    """The fast path's weights of a :class:`variants.arch.modernbert_layers.ModernBertLayer`, or None
     when a Linear is not a plain ``nn.Linear``: ``(w_qkv_t (D, 3D), b_qkv (3D,) or None, w_o_t
     (D, D), b_o, w_in_t (D, F), b_in, w_gate_t (D, F), b_gate, w_out_t (F, D), b_out)``, the
     query columns and bias scaled by 1/sqrt(head_dim). Rebuilt when a weight array is replaced
@@ -167,9 +167,9 @@ class FastContext:
     0..L-1: rotary tables per θ, the attention biases laid out keys first (``bias_t``: (B, 1, L,
     1) padding bias or None; ``local_t``: the local layers' (B or 1, 1, L, L) bias with the
     window, or ``bias_t`` when the window covers every key) and the local layers'
-    :class:`variants.modernbert_window.WindowPlan` (``plan``, its bias transposed in
+    :class:`variants.arch.modernbert_window.WindowPlan` (``plan``, its bias transposed in
     ``plan_bias_t``; one row when no key is padding) when they take the windowed path.
-    ``mode``: auto / windowed / masked (:func:`variants.modernbert_window.resolve_mode`)."""
+    ``mode``: auto / windowed / masked (:func:`variants.arch.modernbert_window.resolve_mode`)."""
 
     def __init__(self, args, mask, mode):
         self.args = args
@@ -201,7 +201,7 @@ class FastContext:
 def attention_core(q, k, v, bias_t):
     """softmax(q kᵀ + bias) v with the scores transposed (keys on axis -2; ``bias_t`` laid out
     the same, or None): ``q`` (already scaled), ``k``, ``v`` (B, H, L, d) -> (B, H, L, d). As
-    :meth:`variants.encoder.Attention.core`: eᵀ @ [v, 1] gives the row sums in its last
+    :meth:`variants.arch.encoder.Attention.core`: eᵀ @ [v, 1] gives the row sums in its last
     column."""
     d = v.shape[-1]
     e = fast_ops.softmax_parts(k @ q.swapaxes(-1, -2), bias_t, total=False, axis=-2)
@@ -210,7 +210,7 @@ def attention_core(q, k, v, bias_t):
 
 
 def windowed_core(q, k, v, plan, bias_t):
-    """:func:`variants.modernbert_window.windowed_attention` (same blocks, same window) with the
+    """:func:`variants.arch.modernbert_window.windowed_attention` (same blocks, same window) with the
     scores of each block transposed (keys on axis -2) and the compiled exp, as
     :func:`attention_core`: ``q`` (already scaled), ``k``, ``v`` (B, H, L, d); ``bias_t``
     (B or 1, 1, n_blocks, span, block), the plan's bias transposed -> (B, H, L, d)."""

@@ -2,7 +2,7 @@
 Longformer-style banded attention of Beltagy et al. 2020, computed block by block): a query at
 position p attends to the keys with |p - p_k| <= ``half`` (``half = local_attention // 2``).
 
-The dense masked path (:class:`variants.modernbert_layers.Attention` with the (B, 1, L, L) window
+The dense masked path (:class:`variants.arch.modernbert_layers.Attention` with the (B, 1, L, L) window
 bias) computes all L x L scores and throws most away; here the queries are cut into blocks of
 ``block`` slots (:func:`default_block`) and block j attends only to key slots
 [j·block - half, (j+1)·block + half), a strided view of the keys padded by ``half`` on each
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from variants.encoder import MASK_BIAS
+from variants.arch.encoder import MASK_BIAS
 
 #: Environment variable choosing the local layers' attention: ``auto`` (windowed from
 #: :data:`CROSSOVER` · local_attention tokens on), ``windowed`` or ``masked`` (dense).

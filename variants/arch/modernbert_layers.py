@@ -12,8 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.encoder import ACTIVATIONS, LayerNorm
-from variants.modernbert_window import windowed_attention
+from variants.arch.encoder import ACTIVATIONS, LayerNorm
+from variants.arch.modernbert_window import windowed_attention
 
 
 @dataclass
@@ -140,7 +140,7 @@ class Attention(nn.Module):
 
     def __call__(self, x, bias, cos, sin, return_attention=False, window=None):
         """``x`` (B, L, D); ``bias`` additive, broadcasting against (B, heads, L, L); ``cos``,
-        ``sin`` (B, 1, L, head_dim); ``window`` a :class:`variants.modernbert_window.WindowPlan`
+        ``sin`` (B, 1, L, head_dim); ``window`` a :class:`variants.arch.modernbert_window.WindowPlan`
         (then ``bias`` is unused and only the keys inside each window are computed; not with
         ``return_attention``). Returns (out (B, L, D), probs (B, heads, L, L) or None)."""
         B, L, D = x.shape
@@ -184,7 +184,7 @@ class ModernBertLayer(nn.Module):
         self.is_global = args.is_global(layer_id)
 
     def __call__(self, x, ctx, return_attention=False):
-        """``x`` (B, L, D), ``ctx`` a :class:`variants.modernbert.ModernBertContext` ->
+        """``x`` (B, L, D), ``ctx`` a :class:`variants.arch.modernbert.ModernBertContext` ->
         (x (B, L, D), probs or None)."""
         cos, sin = ctx.rope(self.is_global)
         plan = None if self.is_global or return_attention else ctx.window()

@@ -28,7 +28,7 @@ def key_part():
 
     import variants
     from variants.runtime import fused_layer
-    from variants import modernbert_window
+    from variants.arch import modernbert_window
     from variants.runtime import parallel, qkernel
 
     blas = variants.BLAS_INFO.get("library")

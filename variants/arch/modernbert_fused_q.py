@@ -3,7 +3,7 @@
 
 A quantized ModernBERT (:func:`variants.builders.quantize.quantize_module`, then
 :func:`variants.runtime.qlinear.use_cpu_path`) has no fp32 fast weights
-(:func:`variants.modernbert_fast.layer_weights` is None), so its layers used to run the plain MLX
+(:func:`variants.arch.modernbert_fast.layer_weights` is None), so its layers used to run the plain MLX
 path, each projection a ``dequant-cpp+gemm`` call. Here each layer whose four projections
 (``Wqkv``, ``Wo``, ``Wi``, the MLP's ``Wo``) all run that compiled kernel (:func:`_cpp_qlinear`)
 runs as one op: every phase part dequantizes the weight rows it multiplies (bit-identical to
@@ -11,16 +11,16 @@ runs as one op: every phase part dequantizes the weight rows it multiplies (bit-
 counts in ``mx.get_peak_memory()``: the size of the largest single Linear's qlinear buffer),
 then the plain path's algebra, unfolded (q scaled by 1/sqrt(head_dim) after the projection;
 GeGLU's input and gate halves are rows [0, F) and [F, 2F) of ``Wi``), with
-:mod:`variants.modernbert_fused`'s attention, exact sliding window, rotary, norms and work
+:mod:`variants.arch.modernbert_fused`'s attention, exact sliding window, rotary, norms and work
 split. Bit widths and group sizes may differ per projection (mixed-precision maps); layers left
-fp32 in the same stack run :mod:`variants.modernbert_fused`'s op. Outputs equal the plain
+fp32 in the same stack run :mod:`variants.arch.modernbert_fused`'s op. Outputs equal the plain
 quantized MLX path to float32 round-off (tests/test_modernbert_fused_q.py).
 
-It runs when :func:`variants.modernbert.fast_forward` finds a layer that is not plain fp32 and
+It runs when :func:`variants.arch.modernbert.fast_forward` finds a layer that is not plain fp32 and
 all of these hold, else the plain path (the same results): MLX's default device is the CPU,
 the extension is built, ``VARIANTS_FUSED_LAYER`` is not ``off``, every layer is quantized as
 above or an fp32 layer the fused op takes, the norms are float32 LayerNorms (or layer 0's
-identity), the activation is in :data:`variants.modernbert_fused.ACTS`, and the local
+identity), the activation is in :data:`variants.arch.modernbert_fused.ACTS`, and the local
 attention mode is not ``masked``. Low-rank or pruned Linears and quantized Linears on another
 kernel (``quantized_matmul``, ``unpack+gemm``, ``dequant+gemm``) take the plain path. Timing
 records name it :data:`NAME` (:func:`used_by`).
@@ -31,9 +31,9 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from variants import modernbert_fused as mf
+from variants.arch import modernbert_fused as mf
 from variants.runtime import parallel, qlinear
-from variants.encoder import MASK_BIAS
+from variants.arch.encoder import MASK_BIAS
 
 #: the quantized layers' path name in timing records
 NAME = "fused-mbert-qlayer-cpp"
@@ -60,7 +60,7 @@ def _cpp_qlinear(m):
 
 
 def qlayer_args(layer):
-    """The op's arguments for a quantized :class:`variants.modernbert_layers.ModernBertLayer`:
+    """The op's arguments for a quantized :class:`variants.arch.modernbert_layers.ModernBertLayer`:
     ``(proj, group_sizes, bits, norms, eps1, eps2, act)`` with ``proj`` the 16 arrays ``(w uint32
     (N, K * bits / 32), scales (N, K / group_size), biases (same), bias (N,) or None)`` of
     ``Wqkv`` (3D, D), ``Wo`` (D, D), ``Wi`` (2F, D), the MLP's ``Wo`` (D, F), ``group_sizes`` and
@@ -85,7 +85,7 @@ def qlayer_args(layer):
 
 
 def _layer_args(layer):
-    """("q", :func:`qlayer_args`) or ("f", :func:`variants.modernbert_fused.layer_args`), or
+    """("q", :func:`qlayer_args`) or ("f", :func:`variants.arch.modernbert_fused.layer_args`), or
     None."""
     q = qlayer_args(layer)
     if q is not None:
@@ -124,10 +124,10 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
 
 
 def forward(encoder, x, mask, mode):
-    """The layer stack of a :class:`variants.modernbert.ModernBertEncoder` with at least one
+    """The layer stack of a :class:`variants.arch.modernbert.ModernBertEncoder` with at least one
     quantized layer on embeddings ``x`` (B, L, D) float32 with ``mask`` (B, L) NumPy 0/1,
     positions 0..L-1, before ``final_norm`` -> (B, L, D); None when the op does not apply (see
-    the module docstring). Work split as :func:`variants.modernbert_fused.forward`."""
+    the module docstring). Work split as :func:`variants.arch.modernbert_fused.forward`."""
     kernel = _kernel()
     if kernel is None or mode == "masked" or x.dtype != mx.float32 or x.ndim != 3:
         return None
@@ -158,10 +158,10 @@ def applies(encoder):
 
 
 def used_by(encoder):
-    """:data:`NAME` (with :data:`variants.modernbert_fused.NAME` when some layers stayed fp32,
+    """:data:`NAME` (with :data:`variants.arch.modernbert_fused.NAME` when some layers stayed fp32,
     comma-joined) when ``encoder`` (a ModernBERT encoder on its fast path, windowed local
     attention) runs its quantized layers through the op here, else None: for timing records
-    (:func:`variants.modernbert.compiled_paths` finds the encoders of a module)."""
+    (:func:`variants.arch.modernbert.compiled_paths` finds the encoders of a module)."""
     if not applies(encoder):
         return None
     fp32 = any(qlayer_args(layer) is None for layer in encoder.layers)

@@ -1,23 +1,23 @@
 """A whole ModernBERT pre-norm layer as one compiled MLX op on the CPU (``fused_mbert_layer.cpp``
-in :mod:`variants.runtime.qkernel`): the fast path's (:mod:`variants.modernbert_fast`) layers, each ~25-30
+in :mod:`variants.runtime.qkernel`): the fast path's (:mod:`variants.arch.modernbert_fast`) layers, each ~25-30
 MLX primitives of ~16 us fixed cost, as one primitive each.
 
-The op does :func:`variants.modernbert_fast.layer_forward`'s algebra on the same derived weights
-(:func:`variants.modernbert_fast.layer_weights`): x + Wo·attn(LN1(x)), then
+The op does :func:`variants.arch.modernbert_fast.layer_forward`'s algebra on the same derived weights
+(:func:`variants.arch.modernbert_fast.layer_weights`): x + Wo·attn(LN1(x)), then
 x + Wout·(act(h·Win) * (h·Wgate)) with h = LN2(x), rotary q and k from
-:func:`variants.modernbert_fast.rope_for_length`'s tables (the layer's global or local θ), the
+:func:`variants.arch.modernbert_fast.rope_for_length`'s tables (the layer's global or local θ), the
 key padding bias, and the local layers' sliding window computed exactly (each query's softmax
 over its keys |q - k| <= local_attention // 2 only, blocks of 16 queries multiplying only the
 keys their window reaches); float32 throughout, outputs equal the MLX path to float32 round-off
 (tests/test_modernbert_fused.py).
 
-It runs when all of these hold, else :func:`variants.modernbert.fast_forward` keeps the MLX path
+It runs when all of these hold, else :func:`variants.arch.modernbert.fast_forward` keeps the MLX path
 (the same results): MLX's default device is the CPU, the extension is built
 (:func:`variants.runtime.qkernel.load`), ``VARIANTS_FUSED_LAYER`` is not ``off`` (the switch the BERT
 layer op reads, :mod:`variants.runtime.fused_layer`), every layer has fast weights (plain fp32
 ``nn.Linear`` projections) and float32 layer norms, the activation is in :data:`ACTS`, and the
 local attention mode is not ``masked`` (kept as the A/B baseline of
-:mod:`variants.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_by`).
+:mod:`variants.arch.modernbert_window`). Timing records name it :data:`NAME` (:func:`used_by`).
 
 Work split: B = 1 from :data:`SPLIT_ROWS_B1` real tokens, each layer in two parts (heads, output
 columns) over the kernel's helper thread; B >= 2 by sequences over the streams. Memory: besides
@@ -33,7 +33,7 @@ import numpy as np
 
 from variants.runtime import fused_layer, parallel
 from variants.runtime.derived import DerivedWeights
-from variants.encoder import MASK_BIAS
+from variants.arch.encoder import MASK_BIAS
 
 #: the forward path's name in timing records
 NAME = "fused-mbert-layer-cpp"
@@ -80,10 +80,10 @@ def _norm(n):
 
 
 def layer_args(layer):
-    """(the op's 14 arrays (:func:`variants.modernbert_fast.layer_weights`' ten, then g1, b1,
+    """(the op's 14 arrays (:func:`variants.arch.modernbert_fast.layer_weights`' ten, then g1, b1,
     g2, b2: None where absent), eps1, eps2, act code) of a
-    :class:`variants.modernbert_layers.ModernBertLayer`, or None when the op does not apply."""
-    from variants import modernbert_fast
+    :class:`variants.arch.modernbert_layers.ModernBertLayer`, or None when the op does not apply."""
+    from variants.arch import modernbert_fast
 
     w = modernbert_fast.layer_weights(layer)
     act = ACTS.get(layer.mlp.hidden_activation)
@@ -109,7 +109,7 @@ def panels(layer, w):
 
 
 def _tables(args, L):
-    from variants.modernbert_fast import rope_for_length
+    from variants.arch.modernbert_fast import rope_for_length
 
     hd = args.hidden_size // args.num_attention_heads
     out = {}
@@ -141,7 +141,7 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
 
 
 def forward(encoder, x, mask, mode):
-    """The layer stack of a :class:`variants.modernbert.ModernBertEncoder` on embeddings ``x``
+    """The layer stack of a :class:`variants.arch.modernbert.ModernBertEncoder` on embeddings ``x``
     (B, L, D) float32 with ``mask`` (B, L) NumPy 0/1, positions 0..L-1, before ``final_norm``
     -> (B, L, D); None when the op does not apply (see the module docstring)."""
     kernel = _kernel()
@@ -174,5 +174,5 @@ def applies(encoder):
 def used_by(encoder):
     """:data:`NAME` when ``encoder`` (a ModernBERT encoder on its fast path, windowed local
     attention) runs its layers through the op here, else None: for timing records
-    (:func:`variants.modernbert.compiled_paths` finds the encoders of a module)."""
+    (:func:`variants.arch.modernbert.compiled_paths` finds the encoders of a module)."""
     return NAME if applies(encoder) else None

@@ -2,10 +2,10 @@
 attention): embeddings -> pre-norm layers with rotary positions, global attention on every
 ``global_attn_every_n_layers``-th layer and sliding-window attention (|q - k| <=
 ``local_attention // 2``) on the others -> ``final_norm``. Blocks in
-:mod:`variants.modernbert_layers`; the local layers compute only the keys inside each window
-(:mod:`variants.modernbert_window`) from L >= 2 · local_attention, else the dense scores masked.
+:mod:`variants.arch.modernbert_layers`; the local layers compute only the keys inside each window
+(:mod:`variants.arch.modernbert_window`) from L >= 2 · local_attention, else the dense scores masked.
 
-Per-layer interface (shared with :class:`variants.encoder.BertEncoder`): :meth:`embed`,
+Per-layer interface (shared with :class:`variants.arch.encoder.BertEncoder`): :meth:`embed`,
 ``layers``, :meth:`context`, :meth:`apply_layer`, :meth:`finish`; :meth:`__call__` is exactly
 embed -> apply_layer over all -> finish.
 """
@@ -14,11 +14,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import modernbert_fast, modernbert_fused, modernbert_fused_q
+from variants.arch import modernbert_fast, modernbert_fused, modernbert_fused_q
 from variants.runtime import parallel
-from variants import modernbert_window as window
-from variants.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids, check_mask
-from variants.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
+from variants.arch import modernbert_window as window
+from variants.arch.encoder import MASK_BIAS, EncoderOutput, LayerNorm, check_ids, check_mask
+from variants.arch.modernbert_layers import Embeddings, ModernBertArgs, ModernBertLayer, rope_tables
 
 __all__ = ["ModernBertArgs", "ModernBertContext", "ModernBertEncoder", "sanitize"]
 
@@ -31,10 +31,10 @@ class ModernBertContext:
     ``bias(is_global)``: (B, 1, 1, L) key bias (global) or (B, 1, L, L) key bias plus the
     window (|pos_q - pos_k| > local_attention // 2 masked), both MASK_BIAS where masked;
     ``rope(is_global)``: (cos, sin) (B, 1, L, head_dim) at ``global_rope_theta`` or
-    ``local_rope_theta``; ``window()``: the :class:`variants.modernbert_window.WindowPlan` the
+    ``local_rope_theta``; ``window()``: the :class:`variants.arch.modernbert_window.WindowPlan` the
     local layers compute their window with (only the keys inside it), or None for the dense
     masked path. ``mode`` (auto / windowed / masked, see
-    :func:`variants.modernbert_window.resolve_mode`) decides; the windowed path needs each row's
+    :func:`variants.arch.modernbert_window.resolve_mode`) decides; the windowed path needs each row's
     positions to strictly increase (``increasing``; None checks them), else the masked path.
     """
 
@@ -94,14 +94,14 @@ class ModernBertContext:
 class ModernBertEncoder(nn.Module):
     """ModernBERT encoder. Call with ``input_ids`` (B, L) int32, ``attention_mask`` (B, L) 0/1
     (``token_type_ids`` is accepted and ignored: ModernBERT has none); returns
-    :class:`variants.encoder.EncoderOutput` whose ``last_hidden`` is after ``final_norm`` and
+    :class:`variants.arch.encoder.EncoderOutput` whose ``last_hidden`` is after ``final_norm`` and
     whose ``hidden_states`` are the embeddings and each layer's output before it (as HF).
 
     ``local_attention_impl``: ``auto`` / ``windowed`` / ``masked`` for the local layers (see
-    :mod:`variants.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``.
+    :mod:`variants.arch.modernbert_window`); None (default) reads ``VARIANTS_MODERNBERT_ATTENTION``.
 
     ``fast`` (default True): without hidden states or probabilities, and outside
-    :func:`variants.runtime.parallel.single_stream`, the stack runs on :mod:`variants.modernbert_fast`
+    :func:`variants.runtime.parallel.single_stream`, the stack runs on :mod:`variants.arch.modernbert_fast`
     (same outputs to float32 round-off); False keeps the plain layer-by-layer path."""
 
     local_attention_impl = None
@@ -116,7 +116,7 @@ class ModernBertEncoder(nn.Module):
 
     def embed(self, input_ids, token_type_ids=None):
         """``input_ids`` (B, L) int32 -> (B, L, D) float32 (normed token embeddings). Raises
-        ValueError for an id outside the embedding table (:func:`variants.encoder.check_ids`)."""
+        ValueError for an id outside the embedding table (:func:`variants.arch.encoder.check_ids`)."""
         check_ids(input_ids, self.args.vocab_size)
         return self.embeddings(input_ids)
 
@@ -177,9 +177,9 @@ def sanitize(weights):
 def fast_forward(encoder, x, mask, mode):
     """The layer stack of ``encoder`` on embeddings ``x`` (B, L, D) with ``mask`` (B, L) NumPy
     0/1, before ``final_norm``, on the fastest path that applies: quantized layers as one
-    compiled op each (:mod:`variants.modernbert_fused_q`), fp32 layers as one compiled op each
-    (:mod:`variants.modernbert_fused`), else the MLX fast path
-    (:func:`variants.modernbert_fast.forward`). None when none applies (a layer that is not
+    compiled op each (:mod:`variants.arch.modernbert_fused_q`), fp32 layers as one compiled op each
+    (:mod:`variants.arch.modernbert_fused`), else the MLX fast path
+    (:func:`variants.arch.modernbert_fast.forward`). None when none applies (a layer that is not
     plain, or MLX's default device is not the CPU): the caller then runs the plain path."""
     if not modernbert_fast.device.is_cpu():
         return None
@@ -192,7 +192,7 @@ def fast_forward(encoder, x, mask, mode):
 def compiled_paths(module):
     """``"fused-mbert-layer-cpp"`` / ``"fused-mbert-qlayer-cpp"`` (comma-joined when mixed) when
     a ModernBERT encoder inside ``module`` (an ``nn.Module``) runs its layers as compiled ops
-    (:mod:`variants.modernbert_fused`, :mod:`variants.modernbert_fused_q`), else None: for
+    (:mod:`variants.arch.modernbert_fused`, :mod:`variants.arch.modernbert_fused_q`), else None: for
     timing records."""
     for _, m in module.named_modules():
         if (isinstance(m, ModernBertEncoder) and m.fast
