@@ -31,7 +31,7 @@ import numpy as np
 
 from variants.arch import encoder
 from variants.runtime import fast_ops, parallel
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import mean_pool
 
 STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",

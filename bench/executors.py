@@ -41,7 +41,7 @@ def init(n_pool):
     import time as _t
 
     t = _t.perf_counter()
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
 
     ck = load_checkpoint()
     rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ import numpy as np
 from variants.runtime import device
 from variants.builders import lowrank as lr
 from variants.builders import lowrank_family
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating
 

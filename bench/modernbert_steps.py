@@ -153,7 +153,7 @@ def main(argv=None):
     p.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", sys.executable))
     args = p.parse_args(argv)
     shapes = args.shapes
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     with tempfile.TemporaryDirectory(prefix="mbsteps-") as tmp:
         path = args.model
         if path is None:

@@ -24,8 +24,8 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.builders.outsel import OutputSelectNet
-from variants.checkpoint import load_checkpoint
-from variants.hf_heads import BertClassifier
+from variants.checkpoints.load import load_checkpoint
+from variants.checkpoints.hf_heads import BertClassifier
 from variants.models.classifier import ClassifierNet
 from variants.models.marker import MarkerNet
 from variants.runtime.timing import time_alternating

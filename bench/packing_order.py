@@ -20,7 +20,7 @@ import numpy as np
 
 from variants.datasets import bundled as data
 from variants.runtime import packing
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import attention_bias, mean_pool
 
 

@@ -9,7 +9,7 @@ GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init
 ModernBERT-base's shapes (hidden 768, 12 heads, intermediate 1152, window 128, global every 3rd;
 ``--mb-layers`` layers, default 3 = 1 global + 2 local, ModernBERT-base's 1:2 mix; its 22 do not
 fit 10 minutes on 2 cores: 6 layers cost ~3x MiniLM's per token), built seeded in transformers,
-saved with ``save_pretrained`` and loaded by ``variants.checkpoint.load_checkpoint`` so every
+saved with ``save_pretrained`` and loaded by ``variants.checkpoints.load.load_checkpoint`` so every
 engine runs the same weights. Each computes the mean-pooled, L2-normalised embedding of random ids
 with a full mask.
 
@@ -225,7 +225,7 @@ def main(argv=None):
                 continue
             if arch == "minilm":
                 path = subprocess.run(
-                    [sys.executable, "-c", "from variants.checkpoint import minilm_path;"
+                    [sys.executable, "-c", "from variants.checkpoints.load import minilm_path;"
                      "print(minilm_path())"], capture_output=True, text=True,
                     check=True).stdout.strip()
             else:

@@ -12,7 +12,7 @@ import argparse
 import variants  # noqa: F401  (OpenBLAS before mlx)
 from variants.datasets import bundled as data
 from variants.builders import early_exit, exit_family, prune, prune_family
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating
 

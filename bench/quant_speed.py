@@ -30,7 +30,7 @@ from variants.runtime import device
 from variants.arch import encoder
 from variants.runtime import qlinear
 from variants.builders.quantize import BITS, QuantConfig, quantize_module
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating
 

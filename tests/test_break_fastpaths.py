@@ -225,7 +225,7 @@ def test_output_selection_equals_the_full_model_at_edge_lengths(B, L, pad):
     runs packed there while the reference's runs padded: equal to round-off, not bit for bit
     as the comment in outsel.hidden_at says), a 1-token row next to a 512-token one."""
     from variants.builders.outsel import OutputSelectNet
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     from variants.models.classifier import ClassifierNet
 
     ck = load_checkpoint(HF / "bert")
@@ -244,7 +244,7 @@ def test_output_selection_equals_the_full_model_at_edge_lengths(B, L, pad):
 
 @pytest.fixture(scope="module")
 def modernbert():
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
 
     return {n: load_checkpoint(HF / n).encoder for n in ("modernbert", "modernbert_g2")}
 

@@ -291,7 +291,7 @@ def test_id2label_with_gaps_is_refused_not_named_none(tmp_path):
     'positive'] (the gap read as the string 'None', label 5 dropped), silently."""
     import shutil
 
-    from variants.checkpoint import CheckpointError, load_checkpoint
+    from variants.checkpoints.load import CheckpointError, load_checkpoint
 
     folder = tmp_path / "b"
     shutil.copytree(HF / "bert", folder)

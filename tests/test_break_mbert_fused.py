@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from variants.runtime import parallel
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 
@@ -74,7 +74,7 @@ def test_an_odd_head_dim_is_refused_when_the_config_is_read(tmp_path):
     import json
     import shutil
 
-    from variants.checkpoint_files import CheckpointError
+    from variants.checkpoints.files import CheckpointError
     from variants.arch.modernbert_layers import ModernBertArgs
 
     folder = tmp_path / "odd"

@@ -18,7 +18,7 @@ from tokenizers import normalizers, processors
 from variants.arch import activations
 from variants.datasets import bundled as data
 from variants.builders import exit_heads
-from variants.checkpoint import MAX_LENGTH, TextTokenizer, minilm_path
+from variants.checkpoints.load import MAX_LENGTH, TextTokenizer, minilm_path
 from variants.models import sentiment
 
 TOKENIZER = minilm_path() / "tokenizer.json"

@@ -1,4 +1,4 @@
-"""Loading local checkpoint folders (variants.checkpoint) and the per-layer interface every
+"""Loading local checkpoint folders (variants.checkpoints.load) and the per-layer interface every
 encoder shares (embed / layers / context / apply_layer / finish), on the tiny checkpoints of
 tests/fixtures/hf/ (see test_parity_hf.py)."""
 
@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants.checkpoint import CheckpointError, load_checkpoint
+from variants.checkpoints.load import CheckpointError, load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 NAMES = ["bert", "roberta", "modernbert", "modernbert_g2"]
@@ -190,7 +190,7 @@ def test_a_folder_without_head_weights_has_no_classifier(tmp_path):
 def test_the_bundled_minilm_decides_what_it_always_used(checkpoint):
     """The rule (tokenizer.json's baked truncation, tokenizer_config's [PAD]) lands on the
     settings the bundled MiniLM always had, so its fingerprint and cache keys are unchanged."""
-    from variants.checkpoint import TextTokenizer, minilm_path
+    from variants.checkpoints.load import TextTokenizer, minilm_path
 
     tok = checkpoint.tokenizer
     plain = TextTokenizer(minilm_path() / "tokenizer.json")

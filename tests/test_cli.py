@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from variants import checkpoint as checkpoint_mod
+from variants.checkpoints import load as checkpoint_mod
 from variants.datasets import bundled as data
 from variants.cli import main
 

@@ -176,7 +176,7 @@ def test_output_selection_equals_the_full_last_layer_on_a_cls_fixture():
     import mlx.core as mx
 
     from variants.builders.outsel import OutputSelectNet, reads_of
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     from variants.models.classifier import ClassifierNet
 
     ck = load_checkpoint("tests/fixtures/hf/bert")
@@ -202,7 +202,7 @@ def test_outsel_variant_of_a_cls_classifier_toml_keeps_every_answer(tmp_path):
     from variants.datasets import bundled as data
     from variants.builders import get_family
     from variants.builders.exact_family import ExactConfig
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     from variants.models import resolve
 
     fixture = Path(__file__).parent / "fixtures" / "hf" / "bert"

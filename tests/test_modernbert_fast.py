@@ -16,7 +16,7 @@ import pytest
 
 from variants.arch import modernbert_fast as fast
 from variants.runtime import parallel
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

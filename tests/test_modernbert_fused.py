@@ -15,7 +15,7 @@ from scipy.special import erf
 
 from variants.arch import modernbert, modernbert_fast, modernbert_fused
 from variants import sweep_timing
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import MASK_BIAS
 
 HF = Path(__file__).parent / "fixtures" / "hf"

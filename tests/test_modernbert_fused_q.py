@@ -21,7 +21,7 @@ from variants.arch import modernbert, modernbert_fast, modernbert_fused_q
 from variants.runtime import qlinear
 from variants import sweep_timing
 from variants.builders.lowrank import LowRankLinear
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import MASK_BIAS
 
 HF = Path(__file__).parent / "fixtures" / "hf"

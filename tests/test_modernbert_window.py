@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from variants.arch import modernbert_window as W
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 NAMES = ["modernbert", "modernbert_g2"]

@@ -12,7 +12,7 @@ import pytest
 
 from variants.datasets.own import (DataError, data_fingerprint, read_data, split_rows, taskset_rows,
                                    to_taskset)
-from variants.special_tokens import count_special_only, special_only_ids
+from variants.checkpoints.special_tokens import count_special_only, special_only_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTS = ["negative", "neutral", "positive"]
@@ -236,7 +236,7 @@ def test_example_file_reads_clean_and_matches_vader():
 def test_special_only_texts_are_counted():
     from tokenizers import Tokenizer
 
-    from variants.checkpoint import minilm_path
+    from variants.checkpoints.load import minilm_path
 
     tok = Tokenizer.from_file(str(minilm_path() / "tokenizer.json"))
     texts = ["", "🙂🙂", "[SEP]", "hi there", "[UNK] [PAD]", "ok 🙂"]

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 NAMES = ["bert", "roberta", "modernbert", "modernbert_g2"]

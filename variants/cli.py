@@ -77,7 +77,7 @@ def main(argv=None):
     except RunIncomplete as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
-    except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoint",
+    except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoints.load",
                                                                    "CheckpointError"),
             *_loaded("variants.executors", "ExecutorError")) as e:
         print(f"variants: error: {e}", file=sys.stderr)

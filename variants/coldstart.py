@@ -71,7 +71,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     import mlx.core as mx
     import mlx.nn  # noqa: F401
 
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     from variants.models import get_module
     from mlx.utils import tree_flatten
 

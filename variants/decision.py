@@ -56,7 +56,7 @@ class DecisionModel:
     ----------
     module : mlx.nn.Module
         Everything with weights; builders (quantize, low rank, ...) return a transformed copy.
-    tokenizer : variants.checkpoint.TextTokenizer
+    tokenizer : variants.checkpoints.load.TextTokenizer
     temperatures : dict {int: float}, optional
         Temperature per option count K; fitted by :meth:`calibrate` when missing.
     """

@@ -42,5 +42,5 @@ N_SENSITIVITY = 200
 
 #: tokens per text (special tokens included) when neither ``--max-length`` nor the model
 #: TOML's ``max_length`` is given: None = what the checkpoint's tokenizer files say
-#: (:func:`variants.checkpoint_files.decide_tokenizer`)
+#: (:func:`variants.checkpoints.files.decide_tokenizer`)
 MAX_LENGTH = None

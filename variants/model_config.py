@@ -177,7 +177,7 @@ MIN_MAX_LENGTH = 3
 def check_max_length(v, where):
     """``v`` as a max length (int >= :data:`MIN_MAX_LENGTH`); ModelConfigError naming ``where``
     (the TOML key or the flag) otherwise. The checkpoint's position table bounds it from above
-    (:func:`variants.checkpoint_files.decide_tokenizer`)."""
+    (:func:`variants.checkpoints.files.decide_tokenizer`)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < MIN_MAX_LENGTH:
         raise ModelConfigError(f"{where} must be a whole number of tokens >= {MIN_MAX_LENGTH} "
                                f"(special tokens included), got {short_repr(v)}; e.g. 512")

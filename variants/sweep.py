@@ -383,7 +383,7 @@ def run_sweep(log=print, config=None, **kwargs):
 
     Raises
     ------
-    SweepError, contracts.checker.ContractError, variants.checkpoint.CheckpointError
+    SweepError, contracts.checker.ContractError, variants.checkpoints.load.CheckpointError
         On bad input, before anything is written (a variant folder of this run that was built
         with other settings is bad input too).
     VariantsFailed

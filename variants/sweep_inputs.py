@@ -7,7 +7,7 @@ from variants.datasets import bundled as data
 from variants.runtime import device
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
-from variants.checkpoint import load_checkpoint
+from variants.checkpoints.load import load_checkpoint
 from variants.model_config import ModelConfigError
 from variants.sweep_config import SweepError
 
@@ -20,7 +20,7 @@ def load_inputs(cfg):
     ------
     SweepError
         A variant the model cannot hold (``Family.check_model``), a split size beyond the data.
-    contracts.checker.ContractError, variants.checkpoint.CheckpointError, ValueError
+    contracts.checker.ContractError, variants.checkpoints.load.CheckpointError, ValueError
         A bad contract, checkpoint, calibration size or stratum (each message names the fix).
     """
     contract = load_contract(cfg.contract)

@@ -8,7 +8,7 @@ import mlx.core as mx
 from variants import BLAS_INFO, __version__
 from variants.runtime import device, parallel
 from variants.sweep_timing import model_bytes
-from variants.special_tokens import count_special_only, special_only_ids
+from variants.checkpoints.special_tokens import count_special_only, special_only_ids
 
 
 def _versions():

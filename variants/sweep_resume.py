@@ -27,7 +27,7 @@ def read_json(path):
 def check_run_tokenizer(out, settings):
     """Refuse to resume ``out`` when its run.json records other tokenizer settings
     (``data.tokenizer``, e.g. another max length) than ``settings``
-    (:meth:`variants.checkpoint.TextTokenizer.settings`): its variant outputs hold other token
+    (:meth:`variants.checkpoints.load.TextTokenizer.settings`): its variant outputs hold other token
     ids. Raises SweepError naming the settings that differ."""
     saved = read_json(out / "run.json")
     old = saved.get("data", {}) if isinstance(saved, dict) else {}

