@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from variants.builders import exact_family, ratio_map
+from variants.builders import exact_family
+from variants.layer_maps import ratio_map
 
 PATHS = [f"encoder.layers.{i}.{n}" for i in range(2)
          for n in ("attention.query", "intermediate", "output")]
@@ -93,7 +94,7 @@ def test_search_contract_digest_takes_packaged_names():
 
 
 def test_bits_map_shadowed_pattern_is_refused_like_the_ratio_map():
-    from variants.builders import bits_map
+    from variants.layer_maps import bits_map
 
     paths = ["encoder.layers.0.attention.value", "encoder.layers.0.intermediate"]
     with pytest.raises(ValueError, match=r"--bits-map pattern 'intermediate' sets no layer: .*"

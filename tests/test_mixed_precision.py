@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from variants.builders import bits_map
+from variants.layer_maps import bits_map
 from variants.builders.quant_family import QuantConfig, ladder, run_name
 from variants.builders.quantize import quantize_module
 from variants.models import sentiment

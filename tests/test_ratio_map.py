@@ -2,7 +2,7 @@
 
 import pytest
 
-from variants.builders import ratio_map
+from variants.layer_maps import ratio_map
 from variants.builders.lowrank_family import LowRankConfig, ladder, run_name
 from variants.builders.lowrank_math import break_even
 

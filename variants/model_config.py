@@ -24,7 +24,7 @@ Keys (all top level unless in a table)::
     [linear_head]  C = 10.0
     [marker]       token = "[unused0]"; scorer = "fit" | "<tensor name>"; C = 1.0
     [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
-                   # default --bits-map (variants.builders.bits_map; the flag overrides it)
+                   # default --bits-map (variants.layer_maps.bits_map; the flag overrides it)
     [lowrank]      ratio_map = "PATTERN=RATIO,..."   # the lowrank family's default --ratio-map
 """
 
@@ -291,7 +291,7 @@ def parse_model_config(raw, path):
         cfg.marker_scorer = _str(path, "[marker] scorer", m["scorer"])
     if "C" in m:
         cfg.marker_C = _num(path, "[marker] C", m["C"])
-    from variants.builders import bits_map, ratio_map
+    from variants.layer_maps import bits_map, ratio_map
 
     for table, key, mod, attr in (("quant", "bits_map", bits_map, "quant_bits_map"),
                                   ("lowrank", "ratio_map", ratio_map, "lowrank_ratio_map")):

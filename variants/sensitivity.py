@@ -23,7 +23,7 @@ Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 
 (load ~3.4; 427 s CPU), plus 45 s fitting the head once. Median / max mean KL per layer: 8.2e-3
 / 4.9e-2 at 2 bits, 4.9e-4 / 3.8e-3 at 4, 2e-6 / 4.2e-5 at 8. The FFN up projections
 (``intermediate``) lead at 2-3 bits and ``4.intermediate`` at 4 bits, ahead of the value and
-down projections that mlx-lm's recipes raise (:mod:`variants.builders.bits_map`).
+down projections that mlx-lm's recipes raise (:mod:`variants.layer_maps.bits_map`).
 """
 
 import copy

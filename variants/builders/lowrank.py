@@ -31,7 +31,7 @@ from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
 from variants.arch import activations
-from variants.builders import ratio_map
+from variants.layer_maps import ratio_map
 from variants.builders.lowrank_math import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START,  # noqa: F401
                                             Decomposition, _weighted_norm, break_even,
                                             choose_rank, cost_model, decompose, whitening)

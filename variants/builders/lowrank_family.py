@@ -5,8 +5,9 @@ ladder and report lines. No MLX: the factorisation is :mod:`variants.builders.lo
 import math
 from dataclasses import dataclass
 
-from variants.builders import name_number, ratio_map as ratio_map_mod, realised_speed_lines, \
-    unique_by_name
+from variants.builders import name_number
+from variants.layer_maps import ratio_map as ratio_map_mod
+from variants.builders import realised_speed_lines, unique_by_name
 from variants.builders.family import BuildInputs, Family
 from variants.builders.lowrank_config import METHODS, RULES  # noqa: F401
 from variants.builders.quant_family import BITS, GROUP_SIZES, check_bits
@@ -37,7 +38,7 @@ class LowRankConfig:
     alpha: float = 0.5
     bits: int | None = None
     group_size: int = 64
-    #: per-layer ratios (:mod:`variants.builders.ratio_map`, normalised); "" = uniform ``ratio``
+    #: per-layer ratios (:mod:`variants.layer_maps.ratio_map`, normalised); "" = uniform ``ratio``
     ratio_map: str = ""
 
     def __post_init__(self):

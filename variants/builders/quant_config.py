@@ -7,7 +7,7 @@ quantization on their own change).
 from dataclasses import dataclass
 
 from variants import defaults
-from variants.builders import bits_map as bits_map_mod
+from variants.layer_maps import bits_map as bits_map_mod
 
 BITS = defaults.QUANT_BITS
 GROUP_SIZES = (32, 64, 128)
@@ -32,7 +32,7 @@ class QuantConfig:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = False
-    #: per-layer bits (:mod:`variants.builders.bits_map`, normalised); "" = uniform ``bits``
+    #: per-layer bits (:mod:`variants.layer_maps.bits_map`, normalised); "" = uniform ``bits``
     bits_map: str = ""
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ The quantizer itself (``mx.quantize``, native or simulated) is :mod:`variants.bu
 """
 
 from variants import defaults
-from variants.builders import bits_map as bits_map_mod
+from variants.layer_maps import bits_map as bits_map_mod
 from variants.builders.family import BuildInputs, Family
 
 from variants.builders.quant_config import (BITS, GROUP_SIZES, MODES,  # noqa: F401

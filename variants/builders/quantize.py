@@ -20,7 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from variants.runtime import qlinear
-from variants.builders import bits_map
+from variants.layer_maps import bits_map
 from variants.builders.quant_config import (BITS, GROUP_SIZES, MODES,  # noqa: F401
                                            QuantConfig, check_bits)
 

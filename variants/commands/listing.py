@@ -18,7 +18,7 @@ def run(args):
 
     print("models:   " + ", ".join(MODELS) + " (or --model-config FILE, --model pkg.mod:factory)")
     print("families: " + ", ".join(FAMILIES))
-    from variants.builders.bits_map import RECIPES
+    from variants.layer_maps.bits_map import RECIPES
 
     print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}; --bits-map recipes "
           f"{', '.join(RECIPES)}")

@@ -5,7 +5,7 @@ path (``encoder.layers.0.intermediate``); the first rule that matches a layer se
 (0, 1] of its break-even parameters kept (the ``params`` rank rule; 1 in a map keeps the layer dense, while ``--ratios 1``
 factorises at the break-even rank rounded down), layers
 no rule matches get the variant's ``--ratios`` value. The low-rank twin of
-:mod:`variants.builders.bits_map` (``llama-quantize --tensor-type REGEX=type`` style). Commas
+:mod:`variants.layer_maps.bits_map` (``llama-quantize --tensor-type REGEX=type`` style). Commas
 inside ``()``, ``[]`` or ``{}`` belong to the pattern.
 
 Plain Python, no MLX (the CLI reads it).
@@ -16,7 +16,7 @@ import math
 import re
 
 from metrics._checks import short_repr
-from variants.builders.bits_map import _split
+from variants.layer_maps.bits_map import _split
 
 FLAG = "--ratio-map"
 EXAMPLE = "e.g. --ratio-map 'intermediate=0.9,layers\\.5\\.=1'"
