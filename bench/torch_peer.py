@@ -85,7 +85,7 @@ def _mlx_worker():
         return prof
 
     def slopes():
-        from variants.decision import PreparedBatch
+        from variants.models.decision import PreparedBatch
         from variants.models import sentiment
         from variants.work_counts import work_slopes
         model = sentiment.build(ck)

@@ -13,7 +13,7 @@ import mlx.nn as nn
 from variants.datasets import bundled as data
 from variants.builders.quantize import QuantConfig, build as quantize
 from variants.checkpoints.load import load_checkpoint
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool
 from variants.models.sentiment import make_taskset
 

@@ -49,7 +49,7 @@ def test_nll_of_a_certain_target_is_plus_zero():
 
 def test_prepared_digest_changes_with_the_batch_size(checkpoint):
     from variants.datasets import bundled as data
-    from variants.decision import prepared_digest
+    from variants.models.decision import prepared_digest
     from variants.models import sentiment
 
     model = sentiment.build(checkpoint)

@@ -10,7 +10,7 @@ import pytest
 
 from variants.datasets import own as own_data
 from variants.cli import main
-from variants.model_config import ModelConfigError, parse_model_config
+from variants.models.model_config import ModelConfigError, parse_model_config
 
 ROOT = Path(__file__).resolve().parent.parent
 HF = ROOT / "tests" / "fixtures" / "hf"
@@ -89,7 +89,7 @@ def test_fixed_temperatures_missing_an_option_count_are_refused_before_writing(t
 
 def test_fixed_temperature_bounds_are_the_fits():
     from metrics.temperature_fit import BOUNDS
-    from variants.model_config import T_BOUNDS
+    from variants.models.model_config import T_BOUNDS
 
     assert T_BOUNDS == BOUNDS
 
@@ -343,7 +343,7 @@ def test_sweep_help_prints_the_data_schema(capsys):
 def test_a_model_toml_saved_with_a_bom_and_crlf_reads(tmp_path):
     """A TOML saved by Notepad (UTF-8 BOM, CRLF) was 'not valid TOML (Invalid statement (at
     line 1, column 1))' though the data reader already drops a BOM."""
-    from variants.model_config import load_model_config
+    from variants.models.model_config import load_model_config
 
     path = tmp_path / "m.toml"
     path.write_bytes(b'\xef\xbb\xbfname = "x"\r\nlogits = "cosine"\r\noptions = ["a", "b"]\r\n')
@@ -355,7 +355,7 @@ def test_a_model_toml_saved_with_a_bom_and_crlf_reads(tmp_path):
 def test_toml_scores_must_be_finite(tmp_path, value):
     """TOML has nan and inf literals: scores = [nan, 0.0, 1.0] was accepted (a data row's
     non-finite score is refused), and expected scores / Δscore became NaN."""
-    from variants.model_config import load_model_config
+    from variants.models.model_config import load_model_config
 
     path = _toml(tmp_path / "m.toml", f'name = "x"\nlogits = "cosine"\noptions = ["a", "b", "c"]\n'
                  f"scores = [{value}, 0.0, 1.0]\n")

@@ -15,7 +15,7 @@ from scipy.stats import entropy
 from variants.datasets import bundled as data
 from variants.builders import get_family
 from variants.builders.quantize import QuantConfig
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 from variants.models import choice, fitted_reference, sentiment
 from runs.outputs import DecisionOutputs, finish_outputs
 from metrics.temperature_fit import fit_calibration_temperature, fits_by_bucket

@@ -23,7 +23,7 @@ from variants.builders.lowrank_family import LowRankConfig
 from variants.builders.prune_family import PruneConfig
 from variants.builders.quantize import QuantConfig
 from variants.checkpoints.load import load_checkpoint
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from variants.model_config import ModelConfigError, parse_model_config
+from variants.models.model_config import ModelConfigError, parse_model_config
 from variants.models.configured import ModelSource
 from variants.datasets.tasks import build_taskset
 

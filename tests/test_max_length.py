@@ -7,7 +7,7 @@ checkpoint's position table (512) cannot hold, or one below 3 tokens, is one lin
 import pytest
 
 from variants.checkpoints.load import CheckpointError, load_checkpoint
-from variants.model_config import ModelConfigError, load_model_config
+from variants.models.model_config import ModelConfigError, load_model_config
 from variants.sweep_config import SweepConfig, SweepError
 
 LONG = " ".join(["The movie was great but the ending felt rushed and strange."] * 30)

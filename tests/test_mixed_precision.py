@@ -246,7 +246,7 @@ GOOD = ('name = "m"\nlogits = "linear-head"\noptions = ["a", "b", "c"]\nscores =
 
 
 def test_toml_bits_map_is_the_sweep_default_and_the_flag_wins(tmp_path):
-    from variants.model_config import load_model_config
+    from variants.models.model_config import load_model_config
     from variants.sweep_config import SweepConfig
 
     plain = tmp_path / "plain.toml"
@@ -263,7 +263,7 @@ def test_toml_bits_map_is_the_sweep_default_and_the_flag_wins(tmp_path):
 
 
 def test_bad_toml_bits_map_names_file_and_key(tmp_path):
-    from variants.model_config import ModelConfigError, load_model_config
+    from variants.models.model_config import ModelConfigError, load_model_config
 
     f = tmp_path / "m.toml"
     f.write_text(GOOD + '[quant]\nbits_map = "value=5"\n')

@@ -1,4 +1,4 @@
-"""The model TOML (variants.model_config): shipped files, one-line errors, and the CLI flags
+"""The model TOML (variants.models.model_config): shipped files, one-line errors, and the CLI flags
 --model-config / --model package.module:factory (issue 16)."""
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from variants.cli import main
-from variants.model_config import ModelConfigError, load_model_config
+from variants.models.model_config import ModelConfigError, load_model_config
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = ROOT / "variants" / "models"

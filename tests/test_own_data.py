@@ -277,7 +277,7 @@ def test_report_lists_special_only_ids():
 def test_a_rows_own_question_reaches_the_prompt():
     """A data row's ``question`` fills the prompt's {question}; rows without one get the model's;
     a TaskSet without questions keeps its former fingerprint (no field added)."""
-    from variants.decision import DecisionModel
+    from variants.models.decision import DecisionModel
     from variants.datasets.tasks import build_taskset
 
     base = dict(task="t", options=["no", "yes"], scores=None, actions=["a", "b"], label=0,

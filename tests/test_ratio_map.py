@@ -92,7 +92,7 @@ GOOD = ('name = "m"\nlogits = "linear-head"\noptions = ["a", "b", "c"]\nscores =
 
 
 def test_toml_ratio_map_is_the_default_and_the_flag_wins(tmp_path):
-    from variants.model_config import ModelConfigError, load_model_config
+    from variants.models.model_config import ModelConfigError, load_model_config
     from variants.sweep_config import SweepConfig
 
     plain = tmp_path / "plain.toml"

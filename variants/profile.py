@@ -150,7 +150,7 @@ def _segmented_forward(encoder, ids, mask, types, acc):
 def segment_profile(model, texts, *, rounds=3, warmup=1):
     """Segment profile of a decision model's forward on one batch of ``texts``, end to end.
 
-    ``model`` is a :class:`variants.decision.DecisionModel` whose ``module`` is an encoder +
+    ``model`` is a :class:`variants.models.decision.DecisionModel` whose ``module`` is an encoder +
     mean-pool net (``module.encoder``); the head is ``module.head`` when present (sentiment) or
     the option-cosine step of the choice model (``model.forward`` minus the embedding).
 

@@ -16,7 +16,7 @@ from gradients, and that Intel Neural Compressor / NNCF measure before falling l
 high precision. Results are cached in ``cache_dir/sensitivity/<model>-<key>.csv``, the key over
 the reference's weights (:func:`variants.arch.activations.module_fingerprint`), the split's
 fingerprint, the candidates and the layers (through
-:meth:`variants.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
+:meth:`variants.models.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
 
 Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 36 Linears x
 (2, 3, 4, 6, 8) bits, g64): 7 min 10 s wall for the 180 passes on the shared 2-core machine
@@ -75,7 +75,7 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
 
     Parameters
     ----------
-    reference : variants.decision.DecisionModel
+    reference : variants.models.decision.DecisionModel
         Not modified (a copy of its module is edited).
     taskset : variants.datasets.tasks.TaskSet
         The split compared on (N examples).

@@ -30,7 +30,7 @@ from runs.report import render_report
 from variants.builders import get_family
 from variants.builders.family import BuildInputs
 from variants.coldstart import measure_cold_start
-from variants.decision import prepared_digest
+from variants.models.decision import prepared_digest
 from variants.models import fitted_reference
 from variants.sweep_clock import SweepClock, format_breakdown
 from variants.sweep_config import SweepConfig, SweepError, VariantsFailed

@@ -107,7 +107,7 @@ class SweepConfig:
             if getattr(self, name) < 10:
                 raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
         if self.max_length is not None:
-            from variants.model_config import check_max_length
+            from variants.models.model_config import check_max_length
 
             try:
                 check_max_length(self.max_length, "--max-length")

@@ -8,7 +8,7 @@ from variants.runtime import device
 from variants.builders import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoints.load import load_checkpoint
-from variants.model_config import ModelConfigError
+from variants.models.model_config import ModelConfigError
 from variants.sweep_config import SweepError
 
 

@@ -153,7 +153,7 @@ def collect(model, taskset, *, paths=None, batch_size=32):
 
     Parameters
     ----------
-    model : variants.decision.DecisionModel
+    model : variants.models.decision.DecisionModel
         Its ``forward`` must call ``model.module(input_ids, attention_mask, ...)`` (both shipped
         models do). The model and its module are not modified.
     taskset : variants.datasets.tasks.TaskSet
@@ -202,7 +202,7 @@ def collect(model, taskset, *, paths=None, batch_size=32):
 
 def stats_key(model, taskset, batch_size=32):
     """Cache key: module weights, calibration data, batch size, version, model config and
-    tokenizer settings (:meth:`variants.decision.DecisionModel.cache_key`)."""
+    tokenizer settings (:meth:`variants.models.decision.DecisionModel.cache_key`)."""
     return model.cache_key(module_fingerprint(model.module), taskset.fingerprint(), batch_size,
                            "float64", STATS_VERSION)
 

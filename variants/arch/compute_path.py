@@ -1,6 +1,6 @@
 """What changes a model's outputs besides its weights, data and tokenizer: the package and MLX
 versions and the compute path this process takes. A part of every cache key
-(:meth:`variants.decision.DecisionModel.cache_key`), so outputs computed by another version or
+(:meth:`variants.models.decision.DecisionModel.cache_key`), so outputs computed by another version or
 along another path are recomputed, never mixed in.
 
 The compute path is read from the switches that choose it, as they are set now (each is read

@@ -25,7 +25,7 @@ from mlx.utils import tree_flatten
 from variants.arch import compute_path
 from variants.runtime import device, parallel
 from variants.builders.exact_keys import ResultCache, dedup, row_keys
-from variants.decision import PreparedBatch
+from variants.models.decision import PreparedBatch
 
 
 def namespace_of(model):

@@ -268,7 +268,7 @@ def trained_heads(reference, layers, label_mix, fit=None, cache_dir=None, kind="
     """Heads for ``layers`` (list of (W, b) float32), trained on the fit split or loaded from the
     cache ``cache_dir/exit_heads/`` (key: reference weights + fit data + kind + layers + label mix
     + regularisation + temperatures for cosine heads + the reference's config and tokenizer
-    settings, :meth:`~variants.decision.DecisionModel.cache_key`). Returns (heads, info).
+    settings, :meth:`~variants.models.decision.DecisionModel.cache_key`). Returns (heads, info).
 
     Raises
     ------

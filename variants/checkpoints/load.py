@@ -98,7 +98,7 @@ class TextTokenizer:
 
     def fingerprint(self):
         """16 hex digits that change with anything that changes a prepared tensor: a cache-key
-        part (:meth:`variants.decision.DecisionModel.cache_key`).
+        part (:meth:`variants.models.decision.DecisionModel.cache_key`).
 
         Covers the configured tokenizer's full serialisation (``tokenizers.Tokenizer.to_str``:
         vocabulary, normalizer = text cleaning, pre-tokenizer, post-processor = special tokens,

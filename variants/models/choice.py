@@ -5,7 +5,7 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.datasets import bundled as data
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 

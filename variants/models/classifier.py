@@ -8,7 +8,7 @@ the model TOML's ``options``), in index order.
 
 import mlx.nn as nn
 
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 
 
 class ClassifierNet(nn.Module):

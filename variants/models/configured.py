@@ -3,7 +3,7 @@
 The two bundled models are the shipped ``minilm-sentiment.toml`` and ``minilm-choice.toml`` next
 to this file and go through the same path as a user's ``--model-config``. A source knows how to
 turn the bundled VADER frame into a TaskSet (:meth:`ModelSource.make_taskset`) and how to build
-its unfitted :class:`~variants.decision.DecisionModel` around a checkpoint
+its unfitted :class:`~variants.models.decision.DecisionModel` around a checkpoint
 (:meth:`ModelSource.build`); it is plain data, so the cold-start child process can unpickle it.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from metrics._checks import short_repr
-from variants.model_config import ModelConfigError
+from variants.models.model_config import ModelConfigError
 
 #: early-exit head kind per logits kind (variants.builders.exit_heads reproduces these two)
 EXIT_HEAD_KINDS = {"linear-head": "linear", "cosine": "cosine", "classifier": "linear"}
@@ -64,7 +64,7 @@ class ModelSource:
     ----------
     name : str
         Run and cache file names.
-    config : variants.model_config.ModelConfig or None
+    config : variants.models.model_config.ModelConfig or None
         None for a bare ``--model package.module:factory`` (its questions are minilm-sentiment's).
     factory : str or None
         ``'package.module:callable'``; called as ``factory(checkpoint)`` -> DecisionModel.
@@ -230,7 +230,7 @@ class ModelSource:
             A factory that cannot be imported or returns no DecisionModel; a classifier
             checkpoint without a head.
         """
-        from variants.decision import DecisionModel
+        from variants.models.decision import DecisionModel
 
         cfg = self.config
         if self.factory:

@@ -6,7 +6,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from variants.datasets import bundled as data
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 
@@ -53,7 +53,7 @@ class SentimentNet(nn.Module):
 class SentimentModel(DecisionModel):
     """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression.
 
-    The ``linear-head`` logits kind of a model TOML (:mod:`variants.model_config`): ``head_C``
+    The ``linear-head`` logits kind of a model TOML (:mod:`variants.models.model_config`): ``head_C``
     is its ``[linear_head] C``, the head's classes its options.
     """
 

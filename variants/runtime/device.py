@@ -1,7 +1,7 @@
 """The device a run computes on: ``--device cpu|gpu`` (default: the ``VARIANTS_DEVICE``
 environment variable, else ``cpu``) and ``--dtype float32|float16|bfloat16``, chosen once at the
 start (:func:`use`), recorded in run.json and joined to every cache key (:func:`key_part`,
-through :meth:`variants.decision.DecisionModel.cache_key`).
+through :meth:`variants.models.decision.DecisionModel.cache_key`).
 
 ``gpu`` is MLX's Metal backend on macOS (built into the ``mlx`` wheel) or its CUDA backend on
 Linux (``pip install "mlx[cuda13]==0.32.4"``). float16/bfloat16 are allowed only there: MLX's CPU

@@ -80,7 +80,7 @@ def end_to_end_call(model, taskset):
 
     Parameters
     ----------
-    model : variants.decision.DecisionModel
+    model : variants.models.decision.DecisionModel
         With temperatures for every option count in ``taskset``.
     taskset : variants.datasets.tasks.TaskSet
         The texts of one batch (N >= 1).

@@ -71,7 +71,7 @@ def prepare_reference(state, payload):
     from pathlib import Path
 
     from runs.outputs import DecisionOutputs
-    from variants.decision import prepared_digest
+    from variants.models.decision import prepared_digest
     from variants.models import fitted_reference
     from variants.sweep_inputs import cache_parts
 

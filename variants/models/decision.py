@@ -63,7 +63,7 @@ class DecisionModel:
 
     name = "decision-model"
     #: Template of what the model reads ({text}, {question}, {options}; None = the text as is)
-    #: and the {question} filled in (:mod:`variants.model_config`'s ``prompt`` / ``question``).
+    #: and the {question} filled in (:mod:`variants.models.model_config`'s ``prompt`` / ``question``).
     prompt = None
     question = ""
     #: {K: T} fixed temperatures (``[temperature] mode = "fixed"``); None = fitted.
