@@ -5,7 +5,7 @@ layer; speed depends only on the ranks, so plain SVD is used: whitened factors h
 shapes), then reference and variant are timed in strict alternation (``time_alternating``:
 warm-up, ``--rounds`` A/B rounds, ``mx.eval`` inside the timed region) at B=1 (L = ``--seq-len``)
 and B=32. Printed per row: p50 of both, the measured speed-up (median of per-round ratios),
-the ideal speed-up from :func:`variants.builders.lowrank.cost_model` at that exact shape (Linear
+the ideal speed-up from :func:`variants.families.lowrank.build.cost_model` at that exact shape (Linear
 GEMMs + attention products), and realised / ideal.
 """
 
@@ -18,8 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from variants.runtime import device
-from variants.builders import lowrank as lr
-from variants.builders import lowrank_family
+from variants.families.lowrank import build as lr
+from variants.families.lowrank import family as lowrank_family
 from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating

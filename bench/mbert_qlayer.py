@@ -56,7 +56,7 @@ def main(argv=None):
 
     from variants.arch import modernbert_fused_q
     from variants import sweep_timing
-    from variants.builders.quantize import QuantConfig, quantize_module
+    from variants.families.quant.build import QuantConfig, quantize_module
     from variants.checkpoints.load import load_checkpoint
     from variants.arch.encoder import mean_pool
 

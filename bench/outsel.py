@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.builders.outsel import OutputSelectNet
+from variants.families.exact.outsel import OutputSelectNet
 from variants.checkpoints.load import load_checkpoint
 from variants.checkpoints.hf_heads import BertClassifier
 from variants.models.classifier import ClassifierNet

@@ -50,7 +50,7 @@ def block(fn, iters, block_s, key=None):
 def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
-    from variants.builders.quantize import QuantConfig, quantize_module
+    from variants.families.quant.build import QuantConfig, quantize_module
     from variants.checkpoints.load import load_checkpoint
     from variants.arch.encoder import mean_pool
     ck = load_checkpoint(path)

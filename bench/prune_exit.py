@@ -11,7 +11,8 @@ import argparse
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 from variants.datasets import bundled as data
-from variants.builders import early_exit, exit_family, prune, prune_family
+from variants.families.exit import build as early_exit, family as exit_family
+from variants.families.prune import build as prune, family as prune_family
 from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating

@@ -29,7 +29,7 @@ import numpy as np
 from variants.runtime import device
 from variants.arch import encoder
 from variants.runtime import qlinear
-from variants.builders.quantize import BITS, QuantConfig, quantize_module
+from variants.families.quant.build import BITS, QuantConfig, quantize_module
 from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
 from variants.runtime.timing import time_alternating

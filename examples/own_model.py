@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from variants.datasets import bundled as data
-from variants.builders.quantize import QuantConfig, build as quantize
+from variants.families.quant.build import QuantConfig, build as quantize
 from variants.checkpoints.load import load_checkpoint
 from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 #: The reason prefix of a layer left unquantized because the group size does not divide its input
-#: size (``variants.builders.quantize.INDIVISIBLE``; repeated here: the judging side imports no
+#: size (``variants.families.quant.build.INDIVISIBLE``; repeated here: the judging side imports no
 #: builder).
 INDIVISIBLE = "input size"
 

@@ -1,5 +1,5 @@
 """Attempts to break the merged fast paths (variants.runtime.fused_layer + qkernel/fused_layer.cpp,
-variants.arch.modernbert_fast, variants.builders.outsel) with inputs their own tests do not use.
+variants.arch.modernbert_fast, variants.families.exact.outsel) with inputs their own tests do not use.
 
 Each test compares the fast path against the MLX path of the same module
 (``VARIANTS_FUSED_LAYER=off``; ``ModernBertEncoder.fast = False``), which is the stated contract
@@ -224,7 +224,7 @@ def test_output_selection_equals_the_full_model_at_edge_lengths(B, L, pad):
     """outsel on the CLS fixture at L = 1, the panel threshold, B = 1 padded (its last layer
     runs packed there while the reference's runs padded: equal to round-off, not bit for bit
     as the comment in outsel.hidden_at says), a 1-token row next to a 512-token one."""
-    from variants.builders.outsel import OutputSelectNet
+    from variants.families.exact.outsel import OutputSelectNet
     from variants.checkpoints.load import load_checkpoint
     from variants.models.classifier import ClassifierNet
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from variants.builders import exact_family
+from variants.families.exact import family as exact_family
 from variants.layer_maps import ratio_map
 
 PATHS = [f"encoder.layers.{i}.{n}" for i in range(2)
@@ -107,7 +107,7 @@ def test_bits_map_shadowed_pattern_is_refused_like_the_ratio_map():
 @pytest.mark.parametrize("flag, value", [("workload_batch", 100_000), ("workload_calls", 10**6),
                                          ("workload_batch", 0)])
 def test_exact_workload_sizes_are_bounded(flag, value):
-    from variants.builders.exact_family import ladder
+    from variants.families.exact.family import ladder
 
     with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} {value} must be an integer "
                                          r"in \[1, "):

@@ -17,7 +17,7 @@ from tokenizers import normalizers, processors
 
 from variants.arch import activations
 from variants.datasets import bundled as data
-from variants.builders import exit_heads
+from variants.families.exit import heads as exit_heads
 from variants.checkpoints.load import MAX_LENGTH, TextTokenizer, minilm_path
 from variants.models import sentiment
 

@@ -60,7 +60,7 @@ def test_families_read_without_mlx():
     """Registry, configs, ladders and describe() of every family: a fresh interpreter, no MLX."""
     code = """
 import json, sys
-from variants.builders import FAMILIES, get_family
+from variants.families import FAMILIES, get_family
 fams = {n: get_family(n) for n in FAMILIES}
 ladders = {n: [c.name for c in f.ladder()] for n, f in fams.items()}
 text = fams["prune"].describe({"schedule": [[2, 0.5]], "score": "received",

@@ -13,8 +13,8 @@ from scipy.special import log_softmax, softmax
 from scipy.stats import entropy
 
 from variants.datasets import bundled as data
-from variants.builders import get_family
-from variants.builders.quantize import QuantConfig
+from variants.families import get_family
+from variants.families.quant.build import QuantConfig
 from variants.models.decision import DecisionModel
 from variants.models import choice, fitted_reference, sentiment
 from runs.outputs import DecisionOutputs, finish_outputs

@@ -42,7 +42,7 @@ def test_sweep_search_and_sensitivity_read_one_table():
     assert (sens.n_fit, sens.seed, sens.group_size, sens.max_length) == (2000, 0, 64, None)
     # the search's own widths have their own name (why: variants.defaults)
     assert search.bits == list(defaults.SEARCH_BITS) == [4, 6, 8]
-    from variants.builders.quant_family import ladder
+    from variants.families.quant.family import ladder
 
     assert [c.bits for c in ladder()] == list(defaults.QUANT_BITS)  # a sweep builds them all
 

@@ -156,8 +156,8 @@ def test_cpu_fast_paths_stand_aside_off_the_cpu(checkpoint, monkeypatch):
 def test_gpu_forward_equals_cpu_forward(checkpoint, bits):
     """The reference (``bits`` None) and a 4-bit native variant: pooled embeddings on the GPU
     equal the CPU's to 1e-4 (CPU: unpack+GEMM; GPU: mx.quantized_matmul)."""
-    from variants.builders.quant_family import QuantConfig
-    from variants.builders.quantize import quantize_module
+    from variants.families.quant.family import QuantConfig
+    from variants.families.quant.build import quantize_module
     from variants.models import sentiment
 
     module = sentiment.build(checkpoint).module

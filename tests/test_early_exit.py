@@ -7,10 +7,10 @@ import pytest
 from mlx.utils import tree_flatten
 
 from variants.datasets import bundled as data
-from variants.builders import early_exit as ee
-from variants.builders import exit_family
-from variants.builders import exit_heads, exit_rules
-from variants.builders.exit_family import ExitConfig
+from variants.families.exit import build as ee
+from variants.families.exit import family as exit_family
+from variants.families.exit import heads as exit_heads, rules as exit_rules
+from variants.families.exit.family import ExitConfig
 from variants.cli import main
 from variants.models import choice, sentiment
 from runs.outputs import DecisionOutputs, finish_outputs

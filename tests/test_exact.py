@@ -4,8 +4,8 @@ output selection, the variants' exactness on real models, and its bad-input erro
 import numpy as np
 import pytest
 
-from variants.builders.exact_keys import ResultCache, dedup, row_keys
-from variants.builders.exact_workload import repeat_rate, workload_rows, zipf_rows
+from variants.families.exact.keys import ResultCache, dedup, row_keys
+from variants.families.exact.workload import repeat_rate, workload_rows, zipf_rows
 
 
 def _arrays(ids, mask=None, types=None, opt=None, **extra):
@@ -100,7 +100,7 @@ def test_zipf_workload_is_deterministic_and_repeats_as_scipy_says():
 # -- the family's config and ladder -----------------------------------------------------------
 
 def test_ladder_names_and_bad_values():
-    from variants.builders import get_family
+    from variants.families import get_family
 
     fam = get_family("exact")
     names = [c.name for c in fam.ladder(exact_kinds=["dedup", "cache", "outsel"],
@@ -130,8 +130,8 @@ def sentiment(checkpoint):
 
 
 def test_dedup_and_cache_variants_give_the_references_logits(sentiment):
-    from variants.builders import get_family
-    from variants.builders.exact_family import ExactConfig
+    from variants.families import get_family
+    from variants.families.exact.family import ExactConfig
 
     model, ts = sentiment
     rows = np.array([0, 1, 2, 0, 3, 1, 0, 4, 5, 2])  # 10 rows, 6 distinct
@@ -175,7 +175,7 @@ def test_dedup_and_cache_variants_give_the_references_logits(sentiment):
 def test_output_selection_equals_the_full_last_layer_on_a_cls_fixture():
     import mlx.core as mx
 
-    from variants.builders.outsel import OutputSelectNet, reads_of
+    from variants.families.exact.outsel import OutputSelectNet, reads_of
     from variants.checkpoints.load import load_checkpoint
     from variants.models.classifier import ClassifierNet
 
@@ -200,8 +200,8 @@ def test_outsel_variant_of_a_cls_classifier_toml_keeps_every_answer(tmp_path):
     from pathlib import Path
 
     from variants.datasets import bundled as data
-    from variants.builders import get_family
-    from variants.builders.exact_family import ExactConfig
+    from variants.families import get_family
+    from variants.families.exact.family import ExactConfig
     from variants.checkpoints.load import load_checkpoint
     from variants.models import resolve
 
@@ -230,7 +230,7 @@ def test_outsel_variant_of_a_cls_classifier_toml_keeps_every_answer(tmp_path):
 def test_output_selection_equals_the_full_last_layer_at_marker_positions(checkpoint):
     import mlx.core as mx
 
-    from variants.builders.outsel import OutputSelectNet, reads_of
+    from variants.families.exact.outsel import OutputSelectNet, reads_of
     from variants.models.marker import MarkerNet
 
     net = MarkerNet(checkpoint.encoder)
@@ -248,8 +248,8 @@ def test_output_selection_equals_the_full_last_layer_at_marker_positions(checkpo
 
 
 def test_output_selection_refuses_mean_pooled_models_in_one_line(checkpoint):
-    from variants.builders import get_family
-    from variants.builders.exact_family import ExactConfig
+    from variants.families import get_family
+    from variants.families.exact.family import ExactConfig
     from variants.models import choice, sentiment
 
     fam = get_family("exact")
@@ -320,7 +320,7 @@ def test_exact_sweep_passes_with_zero_drift(argv, variants, tmp_path, monkeypatc
 
 
 def test_describe_puts_the_workloads_side_by_side_with_the_cost_model():
-    from variants.builders.exact_family import describe
+    from variants.families.exact.family import describe
 
     def stream(rows, U, computed, ref, var):
         return dict(rows=rows, repeat_rate=0.5, U_over_N=U / rows, ideal_dedup_speedup=rows / U,
@@ -349,7 +349,7 @@ def test_describe_puts_the_workloads_side_by_side_with_the_cost_model():
 
 
 def test_cache_sizes_without_the_cache_kind_is_refused():
-    from variants.builders import get_family
+    from variants.families import get_family
 
     fam = get_family("exact")
     with pytest.raises(ValueError, match="--cache-sizes") as e:

@@ -1,4 +1,4 @@
-"""The family interface (issue 15): every registered family fills variants.builders.family.Family
+"""The family interface (issue 15): every registered family fills variants.families.family.Family
 the same way — its flags' dests are its params, its ladder's configs are of its config class with
 distinct names, its build reads only BuildInputs fields — and BuildInputs.only keeps what it
 names."""
@@ -8,8 +8,8 @@ from dataclasses import fields
 
 import pytest
 
-from variants.builders import FAMILIES, get_family
-from variants.builders.family import BuildInputs, Family
+from variants.families import FAMILIES, get_family
+from variants.families.family import BuildInputs, Family
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

@@ -13,15 +13,15 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants.builders import get_family
-from variants.builders import lowrank as lr
-from variants.builders.exit_family import ExitConfig
-from variants.builders.exit_net import ExitNet
-from variants.builders.exit_rules import fires, rule_statistic
-from variants.builders.family import BuildInputs
-from variants.builders.lowrank_family import LowRankConfig
-from variants.builders.prune_family import PruneConfig
-from variants.builders.quantize import QuantConfig
+from variants.families import get_family
+from variants.families.lowrank import build as lr
+from variants.families.exit.family import ExitConfig
+from variants.families.exit.net import ExitNet
+from variants.families.exit.rules import fires, rule_statistic
+from variants.families.family import BuildInputs
+from variants.families.lowrank.family import LowRankConfig
+from variants.families.prune.family import PruneConfig
+from variants.families.quant.build import QuantConfig
 from variants.checkpoints.load import load_checkpoint
 from variants.models.decision import DecisionModel
 from variants.arch.encoder import mean_pool
@@ -233,8 +233,8 @@ def test_embedding_model_prunes_and_exits_on_modernbert():
 def test_w8a8_runs_on_every_architecture(setup):
     """W8A8 (plain and SmoothQuant) on RoBERTa and ModernBERT: every encoder Linear runs in int8,
     native and simulated agree, and the logits move by a W8A8-sized amount (not 0, not far)."""
-    from variants.builders.w8a8 import Int8Linear
-    from variants.builders.w8a8_family import W8A8Config
+    from variants.families.w8a8.build import Int8Linear
+    from variants.families.w8a8.family import W8A8Config
 
     arch, model, batch, ref, inputs = setup
     fam = get_family("w8a8")

@@ -82,7 +82,7 @@ def test_fixture_blocks_equal_the_saved_extras(name):
 def test_a_sweep_writes_family_md(tmp_path, capsys):
     """A tiny prune sweep: every variant folder gets family.md, equal to the family's describe of
     its build.json/timing.json and to run.json's extras, and report.md carries it."""
-    from variants.builders import get_family
+    from variants.families import get_family
     from variants.cli import main
 
     code = main(["sweep", "--family", "prune", "--prune-layers", "2", "--keep-ratios", "0.5",

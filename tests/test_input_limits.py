@@ -165,7 +165,7 @@ def test_short_path_and_short_list():
 
 def test_huge_prune_schedule_and_streams_env_are_cut(monkeypatch):
     from variants.runtime import parallel
-    from variants.builders.prune_family import parse_schedule
+    from variants.families.prune.family import parse_schedule
 
     with pytest.raises(ValueError, match="--prune-schedule 'xxx") as e:
         parse_schedule(BIG)

@@ -11,10 +11,10 @@ import pytest
 from variants.arch import activations
 from variants.datasets import bundled as data
 from variants.arch.activations import LinearStats
-from variants.builders import lowrank as lr
-from variants.builders import lowrank_family
-from variants.builders.lowrank import LowRankLinear
-from variants.builders.lowrank_family import LowRankConfig
+from variants.families.lowrank import build as lr
+from variants.families.lowrank import family as lowrank_family
+from variants.families.lowrank.build import LowRankLinear
+from variants.families.lowrank.family import LowRankConfig
 from variants.cli import main
 from variants.models import sentiment
 

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from variants.layer_maps import bits_map
-from variants.builders.quant_family import QuantConfig, ladder, run_name
-from variants.builders.quantize import quantize_module
+from variants.families.quant.family import QuantConfig, ladder, run_name
+from variants.families.quant.build import quantize_module
 from variants.models import sentiment
 
 V, O = 384 * 384, 1536 * 384  # MiniLM: value (384x384), FFN down projection (384x1536)
@@ -80,7 +80,7 @@ def test_recipe_layers_for_six_and_24_layers():
 # ---- sizes from what is stored: a hand count ----
 
 def test_family_md_shows_the_per_layer_widths(model):
-    from variants.builders.quant_family import describe
+    from variants.families.quant.family import describe
 
     _, info = quantize_module(model.module, QuantConfig(4, bits_map="mixed_4_8"), "native")
     text = describe(info)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from variants.datasets import bundled as data
-from variants.builders import prune, prune_family
-from variants.builders.prune_family import PruneConfig
+from variants.families.prune import build as prune, family as prune_family
+from variants.families.prune.family import PruneConfig
 from variants.cli import main
 from variants.models import choice, sentiment
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from variants.runtime import qkernel, qlinear
-from variants.builders.quantize import BITS
+from variants.families.quant.build import BITS
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from variants.runtime import qlinear
-from variants.builders.quantize import BITS, QuantConfig, quantize_module
+from variants.families.quant.build import BITS, QuantConfig, quantize_module
 from variants.models import sentiment
 from variants.runtime.qlinear import CpuQuantizedLinear
 

@@ -3,8 +3,8 @@
 import pytest
 
 from variants.layer_maps import ratio_map
-from variants.builders.lowrank_family import LowRankConfig, ladder, run_name
-from variants.builders.lowrank_math import break_even
+from variants.families.lowrank.family import LowRankConfig, ladder, run_name
+from variants.families.lowrank.factorise import break_even
 
 
 def test_parse_canonical_and_names():
@@ -52,7 +52,7 @@ def sentiment_model(checkpoint):
 
 
 def test_per_layer_ranks_follow_the_map(sentiment_model):
-    from variants.builders.lowrank import factorize_module
+    from variants.families.lowrank.build import factorize_module
 
     spec = r"layers\.0\.intermediate=1,intermediate=0.9"
     _, layers = factorize_module(sentiment_model.module,

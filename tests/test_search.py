@@ -185,8 +185,8 @@ def test_bisect_stops_when_the_most_expensive_fails():
 # ---- costs: the quant builder's own sums ----
 
 def test_cost_table_matches_quantize_module(checkpoint):
-    from variants.builders.quant_family import QuantConfig
-    from variants.builders.quantize import quantize_module
+    from variants.families.quant.family import QuantConfig
+    from variants.families.quant.build import quantize_module
     from variants.models import sentiment
     from variants.search.costs import CostTable
     from variants.search.driver import spec_of

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from variants.datasets import bundled as data
-from variants.builders.family import BuildInputs
+from variants.families.family import BuildInputs
 from variants.models import sentiment
 from variants.search import composed
 
@@ -37,9 +37,10 @@ def _logits(m, ts):
 
 
 def test_lowrank_prune_quant_is_the_builders_by_hand(model, splits):
-    from variants.builders import lowrank, prune
-    from variants.builders.lowrank_family import LowRankConfig
-    from variants.builders.prune_family import PruneConfig
+    from variants.families.lowrank import build as lowrank
+    from variants.families.prune import build as prune
+    from variants.families.lowrank.family import LowRankConfig
+    from variants.families.prune.family import PruneConfig
 
     cal = splits["calibration"]
     config = {"lowrank": {"ratio": 0.5, "method": "plain"},
@@ -66,9 +67,10 @@ def test_lowrank_prune_quant_is_the_builders_by_hand(model, splits):
 
 
 def test_lowrank_exit_quant_is_the_builders_by_hand(model, splits, tmp_path):
-    from variants.builders import early_exit, lowrank
-    from variants.builders.exit_family import ExitConfig
-    from variants.builders.lowrank_family import LowRankConfig
+    from variants.families.exit import build as early_exit
+    from variants.families.lowrank import build as lowrank
+    from variants.families.exit.family import ExitConfig
+    from variants.families.lowrank.family import LowRankConfig
 
     cal, fit = splits["calibration"], splits["fit"]
     config = {"lowrank": {"ratio": 0.7, "method": "plain"},
@@ -96,8 +98,8 @@ def test_prune_and_exit_do_not_compose(model, splits):
 # ---- costs by hand ----
 
 def test_composed_costs_by_hand(checkpoint):
-    from variants.builders.quant_family import QuantConfig
-    from variants.builders.quantize import quantize_module
+    from variants.families.quant.family import QuantConfig
+    from variants.families.quant.build import quantize_module
     from variants.search.costs import CostTable
     from variants.sensitivity import quantizable_layers
 

@@ -10,10 +10,10 @@ from scipy.stats import entropy
 import mlx.core as mx
 
 from variants.datasets import bundled as data
-from variants.builders import student as sb
-from variants.builders import student_fallback as fb
-from variants.builders import student_train as st
-from variants.builders.student_family import StudentConfig, describe, ladder, outputs_info
+from variants.families.student import build as sb
+from variants.families.student import fallback as fb
+from variants.families.student import train as st
+from variants.families.student.family import StudentConfig, describe, ladder, outputs_info
 from variants.cli import main
 from variants.models import sentiment
 

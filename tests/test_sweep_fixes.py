@@ -98,7 +98,7 @@ def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, caps
     the sweep: the others are built, summary.csv/report.md written, the failure listed, exit 2."""
     import pandas as pd
 
-    from variants.builders import quantize
+    from variants.families.quant import build as quantize
 
     real_build = quantize.build
 

@@ -9,9 +9,9 @@ import pytest
 
 from variants.datasets import bundled as data
 from variants.runtime import qkernel
-from variants.builders import get_family
-from variants.builders import w8a8
-from variants.builders.w8a8_family import W8A8Config
+from variants.families import get_family
+from variants.families.w8a8 import build as w8a8
+from variants.families.w8a8.family import W8A8Config
 from variants.models import sentiment
 
 

@@ -85,7 +85,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
         t0 += _now() - t_load  # unpickling is not an import
     family = None
     if spec.get("family"):
-        from variants.builders import get_family
+        from variants.families import get_family
 
         family = get_family(spec["family"])
     module = get_module(spec["model"])
@@ -117,7 +117,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
         if spec["variant"] not in by_name:
             raise ValueError(f"variant {spec['variant']!r} is not in family {spec['family']!r} "
                              f"with these parameters; it has {sorted(by_name)}")
-        from variants.builders.family import BuildInputs
+        from variants.families.family import BuildInputs
 
         inputs = BuildInputs(calibration=spec.get("calibration"), fit=spec.get("fit"),
                              cache_dir=Path(spec["cache_dir"]) if spec.get("cache_dir") else None)

@@ -99,7 +99,7 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     ValueError
         Bad widths or group size, an empty split, no layer left.
     """
-    from variants.builders.quant_family import check_bits
+    from variants.families.quant.family import check_bits
 
     for b in bits:
         check_bits(int(b), group_size, prefix="--")

@@ -27,8 +27,8 @@ from runs.judge import judge_variant
 from runs.outputs import DecisionOutputs
 from runs.readers import CorruptFileError
 from runs.report import render_report
-from variants.builders import get_family
-from variants.builders.family import BuildInputs
+from variants.families import get_family
+from variants.families.family import BuildInputs
 from variants.coldstart import measure_cold_start
 from variants.models.decision import prepared_digest
 from variants.models import fitted_reference

@@ -10,8 +10,8 @@ from pathlib import Path
 from metrics._checks import short_repr
 from variants import defaults
 from variants.runtime import device, parallel
-from variants.builders import get_family
-from variants.builders.quant_family import MODES
+from variants.families import get_family
+from variants.families.quant.family import MODES
 from variants.models import resolve
 
 RESULTS_DIR = Path(defaults.RESULTS_DIR)

@@ -5,7 +5,7 @@ contract's needs of them (calibration size, strata)."""
 from contracts.checker import load_contract
 from variants.datasets import bundled as data
 from variants.runtime import device
-from variants.builders import get_family
+from variants.families import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoints.load import load_checkpoint
 from variants.models.model_config import ModelConfigError

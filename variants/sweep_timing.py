@@ -27,7 +27,7 @@ def kernel(model):
     :mod:`variants.arch.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
     :mod:`variants.arch.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
-    from variants.builders import w8a8
+    from variants.families.w8a8 import build as w8a8
 
     names = qlinear.kernels(model.module) + [n for n in fused if n]
     names += [w8a8.kernel_name(model.module)] if w8a8.kernel_name(model.module) else []

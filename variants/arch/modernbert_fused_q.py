@@ -1,7 +1,7 @@
 """A quantized ModernBERT layer as one compiled MLX op on the CPU (``fused_mbert_qlayer.cpp`` in
 :mod:`variants.runtime.qkernel`), as :mod:`variants.runtime.fused_layer`'s ``qweights`` is to MiniLM's layer.
 
-A quantized ModernBERT (:func:`variants.builders.quantize.quantize_module`, then
+A quantized ModernBERT (:func:`variants.families.quant.build.quantize_module`, then
 :func:`variants.runtime.qlinear.use_cpu_path`) has no fp32 fast weights
 (:func:`variants.arch.modernbert_fast.layer_weights` is None), so its layers used to run the plain MLX
 path, each projection a ``dequant-cpp+gemm`` call. Here each layer whose four projections

@@ -24,7 +24,7 @@ def _regex(text):
 def configure(sub):
     """Add the ``sensitivity`` subcommand to ``sub``; returns its parser."""
     from variants import defaults
-    from variants.builders.quant_family import GROUP_SIZES
+    from variants.families.quant.family import GROUP_SIZES
     from variants.commands import HelpFormatter
     from variants.sweep_config import SweepConfig
 
@@ -80,7 +80,7 @@ def run(args):
 
     from runs.io import make_out_dir, write_csv
     from variants import sensitivity
-    from variants.builders.quant_family import check_bits
+    from variants.families.quant.family import check_bits
     from variants.models import fitted_reference
     from variants.sweep_config import SweepConfig
     from variants.sweep_inputs import cache_parts, load_inputs

@@ -8,8 +8,8 @@ from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, HelpFormat
 
 def configure(sub):
     """Add the ``sweep`` subcommand (with every family's flag group) to ``sub``; returns it."""
-    from variants.builders import FAMILIES, get_family
-    from variants.builders.quant_family import MODES
+    from variants.families import FAMILIES, get_family
+    from variants.families.quant.family import MODES
     from variants.models import MODELS
     from variants.datasets.own import SCHEMA_HELP
     from variants.sweep_config import SweepConfig
@@ -153,7 +153,7 @@ def config_from_args(args):
     the chosen family's flags go to ``params`` (another family's flag given is a ValueError,
     :func:`check_family_flags`; built and validated once per command). Raises SweepError on
     bad input."""
-    from variants.builders import FAMILIES, get_family
+    from variants.families import FAMILIES, get_family
     from variants.sweep_config import SweepConfig
 
     check_family_flags(args)

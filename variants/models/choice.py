@@ -34,7 +34,7 @@ DOMAIN_WORDING = {
 # who acts on a routed text: product complaints go to support, tweets to the social team
 DOMAIN_ACTIONS = {"tweet": "review", "movie": "none", "product": "escalate", "news": "none"}
 TASKS = ("sentiment-2", "sentiment-3", "sentiment-5", "domain-4")
-#: How an early-exit head reproduces this model (variants.builders.exit_heads): a linear map of
+#: How an early-exit head reproduces this model (variants.families.exit.heads): a linear map of
 #: an intermediate embedding into the final embedding space, scored by scaled cosine.
 EXIT_HEAD_KIND = "cosine"
 

@@ -15,9 +15,9 @@ import numpy as np
 from metrics._checks import short_repr
 from variants.models.model_config import ModelConfigError
 
-#: early-exit head kind per logits kind (variants.builders.exit_heads reproduces these two)
+#: early-exit head kind per logits kind (variants.families.exit.heads reproduces these two)
 EXIT_HEAD_KINDS = {"linear-head": "linear", "cosine": "cosine", "classifier": "linear"}
-#: the cosine scale the early-exit heads assume (variants.builders.exit_heads.COSINE_SCALE)
+#: the cosine scale the early-exit heads assume (variants.families.exit.heads.COSINE_SCALE)
 EXIT_COSINE_SCALE = 20.0
 
 

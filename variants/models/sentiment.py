@@ -15,7 +15,7 @@ SCORES = (-1.0, 0.0, 1.0)
 ACTIONS = ("escalate", "review", "none")
 OPTION_ACTION = ("escalate", "review", "none")  # negative -> escalate, neutral -> review, ...
 HEAD_C = 10.0  # inverse L2 strength of the logistic-regression head
-#: How an early-exit head reproduces this model (variants.builders.exit_heads): linear logits.
+#: How an early-exit head reproduces this model (variants.families.exit.heads): linear logits.
 EXIT_HEAD_KIND = "linear"
 
 

@@ -80,10 +80,10 @@ def family_configs(config, group_size=64):
     """The families' config dataclasses of ``config`` in build order, as ``[(name, cfg)]``; the
     quant width goes to the last family's ``bits`` (module docstring). Raises ValueError for an
     unknown family, a bad value or an incompatible pair."""
-    from variants.builders.exit_family import ExitConfig
-    from variants.builders.lowrank_family import LowRankConfig
-    from variants.builders.prune_family import PruneConfig
-    from variants.builders.quant_family import QuantConfig
+    from variants.families.exit.family import ExitConfig
+    from variants.families.lowrank.family import LowRankConfig
+    from variants.families.prune.family import PruneConfig
+    from variants.families.quant.family import QuantConfig
 
     bad = [k for k in config if k not in FAMILIES]
     if bad or not config:
@@ -122,7 +122,7 @@ def build(reference, config, inputs, mode="simulated", group_size=64):
         The fitted reference.
     config : dict
         A composed config (module docstring).
-    inputs : variants.builders.family.BuildInputs
+    inputs : variants.families.family.BuildInputs
         calibration (lowrank activation statistics, exit threshold, prune's realised work),
         fit (exit heads), cache_dir.
     mode : {'simulated', 'native'}
@@ -137,7 +137,7 @@ def build(reference, config, inputs, mode="simulated", group_size=64):
     ValueError
         Bad config, incompatible families, or a builder's own refusal.
     """
-    from variants.builders import get_family
+    from variants.families import get_family
 
     model, infos = reference, []
     for name, cfg in family_configs(config, group_size):

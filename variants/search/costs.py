@@ -3,7 +3,7 @@ latency cost model.
 
 - ``bytes``: the model's bytes as the native quant form stores them (packed weights, scales and
   biases of each quantized layer, every other parameter as it is), the ``model_bytes`` of
-  ``build.json`` (:func:`variants.builders.quantize.quantize_module`). Each layer's stored
+  ``build.json`` (:func:`variants.families.quant.build.quantize_module`). Each layer's stored
   bytes per width are measured once with ``mx.quantize`` on its weight, so a map's total is a
   sum (``tests/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
 - ``bits``: stored bits per quantized weight, ``8 * quantized bytes / quantized weights``

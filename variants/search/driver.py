@@ -68,7 +68,7 @@ class SearchOptions:
 
     def validate(self):
         """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
-        from variants.builders.quant_family import BITS, check_bits
+        from variants.families.quant.family import BITS, check_bits
 
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
@@ -267,7 +267,7 @@ class Search:
             "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}
 
     def _base(self, layer_bits, spec, step):
-        from variants.builders.quant_family import QuantConfig
+        from variants.families.quant.family import QuantConfig
 
         c = self.costs
         name = QuantConfig(bits=spec["default_bits"], group_size=self.opts.group_size,

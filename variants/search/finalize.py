@@ -7,7 +7,7 @@ there, the search overfitted the search split, and the next cheapest that passes
 
 import json
 
-from variants.builders.quant_family import QuantConfig
+from variants.families.quant.family import QuantConfig
 
 
 def finalize(search, passing, n=3):

@@ -112,7 +112,7 @@ class OptunaSearch(Search):
                     dict.fromkeys(("bytes", "bits", "flops", o.cost), float("nan")))
         name = name_of(config)
         if quant_only:  # the sweep's variant folder name (finalize reads it)
-            from variants.builders.quant_family import QuantConfig
+            from variants.families.quant.family import QuantConfig
 
             name = QuantConfig(bits=config["quant"]["bits"], group_size=o.group_size).name
         return {"id": spec["id"], "step": step, "name": name, "config": config,

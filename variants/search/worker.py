@@ -106,12 +106,12 @@ def build_variant(state, spec):
     with ``config`` (a composed cross-family config) is built by
     :func:`variants.search.composed.build` (info: its :func:`~variants.search.composed.summary`)
     on the sweep's calibration and fit splits."""
-    from variants.builders.quant_family import QuantConfig, build
+    from variants.families.quant.family import QuantConfig, build
 
     if "config" in spec:
         from pathlib import Path
 
-        from variants.builders.family import BuildInputs
+        from variants.families.family import BuildInputs
         from variants.search import composed
 
         ts = state["tasksets"]
