@@ -55,7 +55,7 @@ def main(argv=None):
     from peers import ratio
 
     from variants.arch import modernbert_fused_q
-    from variants import sweep_timing
+    from variants.sweep import timing as sweep_timing
     from variants.families.quant.build import QuantConfig, quantize_module
     from variants.checkpoints.load import load_checkpoint
     from variants.arch.encoder import mean_pool

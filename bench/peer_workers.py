@@ -88,18 +88,18 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
         return out
 
     def profile(n_texts, rounds):
-        """Segment profile (variants/profile.py) of the reference at B = n_texts (MiniLM)."""
+        """Segment profile (variants/sweep/profile.py) of the reference at B = n_texts (MiniLM)."""
         from variants.datasets import bundled as data
         from variants.models import sentiment
-        from variants.profile import segment_profile
+        from variants.sweep.profile import segment_profile
         texts = list(data.sample(data.split_frame(data.load_vader(), "eval"), 64,
                                  seed=0)["text"])
         texts = sorted(texts, key=len)[len(texts) // 2:][:n_texts]
         return segment_profile(sentiment.build(ck), texts, rounds=rounds)
 
     def evals(B, L):
-        """Graph evaluations and compiled calls of one reference forward (variants.work_counts)."""
-        from variants.work_counts import count_work
+        """Graph evaluations and compiled calls of one reference forward (variants.sweep.work_counts)."""
+        from variants.sweep.work_counts import count_work
         ids, mask, types = inputs(B, L)
         out = mean_pool(ck.encoder(ids, mask, types).last_hidden, mask)
         mx.eval(out)

@@ -20,7 +20,7 @@ of one / time of the other, same round) and summarised by their median and a 95%
 percentile-bootstrap CI (:func:`ratio`); the machine is shared, so read ratios, not absolute
 milliseconds. Then the B=1 analysis: time vs number of layers and vs L at B=1 (intercept = fixed
 per-call cost, slope = per layer / per token), the graph evaluations per forward and the segment
-profile (variants/profile.py).
+profile (variants/sweep/profile.py).
 
 Measured here (2 shared cores, MLX 0.32.4, ORT 1.32, torch 2.13, passive pools; default run: MiniLM
 282 s at load 2.5-4, ModernBERT 3 layers 284 s at load ~5), MLX/ORT fp32 per-round median: MiniLM

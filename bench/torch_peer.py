@@ -10,7 +10,7 @@ the median of the per-round ratios. Prints, in one run:
    cut batches of 32, as sentence-transformers' ``encode`` does);
 3. the sgemm roofline share of MLX's forward GEMMs (NumPy sgemm GFLOP/s in a third process):
    the fixed-shape forward's GEMMs issued alone, and the GEMM segments of the profile batch;
-4. the segment profile with Amdahl ceilings per family (variants/profile.py);
+4. the segment profile with Amdahl ceilings per family (variants/sweep/profile.py);
 5. what each speed step of the MLX forward gave (bench/encoder_steps.py: step -> ms);
 6. the slope table of graph evaluations / compiled calls.
 
@@ -79,7 +79,7 @@ def _mlx_worker():
 
     def profile(texts, rounds):
         from variants.models import sentiment
-        from variants.profile import amdahl_ceilings, segment_profile
+        from variants.sweep.profile import amdahl_ceilings, segment_profile
         prof = segment_profile(sentiment.build(ck), texts, rounds=rounds)
         prof["ceilings"] = amdahl_ceilings(prof)
         return prof
@@ -87,7 +87,7 @@ def _mlx_worker():
     def slopes():
         from variants.models.decision import PreparedBatch
         from variants.models import sentiment
-        from variants.work_counts import work_slopes
+        from variants.sweep.work_counts import work_slopes
         model = sentiment.build(ck)
 
         def make(B, L):

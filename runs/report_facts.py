@@ -1,7 +1,7 @@
 """Facts the run report states next to its tables, so that nothing it measured or skipped is
 left only in a JSON file: texts the model read nothing of (with their row ids), layers a
 quantizer left in full precision (with their share of the parameters), timings faster than
-their work allows (``variants.plausible``). No MLX."""
+their work allows (``variants.sweep.plausible``). No MLX."""
 
 import math
 

@@ -71,7 +71,7 @@ def test_reference_outputs_cached_at_batch_32_are_not_reused_at_batch_4(checkpoi
     reference outputs are recomputed (a key without the batch size reused them) and differ."""
     from variants.datasets import bundled as data
     from variants.models import sentiment
-    from variants.sweep import Sweep, SweepClock, SweepConfig
+    from variants.sweep.run import Sweep, SweepClock, SweepConfig
 
     frame = data.load_vader()
     tasksets = {s: sentiment.make_taskset(data.sample(data.split_frame(frame, s), n))

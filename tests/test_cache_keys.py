@@ -176,7 +176,7 @@ def test_reference_outputs_cached_at_128_are_not_reused_at_256(checkpoint, tmp_p
     head, temperatures and outputs are recomputed, and the one eval text longer than 128 tokens
     gets other logits while the short ones keep theirs."""
     from contracts.checker import load_contract
-    from variants.sweep import Sweep, SweepClock, SweepConfig
+    from variants.sweep.run import Sweep, SweepClock, SweepConfig
 
     frame = data.load_vader()
     ev = data.split_frame(frame, "eval")
@@ -233,7 +233,7 @@ def test_a_run_folder_swept_with_other_tokenizer_settings_is_not_resumed(checkpo
     """Variant outputs in a run folder are a cache too: run.json's ``data.tokenizer`` from a
     sweep at max length 256 makes a resume at 128 a SweepError naming the setting."""
     from runs.io import write_json
-    from variants.sweep import Sweep, SweepConfig, SweepError
+    from variants.sweep.run import Sweep, SweepConfig, SweepError
 
     cfg = SweepConfig(results_dir=str(tmp_path), run="r", progress=False).validate()
     sw = Sweep(cfg, log=lambda m: None)

@@ -177,7 +177,7 @@ def test_interrupted_run_refuses_other_settings_and_corrupt_files(
     line naming it, nothing in the run folder modified; deleted, the rerun rebuilds that part.
     (Eleven sweeps: their plots are not drawn here, ~3 s each; a sweep's plots are checked in
     test_small_real_sweep_writes_results_and_resumes and tests/test_run_lifecycle.py.)"""
-    from variants.sweep import Sweep
+    from variants.sweep.run import Sweep
 
 
     root = tmp_path / "results"

@@ -49,7 +49,7 @@ def test_sweep_search_and_sensitivity_read_one_table():
 
 def test_the_dataclasses_default_as_the_parsers():
     from variants.search.driver import SearchOptions
-    from variants.sweep_config import SweepConfig
+    from variants.sweep.config import SweepConfig
     from variants.runtime.timing import DEFAULT_BUDGET_S, DEFAULT_ROUNDS, DEFAULT_WARMUP
 
     sw, se = SweepConfig(), SearchOptions()

@@ -13,8 +13,8 @@ import pytest
 from runs.io import write_json
 from variants.runtime import device, parallel, qlinear
 from variants.cli import main
-from variants.sweep_config import SweepConfig, SweepError
-from variants.sweep_resume import check_run_folder
+from variants.sweep.config import SweepConfig, SweepError
+from variants.sweep.resume import check_run_folder
 
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
         "--timing-rounds", "1", "--timing-warmup", "0", "--cold-start", "none", "--no-progress",

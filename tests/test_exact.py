@@ -380,7 +380,7 @@ def test_repeated_exact_kinds_and_cache_sizes_are_recorded_once():
     argv = ["sweep", "--family", "exact", "--exact-kinds", "dedup", "cache", "dedup",
             "--cache-sizes", "16", "64", "16"]
     cfg = config_from_args(build_parser(argv).parse_args(argv))
-    # run.json's config is asdict(cfg) (variants.sweep_meta.run_metadata)
+    # run.json's config is asdict(cfg) (variants.sweep.meta.run_metadata)
     assert asdict(cfg)["params"]["exact_kinds"] == ["dedup", "cache"]
     assert asdict(cfg)["params"]["cache_sizes"] == [16, 64]
     assert [v.name for v in cfg.variants] == ["dedup", "cache-16", "cache-64"]

@@ -13,7 +13,7 @@ import pytest
 from test_fused_layer import _numpy_layer, calls  # noqa: F401  (fixtures)
 
 from variants.runtime import fused_layer, qlinear
-from variants import sweep_timing
+from variants.sweep import timing as sweep_timing
 from variants.arch.encoder import BertEncoder, ModelArgs, attention_bias, compiled_paths, mean_pool
 
 PROJ = (("attention", "query"), ("attention", "key"), ("attention", "value"),

@@ -8,7 +8,7 @@ import pytest
 
 from variants.checkpoints.load import CheckpointError, load_checkpoint
 from variants.models.model_config import ModelConfigError, load_model_config
-from variants.sweep_config import SweepConfig, SweepError
+from variants.sweep.config import SweepConfig, SweepError
 
 LONG = " ".join(["The movie was great but the ending felt rushed and strange."] * 30)
 
@@ -68,7 +68,7 @@ def test_above_the_position_table_is_refused():
 
 
 def test_load_inputs_passes_it_on(tmp_path):
-    from variants.sweep_inputs import load_inputs
+    from variants.sweep.inputs import load_inputs
 
     cfg = SweepConfig(max_length=200, n_fit=10, n_calibration=20, n_eval=10,
                       timing_batch_sizes=(1,), results_dir=str(tmp_path)).validate()

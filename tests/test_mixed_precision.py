@@ -247,7 +247,7 @@ GOOD = ('name = "m"\nlogits = "linear-head"\noptions = ["a", "b", "c"]\nscores =
 
 def test_toml_bits_map_is_the_sweep_default_and_the_flag_wins(tmp_path):
     from variants.models.model_config import load_model_config
-    from variants.sweep_config import SweepConfig
+    from variants.sweep.config import SweepConfig
 
     plain = tmp_path / "plain.toml"
     plain.write_text(GOOD)

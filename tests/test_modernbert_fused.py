@@ -14,7 +14,7 @@ import pytest
 from scipy.special import erf
 
 from variants.arch import modernbert, modernbert_fast, modernbert_fused
-from variants import sweep_timing
+from variants.sweep import timing as sweep_timing
 from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import MASK_BIAS
 

@@ -19,7 +19,7 @@ from test_modernbert_fused import _mask, _numpy_layer
 
 from variants.arch import modernbert, modernbert_fast, modernbert_fused_q
 from variants.runtime import qlinear
-from variants import sweep_timing
+from variants.sweep import timing as sweep_timing
 from variants.families.lowrank.build import LowRankLinear
 from variants.checkpoints.load import load_checkpoint
 from variants.arch.encoder import MASK_BIAS

@@ -1,4 +1,4 @@
-"""The implausible-timing alarm (variants.plausible): a call faster than its Linear FLOPs at the
+"""The implausible-timing alarm (variants.sweep.plausible): a call faster than its Linear FLOPs at the
 measured GEMM peak, or a speed-up over 3× the cost model's ideal, is flagged in timing.json and
 report.md; a variant whose forward returns cached logits is caught, the reference against
 itself is not."""
@@ -10,7 +10,7 @@ import mlx.nn as nn
 import pandas as pd
 import pytest
 
-from variants import plausible
+from variants.sweep import plausible
 
 
 def test_assess_floor_and_ideal_by_hand():
@@ -66,7 +66,7 @@ class CachedLogits(nn.Module):
 def timed(checkpoint):
     from variants.datasets import bundled as data
     from variants.models import sentiment
-    from variants.sweep_timing import time_pair
+    from variants.sweep.timing import time_pair
 
     model = sentiment.build(checkpoint)
     model.temperatures = {3: 1.0}

@@ -6,9 +6,9 @@ import pytest
 
 from variants.runtime import fast_ops
 from variants.arch.encoder import BertEncoder, ModelArgs, mean_pool
-from variants.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
-                              exit_speedup, prune_speedup)
-from variants.work_counts import count_work, work_slopes
+from variants.sweep.profile import (FAMILY_SEGMENTS, LAYER_SEGMENTS, amdahl, amdahl_ceilings,
+                                    exit_speedup, prune_speedup)
+from variants.sweep.work_counts import count_work, work_slopes
 from variants.runtime.timing import time_alternating
 
 TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
@@ -214,7 +214,7 @@ def test_segmented_forward_runs_the_forward_it_profiles(enc, monkeypatch, length
     unattributed time): same pooled output, same rows through the MLP."""
     from variants.arch import encoder as encoder_module
     from variants.runtime import parallel
-    from variants.profile import SEGMENTS, _segmented_forward
+    from variants.sweep.profile import SEGMENTS, _segmented_forward
     if mlp_rows is None:  # head split with two or more streams, else packed like any batch
         mlp_rows = L if len(parallel.streams()) > 1 else sum(lengths)
     rows = []

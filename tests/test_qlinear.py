@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 
 from variants.arch import encoder
 from variants.runtime import fused_layer, qlinear
-from variants import sweep_timing
+from variants.sweep import timing as sweep_timing
 from variants.families.quant import build as quantize
 from variants.families.quant.build import BITS, QuantConfig, quantize_module
 from variants.models import sentiment

@@ -180,7 +180,7 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
     """Killed (KeyboardInterrupt) while writing each output in turn, or just before the final
     run.json: run.json still says running; the previous run's report is gone (deleted here), so
     a "complete" would be a lie. The rerun completes it."""
-    import variants.sweep
+    import variants.sweep.run
 
     run = copy / "t"
     for f in ("report.md", "summary.csv"):
@@ -188,13 +188,13 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
     shutil.rmtree(run / "plots")
     with monkeypatch.context() as m:
         if where == "final run.json":
-            real = variants.sweep.write_json
+            real = variants.sweep.run.write_json
 
             def write_json(path, obj):
                 if Path(path).name == "run.json" and obj.get("status") == "complete":
                     raise KeyboardInterrupt
                 return real(path, obj)
-            m.setattr(variants.sweep, "write_json", write_json)
+            m.setattr(variants.sweep.run, "write_json", write_json)
         else:
             m.setattr(io, "_atomic", _failing_atomic(io._atomic, where, KeyboardInterrupt()))
         assert sweep(copy) == 130

@@ -309,13 +309,13 @@ def test_student_inference_equals_its_training_path_on_padded_batches(model, spl
 
 
 def test_timing_json_model_bytes_agree_with_build_json(model, built):
-    """timing.json's model_bytes.variant (variants.sweep_timing.time_pair) counts the shared
+    """timing.json's model_bytes.variant (variants.sweep.timing.time_pair) counts the shared
     embeddings and head once, as build.json does: teacher + the student's own layers."""
     from types import SimpleNamespace
 
     from mlx.utils import tree_flatten
 
-    from variants.sweep_timing import time_pair
+    from variants.sweep.timing import time_pair
 
     variant, info, _ = built
     cfg = SimpleNamespace(speed_mode="simulated", timing_warmup=0, timing_rounds=1,

@@ -32,7 +32,7 @@ def test_timing_flags_are_named_and_refused_before_writing(tmp_path, capsys, arg
 
 
 def test_default_min_rounds_follows_few_rounds():
-    from variants.sweep import SweepConfig
+    from variants.sweep.run import SweepConfig
 
     assert SweepConfig(timing_rounds=2).validate().timing_min_rounds == 2
     assert SweepConfig().validate().timing_min_rounds == 3
@@ -69,7 +69,7 @@ def test_validate_env():
 def test_resume_refuses_a_variant_folder_built_with_other_settings(tmp_path, capsys):
     """The folder name matches but build.json recorded another config: refused (exit 2) before
     anything is written, naming the variant, the field and the fix."""
-    from variants.sweep import SweepConfig
+    from variants.sweep.run import SweepConfig
 
     root = tmp_path / "r"
     args = ["--family", "exit", "--exit-rules", "margin", "--exit-thresholds", "0.5001",

@@ -14,7 +14,7 @@ TINY = ["sweep", "--bits", "8", "--n-fit", "60", "--n-calibration", "40", "--n-e
 
 @pytest.mark.slow
 def test_rerun_skips_reference_forwards_and_resume_fills_old_timing(tmp_path, monkeypatch, capsys):
-    import variants.sweep as sweep_mod
+    import variants.sweep.run as sweep_mod
     from runs.judge import check_run
     from variants.models.sentiment import SentimentNet
 

@@ -117,7 +117,7 @@ def test_a_vs_a_end_to_end_does_not_grow(sentiment):
 
 
 def test_cold_start_runs_in_a_fresh_process(sentiment):
-    from variants.coldstart import measure_cold_start
+    from variants.sweep.coldstart import measure_cold_start
 
     model, ts = sentiment
     r = measure_cold_start({"model": "minilm-sentiment", "head_path": None,

@@ -1,10 +1,10 @@
-"""The sweep's B=1 timing cycles over several eval texts (variants.sweep_timing): the timed
+"""The sweep's B=1 timing cycles over several eval texts (variants.sweep.timing): the timed
 inputs differ from call to call, and reference and variant time the same text in every round."""
 
 import numpy as np
 import pytest
 
-from variants import sweep_timing
+from variants.sweep import timing as sweep_timing
 from variants.runtime.timing import rotating, time_alternating
 
 

@@ -1,5 +1,5 @@
 """The command line's defaults, in one table: ``variants sweep``, ``variants search`` and
-``variants sensitivity`` (and :class:`variants.sweep_config.SweepConfig`,
+``variants sensitivity`` (and :class:`variants.sweep.config.SweepConfig`,
 :class:`variants.search.driver.SearchOptions`, :mod:`variants.runtime.timing`) read them from here, so a
 setting two commands share has one default. Plain Python: no MLX import.
 

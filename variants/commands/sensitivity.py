@@ -26,7 +26,7 @@ def configure(sub):
     from variants import defaults
     from variants.families.quant.family import GROUP_SIZES
     from variants.commands import HelpFormatter
-    from variants.sweep_config import SweepConfig
+    from variants.sweep.config import SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(
@@ -82,8 +82,8 @@ def run(args):
     from variants import sensitivity
     from variants.families.quant.family import check_bits
     from variants.models import fitted_reference
-    from variants.sweep_config import SweepConfig
-    from variants.sweep_inputs import cache_parts, load_inputs
+    from variants.sweep.config import SweepConfig
+    from variants.sweep.inputs import cache_parts, load_inputs
 
     for b in args.bits:  # bad input: before anything is loaded or written
         check_bits(b, args.group_size, prefix="--")

@@ -108,7 +108,7 @@ class SearchOptions:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
         if self.finalize:  # the finalists' sweep settings: now, not after the whole search
-            from variants.sweep_config import SweepConfig
+            from variants.sweep.config import SweepConfig
 
             SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
                                timing_warmup=self.timing_warmup,
@@ -173,7 +173,7 @@ class Search:
 
         from variants.search import worker
         from variants.sensitivity import quantizable_layers
-        from variants.sweep_config import SweepError
+        from variants.sweep.config import SweepError
 
         o = self.opts
         self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,

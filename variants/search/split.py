@@ -5,7 +5,7 @@ Bundled data: the fit split (:func:`variants.datasets.splits.split_frame`) less 
 :func:`variants.datasets.splits.sample` drew for the head, then ``n_search`` of the rest drawn the
 same way (stratified by domain, seeded). Own data (``--data``): the fit split's rows after the
 first ``n_fit`` in the sweep's ``sha256(f"{seed}:{id}")`` order
-(:func:`variants.sweep_inputs.own_data_tasksets`). Either way the rows are then split in two by
+(:func:`variants.sweep.inputs.own_data_tasksets`). Either way the rows are then split in two by
 ``sha256(f"{seed}:search:{id}")``: the first ``n_search // 2`` are the search-calibration part
 (the ε and the temperatures' calibration role), the rest the search-eval part (chunked, with
 sequential stopping). The search never touches the calibration or eval split; the winner is
@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from variants.sweep_config import SweepError
+from variants.sweep.config import SweepError
 
 PARTS = ("search-calibration", "search-eval")
 

@@ -49,8 +49,8 @@ def load(payload):
     from variants.runtime import device
     from variants.search.margin import tighten
     from variants.search.split import search_tasksets
-    from variants.sweep_config import SweepConfig
-    from variants.sweep_inputs import load_inputs
+    from variants.sweep.config import SweepConfig
+    from variants.sweep.inputs import load_inputs
 
     cfg = SweepConfig(**payload["sweep"]).validate()
     device.use(cfg.device or device.requested(), cfg.dtype)
@@ -73,7 +73,7 @@ def prepare_reference(state, payload):
     from runs.outputs import DecisionOutputs
     from variants.models.decision import prepared_digest
     from variants.models import fitted_reference
-    from variants.sweep_inputs import cache_parts
+    from variants.sweep.inputs import cache_parts
 
     cfg, parts, checkpoint = state["cfg"], state["parts"], state["checkpoint"]
     cache = Path(cfg.results_dir) / ".cache"

@@ -29,16 +29,16 @@ from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.families import get_family
 from variants.families.family import BuildInputs
-from variants.coldstart import measure_cold_start
+from variants.sweep.coldstart import measure_cold_start
 from variants.models.decision import prepared_digest
 from variants.models import fitted_reference
-from variants.sweep_clock import SweepClock, format_breakdown
-from variants.sweep_config import SweepConfig, SweepError, VariantsFailed
-from variants.sweep_meta import run_metadata
-from variants.sweep_resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
+from variants.sweep.clock import SweepClock, format_breakdown
+from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
+from variants.sweep.meta import run_metadata
+from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
                                    read_json)
-from variants.sweep_inputs import cache_parts, load_inputs
-from variants.sweep_timing import cold_start_spec, time_pair, timing_batches
+from variants.sweep.inputs import cache_parts, load_inputs
+from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
 
 
 class Sweep:
@@ -371,7 +371,7 @@ class Sweep:
         return summary
 
     def metadata(self):
-        """run.json's content now (:func:`variants.sweep_meta.run_metadata`)."""
+        """run.json's content now (:func:`variants.sweep.meta.run_metadata`)."""
         return run_metadata(self)
 
 

@@ -3,7 +3,7 @@
 Method (../shared/seeds/DIGEST.md, second document): time each segment of the forward, take its
 share p of the *whole* (un-segmented, warm) forward, report what the segments do not explain as
 **unattributed**, and bound a family's end-to-end speed-up by the Amdahl ceiling 1 / (1 - p) of
-the segments it accelerates. The work counts and their slopes are in :mod:`variants.work_counts`.
+the segments it accelerates. The work counts and their slopes are in :mod:`variants.sweep.work_counts`.
 
 Families that act on depth (token pruning after layer a, early exit after layer e) only shrink
 the layers after their cut point, so their shares are scaled by (N - a) / N

@@ -3,7 +3,7 @@
 Method (../shared/seeds/DIGEST.md, second document): the counts are taken at several sequence
 lengths and batch sizes and fitted with a slope; a count that grows per token or per example is
 per-launch overhead to remove, not a number to report. The segment profile and the Amdahl
-ceilings are in :mod:`variants.profile`.
+ceilings are in :mod:`variants.sweep.profile`.
 """
 
 from contextlib import contextmanager

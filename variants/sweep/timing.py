@@ -8,7 +8,7 @@ import numpy as np
 from variants import BLAS_INFO
 from variants.runtime import device
 from variants.arch import encoder, modernbert
-from variants import plausible
+from variants.sweep import plausible
 from variants.runtime import qlinear
 from variants.runtime.memory import model_bytes  # noqa: F401
 from variants.runtime.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
@@ -95,7 +95,7 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
     (:func:`timed_batches`), the same batch for both models in each round; its entries add
     ``texts_cycled`` (batches) and ``seq_lens`` (each one's padded length).
 
-    Every entry also gets ``plausibility`` (:func:`variants.plausible.assess`: the variant's
+    Every entry also gets ``plausibility`` (:func:`variants.sweep.plausible.assess`: the variant's
     calls against the floor of the reference's Linear FLOPs on the call with the fewest real
     tokens divided by ``ideal_speedup`` — the variant's cost-model ideal, None = 1, or
     ``max_speedup`` when larger (the most one batch can gain, early exit) — at twice
@@ -150,7 +150,7 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
 
 def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_speedup=None):
     """Add ``plausibility`` to every entry of ``result`` (:func:`time_pair`'s content) and
-    ``gemm_rate`` / ``implausible`` at its top level (:mod:`variants.plausible`): the floor is
+    ``gemm_rate`` / ``implausible`` at its top level (:mod:`variants.sweep.plausible`): the floor is
     the reference's Linear FLOPs on the timed call with the fewest real tokens."""
     if not timing_sets:
         result["implausible"] = False
@@ -172,11 +172,11 @@ def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_spe
 
 
 def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
-    """The :func:`variants.coldstart.run_spec` spec of ``sweep``'s reference (``vcfg`` None) or
+    """The :func:`variants.sweep.coldstart.run_spec` spec of ``sweep``'s reference (``vcfg`` None) or
     of variant ``vcfg`` of ``family``: the smallest timed batch, the cached head, and the
     :class:`BuildInputs` fields the family's build reads."""
     b = min(timing_sets)
-    from variants.sweep_inputs import checkpoint_path
+    from variants.sweep.inputs import checkpoint_path
 
     source = sweep.cfg.resolve_model()
     ck = checkpoint_path(sweep.cfg, source)

@@ -14,8 +14,8 @@ from runs.io import write_json
 from runs.judge import require_family
 from runs.npz_readers import check_same_ids, read_outputs
 from runs.readers import read_build, read_run_json, read_timing
-from variants.sweep_config import SweepError
-from variants.sweep_timing import cold_start_spec
+from variants.sweep.config import SweepError
+from variants.sweep.timing import cold_start_spec
 
 
 def read_json(path):
@@ -123,7 +123,7 @@ def check_variant_folders(out, variants, tasksets):
 
 def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
     """Measure what the timing.json at ``path`` of a reused variant (``vcfg`` of ``family``)
-    lacks for ``sweep`` (a :class:`variants.sweep.Sweep` with its reference ready): batch sizes
+    lacks for ``sweep`` (a :class:`variants.sweep.run.Sweep` with its reference ready): batch sizes
     of ``timing_sets`` ({B: (TaskSet, seq_len)}) without forward or end-to-end timing, the
     family's extra fields its ``extra_stale`` calls stale, the cold start under
     ``--cold-start all``. An earlier forward measurement is kept; the file is rewritten

@@ -9,12 +9,12 @@ from variants.families import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoints.load import load_checkpoint
 from variants.models.model_config import ModelConfigError
-from variants.sweep_config import SweepError
+from variants.sweep.config import SweepError
 
 
 def load_inputs(cfg):
     """(contract, checkpoint, {"fit", "calibration", "eval": TaskSet}) of a validated
-    :class:`variants.sweep_config.SweepConfig`.
+    :class:`variants.sweep.config.SweepConfig`.
 
     Raises
     ------

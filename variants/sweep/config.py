@@ -79,7 +79,7 @@ class SweepConfig:
     dtype: str = "float32"  # --dtype; float16/bfloat16 only on a GPU (variants.runtime.device.check)
     variants: list = field(default_factory=list)  # filled by validate()
     #: what the files named above hold (parsed model TOML, checkpoint sha256, data fingerprint),
-    #: filled by variants.sweep_inputs.load_inputs; part of :meth:`identity`
+    #: filled by variants.sweep.inputs.load_inputs; part of :meth:`identity`
     inputs_identity: dict = field(default_factory=dict)
 
     # fields whose change makes earlier outputs in the same run folder invalid

@@ -1,6 +1,6 @@
 """Cold start of a decision model (reference or variant), measured in a fresh process.
 
-``python -m variants.coldstart SPEC --spawned-at T`` runs in a new interpreter and prints one
+``python -m variants.sweep.coldstart SPEC --spawned-at T`` runs in a new interpreter and prints one
 JSON object with each stage timed separately:
 
 - ``startup_s``: from the parent's spawn (``T``, ``time.time()``) to this module's ``main``:
@@ -161,7 +161,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
 
 
 def measure_cold_start(spec, *, timeout_s=600.0, python=None):
-    """Run :func:`run_spec` in a fresh ``python -m variants.coldstart`` process.
+    """Run :func:`run_spec` in a fresh ``python -m variants.sweep.coldstart`` process.
 
     Parameters
     ----------
@@ -184,11 +184,11 @@ def measure_cold_start(spec, *, timeout_s=600.0, python=None):
         with os.fdopen(fd, "wb") as f:
             pickle.dump(spec, f)
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         t0 = time.time()
         try:
-            proc = subprocess.run([python or sys.executable, "-m", "variants.coldstart", path,
+            proc = subprocess.run([python or sys.executable, "-m", "variants.sweep.coldstart", path,
                                    "--spawned-at", repr(t0)], capture_output=True, text=True,
                                   timeout=timeout_s, env=env, cwd=root)
         except subprocess.TimeoutExpired:
@@ -212,14 +212,14 @@ def measure_cold_start(spec, *, timeout_s=600.0, python=None):
 
 
 def main(argv=None):
-    """Child entry point: ``python -m variants.coldstart SPEC.pkl [--spawned-at T]``."""
+    """Child entry point: ``python -m variants.sweep.coldstart SPEC.pkl [--spawned-at T]``."""
     main_at = time.time()
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m variants.coldstart",
+    p = argparse.ArgumentParser(prog="python -m variants.sweep.coldstart",
                                 description="Measure one cold start (import, weight load, build, "
                                             "first forward) and print it as JSON.")
-    p.add_argument("spec", help="pickle written by variants.coldstart.measure_cold_start")
+    p.add_argument("spec", help="pickle written by variants.sweep.coldstart.measure_cold_start")
     p.add_argument("--spawned-at", type=float, default=None,
                    help="parent's time.time() at spawn (for startup_s)")
     args = p.parse_args(argv)

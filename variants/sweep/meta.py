@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from variants import BLAS_INFO, __version__
 from variants.runtime import device, parallel
-from variants.sweep_timing import model_bytes
+from variants.sweep.timing import model_bytes
 from variants.checkpoints.special_tokens import count_special_only, special_only_ids
 
 
@@ -22,11 +22,11 @@ def _versions():
 
 
 def run_metadata(sweep):
-    """run.json's content for a :class:`variants.sweep.Sweep` that has prepared its inputs and
+    """run.json's content for a :class:`variants.sweep.run.Sweep` that has prepared its inputs and
     reference: identity, config (with the variant names), contract, versions, device, checkpoint,
     data splits and tokenizer, reference size and temperatures, status ("complete", "partial" or
     "failed" by the variants that failed to build), the family's report blocks (``extras``) and
-    the sweep's time breakdown (:meth:`variants.sweep_clock.SweepClock.breakdown`, taken now).
+    the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now).
     Documented in results/README.md."""
     cfg = sweep.cfg
     d = asdict(cfg)
