@@ -158,7 +158,7 @@ def fitted(model):
 
 
 def test_sensitivity_table_and_cache(fitted, tmp_path):
-    from variants import sensitivity
+    from variants.search import sensitivity
 
     model, ts = fitted
     layers = r"layers\.(0|5)\.attention\.value"
@@ -191,7 +191,7 @@ def test_sensitivity_metrics_by_hand(fitted):
     """max |dlogit| and the flip rate recomputed from the two logit tables directly."""
     import copy
 
-    from variants import sensitivity
+    from variants.search import sensitivity
 
     model, ts = fitted
     layer = "encoder.layers.2.intermediate"
@@ -210,7 +210,7 @@ def test_sensitivity_metrics_by_hand(fitted):
 
 
 def test_sensitivity_bad_layers_regex(model):
-    from variants import sensitivity
+    from variants.search import sensitivity
 
     with pytest.raises(ValueError, match="--layers 'nothing' matches no Linear"):
         sensitivity.quantizable_layers(model.module, "nothing")

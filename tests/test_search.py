@@ -190,7 +190,7 @@ def test_cost_table_matches_quantize_module(checkpoint):
     from variants.models import sentiment
     from variants.search.costs import CostTable
     from variants.search.driver import spec_of
-    from variants.sensitivity import quantizable_layers
+    from variants.search.sensitivity import quantizable_layers
 
     module = sentiment.build(checkpoint).module
     layers = quantizable_layers(module)
@@ -339,7 +339,7 @@ def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
 def test_latency_cost_model_sums_cached_kernel_times(checkpoint, tmp_path, monkeypatch):
     from variants.models import sentiment
     from variants.search import costs
-    from variants.sensitivity import quantizable_layers
+    from variants.search.sensitivity import quantizable_layers
 
     module = sentiment.build(checkpoint).module
     layers = quantizable_layers(module)

@@ -101,7 +101,7 @@ def test_composed_costs_by_hand(checkpoint):
     from variants.families.quant.family import QuantConfig
     from variants.families.quant.build import quantize_module
     from variants.search.costs import CostTable
-    from variants.sensitivity import quantizable_layers
+    from variants.search.sensitivity import quantizable_layers
 
     module = sentiment.build(checkpoint).module
     layers = quantizable_layers(module)

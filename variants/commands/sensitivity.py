@@ -1,5 +1,5 @@
 """``variants sensitivity``: each encoder Linear quantized alone at each candidate width; the
-change on a calibration subset (:mod:`variants.sensitivity`) as sensitivity.csv and a heat map."""
+change on a calibration subset (:mod:`variants.search.sensitivity`) as sensitivity.csv and a heat map."""
 
 import re
 import sys
@@ -79,7 +79,7 @@ def run(args):
     from tqdm.auto import tqdm
 
     from runs.io import make_out_dir, write_csv
-    from variants import sensitivity
+    from variants.search import sensitivity
     from variants.families.quant.family import check_bits
     from variants.models import fitted_reference
     from variants.sweep.config import SweepConfig

@@ -172,7 +172,7 @@ class Search:
         import mlx.nn as nn
 
         from variants.search import worker
-        from variants.sensitivity import quantizable_layers
+        from variants.search.sensitivity import quantizable_layers
         from variants.sweep.config import SweepError
 
         o = self.opts
@@ -221,7 +221,7 @@ class Search:
         return dict(self.payload, sweep=sweep)
 
     def sensitivity(self):
-        from variants import sensitivity
+        from variants.search import sensitivity
 
         cal = self.state["parts"]["search-calibration"]
         sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
