@@ -29,8 +29,8 @@ import time
 import variants  # noqa: F401  (preloads OpenBLAS before mlx)
 import numpy as np
 
-from variants import executor_factory
-from variants import executors as ex
+from variants.executors import factory as executor_factory
+from variants.executors import local as ex
 
 WORDS = ("good bad movie plot actor great terrible boring fun slow dark bright story music "
          "scene ending long short best worst funny sad loved hated").split()
@@ -76,7 +76,7 @@ def measure(kind, workers, units, batches, streams=None):
     if kind == "ray":
         import ray
 
-        from variants.executors_ray import driver_path_env
+        from variants.executors.ray import driver_path_env
 
         t = time.perf_counter()
         with driver_path_env():

@@ -1,4 +1,4 @@
-"""variants.executors: local, process and Ray executors give the same results; init once per
+"""variants.executors.local: local, process and Ray executors give the same results; init once per
 worker; a worker killed mid-unit is retried once; errors are one line."""
 
 import os
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import executor_toys as toys
-from variants import executor_factory
-from variants import executors as ex
+from variants.executors import factory as executor_factory
+from variants.executors import local as ex
 
 HAVE_RAY = True
 try:
@@ -28,7 +28,7 @@ def ray_local():
     """One local two-CPU Ray for the module (start-up takes seconds)."""
     if not HAVE_RAY:
         pytest.skip('ray not installed (pip install -e ".[ray]")')
-    from variants.executors_ray import driver_path_env
+    from variants.executors.ray import driver_path_env
 
     with driver_path_env():  # the actors import tests/executor_toys.py
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -188,7 +188,7 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_probe_address_parsing():
-    from variants import executors_ray as er
+    from variants.executors import ray as er
 
     assert er._host_port("ray://head:10001") == ("head", 10001)
     assert er._host_port("[::1]:6379") == ("::1", 6379)

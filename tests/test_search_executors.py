@@ -1,4 +1,4 @@
-"""variants search on the executors (variants.executors): local, process and Ray give the same
+"""variants search on the executors (variants.executors.local): local, process and Ray give the same
 search.json verdicts and costs; workers get only paths and settings and read the driver's
 caches; a candidate lost twice is a failed candidate and the search goes on; bad executor
 flags and a dead Ray address exit 2 with nothing written; the executor is no part of the
@@ -123,7 +123,7 @@ class _LosesTheSecond:
     workers = 1
 
     def __init__(self):
-        from variants.executors import LocalExecutor
+        from variants.executors.local import LocalExecutor
 
         self.inner, self.n = LocalExecutor(), 0
 
@@ -142,7 +142,7 @@ class _LosesTheSecond:
 
 
 def test_a_lost_candidate_is_failed_and_the_search_goes_on(shared, tmp_path, monkeypatch):
-    from variants import executor_factory
+    from variants.executors import factory as executor_factory
     from variants.cli import main
     from variants.search import driver
 

@@ -234,7 +234,7 @@ class Search:
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
         """The candidate's record from the worker's result: judged here, on the driver. A
-        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors`) is a
+        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors.local`) is a
         failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
         stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs

@@ -1,10 +1,10 @@
 """The executor of ``--executor`` / ``--workers`` / ``--ray-address``: local and process
-(:mod:`variants.executors`) or Ray (:mod:`variants.executors_ray`), checked before any unit runs.
+(:mod:`variants.executors.local`) or Ray (:mod:`variants.executors.ray`), checked before any unit runs.
 """
 
 from metrics._checks import short_repr
-from variants import executors as ex
-from variants.executors_ray import RayExecutor
+from variants.executors import local as ex
+from variants.executors.ray import RayExecutor
 
 
 def make_executor(kind, *, workers=1, ray_address=None, log=ex._stderr):
@@ -23,7 +23,7 @@ def make_executor(kind, *, workers=1, ray_address=None, log=ex._stderr):
 
     Returns
     -------
-    LocalExecutor, ProcessExecutor or variants.executors_ray.RayExecutor
+    LocalExecutor, ProcessExecutor or variants.executors.ray.RayExecutor
 
     Raises
     ------

@@ -1,6 +1,6 @@
 """Run independent units (search candidates) in-process, in worker processes, or on Ray.
 
-:func:`variants.executor_factory.make_executor` (kind, workers=..., ray_address=...) gives an
+:func:`variants.executors.factory.make_executor` (kind, workers=..., ray_address=...) gives an
 object with
 ``run(init, init_args, fn, specs, on_result)``:
 
@@ -25,7 +25,7 @@ Kinds:
   :class:`concurrent.futures.ProcessPoolExecutor` whose initializer holds the state in a module
   global. One pool per worker (not one pool of ``workers``) because a dead process breaks its
   whole pool: with one process per pool the broken pool names exactly the unit that was lost;
-- ``ray``: one Ray actor per worker holding the state (:mod:`variants.executors_ray`).
+- ``ray``: one Ray actor per worker holding the state (:mod:`variants.executors.ray`).
 
 Failures (process and ray): a worker that dies mid-unit (killed, out of memory, ``os._exit``)
 gives one line through ``log``; the lost unit is retried once on a fresh worker and the run goes

@@ -4,7 +4,7 @@
 with ``workers`` CPUs (started for the run and shut down after it). A Ray already initialised in
 this process (``ray.is_initialized()``) is used as it is and left running. Each actor asks for
 one CPU and actors are spread over the nodes (``scheduling_strategy="SPREAD"``); the state is
-built once per actor by :func:`variants.executors.worker_init`.
+built once per actor by :func:`variants.executors.local.worker_init`.
 
 Before ``ray.init`` touches a ``host:port`` address, a TCP connection to it is tried for
 ``PROBE_TIMEOUT_S``: Ray itself retries an unreachable GCS for a minute or more, printing
@@ -17,7 +17,7 @@ import socket
 import sys
 
 from metrics._checks import short_repr
-from variants import executors as ex
+from variants.executors import local as ex
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -42,7 +42,7 @@ def _host_port(address):
 
 
 def probe(address, timeout=PROBE_TIMEOUT_S):
-    """Raise :class:`~variants.executors.ExecutorError` when nothing accepts a TCP connection
+    """Raise :class:`~variants.executors.local.ExecutorError` when nothing accepts a TCP connection
     at ``address`` (``host:port``) within ``timeout`` seconds."""
     hp = _host_port(address)
     if hp is None:
@@ -151,8 +151,8 @@ class RayExecutor(ex.SlotExecutor):
 
 
 class _Worker:
-    """The Ray actor: :func:`variants.executors.worker_init` once, then
-    :func:`variants.executors.worker_call` per unit."""
+    """The Ray actor: :func:`variants.executors.local.worker_init` once, then
+    :func:`variants.executors.local.worker_call` per unit."""
 
     def __init__(self, init, init_args, streams):
         ex.worker_init(init, init_args, streams)
