@@ -7,8 +7,8 @@ pictures. During a test marked ``@pytest.mark.plots`` (the test, its class or mo
 module/session fixtures that test sets up first) ``plot_run`` is the real one; otherwise it
 writes nothing and returns ``[]`` (as a run whose plots were all skipped; report.md then has no
 plot section). Marked: every test that asserts anything about plots/*.png, report.md's plot
-links, ``variants plot`` or that a complete run has its plots (tests/test_plots.py, the
-run-lifecycle invariant tests, one small real sweep in tests/test_cli.py, ...); the marked set
+links, ``variants plot`` or that a complete run has its plots (tests/runs/test_plots.py, the
+run-lifecycle invariant tests, one small real sweep in tests/commands/test_cli.py, ...); the marked set
 was found by running the whole suite with the stub everywhere. Subprocesses (``variants sweep``
 in a child process, the notebooks) always plot.
 """
@@ -153,7 +153,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def qk():
     """The compiled extension with its fused BERT layer ops (variants.runtime.qkernel), or a skip naming
-    why it is unavailable here (tests/test_qkernel.py has its own, for the dequantizer alone)."""
+    why it is unavailable here (tests/runtime/test_qkernel.py has its own, for the dequantizer alone)."""
     from variants.runtime import qkernel
 
     mod = qkernel.load()

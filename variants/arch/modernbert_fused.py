@@ -9,7 +9,7 @@ x + Wout·(act(h·Win) * (h·Wgate)) with h = LN2(x), rotary q and k from
 key padding bias, and the local layers' sliding window computed exactly (each query's softmax
 over its keys |q - k| <= local_attention // 2 only, blocks of 16 queries multiplying only the
 keys their window reaches); float32 throughout, outputs equal the MLX path to float32 round-off
-(tests/test_modernbert_fused.py).
+(tests/arch/test_modernbert_fused.py).
 
 It runs when all of these hold, else :func:`variants.arch.modernbert.fast_forward` keeps the MLX path
 (the same results): MLX's default device is the CPU, the extension is built

@@ -14,7 +14,7 @@ GeGLU's input and gate halves are rows [0, F) and [F, 2F) of ``Wi``), with
 :mod:`variants.arch.modernbert_fused`'s attention, exact sliding window, rotary, norms and work
 split. Bit widths and group sizes may differ per projection (mixed-precision maps); layers left
 fp32 in the same stack run :mod:`variants.arch.modernbert_fused`'s op. Outputs equal the plain
-quantized MLX path to float32 round-off (tests/test_modernbert_fused_q.py).
+quantized MLX path to float32 round-off (tests/arch/test_modernbert_fused_q.py).
 
 It runs when :func:`variants.arch.modernbert.fast_forward` finds a layer that is not plain fp32 and
 all of these hold, else the plain path (the same results): MLX's default device is the CPU,

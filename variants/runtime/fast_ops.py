@@ -24,9 +24,9 @@ What makes element-wise work slow or fast there (MLX 0.32, Linux x86-64 wheel; m
   GEMV by a column of 1/D), and ``mx.fast.layer_norm`` has no CPU kernel: it runs as 18
   primitives. :func:`layer_norm` takes its two row means as GEMVs (OpenBLAS).
 
-Accuracy (tests/test_profile.py): exp max relative error 1.2e-7 on [-87, 0]; GELU max absolute
+Accuracy (tests/sweep/test_profile.py): exp max relative error 1.2e-7 on [-87, 0]; GELU max absolute
 error 1.1e-6 against the float64 exact-erf GELU on [-10, 10]; the encoder stays within float32
-round-off of the PyTorch fixtures (tests/test_encoder_parity.py).
+round-off of the PyTorch fixtures (tests/arch/test_encoder_parity.py).
 """
 
 import math

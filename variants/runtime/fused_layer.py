@@ -6,7 +6,7 @@ about 1.5 of its 3.3 ms were not arithmetic. The compiled layer does the same al
 :class:`variants.arch.encoder.TransformerLayer` on the folded weights (:mod:`variants.runtime.fused`): five
 OpenBLAS GEMMs for the projections, the attention per (sequence, head) with the additive key
 bias, exp(s - max) softmax, bias + erf-GELU (or ReLU), residual + layer norm, all float32
-(outputs equal the MLX path to float32 round-off: tests/test_fused_layer.py).
+(outputs equal the MLX path to float32 round-off: tests/runtime/test_fused_layer.py).
 
 It runs only when all of these hold, else the caller keeps the MLX path (the same results):
 MLX's default device is the CPU, the extension is built (:func:`variants.runtime.qkernel.load`),

@@ -112,7 +112,7 @@ def longest_first(mask):
     The encoder packs a batch in this order, so the parts cut from it hold sequences of similar
     length and each part's attention layout (padded to its own longest sequence) wastes little:
     the two halves' attention positions sum(B_p · L_p²) fall to 0.65x for the mixed batch of
-    ``tests/test_packing.py``, to 0.71x (0.52-0.87) on batches of 32 random eval texts and to
+    ``tests/runtime/test_packing.py``, to 0.71x (0.52-0.87) on batches of 32 random eval texts and to
     0.83x on the length-sorted batches of bench/torch_peer.py's end-to-end run. Forward time,
     alternated in one process (bench/packing_order.py): random batches 0.94-0.97x, sorted
     0.985-1.01x (noise)."""

@@ -5,7 +5,7 @@ latency cost model.
   biases of each quantized layer, every other parameter as it is), the ``model_bytes`` of
   ``build.json`` (:func:`variants.families.quant.build.quantize_module`). Each layer's stored
   bytes per width are measured once with ``mx.quantize`` on its weight, so a map's total is a
-  sum (``tests/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
+  sum (``tests/search/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
 - ``bits``: stored bits per quantized weight, ``8 * quantized bytes / quantized weights``
   (scales and biases included; build.json's ``bits_per_weight``: 9.0 at 8 bits, 5.0 at 4, g64).
 - ``flops``: quantization does not change the arithmetic (the CPU path dequantizes, then runs

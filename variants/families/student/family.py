@@ -16,7 +16,7 @@ DEFAULT_LAYERS = (1, 2, 3)
 DEFAULT_TARGETS = (0.99, 0.97)
 # Training defaults, measured on minilm-sentiment (k = 2, 300 fit texts, agreement of the student
 # alone with the teacher; the gap between the training texts and calibration is data-limited
-# generalisation, not a target bug, see tests/test_student.py::test_full_depth_student_*):
+# generalisation, not a target bug, see tests/families/test_student.py::test_full_depth_student_*):
 #   600 texts, 3 epochs, lr 3e-5: train 0.857, calibration 0.700 (loss 0.179 -> 0.034)
 #   600 texts, 3 epochs, lr 1e-4: train 0.887, calibration 0.673 (more memorisation)
 #  1500 texts, 2 epochs, lr 1e-4: train 0.810, calibration 0.743 (the default)
