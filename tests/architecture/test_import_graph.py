@@ -1,4 +1,5 @@
-"""The packages' import graph, read from the source (AST), has no cycle.
+"""The packages' import graph, read from the source (AST), has no cycle, and every import runs
+down the floors of :data:`FLOORS` (the rooms of ``variants/`` and the packages below them).
 
 Every ``import`` and ``from ... import`` counts, at module level or inside a function (a lazy
 import is still a dependency: it only moves the failure to the first call). ``from pkg import
@@ -125,3 +126,58 @@ def test_no_import_cycle_inside_the_package(package):
 
 def test_no_import_cycle_across_the_packages():
     assert cycles(import_graph()) == []
+
+
+#: the floors, bottom first: a module imports only from a lower floor or its own room (a room is
+#: a package of the repository or a sub-package of ``variants``; rooms on one floor do not import
+#: each other). ``variants/__init__.py``, the package's face, is left out. docs/architecture.md
+#: draws the same table.
+FLOORS = (
+    ("metrics",),
+    ("contracts", "variants.layer_maps"),
+    ("runs",),
+    ("variants.runtime", "variants.datasets"),
+    ("variants.arch", "variants.executors"),
+    ("variants.checkpoints", "variants.models"),
+    ("variants.families",),
+    ("variants.sweep",),
+    ("variants.search",),
+    ("variants.commands",),
+    ("variants.cli",),
+    ("variants.__main__",),
+)
+
+
+def room_of(module, floors=FLOORS):
+    """The room of ``module``: the longest entry of ``floors`` it is or lies in (None if none)."""
+    rooms = [r for floor in floors for r in floor if module == r or module.startswith(r + ".")]
+    return max(rooms, key=len) if rooms else None
+
+
+def upward(graph, floors=FLOORS):
+    """[(module, imported)] of imports into another room on the same or a higher floor."""
+    level = {room: i for i, floor in enumerate(floors) for room in floor}
+    out = []
+    for m, targets in graph.items():
+        if m == "variants":
+            continue
+        for t in targets:
+            a, b = room_of(m, floors), room_of(t, floors)
+            if t != "variants" and a != b and level[b] >= level[a]:
+                out.append((m, t))
+    return sorted(out)
+
+
+def test_the_floor_check_sees_imports_that_run_up_or_sideways():
+    floors = (("low",), ("mid", "side"), ("top",))
+    graph = {"top.a": {"mid.b", "low.c"}, "mid.b": {"low.c", "mid.d"}, "mid.d": set(),
+             "low.c": {"top.a"}, "side.e": {"mid.b"}}
+    assert upward(graph, floors) == [("low.c", "top.a"), ("side.e", "mid.b")]
+
+
+def test_every_module_has_a_room():
+    assert [m for m in import_graph() if m != "variants" and room_of(m) is None] == []
+
+
+def test_imports_only_go_down_the_floors():
+    assert upward(import_graph()) == [], "imports that run up (or sideways) the floors"
