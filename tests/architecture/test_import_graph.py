@@ -134,7 +134,7 @@ def test_no_import_cycle_across_the_packages():
 #: draws the same table.
 FLOORS = (
     ("metrics",),
-    ("contracts", "variants.layer_maps"),
+    ("contracts", "variants.layer_maps", "variants.defaults"),
     ("runs",),
     ("variants.runtime", "variants.datasets"),
     ("variants.arch", "variants.executors"),
