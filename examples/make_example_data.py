@@ -1,5 +1,5 @@
-"""Write examples/vader_raters.jsonl: 300 VADER rows in the own-data schema (README "Your own
-data"), deterministic, from the vendored corpus.
+"""Write examples/vader_raters.jsonl: 300 VADER rows in the own-data schema (README "Your data in
+brief", docs/user-guide.md "Your own model and data"), deterministic, from the vendored corpus.
 
 Each row: ``id`` (the corpus id), ``text``, ``question``, ``options`` negative/neutral/positive,
 ``label`` (option text of the mean rating, binned by ``variants.datasets.labels.SENTIMENT_BINS[3]``),

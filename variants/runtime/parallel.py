@@ -13,7 +13,7 @@ to one thread per GEMM call so the streams' GEMMs do not oversubscribe the cores
 - a direct ``layer(x, bias)`` call (prune and exit variants, hidden states): the batch halves,
   or for B = 1 the query positions, joined after the layer.
 
-Measured in bench/encoder_steps.py and bench/torch_peer.py (README: "MLX vs PyTorch").
+Measured in bench/encoder_steps.py and bench/torch_peer.py (docs/peer-benchmarks.md: "MLX vs PyTorch").
 
 ``VARIANTS_STREAMS=1`` switches the split off (one stream, OpenBLAS threads left as they are);
 ``VARIANTS_STREAMS=N`` asks for N streams (default: 2 when the machine has >= 2 cores and MLX's
