@@ -35,7 +35,7 @@ if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/include/oneapi/dnnl/dnnl.h ]; then
   fi
 fi
 
-# 1c. Headless Chromium for the report's browser tests (tests/test_html_browser.py: report.html
+# 1c. Headless Chromium for the report's browser tests (tests/runs/test_html_browser.py: report.html
 #     opened offline, console and network checked, a screenshot taken); they skip without it.
 if [ "$(uname -s)" = "Linux" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO=none; fi

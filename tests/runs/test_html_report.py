@@ -1,6 +1,6 @@
 """report.html: valid HTML5, nothing fetched, the embedded JSON equal to report.json, every
 section in order, one clause row per clause with the right margin (no browser; see
-tests/test_html_browser.py for Chromium)."""
+tests/runs/test_html_browser.py for Chromium)."""
 
 import json
 import re

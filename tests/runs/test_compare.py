@@ -13,7 +13,7 @@ import pytest
 from runs.compare import CompareError, compare_pair, mcnemar, pairs
 from variants.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 SMALL = FIXTURES / "sweep_small"
 
 

@@ -1,6 +1,6 @@
 """Open a local HTML file in headless Chromium once, offline: its DOM after scripts ran, a
 screenshot, every console message and every network request the page made (Chromium's net
-log). A helper of tests/test_html_browser.py; no pytest in here."""
+log). A helper of tests/runs/test_html_browser.py; no pytest in here."""
 
 import json
 import os
