@@ -70,6 +70,9 @@ class SearchOptions:
         """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
         from variants.families.quant.family import BITS, check_bits
 
+        if isinstance(self.out, str) and not self.out.strip():  # not the default folder
+            raise ValueError("--out is empty; pass a folder")
+
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
                              f"{', '.join(costs_mod.COSTS)}")
