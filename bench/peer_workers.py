@@ -50,15 +50,15 @@ def block(fn, iters, block_s, key=None):
 # -- MLX ---------------------------------------------------------------------------------------
 def w8a8_encoder(encoder):
     """A copy of ``encoder`` with every layer Linear a native W8A8
-    :class:`variants.builders.w8a8.Int8Linear` (int8 weights, per-token int8 activations, no
+    :class:`variants.families.w8a8.build.Int8Linear` (int8 weights, per-token int8 activations, no
     SmoothQuant): our w8a8 variant's encoder (``layers.`` prefix of
-    :func:`variants.activations.target_linears`); BERT layers then run as one compiled op each
+    :func:`variants.arch.activations.target_linears`); BERT layers then run as one compiled op each
     (``fused-int8layer-cpp``)."""
     import copy
 
     import mlx.core as mx
-    from variants import activations
-    from variants.builders.w8a8 import Int8Linear
+    from variants.arch import activations
+    from variants.families.w8a8.build import Int8Linear
     enc = copy.deepcopy(encoder)
     mods = dict(enc.named_modules())
     for p in activations.target_linears(enc, prefix="layers."):

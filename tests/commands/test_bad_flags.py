@@ -277,8 +277,8 @@ def test_run_sweep_as_a_library_refuses_an_explicit_blas_that_cannot_be_loaded(t
     # the command line exits 2; a script calling run_sweep must not time everything on MLX's
     # reference BLAS (70x slower) without a word either
     code = ("import variants\n"
-            "from variants.sweep import run_sweep\n"
-            "from variants.sweep_config import SweepError\n"
+            "from variants.sweep.run import run_sweep\n"
+            "from variants.sweep.config import SweepError\n"
             "try:\n"
             "    run_sweep(log=lambda m: None, family='quant', params={'bits': [8]},\n"
             "              results_dir='out')\n"

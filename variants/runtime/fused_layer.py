@@ -24,7 +24,7 @@ and multiplied unfolded as the MLX path does (``q = (x Wq^T + bq) * scale``, ``k
 their biases), named ``fused-qlayer-cpp`` in timing records; bit widths and group sizes may
 differ per projection (mixed-precision maps).
 
-A W8A8 layer whose six projections all run :mod:`variants.builders.w8a8`'s compiled
+A W8A8 layer whose six projections all run :mod:`variants.families.w8a8.build`'s compiled
 ``int8-gemm-dnnl`` (:func:`i8weights`) runs as ``fused_bert_int8layer``
 (``fused_int8_layer.cpp``): each projection's per-token quantization, oneDNN integer GEMM and
 fp32 epilogue as ``int8_linear`` computes them (the same codes and values for the same input),
@@ -159,9 +159,9 @@ def qweights(layer):
 
 
 def _int8_linear(m):
-    """Whether ``m`` is a biased :class:`variants.builders.w8a8.Int8Linear` whose calls run the
+    """Whether ``m`` is a biased :class:`variants.families.w8a8.build.Int8Linear` whose calls run the
     compiled integer GEMM now."""
-    from variants.builders import w8a8  # the builders import the encoder, which imports us
+    from variants.families.w8a8 import build as w8a8  # the builders import the encoder, which imports us
 
     return (type(m) is w8a8.Int8Linear and "bias" in m and m.kernel == w8a8.NAMES["native"]
             and m["wq"].dtype == mx.int8 and m["w_scale"].dtype == mx.float32

@@ -1,4 +1,4 @@
-"""The compiled W8A8 BERT layer (variants.fused_layer.i8weights, qkernel/fused_int8_layer.cpp)
+"""The compiled W8A8 BERT layer (variants.runtime.fused_layer.i8weights, qkernel/fused_int8_layer.cpp)
 on MiniLM's real layers: its q|k|v bit-identical to the Int8Linear calls it replaces (the same
 per-token codes for the same input: one quantization and one stacked GEMM for the three, or
 three with differing SmoothQuant factors), equal to simulated W8A8 to float32 round-off, the
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from test_fused_layer import calls  # noqa: F401  (fixture)
 
-from variants import fused_layer, sweep_timing
-from variants.builders import w8a8
-from variants.builders.w8a8_family import W8A8Config
-from variants.encoder import attention_bias
+from variants.runtime import fused_layer
+from variants.sweep import timing as sweep_timing
+from variants.families.w8a8 import build as w8a8
+from variants.families.w8a8.family import W8A8Config
+from variants.arch.encoder import attention_bias, compiled_paths
 from variants.models import sentiment
 
 TEXTS = ["The soup was cold and the waiter never came back.", "Best pasta in years!",
@@ -163,18 +164,18 @@ def test_encoder_equals_the_mlx_path(qk, monkeypatch, variant, model, calls):  #
 
 
 def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, model, variant):
-    assert fused_layer.used_in(variant.module) == fused_layer.I8NAME
+    assert compiled_paths(variant.module) == fused_layer.I8NAME
     assert fused_layer.path_name(variant.module.encoder.layers) == fused_layer.I8NAME
     assert sweep_timing.kernel(variant) == "fused-int8layer-cpp, int8-gemm-dnnl"
     sim, _ = w8a8.build(model, W8A8Config(), mode="simulated")  # not the compiled GEMM
     assert fused_layer.i8weights(sim.module.encoder.layers[0]) is None
-    assert fused_layer.used_in(sim.module) is None
+    assert compiled_paths(sim.module) is None
     kept, _ = w8a8.build(model, W8A8Config(skip="layers\\.0\\.output$"), mode="native")
     layers = kept.module.encoder.layers
     assert fused_layer.i8weights(layers[0]) is None  # one fp32 Linear in the layer
     assert fused_layer.forward(layers[0], mx.zeros((1, 3, 384)), None) is None
     assert fused_layer.i8weights(layers[1]) is not None
-    assert fused_layer.used_in(kept.module) == fused_layer.I8NAME  # layers 1-5 still compiled
+    assert compiled_paths(kept.module) == fused_layer.I8NAME  # layers 1-5 still compiled
     assert fused_layer.path_name(layers) is None
 
 

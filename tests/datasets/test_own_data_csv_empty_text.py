@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 
-from variants.own_data import read_data
+from variants.datasets.own import read_data
 
 OPTS = ["negative", "positive"]
 TEXTS = ["good", "", "   ", "bad", "\t", "meh", ""]
