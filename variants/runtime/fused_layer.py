@@ -24,7 +24,7 @@ and multiplied unfolded as the MLX path does (``q = (x Wq^T + bq) * scale``, ``k
 their biases), named ``fused-qlayer-cpp`` in timing records; bit widths and group sizes may
 differ per projection (mixed-precision maps).
 
-A W8A8 layer whose six projections all run :mod:`variants.families.w8a8.build`'s compiled
+A W8A8 layer whose six projections all run :mod:`variants.runtime.int8_linear`'s compiled
 ``int8-gemm-dnnl`` (:func:`i8weights`) runs as ``fused_bert_int8layer``
 (``fused_int8_layer.cpp``): each projection's per-token quantization, oneDNN integer GEMM and
 fp32 epilogue as ``int8_linear`` computes them (the same codes and values for the same input),
@@ -39,7 +39,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.runtime import device, parallel, qkernel, qlinear
+from variants.runtime import device, int8_linear, parallel, qkernel, qlinear
 from variants.runtime.derived import DerivedWeights
 
 ENV_SWITCH = "VARIANTS_FUSED_LAYER"
@@ -159,11 +159,10 @@ def qweights(layer):
 
 
 def _int8_linear(m):
-    """Whether ``m`` is a biased :class:`variants.families.w8a8.build.Int8Linear` whose calls run the
-    compiled integer GEMM now."""
-    from variants.families.w8a8 import build as w8a8  # the builders import the encoder, which imports us
-
-    return (type(m) is w8a8.Int8Linear and "bias" in m and m.kernel == w8a8.NAMES["native"]
+    """Whether ``m`` is a biased :class:`variants.runtime.int8_linear.Int8Linear` whose calls run
+    the compiled integer GEMM now."""
+    return (type(m) is int8_linear.Int8Linear and "bias" in m
+            and m.kernel == int8_linear.NAMES["native"]
             and m["wq"].dtype == mx.int8 and m["w_scale"].dtype == mx.float32
             and m["colsum"].dtype == mx.int32 and m["bias"].dtype == mx.float32
             and ("inv_smooth" not in m or m["inv_smooth"].dtype == mx.float32))
