@@ -161,12 +161,14 @@ def test_plot_run_refuses_a_dpi_out_of_range(tmp_path, _plots_only_where_marked)
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading the sweep's inputs fails the test: what is checked must be checked before."""
-    import variants.sweep.inputs as sweep_inputs
+    import variants.sweep as sweep  # imported now, so its own binding is the real function
+    import variants.sweep_inputs as sweep_inputs
 
     def load_inputs(cfg):
         raise AssertionError("inputs loaded before the bad flag was refused")
 
     monkeypatch.setattr(sweep_inputs, "load_inputs", load_inputs)
+    monkeypatch.setattr(sweep, "load_inputs", load_inputs)
 
 
 def test_sensitivity_out_that_is_a_file_or_unwritable_exits_2_first(tmp_path, capsys, no_loading):

@@ -171,6 +171,9 @@ class SweepConfig:
         toml_map = getattr(self._source.config, "quant_bits_map", "")
         if self.family == "quant" and toml_map and not self.params.get("bits_map"):
             self.params["bits_map"] = toml_map  # the model TOML's [quant] bits_map
+        toml_method = getattr(self._source.config, "quant_method", ())
+        if self.family == "quant" and toml_method and not self.params.get("quant_method"):
+            self.params["quant_method"] = list(toml_method)  # the model TOML's [quant] method
         toml_rmap = getattr(self._source.config, "lowrank_ratio_map", "")
         if self.family == "lowrank" and toml_rmap and not self.params.get("ratio_map"):
             self.params["ratio_map"] = toml_rmap  # the model TOML's [lowrank] ratio_map

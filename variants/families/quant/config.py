@@ -12,6 +12,9 @@ from variants.layer_maps import bits_map as bits_map_mod
 BITS = defaults.QUANT_BITS
 GROUP_SIZES = (32, 64, 128)
 MODES = ("native", "simulated")
+#: quantizers: round-to-nearest, AWQ (Lin et al. 2024), GPTQ (Frantar et al. 2023), distilled
+#: scales (GPTQ codes, scales and biases trained on the fit split's KL to the reference)
+METHODS = ("rtn", "awq", "gptq", "dwq")
 
 
 def check_bits(bits, group_size, prefix=""):
@@ -32,10 +35,15 @@ class QuantConfig:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = False
-    #: per-layer bits (:mod:`variants.layer_maps.bits_map`, normalised); "" = uniform ``bits``
+    #: per-layer bits (:mod:`variants.builders.bits_map`, normalised); "" = uniform ``bits``
     bits_map: str = ""
+    #: the quantizer, one of METHODS
+    method: str = "rtn"
 
     def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"--quant-method {self.method!r} is not known; choose from "
+                             f"{' '.join(METHODS)}")
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
         check_bits(self.bits, self.group_size)
@@ -50,4 +58,6 @@ class QuantConfig:
     def name(self):
         extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
         mixed = bits_map_mod.tag(self.bits_map)
-        return f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
+        method = "" if self.method == "rtn" else f"-{self.method}"
+        return (f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
+                + method)
