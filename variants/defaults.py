@@ -32,6 +32,8 @@ COLD_START = "all"
 
 #: every width the quant family builds (a sweep's ladder, the sensitivity table)
 QUANT_BITS = (2, 3, 4, 6, 8)
+#: the quant family's quantizers: round-to-nearest, AWQ, GPTQ, distilled scales (DWQ)
+QUANT_METHODS = ("rtn", "awq", "gptq", "dwq")
 #: the quant family's weights per group
 GROUP_SIZE = 64
 #: a search's candidate widths per layer (module docstring: why not QUANT_BITS)

@@ -24,7 +24,7 @@ Keys (all top level unless in a table)::
     [linear_head]  C = 10.0
     [marker]       token = "[unused0]"; scorer = "fit" | "<tensor name>"; C = 1.0
     [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
-                   # default --bits-map (variants.builders.bits_map; the flag overrides it)
+                   # default --bits-map (variants.layer_maps.bits_map; the flag overrides it)
                    method = ["gptq", "rtn"]   # its default --quant-method (the flag overrides)
     [lowrank]      ratio_map = "PATTERN=RATIO,..."   # the lowrank family's default --ratio-map
 """
@@ -307,7 +307,7 @@ def parse_model_config(raw, path):
         except ValueError as e:
             _fail(path, where, str(e).replace(f"{mod.FLAG} ", "", 1))
     if "method" in raw.get("quant", {}):
-        from variants.builders.quant_family import METHODS
+        from variants.defaults import QUANT_METHODS as METHODS
 
         methods = raw["quant"]["method"]
         methods = [methods] if isinstance(methods, str) else methods

@@ -14,7 +14,7 @@ GROUP_SIZES = (32, 64, 128)
 MODES = ("native", "simulated")
 #: quantizers: round-to-nearest, AWQ (Lin et al. 2024), GPTQ (Frantar et al. 2023), distilled
 #: scales (GPTQ codes, scales and biases trained on the fit split's KL to the reference)
-METHODS = ("rtn", "awq", "gptq", "dwq")
+METHODS = defaults.QUANT_METHODS
 
 
 def check_bits(bits, group_size, prefix=""):
@@ -35,7 +35,7 @@ class QuantConfig:
     group_size: int = 64
     quantize_embeddings: bool = False
     quantize_head: bool = False
-    #: per-layer bits (:mod:`variants.builders.bits_map`, normalised); "" = uniform ``bits``
+    #: per-layer bits (:mod:`variants.layer_maps.bits_map`, normalised); "" = uniform ``bits``
     bits_map: str = ""
     #: the quantizer, one of METHODS
     method: str = "rtn"

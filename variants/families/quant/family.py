@@ -1,8 +1,8 @@
 """The quant family (group-wise quantization): config, flags, ladder. No MLX.
 
 The quantizers: round-to-nearest (``mx.quantize``, native or simulated) is
-:mod:`variants.builders.quantize`; AWQ, GPTQ and distilled scales (DWQ), which learn from the
-fit split and write the same packed format, are :mod:`variants.builders.quant_learned`.
+:mod:`variants.families.quant.build`; AWQ, GPTQ and distilled scales (DWQ), which learn from the
+fit split and write the same packed format, are :mod:`variants.families.quant.learned`.
 """
 
 from variants import defaults
@@ -78,14 +78,14 @@ def run_name(*, group_size=64, bits_map="", quant_method=None, **_):
 
 
 def build(reference, config, inputs=BuildInputs(), mode="simulated"):
-    """The family's build: :func:`variants.builders.quantize.build` for rtn (needs no data),
-    :func:`variants.builders.quant_learned.build` for the others (fit split, cache)."""
+    """The family's build: :func:`variants.families.quant.build.build` for rtn (needs no data),
+    :func:`variants.families.quant.learned.build` for the others (fit split, cache)."""
     if config.method != "rtn":
-        from variants.builders import quant_learned
+        from variants.families.quant import learned as quant_learned
 
         return quant_learned.build(reference, config, mode=mode, fit=inputs.fit,
                                    cache_dir=inputs.cache_dir)
-    from variants.builders import quantize
+    from variants.families.quant import build as quantize
 
     return quantize.build(reference, config, mode=mode, calibration=inputs.calibration)
 
@@ -103,7 +103,7 @@ def describe(info, timing=None):
     rows it read, its build time and the per-layer output error against RTN) and for a
     mixed-precision variant (``layer_bits``: bits per weight and a layer x Linear table of the
     stored widths, ``bits`` or ``bits:group``). None for a uniform RTN variant."""
-    from variants.builders.quant_report import method_lines
+    from variants.families.quant.report import method_lines
 
     learned = method_lines(info)
     layer_bits = info.get("layer_bits")

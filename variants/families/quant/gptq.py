@@ -3,11 +3,11 @@
 Frantar, Ashkboos, Hoefler & Alistarh, "GPTQ: Accurate Post-Training Quantization for
 Generative Pre-trained Transformers" (ICLR 2023), Algorithm 1, as in the authors' ``gptq.py``:
 H = 2 XᵀX over the layer's input tokens (here the float64 Gram matrix Σ x xᵀ of the fit split,
-:mod:`variants.activations`; the factor and the token count cancel, the damping being relative),
+:mod:`variants.arch.activations`; the factor and the token count cancel, the damping being relative),
 damped by ``damping`` · mean diag(H); the upper Cholesky factor U of H⁻¹; columns quantized left
 to right, each column's error (w - q) / U_jj pushed onto the columns to its right through row j
 of U, lazily per block of ``block_size`` columns (one GEMM per block for the columns beyond it).
-Each group's scale and bias are taken, by MLX's affine rule (:mod:`variants.builders.affine_codes`),
+Each group's scale and bias are taken, by MLX's affine rule (:mod:`variants.families.quant.affine_codes`),
 from the group's weights as updated when its first column is reached. Inputs that never
 activate (diag(H) = 0) get H_jj = 1 and zero weights, as in the reference code. No activation
 reordering ("act-order": it would permute the groups the packed format stores in input order).
@@ -18,7 +18,7 @@ Pure NumPy/SciPy in float64 (MLX on the CPU has no Cholesky in float64); no MLX 
 import numpy as np
 import scipy.linalg
 
-from variants.builders import affine_codes
+from variants.families.quant import affine_codes
 
 DAMPING = 0.01
 BLOCK_SIZE = 128
@@ -110,6 +110,6 @@ def quantize(W, H, bits, group_size, *, damping=DAMPING, block_size=BLOCK_SIZE, 
 
 def output_error(W, W_hat, G):
     """tr((W - Ŵ) G (W - Ŵ)ᵀ): the summed squared output error over the tokens whose Gram
-    matrix is ``G`` (n, n) (float64; :mod:`variants.activations`)."""
+    matrix is ``G`` (n, n) (float64; :mod:`variants.arch.activations`)."""
     D = np.asarray(W, np.float64) - np.asarray(W_hat, np.float64)
     return float(np.sum((D @ G) * D))

@@ -5,7 +5,7 @@ Quantization for LLM Compression and Acceleration" (MLSys 2024), §3.2, as in th
 ``auto_scale`` / ``auto_clip``:
 
 1. scale search: s = m^α / sqrt(max(m^α) · min(m^α)) with m = E|x| per input channel (the fit
-   split's mean absolute activation, :mod:`variants.activations`), α on the grid
+   split's mean absolute activation, :mod:`variants.arch.activations`), α on the grid
    0, 1/grid, ..., (grid - 1)/grid; the layer is quantized as Ŵ = Q(W diag(s)) diag(s)⁻¹ and α
    minimises the layer's output error tr((W − Ŵ) G (W − Ŵ)ᵀ) over the fit tokens (G = Σ x xᵀ:
    exact, no activation samples kept). α = 0 is round-to-nearest, so the chosen scales never
@@ -23,8 +23,8 @@ of the layer's multiply-adds). Pure NumPy in float64/float32; no MLX import.
 
 import numpy as np
 
-from variants.builders import affine_codes
-from variants.builders.gptq import output_error
+from variants.families.quant import affine_codes
+from variants.families.quant.gptq import output_error
 
 GRID = 20
 CLIP_GRID = 20

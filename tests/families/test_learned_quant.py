@@ -7,9 +7,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import activations, data
-from variants.builders import affine_codes, awq, dwq, gptq, quant_learned
-from variants.builders.quant_family import QuantConfig, ladder
+from variants.arch import activations
+from variants.datasets import bundled as data
+from variants.families.quant import affine_codes, awq, dwq, gptq, learned as quant_learned
+from variants.families.quant.family import QuantConfig, ladder
 from variants.cli import main
 from variants.models import choice, sentiment
 
@@ -262,7 +263,7 @@ def test_cli_unknown_method_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_model_toml_quant_method(tmp_path):
-    from variants.model_config import ModelConfigError, load_model_config as load
+    from variants.models.model_config import ModelConfigError, load_model_config as load
 
     base = ('name = "m"\nlogits = "linear-head"\noptions = ["a", "b"]\nactions = ["x", "y"]\n')
     ok = tmp_path / "ok.toml"

@@ -1,16 +1,16 @@
 """The quant family's learned quantizers: AWQ, GPTQ and distilled scales (DWQ), one build.
 
 Every method writes the packed format of round-to-nearest (``mx.quantize``: packed uint32
-codes, per-group scales and biases, :mod:`variants.builders.affine_codes`) into the same
+codes, per-group scales and biases, :mod:`variants.families.quant.affine_codes`) into the same
 ``nn.QuantizedLinear`` layers, so native execution, the compiled CPU kernel, export and verify
 read them unchanged. AWQ's per-input-channel scale 1/s cannot be folded into a post-LN BERT's
 LayerNorm (it is also the residual stream): such a layer is an :class:`InputScaledLinear` (the
 input times 1/s, then the packed Linear), which the fused whole-layer CPU kernels do not take
 (that layer runs Linear by Linear).
 
-Only the encoder's Linears (:func:`variants.activations.target_linears`) are learned; a head or
+Only the encoder's Linears (:func:`variants.arch.activations.target_linears`) are learned; a head or
 embedding table the config also quantizes stays round-to-nearest. The statistics come from the
-**fit** split (:func:`variants.activations.cached_collect`): never calibration or eval rows.
+**fit** split (:func:`variants.arch.activations.cached_collect`): never calibration or eval rows.
 Results are cached under ``cache_dir/quant/<model>-<key>.npz``, keyed by the reference's
 weights, the fit split's fingerprint, the method, its settings, the widths and the version.
 """
@@ -24,8 +24,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import activations
-from variants.builders import affine_codes, awq, dwq, gptq, quantize
+from variants.arch import activations
+from variants.families.quant import affine_codes, awq, dwq, gptq
+from variants.families.quant import build as quantize
 
 VERSION = 1
 
@@ -212,7 +213,7 @@ def _dense(module):
 def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
     """The quantized reference of a learned ``cfg.method`` (``awq``, ``gptq``, ``dwq``).
 
-    Returns ``(variant, info)``: info is :func:`variants.builders.quantize.quantize_module`'s
+    Returns ``(variant, info)``: info is :func:`variants.families.quant.build.quantize_module`'s
     (sizes: the input scales of AWQ counted in ``model_bytes``) plus ``method``,
     ``method_settings``, ``calibration_split`` ("fit"), ``calibration_rows``, ``layers``
     (per-layer relative output error, RTN and method), ``build_s`` (learning seconds; the

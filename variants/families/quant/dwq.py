@@ -9,7 +9,7 @@ probabilities match the fp32 reference's on unlabelled fit-split texts:
     loss = mean over rows of KL(p_ref ‖ softmax(logits_q / T_K))
 
 with T_K the reference's temperature for the row's option count (the loss of
-:func:`variants.builders.student_train.kl_to_teacher`; Hinton et al. 2015). Each layer computes
+:func:`variants.families.student.train.kl_to_teacher`; Hinton et al. 2015). Each layer computes
 its weight as ``scales * q + biases`` per group (MLX's affine dequantization, differentiable in
 the scales and biases) so ``mlx.nn.value_and_grad`` reaches them; Adam (Kingma & Ba 2015,
 ``mlx.optimizers.Adam``) over batches of ``batch_size`` texts, batch order shuffled per epoch
@@ -17,7 +17,7 @@ the scales and biases) so ``mlx.nn.value_and_grad`` reaches them; Adam (Kingma &
 
 The inference forward's fast kernels (compiled layers, the polynomial exp) have no vjp, so the
 quantized model is trained through the student family's plain differentiable BERT layer
-(:func:`variants.builders.student_train.forward_hidden`) and the model's own readout: a linear
+(:func:`variants.families.student.train.forward_hidden`) and the model's own readout: a linear
 readout's logits, or (ChoiceModel) 20·cos against the reference's option embeddings, held
 fixed. Models without such a readout, or with non-BERT layers (ModernBERT), are refused.
 """
@@ -31,8 +31,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from metrics.softmax import masked_softmax
-from variants import parallel
-from variants.activations import set_module
+from variants.runtime import parallel
+from variants.arch.activations import set_module
 
 EPOCHS = 1
 #: Adam moves every scale by about the learning rate per step, all layers at once: on MiniLM at
@@ -92,10 +92,10 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
 
     Parameters
     ----------
-    reference : variants.decision.DecisionModel — the fp32 teacher (not modified)
+    reference : variants.models.decision.DecisionModel — the fp32 teacher (not modified)
     layers : dict {path: (codes (o, n) uint8, scales, biases (o, n/g) float32, group_size,
         input_scale (n,) float32 or None)} — the quantized Linears of ``reference.module``
-    fit : variants.tasks.TaskSet — the fit split (unlabelled use; its first ``max_texts``)
+    fit : variants.datasets.tasks.TaskSet — the fit split (unlabelled use; its first ``max_texts``)
 
     Returns
     -------
@@ -109,8 +109,8 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
     ValueError
         Empty ``fit``; a model whose forward cannot be differentiated (one line, naming it).
     """
-    from variants.builders.early_exit import _head_kind
-    from variants.builders.student_train import (forward_hidden, kl_to_teacher, student_logits,
+    from variants.families.exit.build import _head_kind
+    from variants.families.student.train import (forward_hidden, kl_to_teacher, student_logits,
                                                  trainable_encoder)
 
     if fit is None or len(fit) == 0:
