@@ -161,7 +161,7 @@ def test_plot_run_refuses_a_dpi_out_of_range(tmp_path, _plots_only_where_marked)
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading the sweep's inputs fails the test: what is checked must be checked before."""
-    import variants.sweep as sweep  # imported now, so its own binding is the real function
+    import variants.sweep.run as sweep  # imported now, so its own binding is the real function
     import variants.sweep.inputs as sweep_inputs
 
     def load_inputs(cfg):
