@@ -77,9 +77,9 @@ class SearchOptions:
         """Raise ValueError (one line naming the flag and the fix) for a value out of range.
         Split sizes left None are chosen here (:func:`variants.search.sizes.resolve`, which
         says so through ``log``)."""
-        from variants.builders.quant_family import BITS, check_bits
+        from variants.families.quant.family import BITS, check_bits
         from variants.search import sizes
-        from variants.sweep_config import SweepConfig
+        from variants.sweep.config import SweepConfig
 
         if self.n_fit is None or self.n_search is None:
             source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
@@ -99,7 +99,7 @@ class SearchOptions:
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
                              f"{', '.join(FAMILIES)}; pass e.g. --families quant")
-        from variants.search.optuna_search import check_options
+        from variants.search.composed import check_options
 
         check_options(self)
         if not 0 <= self.seed <= MAX_SEED:
@@ -131,7 +131,7 @@ class SearchOptions:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
         if self.finalize:  # the finalists' sweep settings: now, not after the whole search
-            from variants.sweep_config import SweepConfig
+            from variants.sweep.config import SweepConfig
 
             SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
                                timing_warmup=self.timing_warmup,
@@ -164,7 +164,7 @@ class SearchOptions:
 
     def quant_config(self, default_bits, bits_map):
         """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``)."""
-        from variants.builders.quant_family import QuantConfig
+        from variants.families.quant.family import QuantConfig
 
         return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
                            quantize_embeddings=self.quantize_embeddings,
@@ -253,7 +253,7 @@ class Search:
         return dict(self.payload, sweep=sweep)
 
     def sensitivity(self):
-        from variants import sensitivity
+        from variants.search import sensitivity
 
         cal = self.state["parts"]["search-calibration"]
         sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
@@ -267,7 +267,7 @@ class Search:
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
         """The candidate's record from the worker's result: judged here, on the driver. A
-        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors`) is a
+        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors.local`) is a
         failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
         stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs
