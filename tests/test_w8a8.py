@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants import data, qkernel
+from variants import data, fused_layer, qkernel
 from variants.builders import get_family
 from variants.builders import w8a8
 from variants.builders.w8a8_family import W8A8Config
@@ -113,11 +113,19 @@ def test_smoothquant_search_never_worse_than_plain_on_real_activations(model, fi
     # Amdahl: 1/6 of the Linear weights (layer 0 of 6) at 4x -> 1 / (5/6 + 1/24) = 1.1429
     assert info["int8_share"] == pytest.approx(1 / 6)
     assert info["ideal_speedup"] == pytest.approx(1 / (5 / 6 + 1 / 24))
-    for path, (plain, smoothed) in info["errors"].items():
-        assert smoothed <= plain, path
+    # one α and one error pair per input site: q|k|v share theirs
+    pre = "encoder.layers.0."
+    assert set(info["errors"]) == set(info["alphas"]) == {
+        pre + "attention.qkv", pre + "attention.out", pre + "intermediate", pre + "output"}
+    for site, (plain, smoothed) in info["errors"].items():
+        assert smoothed <= plain, site
     assert any(a > 0 for a in info["alphas"].values())  # migration chosen somewhere
     assert info["median_error_smooth"] < info["median_error_plain"]
     mods = dict(variant.module.named_modules())
+    # q, k and v quantize one input alike (one stacked GEMM in the fused layer)
+    qkv = [mods[pre + "attention." + n] for n in ("query", "key", "value")]
+    assert info["alphas"][pre + "attention.qkv"] > 0  # 0.4 here
+    assert all("inv_smooth" in m for m in qkv) and fused_layer._same_smooth(qkv)
     assert isinstance(mods["encoder.layers.0.output"], w8a8.Int8Linear)
     assert type(mods["encoder.layers.1.output"]) is nn.Linear
 

@@ -35,7 +35,7 @@ class W8A8Config:
     """Parameters of one W8A8 variant (validated on creation).
 
     ``smooth``: SmoothQuant migration on or off; ``alpha``: its exponent in [0, 1], None =
-    searched per layer over :data:`ALPHAS`; ``skip``: regex searched in Linear paths, matches
+    searched per input site (q|k|v share one) over :data:`ALPHAS`; ``skip``: regex searched in Linear paths, matches
     stay fp32."""
 
     smooth: bool = False
@@ -47,7 +47,7 @@ class W8A8Config:
             a = float(self.alpha)
             if not 0.0 <= a <= 1.0:  # also refuses nan
                 raise ValueError(f"--smooth-alpha {self.alpha} is outside [0, 1]; pass e.g. "
-                                 "--smooth-alpha 0.5, or leave it out to search it per layer")
+                                 "--smooth-alpha 0.5, or leave it out to search it per input site")
         check_skip(self.skip)
 
     @property
@@ -70,7 +70,7 @@ def add_arguments(parser):
     g.add_argument("--smooth", nargs="+", choices=SMOOTH_CHOICES, default=None, metavar="S",
                    help="SmoothQuant migration off and/or on: one variant each (default: off on)")
     g.add_argument("--smooth-alpha", type=float, default=None, metavar="A",
-                   help="SmoothQuant exponent in [0, 1] (default: searched per layer over "
+                   help="SmoothQuant exponent in [0, 1] (default: searched per input site over "
                         f"{', '.join(map(str, ALPHAS))} on the fit split)")
     g.add_argument("--int8-skip", default="", metavar="REGEX",
                    help="Linears whose path matches stay fp32 (default: none), e.g. "
@@ -113,7 +113,7 @@ def describe(info, timing=None):
                                                "fp32)" if info.get("simulated_speed") else "")]
     if info.get("smooth"):
         a = info.get("alphas", {})
-        lines.append(f"- SmoothQuant α per layer: {min(a.values()):.1f}-{max(a.values()):.1f} "
+        lines.append(f"- SmoothQuant α per input site: {min(a.values()):.1f}-{max(a.values()):.1f} "
                      f"(median output error {info['median_error_smooth']:.3g} vs "
                      f"{info['median_error_plain']:.3g} without), from "
                      f"{info['fit_rows']} fit-split token rows")
