@@ -4,8 +4,9 @@ ladder. No MLX.
 Weights: per-output-channel symmetric int8 (scale max|w| / 127). Activations: quantized per
 token at run time, asymmetric uint8 (:mod:`variants.builders.w8a8`). Optionally SmoothQuant
 (Xiao et al. 2023): per-input-channel factors s_j = max|X_j|^α / max|W_:,j|^(1-α) from the fit
-split's activations move the activations' outliers into the weights (x / s, W s), with α
-searched per layer on the fit split's rows when not given. Embeddings, norms, softmax and the
+split's activations move the activations' outliers into the weights (x / s, W s), one factor
+vector per input site (q, k and v share theirs), with α searched per site on the fit split's
+rows when not given. Embeddings, norms, softmax and the
 decision head stay fp32; ``--int8-skip`` keeps matching Linears fp32 too.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from variants.builders import name_number
 from variants.builders.family import BuildInputs, Family
 
-#: the α grid searched per layer (SmoothQuant's paper sweeps 0.4-0.9; 0 = no migration)
+#: the α grid searched per input site (SmoothQuant's paper sweeps 0.4-0.9; 0 = no migration)
 ALPHAS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 SMOOTH_CHOICES = ("off", "on")
 
