@@ -169,3 +169,17 @@ def test_skip_that_matches_nothing_is_refused(model):
 def test_smoothquant_without_fit_texts_is_refused(model):
     with pytest.raises(ValueError, match="needs fit-split texts"):
         w8a8.build(model, W8A8Config(smooth=True), fit=None)
+
+
+def test_report_names_the_timed_kernel_not_the_quality_builds():
+    # build.json comes from the quality build (simulated); timing.json from the native one
+    fam = get_family("w8a8")
+    info = {"int8_layers": 36, "int8_share": 1.0, "kept_fp32": [], "kernel": "w8a8-simulated",
+            "simulated_speed": True, "smooth": False}
+    timed = {"kernel": {"reference": "fused-layer-cpp",
+                        "variant": "fused-int8layer-cpp, int8-gemm-dnnl"}}
+    text = fam.describe(info, timed)
+    assert "- kernel: fused-int8layer-cpp, int8-gemm-dnnl\n" in text and "simulated" not in text
+    text = fam.describe(info, {"kernel": {"variant": "w8a8-simulated"}})
+    assert "kernel: w8a8-simulated (speed columns are simulated" in text
+    assert "speed columns are simulated" in fam.describe(info, None)

@@ -106,12 +106,17 @@ def check_model(encoder, configs, model=None):
 
 
 def describe(info, timing=None):
-    """Markdown: the kernel, which Linears run in int8, per-layer α and output errors."""
+    """Markdown: the kernel, which Linears run in int8, per-site α and output errors. The
+    kernel named is the timed one (timing.json's ``kernel.variant``) when ``timing`` has it:
+    build.json's comes from the quality build, which may be the simulated one."""
+    kernel = ((timing or {}).get("kernel") or {}).get("variant") or info["kernel"]
+    simulated = (kernel == "w8a8-simulated") if timing and timing.get("kernel") \
+        else info.get("simulated_speed")
     lines = [f"- {info['int8_layers']} Linears on int8 GEMMs ({info['int8_share']:.1%} of the "
              f"encoder Linears' weights); kept fp32: "
              f"{', '.join(info['kept_fp32']) or 'none'}",
-             f"- kernel: {info['kernel']}" + (" (speed columns are simulated: fake-quantized "
-                                               "fp32)" if info.get("simulated_speed") else "")]
+             f"- kernel: {kernel}" + (" (speed columns are simulated: fake-quantized fp32)"
+                                      if simulated else "")]
     if info.get("smooth"):
         a = info.get("alphas", {})
         lines.append(f"- SmoothQuant α per input site: {min(a.values()):.1f}-{max(a.values()):.1f} "
