@@ -1,25 +1,26 @@
 """Two builds of the compiled kernel in one process: this tree's sources against an older
 commit's, alternated on the same encoder forward.
 
-The older commit's ``variants/qkernel`` sources are ``git archive``-d into a temporary tree and
-built there (:func:`variants.qkernel.build`, the same digest-keyed cache: a build that exists is
+The older commit's ``variants/runtime/qkernel`` sources (``variants/qkernel`` before the move)
+are ``git archive``-d into a temporary tree and built there
+(:func:`variants.runtime.qkernel.build`, the same digest-keyed cache: a build that exists is
 reused), then both ``_qkernel`` modules are loaded side by side and
-``variants.qkernel._state["module"]`` is switched between them before each timed block, so the
-Python side, the weights and their cached derived arrays are the same objects for both. Rounds
-alternate which build goes first (ABBA); a block is one untimed call then ``--iters`` timed calls
-(its median is the round's time). The speed-up is the median per-round ratio base / this with
-its 95% percentile-bootstrap CI over rounds (:func:`metrics.latency.paired_speedup`). The
-outputs of the two builds are compared too (max |diff| of the mean-pooled embeddings).
+``variants.runtime.qkernel._state["module"]`` is switched between them before each timed
+block, so the Python side, the weights and their cached derived arrays are the same objects for
+both. Rounds alternate which build goes first (ABBA); a block is one untimed call then
+``--iters`` timed calls (its median is the round's time). The speed-up is the median per-round
+ratio base / this with its 95% percentile-bootstrap CI over rounds
+(:func:`metrics.latency.paired_speedup`). The outputs of the two builds are compared too
+(max |diff| of the mean-pooled embeddings).
 
 Engines: ``fp32`` the bundled MiniLM reference (``fused-layer-cpp``), ``q8`` its native q8 g64
 copy (``fused-qlayer-cpp``).
 
-Measured (load 6-8 on the shared 2-core box, 7 rounds x 3 iters; base c63609f, this tree's
-``-fno-trapping-math`` on the fused fp32 / quantized layers)::
+Measured (load 5-8 on the shared 2-core box; base c63609f, this tree's ``-fno-trapping-math``
+on the fused fp32 / quantized layers): fp32 1.22x [0.97, 1.42] at B=1 L=24 and 1.15x
+[0.84, 1.35] at B=32 L=128 (docs/w8a8.md)::
 
-    PYTHONPATH=$PWD python bench/kernel_ab.py --base c63609f --rounds 7 --iters 3
-
-see docs/w8a8.md for the figures.
+    PYTHONPATH=$PWD python bench/kernel_ab.py --base c63609f --rounds 9 --iters 2
 """
 
 import argparse
@@ -33,7 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from metrics.latency import paired_speedup
-from variants import qkernel
+from variants.runtime import qkernel
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((1, 24), (32, 128))
@@ -43,12 +44,21 @@ def base_build(commit, tmp):
     """Path of the built ``_qkernel`` of ``commit``'s sources (built into the shared cache)."""
     tree = Path(tmp) / "base"
     tree.mkdir()
-    arch = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "variants/qkernel"],
-                          check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=arch, check=True)
-    (tree / "variants" / "__init__.py").write_text("")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from variants import qkernel; "
-            "p, why = qkernel.build(); print(p or ''); print(why or '', file=sys.stderr)")
+    for sub in ("variants/runtime/qkernel", "variants/qkernel"):  # the layout moved once
+        arch = subprocess.run(["git", "-C", str(ROOT), "archive", commit, sub],
+                              capture_output=True)
+        if arch.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"kernel_ab: {commit} has no variants/runtime/qkernel nor "
+                         "variants/qkernel")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=arch.stdout, check=True)
+    pkg = sub.rsplit("/", 1)[0]
+    for d in {"variants", pkg}:
+        (tree / d / "__init__.py").write_text("")
+    code = (f"import sys; sys.path.insert(0, sys.argv[1]); from {pkg.replace('/', '.')} "
+            "import qkernel; p, why = qkernel.build(); print(p or ''); "
+            "print(why or '', file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code, str(tree)], capture_output=True,
                          text=True, cwd=tmp)
     path = out.stdout.strip()
@@ -58,8 +68,8 @@ def base_build(commit, tmp):
 
 
 def encoders(engines):
-    from variants.builders.quantize import QuantConfig, quantize_module
-    from variants.checkpoint import load_checkpoint
+    from variants.families.quant.build import QuantConfig, quantize_module
+    from variants.checkpoints.load import load_checkpoint
     ck = load_checkpoint()
     encs = {}
     if "fp32" in engines:
@@ -78,7 +88,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=7, help="alternated rounds per shape")
     p.add_argument("--iters", type=int, default=3, help="timed calls per block")
     args = p.parse_args(argv)
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
     import time
     this = qkernel.load()
     if this is None:

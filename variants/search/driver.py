@@ -68,7 +68,10 @@ class SearchOptions:
 
     def validate(self):
         """Raise ValueError (one line naming the flag and the fix) for a value out of range."""
-        from variants.builders.quant_family import BITS, check_bits
+        from variants.families.quant.family import BITS, check_bits
+
+        if isinstance(self.out, str) and not self.out.strip():  # not the default folder
+            raise ValueError("--out is empty; pass a folder")
 
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
@@ -81,7 +84,7 @@ class SearchOptions:
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
                              f"{', '.join(FAMILIES)}; pass e.g. --families quant")
-        from variants.search.optuna_search import check_options
+        from variants.search.composed import check_options
 
         check_options(self)
         if not 0 <= self.seed <= MAX_SEED:
@@ -108,7 +111,7 @@ class SearchOptions:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
         if self.finalize:  # the finalists' sweep settings: now, not after the whole search
-            from variants.sweep_config import SweepConfig
+            from variants.sweep.config import SweepConfig
 
             SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
                                timing_warmup=self.timing_warmup,
@@ -172,8 +175,8 @@ class Search:
         import mlx.nn as nn
 
         from variants.search import worker
-        from variants.sensitivity import quantizable_layers
-        from variants.sweep_config import SweepError
+        from variants.search.sensitivity import quantizable_layers
+        from variants.sweep.config import SweepError
 
         o = self.opts
         self.payload = {"sweep": o.sweep_kwargs(), "n_search": o.n_search,
@@ -221,7 +224,7 @@ class Search:
         return dict(self.payload, sweep=sweep)
 
     def sensitivity(self):
-        from variants import sensitivity
+        from variants.search import sensitivity
 
         cal = self.state["parts"]["search-calibration"]
         sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
@@ -234,7 +237,7 @@ class Search:
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
         """The candidate's record from the worker's result: judged here, on the driver. A
-        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors`) is a
+        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors.local`) is a
         failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
         stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs
@@ -267,7 +270,7 @@ class Search:
             "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}
 
     def _base(self, layer_bits, spec, step):
-        from variants.builders.quant_family import QuantConfig
+        from variants.families.quant.family import QuantConfig
 
         c = self.costs
         name = QuantConfig(bits=spec["default_bits"], group_size=self.opts.group_size,
