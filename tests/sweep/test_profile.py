@@ -16,7 +16,7 @@ TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_la
 
 
 def test_amdahl_matches_the_seed_example():
-    # DIGEST.md: a 67.87x kernel at p = 5.32% gives at most 1.055x
+    # a 67.87x kernel at p = 5.32% gives at most 1.055x
     assert amdahl(0.0532, 67.87) == pytest.approx(1.055, abs=1e-3)
     assert amdahl(0.0532) == pytest.approx(1 / (1 - 0.0532))
     with pytest.raises(ValueError, match="p must be a share"):
