@@ -1,4 +1,4 @@
-"""Tests of the in-depth checker (issue #3): conformal ε, bounds, calibration, drift, strata,
+"""Tests of the in-depth checker: conformal ε, bounds, calibration, drift, strata,
 settings and CI clauses, the planted-fault suite and ``variants check`` / ``selftest``."""
 
 import json
@@ -375,7 +375,7 @@ def test_ci_clause_compares_the_far_end_of_the_interval(synthetic):
 # --- planted faults ----------------------------------------------------------------------------
 
 def test_planted_fault_suite_on_synthetic_outputs():
-    """Issue #3: every planted fault fails the clause meant to catch it; the clean copy passes."""
+    """Every planted fault fails the clause meant to catch it; the clean copy passes."""
     table = run_selftest(None, seed=0)
     assert table["case"].tolist() == ["clean", *FAULTS]
     assert table.loc[0, "failed"] == "none"

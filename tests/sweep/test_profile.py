@@ -1,4 +1,4 @@
-"""Segment profile, Amdahl ceilings, work-count slopes and the fast exp/softmax (issue #6)."""
+"""Segment profile, Amdahl ceilings, work-count slopes and the fast exp/softmax."""
 
 import mlx.core as mx
 import numpy as np
@@ -104,7 +104,7 @@ def test_count_work_restores_what_it_patched():
 
 
 def test_a_vs_a_timing_is_centred_on_one_under_drift_and_spikes(fake_clock):
-    """Issue #6: the harness must not pollute itself; A vs A gives a median ratio ~1 even on a
+    """The harness must not pollute itself; A vs A gives a median ratio ~1 even on a
     machine that slows down 1% per call and stalls 3x on one call in ten (exact durations from
     a fake clock: on the real one this test failed on CI, median 1.15 on a loaded machine)."""
     rng = np.random.default_rng(0)
