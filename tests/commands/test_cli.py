@@ -171,7 +171,7 @@ def _snapshot(folder):
 @pytest.mark.slow
 def test_interrupted_run_refuses_other_settings_and_corrupt_files(
         tmp_path, capsys, monkeypatch):
-    """Regression (break-it report): run.json was written only at the end, so a rerun after an
+    """Regression: run.json was written only at the end, so a rerun after an
     interruption reused outputs computed with other settings; corrupt outputs crashed resume.
     Now a corrupt saved file or cache file is no longer rebuilt silently: exit 2 with one
     line naming it, nothing in the run folder modified; deleted, the rerun rebuilds that part.

@@ -503,7 +503,7 @@ def _copy_fixture_run(tmp_path):
     ([], 'stratum = "options:7"', "matches no example"),
 ])
 def test_check_refuses_vacuous_clauses(tmp_path, capsys, extra, toml, message):
-    """Regression (break-it report): --n-bootstrap 0 turned CI clauses into 'no examples' and a
+    """Regression: --n-bootstrap 0 turned CI clauses into 'no examples' and a
     stratum matching nothing passed vacuously; both must be usage errors (exit 2)."""
     run = _copy_fixture_run(tmp_path)
     contract = tmp_path / "c.toml"
@@ -515,7 +515,7 @@ def test_check_refuses_vacuous_clauses(tmp_path, capsys, extra, toml, message):
 
 
 def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
-    """Regression (break-it report): a variant whose outputs.npz was deleted vanished silently
+    """Regression: a variant whose outputs.npz was deleted vanished silently
     from summary.csv."""
     run = _copy_fixture_run(tmp_path)
     (run / "q8-g64" / "outputs.npz").unlink()
@@ -526,7 +526,7 @@ def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
 
 
 def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
-    """Regression (break-it report): --worst -1 listed all but one example; a corrupt run.json
+    """Regression: --worst -1 listed all but one example; a corrupt run.json
     gave a JSON parser message without the path."""
     run = _copy_fixture_run(tmp_path)
     with pytest.raises(SystemExit) as e:  # refused by the parser, before the folder is read

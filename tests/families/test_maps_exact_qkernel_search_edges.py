@@ -1,4 +1,4 @@
-"""Break-it findings on the exact family, qkernel, --ratio-map and search:
+"""Edge cases of the exact family, qkernel, --ratio-map and search:
 each test failed before its fix."""
 
 import hashlib
