@@ -5,7 +5,10 @@ compare.html.j2`` (self-contained, as report.html).
 """
 
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from runs.commands import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION
@@ -81,13 +84,40 @@ def html(results):
         results=results, css=Markup(css), data_json=Markup(embedded_json(results)))
 
 
+def unwritable(target):
+    """Why the output file ``target`` (str) cannot be written, or None: an empty name, a
+    folder, or a folder that cannot be made or written in (tried with a temp file there, so
+    /proc and read-only file systems are caught). Leaves nothing behind."""
+    if not target.strip():
+        return "is empty; pass a file name"
+    path = Path(target)
+    if path.is_dir():
+        return f"{target} is a folder; pass a file name"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return (f"{target}: cannot write there ({e.strerror or type(e).__name__}); pass a "
+                "writable place")
+    return None
+
+
 def _compare_command(args):
     from runs.compare import CompareError, compare_pair, pairs
     from runs.io import write_text
 
     for flag, v in (("--margin", args.margin), ("--relative-margin", args.relative_margin)):
-        if v < 0:
-            print(f"variants compare: error: {flag} must be >= 0, got {v}", file=sys.stderr)
+        if not math.isfinite(v) or v < 0:
+            print(f"variants compare: error: {flag} must be a finite number >= 0, got {v}",
+                  file=sys.stderr)
+            return EXIT_USER_ERROR
+    for flag, target in (("--markdown", args.markdown), ("--json", args.json),
+                         ("--html", args.html)):
+        problem = None if target is None else unwritable(target)
+        if problem:  # refused before the comparison runs: nothing printed or half-written
+            print(f"variants compare: error: {flag} {problem}", file=sys.stderr)
             return EXIT_USER_ERROR
     try:
         results = [compare_pair(a, b, n_boot=args.n_bootstrap, seed=args.seed,
