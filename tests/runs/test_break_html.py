@@ -80,3 +80,27 @@ def test_compare_refuses_unwritable_outputs_before_work(flag, tmp_path, capsys):
         assert out.out == ""  # refused before the comparison ran (nothing printed)
         assert len(out.err.strip().splitlines()) == 1 and flag in out.err
     assert list(folder.iterdir()) == []
+
+
+def _without_verdict(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(SMALL, run)
+    (run / "q2-g64" / "verdict.json").unlink()  # a variant the judge never reached
+    return run
+
+
+def test_a_variant_without_verdict_is_not_shown_passing(tmp_path):
+    from runs.html.data import verdict_word
+
+    assert verdict_word({}) == "untested"
+    assert verdict_word({"clauses": [{"id": "a", "status": "pass"}], "failed": [],
+                         "untested": []}) == "pass"
+
+
+def test_compare_names_the_missing_verdict(tmp_path, capsys):
+    run = _without_verdict(tmp_path)
+    assert main(["compare", f"{run}:q2-g64", f"{SMALL}:q2-g64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "verdict.json" in err and "variants check" in err
