@@ -100,6 +100,10 @@ def check_comparable(a, b):
                            f"{str(model[0][1])[:12]}), B is {model[1][0]} (checkpoint "
                            f"{str(model[1][1])[:12]}); compare runs of one model")
     va, vb = a.verdict, b.verdict
+    for s, v in ((a, va), (b, vb)):
+        if not v.get("clauses"):
+            raise CompareError(f"{s.label}: {s.variant} in {s.run.path} has no verdict.json "
+                               f"(never judged); run `variants check {s.run.path}` first")
     da, db = contract_digest(va), contract_digest(vb)
     if da != db:
         raise CompareError(f"different contracts: A {va.get('contract')} ({da}), B "

@@ -80,7 +80,10 @@ def clause_rows(verdict, settled=()):
 
 
 def verdict_word(verdict):
-    """"pass", "fail" or "untested" (no clause failed but some had no examples)."""
+    """"pass", "fail" or "untested" (no clause failed but some had no examples, or no clause
+    was judged at all: a variant without verdict.json is never shown passing)."""
+    if not verdict.get("clauses"):
+        return "untested"
     if verdict.get("failed"):
         return "fail"
     return "untested" if verdict.get("untested") else "pass"
