@@ -104,3 +104,35 @@ def test_compare_names_the_missing_verdict(tmp_path, capsys):
     assert main(["compare", f"{run}:q2-g64", f"{SMALL}:q2-g64"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "verdict.json" in err and "variants check" in err
+
+
+@pytest.mark.html
+def test_search_page_with_non_finite_numbers(tmp_path):
+    # search.json is written with Python's json (NaN and Infinity allowed): a candidate whose
+    # tightest clause had no value (slack NaN) or an infinite cost still gets its page
+    import html5lib
+
+    from runs.html.search import write_search_html
+
+    cand = [{"step": 0, "name": "q4", "cost": 4.0, "passed": False, "failed": ["kl-p95"],
+             "tightest": "kl-p95", "slack": float("nan"), "stopped": False},
+            {"step": 1, "name": "q8", "cost": float("inf"), "passed": True, "failed": [],
+             "tightest": "kl-p95", "slack": 0.25, "stopped": False},
+            {"step": 2, "name": "q6", "cost": 6.0, "passed": True, "failed": [],
+             "tightest": "kl-p95", "slack": 0.125, "stopped": True}]
+    result = {"settings": {"cost": "bits"}, "outcome": "Winner q6", "winner": dict(cand[2]),
+              "candidates": cand, "totals": {"candidates": 3, "wall_s": float("nan")}}
+    (tmp_path / "search.json").write_text(json.dumps(result))
+    logged = []
+    path = write_search_html(tmp_path, log=logged.append)
+    assert logged == [] and path is not None
+    page = path.read_text(encoding="utf-8")
+    parser = html5lib.HTMLParser(strict=True)
+    parser.parse(page)
+    assert parser.errors == []
+    dom = ReportDom()
+    dom.feed(page)
+    data = json.loads(dom.data)
+    assert data["candidates"][0]["slack"] is None and data["candidates"][1]["cost"] is None
+    assert data["totals"]["wall_s"] is None and data["winner"]["slack"] == 0.125
+    assert page.count("<circle") + page.count("<path") > 0  # the chart was still drawn
