@@ -14,7 +14,8 @@ def cost_slack_svg(data):
 
     from runs.html.charts import RC, VERDICT_STYLE, _figure, to_svg
 
-    pts = [c for c in data.get("candidates", []) if c.get("slack") is not None]
+    pts = [c for c in data.get("candidates", [])
+           if c.get("slack") is not None and c.get("cost") is not None]
     if not pts:
         return None
     with matplotlib.rc_context(RC):
@@ -25,7 +26,7 @@ def cost_slack_svg(data):
             ax.scatter([c["cost"]], [c["slack"]], marker=m, color=col, edgecolor="k", lw=0.4,
                        s=36, alpha=0.5 if c.get("stopped") else 1.0)
         w = data.get("winner")
-        if w and w.get("slack") is not None:
+        if w and w.get("slack") is not None and w.get("cost") is not None:
             ax.scatter([w["cost"]], [w["slack"]], marker="*", s=160, color="gold",
                        edgecolor="k", zorder=5)
         ax.axhline(0, color="0.3", ls="--", lw=0.8)
@@ -36,11 +37,14 @@ def cost_slack_svg(data):
 
 
 def render_search_html(data):
-    """The search page (str) of a search.json dict."""
+    """The search page (str) of a search.json dict (NaN/inf, which Python's json writes, are
+    embedded and shown as null / "—")."""
     from markupsafe import Markup
 
+    from runs.html.data import clean
     from runs.html.render import TEMPLATES, _env, embedded_json
 
+    data = clean(data)
     svg = cost_slack_svg(data)
     return _env().get_template("search.html.j2").render(
         d=data, svg=Markup(svg) if svg else None,
