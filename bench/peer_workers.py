@@ -1,4 +1,5 @@
-"""Worker processes of bench/peers.py: our MLX forward (fp32 reference and native q8 / q4 g64),
+"""Worker processes of bench/peers.py: our MLX forward (fp32 reference, native q8 / q4 g64 and
+native W8A8),
 PyTorch + transformers, and ONNX Runtime (fp32 and ``quantize_dynamic`` int8), one framework per
 process (each brings its own thread pool; in one process they fight on 2 cores,
 bench/blas_gemm.py). Every engine computes the same thing: the encoder's last hidden state,
@@ -47,7 +48,26 @@ def block(fn, iters, block_s, key=None):
 
 
 # -- MLX ---------------------------------------------------------------------------------------
-def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
+def w8a8_encoder(encoder):
+    """A copy of ``encoder`` with every layer Linear a native W8A8
+    :class:`variants.builders.w8a8.Int8Linear` (int8 weights, per-token int8 activations, no
+    SmoothQuant): our w8a8 variant's encoder (``layers.`` prefix of
+    :func:`variants.activations.target_linears`); BERT layers then run as one compiled op each
+    (``fused-int8layer-cpp``)."""
+    import copy
+
+    import mlx.core as mx
+    from variants import activations
+    from variants.builders.w8a8 import Int8Linear
+    enc = copy.deepcopy(encoder)
+    mods = dict(enc.named_modules())
+    for p in activations.target_linears(enc, prefix="layers."):
+        activations.set_module(enc, p, Int8Linear(mods[p], native=True))
+    mx.eval(enc.parameters())
+    return enc
+
+
+def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
     from variants.builders.quantize import QuantConfig, quantize_module
@@ -60,6 +80,8 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64):
                                mode="native")
         mx.eval(q.parameters())
         encs[f"q{bits}"] = q
+    if w8a8:
+        encs["w8a8"] = w8a8_encoder(ck.encoder)
     vocab = ck.args.vocab_size
     cache = {}
 

@@ -2,7 +2,9 @@
 
 Engines (each framework in its own worker process, bench/peer_workers.py; 2 intra-op threads):
 ``mlx`` our fp32 reference, ``q8`` / ``q4`` our native quantized encoders (g64,
-``quantize_module(..., mode="native")``: weights stay packed, dequantized per call), ``torch``
+``quantize_module(..., mode="native")``: weights stay packed, dequantized per call), ``w8a8``
+our W8A8 encoder (every layer Linear a native ``Int8Linear``, no SmoothQuant: oneDNN's integer
+GEMMs; BERT layers as one compiled op, ``fused-int8layer-cpp``), ``torch``
 PyTorch + transformers fp32, ``ort32`` ONNX Runtime fp32 (``torch.onnx.export``, dynamic batch and
 sequence axes), ``ort8`` ONNX Runtime ``quantize_dynamic`` (int8 weights and activations, integer
 GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init at
@@ -28,6 +30,9 @@ B=1 L=24 / 128 / 512 0.56 / 0.73 / 0.85, B=8 0.76 / 0.92 / 0.93, B=32 L=24 / 128
 ORT int8 1.26-1.54x its fp32 everywhere, our q8 0.55-1.02x our fp32. B=1 L=24: 3.29 ms per layer
 (MLX) vs 1.57 (ORT), intercepts under 1 ms for both: the gap is per layer, not per call (B*L
 below ``parallel.MIN_ROWS`` runs on one stream with 1-thread OpenBLAS: one core).
+Our W8A8 (``--engines mlx ort32 ort8 w8a8``, B=1/32 x L=24/128, 9 rounds, load 10-12): 2.27x
+[1.17, 2.78] our fp32 at B=1 L=24 and 2.91x [2.68, 3.34] at B=32 L=128; 0.72x [0.40, 0.82] and
+1.49x [1.31, 1.65] ORT int8's speed.
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
@@ -49,14 +54,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from metrics.latency import paired_speedup  # noqa: E402
 
 RULE = "=" * 6
-ENGINES = ("mlx", "torch", "ort32", "ort8", "q8", "q4")
-WORKER_OF = {"mlx": "mlx", "q8": "mlx", "q4": "mlx", "torch": "torch", "ort32": "ort",
-             "ort8": "ort"}
+ENGINES = ("mlx", "torch", "ort32", "ort8", "q8", "q4", "w8a8")
+WORKER_OF = {"mlx": "mlx", "q8": "mlx", "q4": "mlx", "w8a8": "mlx", "torch": "torch",
+             "ort32": "ort", "ort8": "ort"}
 #: (numerator, denominator, label): ratio = time(denominator) / time(numerator) per round, so
 #: > 1 means the numerator engine is faster.
 RATIOS = (("mlx", "torch", "MLX/PyTorch"), ("mlx", "ort32", "MLX/ORT fp32"),
           ("ort8", "ort32", "ORT int8 speed-up"), ("q8", "mlx", "our q8 speed-up"),
-          ("q4", "mlx", "our q4 speed-up"))
+          ("q4", "mlx", "our q4 speed-up"), ("w8a8", "mlx", "our W8A8 speed-up"),
+          ("w8a8", "ort8", "W8A8/ORT int8"))
 MAX_LEN = {"minilm": 512, "modernbert": 8192}
 BATCHES = {"minilm": (1, 8, 32), "modernbert": (1, 8)}
 
@@ -129,7 +135,7 @@ def measure(workers, engines, B, L, rounds, iters, block_s):
 
 def print_rows(arch, rows, engines):
     labels = {"mlx": "MLX", "torch": "PyTorch", "ort32": "ORT fp32", "ort8": "ORT int8",
-              "q8": "our q8", "q4": "our q4"}
+              "q8": "our q8", "q4": "our q4", "w8a8": "our W8A8"}
     print(f"\n{RULE} {arch}: tokens/s (median of per-round block medians) {RULE}")
     print(f"  {'B':>3} {'L':>4} " + "".join(f"{labels[e]:>10}" for e in engines))
     for (B, L), ms in rows.items():
@@ -237,7 +243,8 @@ def main(argv=None):
             workers = {}
             if "mlx" in need:
                 workers["mlx"] = Worker(sys.executable, "mlx", path=path, arch=arch,
-                                        quant_bits=[int(e[1:]) for e in engines if e[0] == "q"])
+                                        quant_bits=[int(e[1:]) for e in engines if e[0] == "q"],
+                                        w8a8="w8a8" in engines)
             if "torch" in need:
                 # OpenMP's spinning barriers collapse on shared cores (B=1 L=24: 437 ms of CPU
                 # with 2 spinning threads at load 5, 52 ms passive); --spin keeps the default

@@ -286,6 +286,9 @@ def load_contract(path=None):
         fname = DEFAULT_CONTRACT if path is None else f"{path}.toml"
         resource = resources.files("contracts").joinpath(fname)
         source, text = f"contracts/{fname}", resource.read_text(encoding="utf-8")
+    elif not str(path).strip():  # Path("") is the current folder, not a file
+        raise ContractError(f"the contract name is empty; pass a .toml path or a packaged "
+                            f"contract: {' | '.join(PACKAGED)}.")
     else:
         source = short_path(path)
         try:

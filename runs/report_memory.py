@@ -23,8 +23,9 @@ COLD_MEMORY = (("load_peak_memory_bytes", "load: allocator peak MB"),
 NOTE = ("Memory, three numbers never added together: **allocator peak** = `mx.get_peak_memory`, "
         "reset before every call, max over rounds (every array alive, i.e. both models' "
         "weights); the call's own MB = that peak minus the bytes active just before the call "
-        "(activations and workspace); **cache** = `mx.get_cache_memory` just after the call "
-        "(freed buffers MLX keeps for reuse, not in the peak); **process RSS** = the resident "
+        "(activations and workspace); **process cache** = `mx.get_cache_memory` just after "
+        "the call, max over rounds and both models (one pool of the process: freed buffers "
+        "MLX keeps for reuse, both models', not in the peak); **process RSS** = the resident "
         "set of the whole process (interpreter, libraries, both models, cache) just after the "
         "call, as the operating system counts it.")
 
@@ -49,10 +50,11 @@ def held_columns(r, p):
     row has none (a run from before they were recorded)."""
     if not _num(r.get(p + "var_cache_memory_bytes")):
         return {}
+    # both are of the whole process (one cache pool, one resident set), read after calls of
+    # the two models in turn: one number each, never a variant's and a reference's
+    cache = max(r[p + "var_cache_memory_bytes"], r[p + "ref_cache_memory_bytes"])
     rss = max(r[p + "var_process_rss_bytes"], r[p + "ref_process_rss_bytes"])
-    return {"cache MB variant (ref)": f"{r[p + 'var_cache_memory_bytes'] / 1e6:.1f} "
-                                      f"({r[p + 'ref_cache_memory_bytes'] / 1e6:.1f})",
-            "process RSS MB": f"{rss / 1e6:.0f}"}
+    return {"process cache MB": f"{cache / 1e6:.1f}", "process RSS MB": f"{rss / 1e6:.0f}"}
 
 
 def cold_columns(d):

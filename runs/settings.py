@@ -85,7 +85,8 @@ def check_calibration_size(n_calibration, alpha):
     need = math.ceil(1.0 / alpha) - 1
     if n_calibration < need:
         raise CheckError(
-            f"alpha={alpha} needs at least {need} calibration examples for the split-conformal ε, "
+            f"alpha={alpha} needs at least {need if need < 1e12 else f'{float(need):.3g}'} "
+            "calibration examples for the split-conformal ε, "
             f"got {n_calibration}: raise --n-calibration or alpha (contract [settings] or --alpha)")
 
 

@@ -161,12 +161,14 @@ def test_plot_run_refuses_a_dpi_out_of_range(tmp_path, _plots_only_where_marked)
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading the sweep's inputs fails the test: what is checked must be checked before."""
+    import variants.sweep as sweep  # imported now, so its own binding is the real function
     import variants.sweep_inputs as sweep_inputs
 
     def load_inputs(cfg):
         raise AssertionError("inputs loaded before the bad flag was refused")
 
     monkeypatch.setattr(sweep_inputs, "load_inputs", load_inputs)
+    monkeypatch.setattr(sweep, "load_inputs", load_inputs)
 
 
 def test_sensitivity_out_that_is_a_file_or_unwritable_exits_2_first(tmp_path, capsys, no_loading):
@@ -207,10 +209,10 @@ def test_sensitivity_size_beyond_the_split_names_its_own_flag(tmp_path, capsys):
 # -- usage errors: one line naming the flag, the value and the choices ------------------------
 
 @pytest.mark.parametrize("argv, says", [
-    ([], "no command given; choose one of: sweep, check, selftest, plot, list, sensitivity, "
-         "search; see 'variants --help'"),
-    (["frob"], "unknown command 'frob'; choose one of: sweep, check, selftest, plot, list, "
-               "sensitivity, search"),
+    ([], "no command given; choose one of: sweep, check, selftest, plot, compare, list, "
+         "sensitivity, search"),
+    (["frob"], "unknown command 'frob'; choose one of: sweep, check, selftest, plot, compare, "
+               "list, sensitivity, search"),
     (["sweep", "--n-eval", "abc"], "--n-eval 'abc' is not an integer; see 'variants sweep --help'"),
     (["sweep", "--family", "nosuch"], "--family 'nosuch' is not one of: quant, lowrank, prune, "
                                       "exit, student, exact"),
@@ -271,3 +273,62 @@ def test_search_split_too_small_is_refused_before_loading(n):
     with pytest.raises(ValueError, match=f"--n-search {n} must be >= 40"):
         SearchOptions(n_search=n).validate()
     SearchOptions(n_search=40).validate()  # the smallest it takes
+
+
+def test_run_sweep_as_a_library_refuses_an_explicit_blas_that_cannot_be_loaded(tmp_path):
+    # the command line exits 2; a script calling run_sweep must not time everything on MLX's
+    # reference BLAS (70x slower) without a word either
+    code = ("import variants\n"
+            "from variants.sweep import run_sweep\n"
+            "from variants.sweep_config import SweepError\n"
+            "try:\n"
+            "    run_sweep(log=lambda m: None, family='quant', params={'bits': [8]},\n"
+            "              results_dir='out')\n"
+            "except SweepError as e:\n"
+            "    print('refused:', e)\n")
+    env = dict(os.environ, VARIANTS_BLAS=str(tmp_path / "nonexistent.so"), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith(f"refused: VARIANTS_BLAS='{tmp_path / 'nonexistent.so'}'"
+                                  " cannot be loaded"), (done.stdout, done.stderr[-2000:])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tiny_alpha_names_a_readable_number_of_calibration_examples(tmp_path, capsys):
+    # 1/alpha - 1 for alpha = 1e-300 is a 300-digit integer: the message stays one short line
+    run = _finished_run(tmp_path)
+    before = _digest(run)
+    assert main(["check", str(run), "--alpha", "1e-300"]) == 2
+    err = capsys.readouterr().err
+    assert _digest(run) == before
+    assert err.startswith("variants: error: alpha=1e-300 needs at least 1e+300 calibration "
+                          "examples"), err
+    assert len(err) < 300 and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_search_out_that_is_empty_exits_2_first(tmp_path, capsys, monkeypatch, no_loading, out):
+    # an empty --out was falsy: the search ran into results/search/... without a word
+    monkeypatch.chdir(tmp_path)
+    assert main(["search", "--out", out, "--results-dir", str(tmp_path / "r"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "variants: error: --out is empty; pass a folder\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--results-dir", ""], "--results-dir is empty; pass a folder"),
+    (["--results-dir", "  "], "--results-dir is empty; pass a folder"),
+    (["--run", " "], "run name ' ' must be a plain folder name"),
+    (["--run", "my run "], "run name 'my run ' must be a plain folder name"),
+    (["--model-config", ""], "--model-config is empty; give a path, or leave the flag out"),
+])
+def test_sweep_blank_folder_names_exit_2_before_loading(tmp_path, capsys, monkeypatch,
+                                                        no_loading, args, says):
+    # '' was the current folder and ' ' a folder named by a blank: both ran a whole sweep
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--family", "quant", "--bits", "8", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"variants: error: {says}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -41,7 +41,7 @@ def test_default_plan_fits_each_model_and_the_token_cap():
     args = peers.configure_parser().parse_args([])
     assert args.arch == ["minilm", "modernbert"] and args.batch == [1, 8, 32]
     assert args.seq == [24, 128, 512] and args.mb_layers == 3 and not args.spin
-    assert args.engines == ["mlx", "torch", "ort32", "ort8", "q8", "q4"]
+    assert args.engines == ["mlx", "torch", "ort32", "ort8", "q8", "q4", "w8a8"]
     plan = peers.shape_plan(args.arch, args.batch, args.seq, args.max_tokens)
     mini = [(1, 24), (1, 128), (1, 512), (8, 24), (8, 128), (8, 512), (32, 24), (32, 128)]
     modern = [(1, 24), (1, 128), (1, 512), (8, 24), (8, 128), (8, 512)]

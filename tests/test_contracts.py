@@ -176,3 +176,11 @@ def test_missing_contract_file(tmp_path):
     with pytest.raises(ContractError, match="not found; pass an existing .toml path"):
         load_contract(tmp_path / "nope.toml")
     assert issubclass(ContractError, ValueError)
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_contract_name_says_so(path):
+    # Path("") is the current folder: "cannot read contract file  (Is a directory)" named nothing
+    with pytest.raises(ContractError, match=r"^the contract name is empty; pass a \.toml path or "
+                                            r"a packaged contract: default \| strict \| lenient"):
+        load_contract(path)

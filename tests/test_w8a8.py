@@ -110,6 +110,9 @@ def test_smoothquant_search_never_worse_than_plain_on_real_activations(model, fi
     variant, info = w8a8.build(model, W8A8Config(smooth=True, skip="layers\\.[1-5]\\."),
                                fit=fit)
     assert info["int8_layers"] == 6 and len(info["kept_fp32"]) == 30
+    # Amdahl: 1/6 of the Linear weights (layer 0 of 6) at 4x -> 1 / (5/6 + 1/24) = 1.1429
+    assert info["int8_share"] == pytest.approx(1 / 6)
+    assert info["ideal_speedup"] == pytest.approx(1 / (5 / 6 + 1 / 24))
     for path, (plain, smoothed) in info["errors"].items():
         assert smoothed <= plain, path
     assert any(a > 0 for a in info["alphas"].values())  # migration chosen somewhere

@@ -23,6 +23,14 @@ the largest single Linear's qlinear buffer, from MLX's allocator: it counts in t
 and multiplied unfolded as the MLX path does (``q = (x Wq^T + bq) * scale``, ``k``, ``v`` with
 their biases), named ``fused-qlayer-cpp`` in timing records; bit widths and group sizes may
 differ per projection (mixed-precision maps).
+
+A W8A8 layer whose six projections all run :mod:`variants.builders.w8a8`'s compiled
+``int8-gemm-dnnl`` (:func:`i8weights`) runs as ``fused_bert_int8layer``
+(``fused_int8_layer.cpp``): each projection's per-token quantization, oneDNN integer GEMM and
+fp32 epilogue as ``int8_linear`` computes them (the same codes and values for the same input),
+q, k and v on one quantization of x and one GEMM on their int8 weights stacked once per weight
+set (when their SmoothQuant factors are equal or absent), the activation fused into the
+intermediate epilogue; named ``fused-int8layer-cpp`` in timing records.
 """
 
 import os
@@ -39,6 +47,8 @@ ENV_SWITCH = "VARIANTS_FUSED_LAYER"
 NAME = "fused-layer-cpp"
 #: the quantized layer's path name (:func:`qweights`)
 QNAME = "fused-qlayer-cpp"
+#: the W8A8 layer's path name (:func:`i8weights`)
+I8NAME = "fused-int8layer-cpp"
 #: hidden_act -> the kernel's activation code (gelu: erf form, as variants.fast_ops.gelu)
 ACTS = {"gelu": 0, "gelu_exact": 0, "relu": 1}
 #: calls of at most this many rows multiply by the kernel's own GEMM on weights pre-packed in
@@ -148,6 +158,69 @@ def qweights(layer):
             [n1.weight, n1.bias, n2.weight, n2.bias])
 
 
+def _int8_linear(m):
+    """Whether ``m`` is a biased :class:`variants.builders.w8a8.Int8Linear` whose calls run the
+    compiled integer GEMM now."""
+    from variants.builders import w8a8  # the builders import the encoder, which imports us
+
+    return (type(m) is w8a8.Int8Linear and "bias" in m and m.kernel == w8a8.NAMES["native"]
+            and m["wq"].dtype == mx.int8 and m["w_scale"].dtype == mx.float32
+            and m["colsum"].dtype == mx.int32 and m["bias"].dtype == mx.float32
+            and ("inv_smooth" not in m or m["inv_smooth"].dtype == mx.float32))
+
+
+def _same_smooth(mods):
+    """Whether the Int8Linears ``mods`` quantize their input alike: none has SmoothQuant
+    factors, or all have equal ones."""
+    sm = [m["inv_smooth"] if "inv_smooth" in m else None for m in mods]
+    if all(s is None for s in sm):
+        return True
+    if any(s is None for s in sm):
+        return False
+    return all(bool(mx.array_equal(sm[0], s)) for s in sm[1:])
+
+
+def i8weights(layer):
+    """The W8A8 layer's arrays for ``fused_bert_int8layer``: ``(proj, smooth, qkv_shared,
+    norms)`` with ``proj`` the 16 arrays ``(wq int8 (N, K), w_scale float32 (N,), colsum int32
+    (N,), bias float32 (N,))`` of q|k|v stacked (N = 3D), out, intermediate, output;
+    ``smooth`` the six projections' SmoothQuant 1/s (K,) float32 or None; ``qkv_shared`` True
+    when q, k and v quantize x alike (:func:`_same_smooth`); ``norms`` ``(g1, b1, g2, b2)``.
+    The stacked arrays are built once per weight set (cached on the layer like :func:`panels`).
+    None unless every projection is a compiled-kernel Int8Linear (:func:`_int8_linear`) and the
+    layer is otherwise a reference layer (affine norms, an ``ACTS`` activation, full-width
+    heads)."""
+    att = getattr(layer, "attention", None)
+    if not hasattr(att, "folded") or getattr(layer, "hidden_act", None) not in ACTS:
+        return None
+    mods = tuple(getattr(o, n, None) for o, n in (
+        (att, "query"), (att, "key"), (att, "value"), (att, "out"), (layer, "intermediate"),
+        (layer, "output")))
+    if not all(_int8_linear(m) for m in mods):
+        return None
+    n1, n2 = getattr(layer, "attention_norm", None), getattr(layer, "output_norm", None)
+    if not (_affine_norm(n1) and _affine_norm(n2)):
+        return None
+    D, F = mods[3]["wq"].shape[0], mods[4]["wq"].shape[0]
+    if ([m["wq"].shape for m in mods] != [(D, D)] * 4 + [(F, D), (D, F)]
+            or att.n_heads * att.head_dim != D):
+        return None
+    keys = ("wq", "w_scale", "colsum", "bias")
+    sources = tuple(m[k] for m in mods for k in keys + ("inv_smooth",) if k in m)
+    cache = getattr(layer, "_fused_int8", None)
+    if cache is None:
+        cache = layer._fused_int8 = DerivedWeights()
+
+    def build():
+        qkv = [mx.concatenate([m[k] for m in mods[:3]]) for k in keys]
+        return qkv, _same_smooth(mods[:3])
+
+    qkv, shared = cache.get(sources, build)
+    proj = list(qkv) + [m[k] for m in mods[3:] for k in keys]
+    smooth = [m["inv_smooth"] if "inv_smooth" in m else None for m in mods]
+    return proj, smooth, shared, [n1.weight, n1.bias, n2.weight, n2.bias]
+
+
 def panels(layer, w):
     """The four (K, N) projection weights of ``w`` (:func:`weights`) as (N/16, K, 16) panels
     (panel p = columns 16p..16p+15, contiguous; one extra copy of the projection weights, built
@@ -164,35 +237,42 @@ def panels(layer, w):
         for m in mats))
 
 
-def _run(kernel, layer, w, rows, lens, key_bias, threads, quantized=False):
-    if quantized:
+def _run(kernel, layer, w, rows, lens, key_bias, threads, kind="fp32"):
+    common = dict(heads=layer.attention.n_heads, eps1=float(layer.attention_norm.eps),
+                  eps2=float(layer.output_norm.eps), act=ACTS[layer.hidden_act],
+                  threads=int(threads))
+    lens = [int(n) for n in lens]
+    if kind == "int8":
+        proj, smooth, shared, norms = w
+        return kernel.fused_bert_int8layer(rows, lens, key_bias, proj, smooth, shared, norms,
+                                           q_scale=float(layer.attention.scale), **common)
+    if kind == "q":
         proj, gs, bits, norms = w
-        return kernel.fused_bert_qlayer(
-            rows, [int(n) for n in lens], key_bias, proj, gs, bits, norms,
-            heads=layer.attention.n_heads, q_scale=float(layer.attention.scale),
-            eps1=float(layer.attention_norm.eps), eps2=float(layer.output_norm.eps),
-            act=ACTS[layer.hidden_act], threads=int(threads),
-            panels=rows.shape[0] <= PANEL_ROWS)
+        return kernel.fused_bert_qlayer(rows, lens, key_bias, proj, gs, bits, norms,
+                                        q_scale=float(layer.attention.scale),
+                                        panels=rows.shape[0] <= PANEL_ROWS, **common)
     if rows.shape[0] <= PANEL_ROWS:
         p = panels(layer, w)
         w = w if p is None else (*w, *p)
-    return kernel.fused_bert_layer(
-        rows, [int(n) for n in lens], key_bias, list(w), heads=layer.attention.n_heads,
-        eps1=float(layer.attention_norm.eps), eps2=float(layer.output_norm.eps),
-        act=ACTS[layer.hidden_act], threads=int(threads))
+    return kernel.fused_bert_layer(rows, lens, key_bias, list(w), **common)
 
 
 def _weights_any(layer):
-    """(arrays, quantized): :func:`weights` or else :func:`qweights`, or (None, False)."""
+    """(arrays, kind): :func:`weights` ("fp32"), else :func:`qweights` ("q"), else
+    :func:`i8weights` ("int8"), or (None, None)."""
     w = weights(layer)
     if w is not None:
-        return w, False
+        return w, "fp32"
     q = qweights(layer)
-    return q, q is not None
+    if q is not None:
+        return q, "q"
+    i8 = i8weights(layer) if hasattr(_kernel(), "fused_bert_int8layer") else None
+    return (i8, "int8") if i8 is not None else (None, None)
 
 
-def _width(w, quantized):
-    return w[3][0].shape[0] if quantized else w[2].shape[0]
+def _width(w, kind):
+    return {"fp32": lambda: w[2].shape[0], "q": lambda: w[3][0].shape[0],
+            "int8": lambda: w[0][4].shape[0]}[kind]()
 
 
 def forward(layer, x, bias, threads=0):
@@ -200,12 +280,13 @@ def forward(layer, x, bias, threads=0):
     None -> (B, L, D), or None when the fused layer does not apply (the caller runs the MLX
     path). ``threads`` >= 2: split over the kernel's helper thread (only when no other stream
     is busy, :func:`one_stream_threads`); 0 or 1: on the calling stream alone. A quantized
-    layer (:func:`qweights`) runs ``fused_bert_qlayer``."""
+    layer (:func:`qweights`) runs ``fused_bert_qlayer``, a W8A8 one (:func:`i8weights`)
+    ``fused_bert_int8layer``."""
     kernel = _kernel()
     if kernel is None or x.ndim != 3 or x.dtype != mx.float32:
         return None
-    w, quantized = _weights_any(layer)
-    if w is None or x.shape[-1] != _width(w, quantized):
+    w, kind = _weights_any(layer)
+    if w is None or x.shape[-1] != _width(w, kind):
         return None
     B, L, D = x.shape
     kb = None
@@ -215,7 +296,7 @@ def forward(layer, x, bias, threads=0):
             return None  # a per-query or per-head bias: the MLX path
         kb = mx.broadcast_to(bias.reshape(bias.shape[0], L).astype(mx.float32), (B, L))
         kb = kb.reshape(B * L)
-    y = _run(kernel, layer, w, x.reshape(B * L, D), [L] * B, kb, threads, quantized)
+    y = _run(kernel, layer, w, x.reshape(B * L, D), [L] * B, kb, threads, kind)
     return y.reshape(B, L, D)
 
 
@@ -226,33 +307,37 @@ def forward_packed(layer, x, part, threads=0):
     kernel = _kernel()
     if kernel is None or x.ndim != 2 or x.dtype != mx.float32 or part.lens is None:
         return None
-    w, quantized = _weights_any(layer)
-    if w is None or x.shape[-1] != _width(w, quantized):
+    w, kind = _weights_any(layer)
+    if w is None or x.shape[-1] != _width(w, kind):
         return None
-    return _run(kernel, layer, w, x, part.lens, None, threads, quantized)
+    return _run(kernel, layer, w, x, part.lens, None, threads, kind)
 
 
 def applies(layers):
-    """Whether the fused layer (fp32 or quantized) runs for every layer of ``layers`` here."""
+    """Whether the fused layer (fp32, quantized or W8A8) runs for every layer of ``layers``
+    here."""
     return _kernel() is not None and all(_weights_any(layer)[0] is not None
                                          for layer in layers)
 
 
 def _names(layers):
-    """The compiled paths ``layers`` run here: a sorted list of NAME / QNAME."""
+    """The compiled paths ``layers`` run here: a sorted list of NAME / QNAME / I8NAME."""
     if _kernel() is None:
         return []
-    return sorted({QNAME if q else NAME for w, q in map(_weights_any, layers) if w is not None})
+    names = {"fp32": NAME, "q": QNAME, "int8": I8NAME}
+    return sorted({names[k] for w, k in map(_weights_any, layers) if w is not None})
 
 
 def path_name(layers):
-    """``"fused-layer-cpp"`` (fp32 layers) or ``"fused-qlayer-cpp"`` (quantized ones), both
-    comma-joined when mixed, when :func:`applies`; else None."""
+    """``"fused-layer-cpp"`` (fp32 layers), ``"fused-qlayer-cpp"`` (quantized ones) or
+    ``"fused-int8layer-cpp"`` (W8A8 ones), comma-joined when mixed, when :func:`applies`; else
+    None."""
     return ", ".join(_names(layers)) if layers and applies(layers) else None
 
 
 def used_in(module):
-    """``"fused-layer-cpp"`` and/or ``"fused-qlayer-cpp"`` (comma-joined) when any BERT layer
+    """``"fused-layer-cpp"``, ``"fused-qlayer-cpp"`` and/or ``"fused-int8layer-cpp"``
+    (comma-joined) when any BERT layer
     (:class:`variants.encoder.TransformerLayer`) of ``module`` (an ``nn.Module``) runs compiled
     here, else None: for timing records."""
     from variants.encoder import TransformerLayer

@@ -25,6 +25,7 @@ Keys (all top level unless in a table)::
     [marker]       token = "[unused0]"; scorer = "fit" | "<tensor name>"; C = 1.0
     [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
                    # default --bits-map (variants.builders.bits_map; the flag overrides it)
+                   method = ["gptq", "rtn"]   # its default --quant-method (the flag overrides)
     [lowrank]      ratio_map = "PATTERN=RATIO,..."   # the lowrank family's default --ratio-map
 """
 
@@ -44,7 +45,7 @@ TOP_KEYS = ("name", "logits", "checkpoint", "max_length", "prompt", "question", 
             "linear_head", "marker", "quant", "lowrank")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
-              "quant": ("bits_map",), "lowrank": ("ratio_map",)}
+              "quant": ("bits_map", "method"), "lowrank": ("ratio_map",)}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
 #: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
 T_BOUNDS = (1e-3, 1e3)
@@ -84,6 +85,7 @@ class ModelConfig:
     marker_scorer: str = "fit"
     marker_C: float = 1.0
     quant_bits_map: str = ""  # [quant] bits_map, normalised ("" = none)
+    quant_method: tuple = ()  # [quant] method ((): none, the flag's default rtn)
     lowrank_ratio_map: str = ""  # [lowrank] ratio_map, normalised ("" = none)
 
     def to_dict(self):
@@ -92,7 +94,7 @@ class ModelConfig:
         d["path"] = str(self.path)
         d["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
         d["temperature_values"] = {str(k): v for k, v in self.temperature_values.items()}
-        for key in ("quant_bits_map", "lowrank_ratio_map", "max_length"):
+        for key in ("quant_bits_map", "lowrank_ratio_map", "max_length", "quant_method"):
             if not d[key]:  # absent: the keys of TOMLs without the table stay as they were
                 del d[key]
         return d
@@ -304,6 +306,16 @@ def parse_model_config(raw, path):
             raise
         except ValueError as e:
             _fail(path, where, str(e).replace(f"{mod.FLAG} ", "", 1))
+    if "method" in raw.get("quant", {}):
+        from variants.builders.quant_family import METHODS
+
+        methods = raw["quant"]["method"]
+        methods = [methods] if isinstance(methods, str) else methods
+        if not (isinstance(methods, list) and methods
+                and all(isinstance(m, str) and m in METHODS for m in methods)):
+            _fail(path, "[quant] method", f"{short_repr(methods)} is not a list of quantizers "
+                  f"from {' '.join(METHODS)}; e.g. method = [\"gptq\", \"rtn\"]")
+        cfg.quant_method = tuple(dict.fromkeys(methods))
     for table, k in (("cosine", "cosine"), ("linear_head", "linear-head"), ("marker", "marker")):
         if table in raw and kind != k:
             _fail(path, f"[{table}]", f"applies to logits = {k!r}, but logits = {kind!r}; "

@@ -98,7 +98,9 @@ def _read_csv(path, raw):
     header, records, last = None, [], 0
     for cells in reader:
         start, last = last + 1, reader.line_num
-        if not any(c.strip() for c in cells):
+        # a blank line; in a one-column file a cell of blanks (or `""`) is an empty text
+        if not cells or (not any(c.strip() for c in cells)
+                         and (header is None or len(header) > 1)):
             continue
         if header is None:
             header = [c.strip() for c in cells]

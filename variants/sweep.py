@@ -389,6 +389,13 @@ def run_sweep(log=print, config=None, **kwargs):
     VariantsFailed
         At the end, when a variant's build raised ValueError: the other variants were written
         (``summary`` attribute; None when none succeeded), run.json lists the failures.
+
+    A ``VARIANTS_BLAS`` library that could not be loaded is a SweepError too (as ``variants``
+    refuses it): nothing would be timed on the BLAS the user asked for.
     """
+    from variants import BLAS_INFO
+
+    if BLAS_INFO.get("error"):
+        raise SweepError(BLAS_INFO["error"])
     cfg = config if config is not None else SweepConfig(**kwargs).validate()
     return Sweep(cfg, log=log).run()

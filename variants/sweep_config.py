@@ -141,10 +141,14 @@ class SweepConfig:
         if not (math.isfinite(self.near_tie_margin) and self.near_tie_margin > 0):
             raise SweepError(f"near_tie_margin={self.near_tie_margin} must be a finite number "
                              "> 0 (raw logits), e.g. --near-tie-margin 1.0")
-        if self.run is not None and (not self.run or self.run.startswith(".")
+        if not str(self.results_dir).strip():  # Path("") is the current folder
+            raise SweepError("--results-dir is empty; pass a folder")
+        if self.run is not None and (not self.run.strip() or self.run != self.run.strip()
+                                     or self.run.startswith(".")
                                      or "/" in self.run or "\\" in self.run):
             raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name (no "
-                             "'/', not empty, not starting with '.'), e.g. --run my-sweep")
+                             "'/', not empty, not starting with '.', no blank at either end), "
+                             "e.g. --run my-sweep")
         if self.run is not None and len(self.run.encode("utf-8", "surrogateescape")) > 255:
             raise SweepError(f"run name {short_repr(self.run)} is longer than a folder name may "
                              "be (255 bytes); pass a shorter --run")
@@ -166,6 +170,9 @@ class SweepConfig:
         toml_map = getattr(self._source.config, "quant_bits_map", "")
         if self.family == "quant" and toml_map and not self.params.get("bits_map"):
             self.params["bits_map"] = toml_map  # the model TOML's [quant] bits_map
+        toml_method = getattr(self._source.config, "quant_method", ())
+        if self.family == "quant" and toml_method and not self.params.get("quant_method"):
+            self.params["quant_method"] = list(toml_method)  # the model TOML's [quant] method
         toml_rmap = getattr(self._source.config, "lowrank_ratio_map", "")
         if self.family == "lowrank" and toml_rmap and not self.params.get("ratio_map"):
             self.params["ratio_map"] = toml_rmap  # the model TOML's [lowrank] ratio_map
@@ -184,6 +191,8 @@ class SweepConfig:
         source = getattr(self, "_source", None)
         if source is not None:
             return source
+        if self.model_config is not None and not str(self.model_config).strip():
+            raise SweepError("--model-config is empty; give a path, or leave the flag out")
         if self.model_config is not None:
             try:
                 source = resolve(model_config=self.model_config)

@@ -126,6 +126,11 @@ def _checked(cfg, contract, checkpoint, tasksets):
         except ValueError as e:
             raise SweepError(f"data file {cfg.data}: its calibration split has only {n_cal} rows; "
                              f"{e}; or add calibration rows (a 'split' column)") from None
+    learned = sorted({v.method for v in cfg.variants if getattr(v, "method", "rtn") != "rtn"})
+    if learned and len(tasksets["fit"]) == 0:
+        raise SweepError(f"--quant-method {' '.join(learned)} learns from fit-split "
+                         "activations, but the fit split is empty; add fit rows (a 'split' "
+                         "column) or use --quant-method rtn")
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets

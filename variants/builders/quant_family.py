@@ -1,6 +1,8 @@
-"""The quant family (round-to-nearest group-wise quantization): config, flags, ladder. No MLX.
+"""The quant family (group-wise quantization): config, flags, ladder. No MLX.
 
-The quantizer itself (``mx.quantize``, native or simulated) is :mod:`variants.builders.quantize`.
+The quantizers: round-to-nearest (``mx.quantize``, native or simulated) is
+:mod:`variants.builders.quantize`; AWQ, GPTQ and distilled scales (DWQ), which learn from the
+fit split and write the same packed format, are :mod:`variants.builders.quant_learned`.
 """
 
 from dataclasses import dataclass
@@ -12,6 +14,9 @@ from variants.builders.family import BuildInputs, Family
 BITS = defaults.QUANT_BITS
 GROUP_SIZES = (32, 64, 128)
 MODES = ("native", "simulated")
+#: quantizers: round-to-nearest, AWQ (Lin et al. 2024), GPTQ (Frantar et al. 2023), distilled
+#: scales (GPTQ codes, scales and biases trained on the fit split's KL to the reference)
+METHODS = ("rtn", "awq", "gptq", "dwq")
 
 
 def check_bits(bits, group_size, prefix=""):
@@ -34,8 +39,13 @@ class QuantConfig:
     quantize_head: bool = False
     #: per-layer bits (:mod:`variants.builders.bits_map`, normalised); "" = uniform ``bits``
     bits_map: str = ""
+    #: the quantizer, one of METHODS
+    method: str = "rtn"
 
     def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"--quant-method {self.method!r} is not known; choose from "
+                             f"{' '.join(METHODS)}")
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
         check_bits(self.bits, self.group_size)
@@ -50,10 +60,13 @@ class QuantConfig:
     def name(self):
         extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
         mixed = bits_map_mod.tag(self.bits_map)
-        return f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
+        method = "" if self.method == "rtn" else f"-{self.method}"
+        return (f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
+                + method)
 
 
-PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map")
+PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map",
+          "quant_method")
 
 
 def add_arguments(parser):
@@ -73,12 +86,24 @@ def add_arguments(parser):
                         "unmatched layers get --bits; or a recipe "
                         f"({', '.join(bits_map_mod.RECIPES)}: value and down projections of the "
                         "first, last and every third layer at the high width)")
+    g.add_argument("--quant-method", nargs="+", default=None, metavar="METHOD",
+                   help=f"quantizers, one variant per method and width, from {' '.join(METHODS)}"
+                        ": rtn = round to nearest; awq = activation-aware channel scales and "
+                        "clipping; gptq = Hessian error compensation; dwq = GPTQ codes with "
+                        "scales and biases distilled on the fit split (default: the model "
+                        "TOML's [quant] method, else rtn)")
 
 
 def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head=False,
-           bits_map=""):
-    """The variant configs of one sweep: one QuantConfig per bit width (``bits`` None: all of
-    BITS), each with ``bits_map``; a recipe map gives its one variant (ValueError if bad)."""
+           bits_map="", quant_method=None):
+    """The variant configs of one sweep: one QuantConfig per method (``quant_method``, None =
+    rtn) and bit width (``bits`` None: all of BITS), each with ``bits_map``; a recipe map
+    gives one width (ValueError if bad)."""
+    methods = list(dict.fromkeys(quant_method or ["rtn"]))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"--quant-method {' '.join(bad)}: not known; choose from "
+                         f"{' '.join(METHODS)}")
     recipe, _ = bits_map_mod.parse(bits_map, BITS, GROUP_SIZES)
     if recipe:
         low = bits_map_mod.RECIPES[recipe][0]
@@ -92,18 +117,26 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
         bits = BITS
     if not bits:
         raise ValueError("no bit widths given; pass e.g. --bits 4 8")
-    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map)
-            for b in dict.fromkeys(bits)]
+    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m)
+            for m in methods for b in dict.fromkeys(bits)]
 
 
-def run_name(*, group_size=64, bits_map="", **_):
+def run_name(*, group_size=64, bits_map="", quant_method=None, **_):
     """Default run-folder suffix for these parameters."""
     mixed = bits_map_mod.tag(bits_map)
-    return f"g{group_size}" + (f"-{mixed}" if mixed else "")
+    methods = [m for m in dict.fromkeys(quant_method or []) if m != "rtn"]
+    return (f"g{group_size}" + (f"-{mixed}" if mixed else "")
+            + ("-" + "-".join(methods) if methods else ""))
 
 
 def build(reference, config, inputs=BuildInputs(), mode="simulated"):
-    """The family's build: :func:`variants.builders.quantize.build` (needs no data)."""
+    """The family's build: :func:`variants.builders.quantize.build` for rtn (needs no data),
+    :func:`variants.builders.quant_learned.build` for the others (fit split, cache)."""
+    if config.method != "rtn":
+        from variants.builders import quant_learned
+
+        return quant_learned.build(reference, config, mode=mode, fit=inputs.fit,
+                                   cache_dir=inputs.cache_dir)
     from variants.builders import quantize
 
     return quantize.build(reference, config, mode=mode, calibration=inputs.calibration)
@@ -118,12 +151,16 @@ def check_model(encoder, configs, model=None):
 
 
 def describe(info, timing=None):
-    """Markdown for a mixed-precision variant (``build.json`` holds ``layer_bits``): bits per
-    weight and a layer x Linear table of the stored widths (``bits`` or ``bits:group``). None
-    for a uniform variant (nothing to add to the report)."""
+    """Markdown for a learned quantizer (``build.json`` holds ``method``: its settings, the fit
+    rows it read, its build time and the per-layer output error against RTN) and for a
+    mixed-precision variant (``layer_bits``: bits per weight and a layer x Linear table of the
+    stored widths, ``bits`` or ``bits:group``). None for a uniform RTN variant."""
+    from variants.builders.quant_report import method_lines
+
+    learned = method_lines(info)
     layer_bits = info.get("layer_bits")
     if not layer_bits:
-        return None
+        return learned
     rows, cols = {}, []
     for path, (bits, group) in layer_bits.items():
         short = path.removeprefix("encoder.layers.")
@@ -143,9 +180,9 @@ def describe(info, timing=None):
              "| layer | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for layer, cells in rows.items():
         lines.append(f"| {layer or '—'} | " + " | ".join(cells.get(c, "—") for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    return (learned + "\n" if learned else "") + "\n".join(lines) + "\n"
 
 
 FAMILY = Family(name="quant", config=QuantConfig, params=PARAMS, add_arguments=add_arguments,
                 ladder=ladder, run_name=run_name, build=build, check_model=check_model,
-                describe=describe)
+                describe=describe, inputs=("calibration", "fit", "cache_dir"))

@@ -35,6 +35,8 @@ from variants.builders.w8a8_family import ALPHAS, W8A8Config  # noqa: F401
 
 #: token rows per Linear input kept for the α search (sampled evenly from the fit split)
 SAMPLE_ROWS = 512
+#: multiply-adds per int8 lane against one fp32 lane (VNNI: four 8-bit products per 32 bits)
+INT8_GAIN = 4.0
 NAMES = {"native": "int8-gemm-dnnl", "simulated": "w8a8-simulated"}
 _warned = {"done": False}
 
@@ -237,7 +239,11 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     from variants.sweep_timing import model_bytes
 
     variant = reference.replace_module(module)
-    info.update(int8_share=sum(mods[p].weight.size for p in run) / max(total, 1),
+    share = sum(mods[p].weight.size for p in run) / max(total, 1)
+    info.update(int8_share=share,
+                # Amdahl over the encoder Linears' multiply-adds: an int8 (VNNI) lane does
+                # INT8_GAIN times an fp32 lane's; the plausibility alarm's ceiling, not a claim
+                ideal_speedup=1.0 / ((1.0 - share) + share / INT8_GAIN),
                 kernel=kernel_name(module) or NAMES["simulated"],
                 simulated_speed=not (native and _kernel() is not None),
                 model_bytes=model_bytes(variant), build_seconds=time.perf_counter() - t0,

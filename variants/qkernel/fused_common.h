@@ -1,6 +1,7 @@
 // What the compiled layer ops share (mlx-variants, variants/qkernel): fused_layer.cpp (the
 // post-norm BERT layer), fused_qlayer.cpp (the same on quantized weights, through
-// fused_run_layer) and fused_mbert_layer.cpp (ModernBERT's pre-norm layer). The row loops are
+// fused_run_layer), fused_int8_layer.cpp (the same on int8 GEMMs) and fused_mbert_layer.cpp
+// (ModernBERT's pre-norm layer). The row loops are
 // inlined into each op's AVX2 clone and portable entry (FL_INLINE); the includer compiles with
 // -fopenmp-simd (the `#pragma omp simd` reductions) and includes <immintrin.h> on x86-64.
 // Numerics: see fused_layer.cpp's header comment.
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -179,6 +181,39 @@ FL_INLINE void add_layer_norm_row(const float* a, const float* b, const float* g
   const float inv = 1.0f / std::sqrt(var / float(d) + eps);
 #pragma omp simd
   for (int j = 0; j < d; ++j) out[j] = (out[j] - mean) * inv * g[j] + beta[j];
+}
+
+// the attention of heads [h0, h1) over every sequence: qkv (rows, 3D) holds q (already scaled),
+// k, v side by side; ctx (rows, D) gets softmax(q k^T + kb) v for those heads' columns;
+// scores: lmax^2 floats of the caller's own
+FL_INLINE void attend_heads(const float* qkv, float* ctx, float* scores, const int* lens,
+                            int n_seqs, const float* kb_all, int D, int hd, int h0, int h1,
+                            int lmax) {
+  const int D3 = 3 * D;
+  std::vector<float> inv(static_cast<size_t>(lmax));
+  int r0 = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    const int L = lens[s];
+    if (L == 0) continue;
+    const float* kb = kb_all ? kb_all + r0 : nullptr;
+    for (int h = h0; h < h1; ++h) {
+      // S = Q K^T, e = exp(S + kb - rowmax), ctx = (e V) / rowsum(e)
+      const float* q = qkv + int64_t(r0) * D3 + h * hd;
+      const float* kk = q + D;
+      const float* v = q + 2 * D;
+      float* c = ctx + int64_t(r0) * D + h * hd;
+      cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, kk, D3, 0.0f, scores, L);
+      for (int i = 0; i < L; ++i) inv[i] = 1.0f / softmax_row(scores + int64_t(i) * L, kb, L);
+      cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, scores, L, v, D3, 0.0f, c, D);
+      for (int i = 0; i < L; ++i) {
+        float* ci = c + int64_t(i) * D;
+        const float t = inv[i];
+#pragma omp simd
+        for (int j = 0; j < hd; ++j) ci[j] *= t;
+      }
+    }
+    r0 += L;
+  }
 }
 
 FL_INLINE void fill_rows(float* c, const float* bias, int64_t rows, int64_t n, int64_t ldc) {

@@ -95,31 +95,8 @@ FL_INLINE void phase(const Args& a, int k, int p, int n) {
           for (int t = lo; t < hi; ++t) ci[t] *= a.q_scale;
         }
     }
-    float* scores = a.scores + int64_t(p) * a.lmax * a.lmax;
-    std::vector<float> inv(size_t(a.lmax));
-    int r0 = 0;
-    for (int s = 0; s < a.n_seqs; ++s) {
-      const int L = a.lens[s];
-      if (L == 0) continue;
-      const float* kb = a.kb ? a.kb + r0 : nullptr;
-      for (int h = h0; h < h1; ++h) {
-        // S = Q K^T, e = exp(S + kb - rowmax), ctx = (e V) / rowsum(e)
-        const float* q = a.qkv + int64_t(r0) * D3 + h * hd;
-        const float* kk = q + D;
-        const float* v = q + 2 * D;
-        float* c = a.ctx + int64_t(r0) * D + h * hd;
-        cblas_sgemm(kRowMajor, kNoTrans, kTrans, L, L, hd, 1.0f, q, D3, kk, D3, 0.0f, scores, L);
-        for (int i = 0; i < L; ++i) inv[i] = 1.0f / softmax_row(scores + int64_t(i) * L, kb, L);
-        cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, L, hd, L, 1.0f, scores, L, v, D3, 0.0f, c, D);
-        for (int i = 0; i < L; ++i) {
-          float* ci = c + int64_t(i) * D;
-          const float t = inv[i];
-#pragma omp simd
-          for (int j = 0; j < hd; ++j) ci[j] *= t;
-        }
-      }
-      r0 += L;
-    }
+    attend_heads(a.qkv, a.ctx, a.scores + int64_t(p) * a.lmax * a.lmax, a.lens, a.n_seqs, a.kb,
+                 D, hd, h0, h1, a.lmax);
   } else if (k == 1) {  // h = ctx Wo + bo, this part's columns
     cut(D, 16, p, n, lo, hi);
     dequant_part(a, 3, 0, lo, hi, p);

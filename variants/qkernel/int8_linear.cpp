@@ -46,21 +46,30 @@ using namespace nb::literals;
 
 namespace mlx::core {
 
-namespace {
-
+// C (m, n; row stride ldc) = A B^T in int32 for uint8 A (m, k; lda) and int8 B (n, k; ldb):
+// oneDNN's dnnl_gemm_u8s8s32 on one OpenMP thread (also used by fused_int8_layer.cpp)
 #ifdef QK_HAVE_DNNL
-void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b, int32_t* c) {
+void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
   const int32_t co = 0;
   thread_local bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
-  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, k, 0, b, k, 0, 0.0f, c, n, &co);
+  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 0.0f, c, ldc,
+                              &co);
   if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
 }
 #else
-void gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, const int8_t*, int32_t*) {
+void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const int8_t*, int64_t,
+                    int32_t*, int64_t) {
   throw std::runtime_error("int8_linear: built without oneDNN (install libdnnl-dev and rebuild)");
 }
 #endif
+
+namespace {
+
+void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b, int32_t* c) {
+  int8_gemm_u8s8(m, n, k, a, k, b, k, c, n);
+}
 
 // one row: its scale and zero point, and the row's uint8 codes
 void quantize_row(const float* x, const float* inv_smooth, int64_t k, float* tmp, uint8_t* q,

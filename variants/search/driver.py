@@ -85,6 +85,9 @@ class SearchOptions:
             source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
             sizes.resolve(self, source, log=log or (lambda m: None))
 
+        if isinstance(self.out, str) and not self.out.strip():  # not the default folder
+            raise ValueError("--out is empty; pass a folder")
+
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
                              f"{', '.join(costs_mod.COSTS)}")
