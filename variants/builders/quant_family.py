@@ -41,6 +41,9 @@ class QuantConfig:
     bits_map: str = ""
     #: the quantizer, one of METHODS
     method: str = "rtn"
+    #: regex of the Linears run as W8A8 on integer GEMMs (:mod:`variants.builders.quant_int8`);
+    #: "" = none
+    int8: str = ""
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -49,6 +52,10 @@ class QuantConfig:
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
         check_bits(self.bits, self.group_size)
+        if self.int8:
+            from variants.builders.w8a8_family import check_skip
+
+            check_skip(self.int8, flag="--int8-layers")
         recipe, _ = bits_map_mod.parse(self.bits_map, BITS, GROUP_SIZES)
         if recipe and self.bits != bits_map_mod.RECIPES[recipe][0]:
             raise ValueError(f"--bits-map {recipe} quantizes the other layers at "
@@ -61,12 +68,17 @@ class QuantConfig:
         extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
         mixed = bits_map_mod.tag(self.bits_map)
         method = "" if self.method == "rtn" else f"-{self.method}"
+        int8 = ""
+        if self.int8:
+            import hashlib
+
+            int8 = "-int8-" + hashlib.sha1(self.int8.encode()).hexdigest()[:6]
         return (f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
-                + method)
+                + method + int8)
 
 
 PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map",
-          "quant_method")
+          "quant_method", "int8_layers")
 
 
 def add_arguments(parser):
@@ -92,10 +104,14 @@ def add_arguments(parser):
                         "clipping; gptq = Hessian error compensation; dwq = GPTQ codes with "
                         "scales and biases distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
+    g.add_argument("--int8-layers", default="", metavar="REGEX",
+                   help="Linears whose path matches run as W8A8 (int8 weights and per-token "
+                        "int8 activations on integer GEMMs, as --family w8a8); the other layers "
+                        "are quantized as --bits / --bits-map say (default: none)")
 
 
 def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head=False,
-           bits_map="", quant_method=None):
+           bits_map="", quant_method=None, int8_layers=""):
     """The variant configs of one sweep: one QuantConfig per method (``quant_method``, None =
     rtn) and bit width (``bits`` None: all of BITS), each with ``bits_map``; a recipe map
     gives one width (ValueError if bad)."""
@@ -117,21 +133,27 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
         bits = BITS
     if not bits:
         raise ValueError("no bit widths given; pass e.g. --bits 4 8")
-    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m)
+    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m,
+                        int8_layers or "")
             for m in methods for b in dict.fromkeys(bits)]
 
 
-def run_name(*, group_size=64, bits_map="", quant_method=None, **_):
+def run_name(*, group_size=64, bits_map="", quant_method=None, int8_layers="", **_):
     """Default run-folder suffix for these parameters."""
     mixed = bits_map_mod.tag(bits_map)
     methods = [m for m in dict.fromkeys(quant_method or []) if m != "rtn"]
     return (f"g{group_size}" + (f"-{mixed}" if mixed else "")
-            + ("-" + "-".join(methods) if methods else ""))
+            + ("-" + "-".join(methods) if methods else "") + ("-int8" if int8_layers else ""))
 
 
 def build(reference, config, inputs=BuildInputs(), mode="simulated"):
     """The family's build: :func:`variants.builders.quantize.build` for rtn (needs no data),
-    :func:`variants.builders.quant_learned.build` for the others (fit split, cache)."""
+    :func:`variants.builders.quant_learned.build` for the others (fit split, cache); with
+    ``int8``, :func:`variants.builders.quant_int8.build` (those Linears as W8A8)."""
+    if config.int8:
+        from variants.builders import quant_int8
+
+        return quant_int8.build(reference, config, inputs, mode)
     if config.method != "rtn":
         from variants.builders import quant_learned
 
@@ -148,6 +170,11 @@ def check_model(encoder, configs, model=None):
     from variants.builders import quantize
 
     quantize.check_model(encoder, configs)
+    for cfg in configs:
+        if cfg.int8:
+            from variants.builders.quant_int8 import int8_paths
+
+            int8_paths(encoder, cfg.int8)
 
 
 def describe(info, timing=None):
