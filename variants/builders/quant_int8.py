@@ -23,7 +23,8 @@ def int8_paths(module, pattern):
 
     Raises ValueError (one line naming ``--int8-layers``) when none does."""
     pat = re.compile(pattern)
-    paths = [p for p, m in module.named_modules() if type(m) is nn.Linear and pat.search(p)]
+    paths = sorted(p for p, m in module.named_modules()
+                   if type(m) is nn.Linear and pat.search(p))
     if not paths:
         raise ValueError(f"--int8-layers {pattern!r} matches no Linear of this model (paths "
                          "look like encoder.layers.0.attention.value); fix the pattern")
