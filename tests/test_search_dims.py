@@ -170,6 +170,7 @@ def test_cli_bad_dimension_flags_exit_2_and_write_nothing(tmp_path, capsys, argv
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.slow
 def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
         tmp_path, monkeypatch):
     """Synthetic sensitivity and kernel times (int8 the fastest Linear): bisect under

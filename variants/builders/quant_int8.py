@@ -49,7 +49,11 @@ def build(reference, cfg, inputs, mode="simulated"):
     from variants.builders import quant_family, quantize, w8a8
 
     paths = int8_paths(reference.module, cfg.int8)
-    variant, info = quant_family.build(reference, replace(cfg, int8=""), inputs, mode)
+    base = replace(cfg, int8="")
+    if set(activations.target_linears(reference.module)) <= set(paths):
+        # a learned method learns the encoder Linears only: all in int8, nothing to learn
+        base = replace(base, method="rtn")
+    variant, info = quant_family.build(reference, base, inputs, mode)
     ref_mods = dict(reference.module.named_modules())
     module = variant.module
     mods = dict(module.named_modules())
