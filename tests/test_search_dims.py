@@ -206,5 +206,9 @@ def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
     assert len({r["id"] for r in recs}) == 4
     for r in recs:
         assert (tmp_path / "s" / "candidates" / f"{r['id']}.json").exists()
+    from variants.search.report import frame_of, markdown
+
+    md = markdown(frame_of(recs), dict(res, winner=recs[2]), None)  # the re-run command
+    assert f"`variants sweep --bits 8 --quant-method gptq --int8-layers '{recs[2]['int8']}'`" in md
     settings = json.loads((tmp_path / "s" / "search_settings.json").read_text())
     assert settings["quant_methods"] == ["rtn", "gptq"] and settings["w8a8"] is True
