@@ -212,3 +212,21 @@ def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
     assert f"`variants sweep --bits 8 --quant-method gptq --int8-layers '{recs[2]['int8']}'`" in md
     settings = json.loads((tmp_path / "s" / "search_settings.json").read_text())
     assert settings["quant_methods"] == ["rtn", "gptq"] and settings["w8a8"] is True
+
+
+def test_native_and_simulated_mixed_models_agree(model):
+    """A layer with W8A8 and quantized Linears side by side (the compiled int8 op and the CPU
+    quantized kernel natively): logits within fp32 round-off of the simulated model's."""
+    from variants import data
+    from variants.builders.quant_family import build
+    from variants.models import resolve
+
+    frame = data.sample(data.split_frame(data.load_vader(), "calibration"), 8, seed=1)
+    ts = resolve(model="minilm-sentiment").make_taskset(frame)
+    cfg = QuantConfig(bits=6, group_size=64, int8=r"layers\.[01]\.(attention\.query|output)$")
+    nat, info = build(model, cfg, mode="native")
+    sim, _ = build(model, cfg, mode="simulated")
+    assert len(info["int8_layers"]) == 4
+    a, b = nat.raw_logits(ts), sim.raw_logits(ts)
+    assert np.abs(a - b).max() <= 1e-3 * max(1.0, np.abs(b).max())
+    assert np.abs(b - model.raw_logits(ts)).max() > 0
