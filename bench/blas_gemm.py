@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-import variants  # must come before `import mlx`: it preloads OpenBLAS (variants/_blas.py)
+import variants  # must come before `import mlx`: it preloads OpenBLAS (variants/runtime/blas.py)
 
 import mlx.core as mx
 import numpy as np

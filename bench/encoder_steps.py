@@ -5,11 +5,11 @@ change in machine load hits every step alike; the figure per step is the median 
 
 0. port as first written: ``mx.softmax`` attention, ``nn.gelu`` (erf), one Linear per
    projection, one MLX stream, MLX's default buffer cache;
-1. GELU as two compiled kernels with a float32 rational erf (``variants.fast_ops.gelu``);
+1. GELU as two compiled kernels with a float32 rational erf (``variants.runtime.fast_ops.gelu``);
 2. softmax as compiled exp kernels, normalised after ``probs @ v`` by the row sums that
-   ``e @ [v, 1]`` gives (``variants.fast_ops.softmax_parts``);
+   ``e @ [v, 1]`` gives (``variants.runtime.fast_ops.softmax_parts``);
 3. the batch split over two MLX CPU streams, one whole layer stack per stream, one OpenBLAS
-   thread each (``variants.parallel``);
+   thread each (``variants.runtime.parallel``);
 4. one fused QKV GEMM with the scale and biases folded (``Attention.folded``);
 5. MLX's buffer cache raised from 32 MB to 1 GB (``parallel.CACHE_LIMIT_BYTES``);
 6. attention scores computed transposed (keys on axis -2), so the softmax's max is a column
@@ -29,9 +29,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import encoder, fast_ops, parallel
-from variants.checkpoint import load_checkpoint
-from variants.encoder import mean_pool
+from variants.arch import encoder
+from variants.runtime import fast_ops, parallel
+from variants.checkpoints.load import load_checkpoint
+from variants.arch.encoder import mean_pool
 
 STEPS = ("0 mx.softmax + nn.gelu, 1 stream", "1 + fused rational-erf GELU",
          "2 + fused exp softmax", "3 + two CPU streams", "4 + folded QKV GEMM",

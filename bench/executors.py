@@ -29,7 +29,8 @@ import time
 import variants  # noqa: F401  (preloads OpenBLAS before mlx)
 import numpy as np
 
-from variants import executors as ex
+from variants.executors import factory as executor_factory
+from variants.executors import local as ex
 
 WORDS = ("good bad movie plot actor great terrible boring fun slow dark bright story music "
          "scene ending long short best worst funny sad loved hated").split()
@@ -40,7 +41,7 @@ def init(n_pool):
     import time as _t
 
     t = _t.perf_counter()
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
 
     ck = load_checkpoint()
     rng = np.random.default_rng(0)
@@ -53,7 +54,7 @@ def unit(state, spec):
     per-batch sums of the mean-pooled embeddings (float64) and the unit's compute time."""
     import mlx.core as mx
 
-    from variants.encoder import mean_pool
+    from variants.arch.encoder import mean_pool
 
     t = time.perf_counter()
     ck, pool = state["ck"], state["pool"]
@@ -75,7 +76,7 @@ def measure(kind, workers, units, batches, streams=None):
     if kind == "ray":
         import ray
 
-        from variants.executors_ray import driver_path_env
+        from variants.executors.ray import driver_path_env
 
         t = time.perf_counter()
         with driver_path_env():
@@ -85,7 +86,7 @@ def measure(kind, workers, units, batches, streams=None):
     if streams is not None:
         ex.driver_streams = lambda: streams
     try:
-        exe = ex.make_executor(kind, workers=workers)
+        exe = executor_factory.make_executor(kind, workers=workers)
         t = time.perf_counter()
 
         def on_result(i, spec, result):

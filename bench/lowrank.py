@@ -5,7 +5,7 @@ layer; speed depends only on the ranks, so plain SVD is used: whitened factors h
 shapes), then reference and variant are timed in strict alternation (``time_alternating``:
 warm-up, ``--rounds`` A/B rounds, ``mx.eval`` inside the timed region) at B=1 (L = ``--seq-len``)
 and B=32. Printed per row: p50 of both, the measured speed-up (median of per-round ratios),
-the ideal speed-up from :func:`variants.builders.lowrank.cost_model` at that exact shape (Linear
+the ideal speed-up from :func:`variants.families.lowrank.build.cost_model` at that exact shape (Linear
 GEMMs + attention products), and realised / ideal.
 """
 
@@ -17,18 +17,19 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import device
-from variants.builders import lowrank as lr
-from variants.checkpoint import load_checkpoint
+from variants.runtime import device
+from variants.families.lowrank import build as lr
+from variants.families.lowrank import family as lowrank_family
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 RULE = "=" * 6
 
 
 def configure_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ratios", type=float, nargs="+", default=list(lr.DEFAULT_RATIOS),
+    p.add_argument("--ratios", type=float, nargs="+", default=list(lowrank_family.DEFAULT_RATIOS),
                    help="keep ratios of each layer's parameters, in (0, 1]")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32], help="batch sizes")
     p.add_argument("--seq-len", type=int, default=32, help="tokens per text (no padding)")
@@ -52,7 +53,7 @@ def main(argv=None):
           f"{'measured':>9} {'ideal':>7} {'realised/ideal':>15}")
     for ratio in args.ratios:
         try:
-            cfg = lr.LowRankConfig(method="plain", ratio=ratio)
+            cfg = lowrank_family.LowRankConfig(method="plain", ratio=ratio)
         except ValueError as e:
             print(f"bench/lowrank.py: error: {e}", file=sys.stderr)
             return 2

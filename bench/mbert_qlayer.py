@@ -1,9 +1,9 @@
 """A quantized ModernBERT before and after its layers run as one compiled op
-(variants/modernbert_fused_q.py), each against the fp32 reference, alternated in one process.
+(variants/arch/modernbert_fused_q.py), each against the fp32 reference, alternated in one process.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.make_modernbert,
 built once by ``--peer-python``'s transformers into ``--model`` unless it is there; ``--layers``
-layers, default 3 = 1 global + 2 local), loaded by ``variants.checkpoint.load_checkpoint`` and
+layers, default 3 = 1 global + 2 local), loaded by ``variants.checkpoints.load.load_checkpoint`` and
 quantized as the sweep's native variants (``quantize_module(..., mode="native")``, g64).
 Engines: ``fp32`` the reference (its layers through fused_mbert_layer), ``qN`` the quantized
 encoder through fused_mbert_qlayer (after), ``qN-plain`` the same encoder with that op switched
@@ -54,10 +54,11 @@ def main(argv=None):
     from peer_workers import _ids, block
     from peers import ratio
 
-    from variants import modernbert_fused_q, sweep_timing
-    from variants.builders.quantize import QuantConfig, quantize_module
-    from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.arch import modernbert_fused_q
+    from variants.sweep import timing as sweep_timing
+    from variants.families.quant.build import QuantConfig, quantize_module
+    from variants.checkpoints.load import load_checkpoint
+    from variants.arch.encoder import mean_pool
 
     ck = load_checkpoint(build_model(args.model, args.layers, args.peer_python))
     encs = {"fp32": (ck.encoder, True)}

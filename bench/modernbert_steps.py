@@ -1,4 +1,4 @@
-"""What each step of ModernBERT's fast CPU path (variants/modernbert_fast.py) gives, in one run.
+"""What each step of ModernBERT's fast CPU path (variants/arch/modernbert_fast.py) gives, in one run.
 
 Steps (each adds to the previous; all in one process, alternated round by round with the order
 rotating, so machine load hits every step alike; per-round ratios against step 0):
@@ -6,7 +6,7 @@ rotating, so machine load hits every step alike; per-round ratios against step 0
 0. the plain path as before (``ModernBertEncoder.fast = False``), OpenBLAS at its own thread
    count and MLX's default buffer cache: what a process that never ran MiniLM got;
 1. the plain path with the stream settings (one OpenBLAS thread per call, MLX's buffer cache
-   raised to 1 GB: :func:`variants.parallel.streams`);
+   raised to 1 GB: :func:`variants.runtime.parallel.streams`);
 2. the fast layers on one stream (transposed fused weights, scale folded, GeGLU halves
    contiguous, transposed scores with the compiled exp, rotary tables kept, no window bias
    when the window covers every key);
@@ -14,7 +14,7 @@ rotating, so machine load hits every step alike; per-round ratios against step 0
 4. + rotary q and k in one compiled kernel from the fused projection (``rope_qk``);
 5. + the windowed blocks' scores transposed with the compiled exp (``windowed_core``; only
    from L >= 2 · window, 256 at base shapes): the MLX fast path;
-6. + each layer as one compiled op (:mod:`variants.modernbert_fused`; steps 0-5 run with
+6. + each layer as one compiled op (:mod:`variants.arch.modernbert_fused`; steps 0-5 run with
    ``VARIANTS_FUSED_LAYER=off``): shipped where the extension is built.
 
 Model: random-init ModernBERT at ModernBERT-base's shapes (bench/peer_workers.py
@@ -38,8 +38,9 @@ import variants  # noqa: E402,F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from variants import modernbert_fast, parallel  # noqa: E402
-from variants.encoder import mean_pool  # noqa: E402
+from variants.arch import modernbert_fast
+from variants.runtime import parallel  # noqa: E402
+from variants.arch.encoder import mean_pool  # noqa: E402
 
 STEPS = ("0 plain, BLAS default threads, default cache", "1 plain, 1 BLAS thread, 1 GB cache",
          "2 fast layers, one stream", "3 + two streams", "4 + compiled rotary",
@@ -47,7 +48,7 @@ STEPS = ("0 plain, BLAS default threads, default cache", "1 plain, 1 BLAS thread
 
 
 class _OneStream:
-    """Stands in for :mod:`variants.parallel` inside modernbert_fast: one stream."""
+    """Stands in for :mod:`variants.runtime.parallel` inside modernbert_fast: one stream."""
 
     MIN_ROWS = parallel.MIN_ROWS
     bounds = staticmethod(parallel.bounds)
@@ -89,7 +90,7 @@ def step(i, enc, blas_default, cache_default):
 def run(enc, shapes, rounds, iters, block_s):
     import ctypes
 
-    from variants import _blas
+    from variants.runtime import blas as _blas
     lib = ctypes.CDLL(_blas.BLAS_INFO["library"]) if _blas.BLAS_INFO.get("library") else None
     blas_default = lib.openblas_get_num_threads() if lib is not None else None
     cache_default = mx.set_cache_limit(0)
@@ -152,7 +153,7 @@ def main(argv=None):
     p.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", sys.executable))
     args = p.parse_args(argv)
     shapes = args.shapes
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
     with tempfile.TemporaryDirectory(prefix="mbsteps-") as tmp:
         path = args.model
         if path is None:

@@ -1,5 +1,5 @@
 """ModernBERT's local attention, windowed (only the keys inside each window,
-:mod:`variants.modernbert_window`) against masked (dense L x L scores plus a window bias), on a
+:mod:`variants.arch.modernbert_window`) against masked (dense L x L scores plus a window bias), on a
 random-init encoder at ModernBERT-base's shapes (hidden 768, 12 heads, intermediate 1152,
 window 128, a global layer every 3rd; built in MLX, nothing downloaded).
 
@@ -15,7 +15,7 @@ over log(L), least squares over the lengths >= ``--slope-from`` (default 512, th
 local windowed attention should grow ~1 (linear), the global and the masked local ~2 at
 large L (their projections are linear, so below ~1k tokens the slope sits between). The
 crossover section times the local attention at lengths around the window to place
-:data:`variants.modernbert_window.CROSSOVER`.
+:data:`variants.arch.modernbert_window.CROSSOVER`.
 
 The machine is shared: read the ratios (measured in alternation), not absolute milliseconds.
 Measured here (2 shared cores, MLX 0.32.4, B=1, masked / windowed): local attention module
@@ -34,9 +34,9 @@ import variants  # noqa: F401  must come before `import mlx`: it preloads OpenBL
 import mlx.core as mx
 import numpy as np
 
-from variants import modernbert_window as W
-from variants.modernbert import ModernBertArgs, ModernBertContext, ModernBertEncoder
-from variants.modernbert_layers import apply_rope
+from variants.arch import modernbert_window as W
+from variants.arch.modernbert import ModernBertArgs, ModernBertContext, ModernBertEncoder
+from variants.arch.modernbert_layers import apply_rope
 
 
 def base_args(layers=22):

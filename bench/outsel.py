@@ -8,7 +8,7 @@ Default model: the bundled MiniLM encoder (6 layers, D=384) with a BERT CLS head
 random weights (the saving does not depend on the head's values); ``--checkpoint`` times a
 local BERT classifier instead; ``--marker K`` reads K positions (a marker model) instead of
 CLS. Prints per L: reference and output-selection medians (ms), the speed-up (median of
-per-round ratios, :func:`variants.timing.time_alternating`, 95% CI), the cost model's ideal and
+per-round ratios, :func:`variants.runtime.timing.time_alternating`, 95% CI), the cost model's ideal and
 the largest |logit difference| (float round-off).
 
 Cost model (per-token Linear work, BERT layer = 12 D² per token: q, k, v, o 4 D², FFN 8 D²):
@@ -23,12 +23,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.builders.outsel import OutputSelectNet
-from variants.checkpoint import load_checkpoint
-from variants.hf_heads import BertClassifier
+from variants.families.exact.outsel import OutputSelectNet
+from variants.checkpoints.load import load_checkpoint
+from variants.checkpoints.hf_heads import BertClassifier
 from variants.models.classifier import ClassifierNet
 from variants.models.marker import MarkerNet
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 
 def ideal_speedup(n_layers, P, L):

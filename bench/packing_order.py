@@ -4,7 +4,7 @@ For batches of real eval texts (random draws of 32, as the sweep times; and the 
 batches of 32 that bench/torch_peer.py's end-to-end run uses) prints:
 
 1. the attention core's positions sum over parts of B_p * L_p^2, longest first / own order
-   (:func:`variants.packing.longest_first`; each part is padded to its own longest text);
+   (:func:`variants.runtime.packing.longest_first`; each part is padded to its own longest text);
 2. the forward's time, longest first / own order, alternated round by round in one process
    (the order swapped every round), median and quartiles of the per-round ratios.
 
@@ -18,9 +18,10 @@ import variants  # noqa: F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import data, packing
-from variants.checkpoint import load_checkpoint
-from variants.encoder import attention_bias, mean_pool
+from variants.datasets import bundled as data
+from variants.runtime import packing
+from variants.checkpoints.load import load_checkpoint
+from variants.arch.encoder import attention_bias, mean_pool
 
 
 def _own_order(mask):

@@ -50,15 +50,15 @@ def block(fn, iters, block_s, key=None):
 # -- MLX ---------------------------------------------------------------------------------------
 def w8a8_encoder(encoder):
     """A copy of ``encoder`` with every layer Linear a native W8A8
-    :class:`variants.builders.w8a8.Int8Linear` (int8 weights, per-token int8 activations, no
+    :class:`variants.families.w8a8.build.Int8Linear` (int8 weights, per-token int8 activations, no
     SmoothQuant): our w8a8 variant's encoder (``layers.`` prefix of
-    :func:`variants.activations.target_linears`); BERT layers then run as one compiled op each
+    :func:`variants.arch.activations.target_linears`); BERT layers then run as one compiled op each
     (``fused-int8layer-cpp``)."""
     import copy
 
     import mlx.core as mx
-    from variants import activations
-    from variants.builders.w8a8 import Int8Linear
+    from variants.arch import activations
+    from variants.families.w8a8.build import Int8Linear
     enc = copy.deepcopy(encoder)
     mods = dict(enc.named_modules())
     for p in activations.target_linears(enc, prefix="layers."):
@@ -70,9 +70,9 @@ def w8a8_encoder(encoder):
 def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
-    from variants.builders.quantize import QuantConfig, quantize_module
-    from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.families.quant.build import QuantConfig, quantize_module
+    from variants.checkpoints.load import load_checkpoint
+    from variants.arch.encoder import mean_pool
     ck = load_checkpoint(path)
     encs = {"mlx": ck.encoder}
     for bits in quant_bits:
@@ -110,18 +110,18 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
         return out
 
     def profile(n_texts, rounds):
-        """Segment profile (variants/profile.py) of the reference at B = n_texts (MiniLM)."""
-        from variants import data
+        """Segment profile (variants/sweep/profile.py) of the reference at B = n_texts (MiniLM)."""
+        from variants.datasets import bundled as data
         from variants.models import sentiment
-        from variants.profile import segment_profile
+        from variants.sweep.profile import segment_profile
         texts = list(data.sample(data.split_frame(data.load_vader(), "eval"), 64,
                                  seed=0)["text"])
         texts = sorted(texts, key=len)[len(texts) // 2:][:n_texts]
         return segment_profile(sentiment.build(ck), texts, rounds=rounds)
 
     def evals(B, L):
-        """Graph evaluations and compiled calls of one reference forward (variants.work_counts)."""
-        from variants.work_counts import count_work
+        """Graph evaluations and compiled calls of one reference forward (variants.sweep.work_counts)."""
+        from variants.sweep.work_counts import count_work
         ids, mask, types = inputs(B, L)
         out = mean_pool(ck.encoder(ids, mask, types).last_hidden, mask)
         mx.eval(out)

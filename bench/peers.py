@@ -11,7 +11,7 @@ GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init
 ModernBERT-base's shapes (hidden 768, 12 heads, intermediate 1152, window 128, global every 3rd;
 ``--mb-layers`` layers, default 3 = 1 global + 2 local, ModernBERT-base's 1:2 mix; its 22 do not
 fit 10 minutes on 2 cores: 6 layers cost ~3x MiniLM's per token), built seeded in transformers,
-saved with ``save_pretrained`` and loaded by ``variants.checkpoint.load_checkpoint`` so every
+saved with ``save_pretrained`` and loaded by ``variants.checkpoints.load.load_checkpoint`` so every
 engine runs the same weights. Each computes the mean-pooled, L2-normalised embedding of random ids
 with a full mask.
 
@@ -22,7 +22,7 @@ of one / time of the other, same round) and summarised by their median and a 95%
 percentile-bootstrap CI (:func:`ratio`); the machine is shared, so read ratios, not absolute
 milliseconds. Then the B=1 analysis: time vs number of layers and vs L at B=1 (intercept = fixed
 per-call cost, slope = per layer / per token), the graph evaluations per forward and the segment
-profile (variants/profile.py).
+profile (variants/sweep/profile.py).
 
 Measured here (2 shared cores, MLX 0.32.4, ORT 1.32, torch 2.13, passive pools; default run: MiniLM
 282 s at load 2.5-4, ModernBERT 3 layers 284 s at load ~5), MLX/ORT fp32 per-round median: MiniLM
@@ -231,7 +231,7 @@ def main(argv=None):
                 continue
             if arch == "minilm":
                 path = subprocess.run(
-                    [sys.executable, "-c", "from variants.checkpoint import minilm_path;"
+                    [sys.executable, "-c", "from variants.checkpoints.load import minilm_path;"
                      "print(minilm_path())"], capture_output=True, text=True,
                     check=True).stdout.strip()
             else:

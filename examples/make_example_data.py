@@ -1,8 +1,8 @@
-"""Write examples/vader_raters.jsonl: 300 VADER rows in the own-data schema (README "Your own
-data"), deterministic, from the vendored corpus.
+"""Write examples/vader_raters.jsonl: 300 VADER rows in the own-data schema (README "Your data in
+brief", docs/user-guide.md "Your own model and data"), deterministic, from the vendored corpus.
 
 Each row: ``id`` (the corpus id), ``text``, ``question``, ``options`` negative/neutral/positive,
-``label`` (option text of the mean rating, binned by ``variants.data_labels.SENTIMENT_BINS[3]``),
+``label`` (option text of the mean rating, binned by ``variants.datasets.labels.SENTIMENT_BINS[3]``),
 ``raters`` (each rater's choice as an option index, the same bins), ``scores`` [-1, 0, 1],
 ``actions`` (escalate/review/none, as minilm-sentiment), ``task`` "sentiment-3"; every 5th row
 also carries an explicit ``split`` (cycling fit/calibration/eval), the rest get the id-hash split.
@@ -28,8 +28,8 @@ EXPLICIT_SPLITS = ("fit", "calibration", "eval")
 
 
 def example_rows(n=N_ROWS, seed=0):
-    """The example's rows (list of dict), domain-stratified by :func:`variants.data.sample`."""
-    from variants import data
+    """The example's rows (list of dict), domain-stratified by :func:`variants.datasets.bundled.sample`."""
+    from variants.datasets import bundled as data
 
     frame = data.sample(data.load_vader(), n, seed=seed)
     labels = data.sentiment_label(frame["mean_rating"].to_numpy(), 3)

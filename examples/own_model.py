@@ -10,11 +10,11 @@ import variants  # noqa: F401  (first: loads OpenBLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 
-from variants import data
-from variants.builders.quantize import QuantConfig, build as quantize
-from variants.checkpoint import load_checkpoint
-from variants.decision import DecisionModel
-from variants.encoder import mean_pool
+from variants.datasets import bundled as data
+from variants.families.quant.build import QuantConfig, build as quantize
+from variants.checkpoints.load import load_checkpoint
+from variants.models.decision import DecisionModel
+from variants.arch.encoder import mean_pool
 from variants.models.sentiment import make_taskset
 
 

@@ -67,7 +67,7 @@ def _exact_limits(k, n, alpha):
     """The two-sided exact limits as SciPy's ``scipy.stats._binomtest._binom_exact_conf_int``
     computes them: ``brentq`` on [0, 1] (default tolerances) of ``binom.sf(k - 1; n, p) - alpha``
     (low) and ``binom.cdf(k; n, p) - alpha`` (high), with the same Boost binomial ufuncs that
-    ``scipy.stats.binom`` calls. ``tests/test_metric_edges.py`` checks it equals ``binomtest``
+    ``scipy.stats.binom`` calls. ``tests/metrics/test_metric_edges.py`` checks it equals ``binomtest``
     exactly over a grid of (k, n), so a SciPy change that moves either shows there."""
     from scipy.optimize import brentq
     from scipy.special._ufuncs import _binom_cdf, _binom_sf

@@ -1,8 +1,8 @@
 """Exit statistics of early-exit outputs: histogram, expected cost, near-tie behaviour (NumPy).
 
-Shared by the early-exit builder (``variants.builders.early_exit``, calibration split) and the
+Shared by the early-exit builder (``variants.families.exit.build``, calibration split) and the
 run's report (:func:`runs.plots.markdown.exit_markdown`, eval split). The exit rules themselves
-(DeeBERT entropy, margin, PABEE patience) are in ``variants.builders.exit_rules``.
+(DeeBERT entropy, margin, PABEE patience) are in ``variants.families.exit.rules``.
 """
 
 import numpy as np

@@ -243,7 +243,7 @@ def sweep_time_lines(meta):
 
 def _parallel_text(par):
     """"; N CPU streams per layer, BLAS threads per GEMM call …" from run.json ``parallel``
-    (:func:`variants.parallel.info`); "" when absent (runs before it was recorded)."""
+    (:func:`variants.runtime.parallel.info`); "" when absent (runs before it was recorded)."""
     if not par:
         return ""
     threads = par.get("blas_threads_per_call")

@@ -1,14 +1,14 @@
 """Facts the run report states next to its tables, so that nothing it measured or skipped is
 left only in a JSON file: texts the model read nothing of (with their row ids), layers a
 quantizer left in full precision (with their share of the parameters), timings faster than
-their work allows (``variants.plausible``). No MLX."""
+their work allows (``variants.sweep.plausible``). No MLX."""
 
 import math
 
 import numpy as np
 
 #: The reason prefix of a layer left unquantized because the group size does not divide its input
-#: size (``variants.builders.quantize.INDIVISIBLE``; repeated here: the judging side imports no
+#: size (``variants.families.quant.build.INDIVISIBLE``; repeated here: the judging side imports no
 #: builder).
 INDIVISIBLE = "input size"
 

@@ -1,5 +1,5 @@
 """The report's memory columns: MLX's allocator peak, MLX's buffer cache and the process RSS,
-each labelled, never summed into one number (``variants.memory`` measures them); the cold
+each labelled, never summed into one number (``variants.runtime.memory`` measures them); the cold
 start's loading apart from its first call. No MLX.
 
 Runs written before the cache and RSS were recorded have only the allocator peak: their

@@ -4,7 +4,7 @@ Each fault turns the reference's saved outputs (calibration and eval splits) int
 "variant" whose defect is known, re-deriving probabilities, expected scores, confidence and
 action probabilities with :func:`runs.outputs.finish_outputs` where the fault changes their
 inputs. The checker must fail the clause meant to catch the fault, and pass every clause on the
-unperturbed copy. Used by ``variants selftest`` and ``tests/test_checker.py``; no mlx.
+unperturbed copy. Used by ``variants selftest`` and ``tests/contracts/test_checker.py``; no mlx.
 """
 
 from dataclasses import dataclass

@@ -4,7 +4,7 @@ The ids of the bundled data are ``<domain>:<raw id>`` of the VADER corpora (Hutt
 ICWSM 2014) vendored under ``data/vader/``. Only the text column of the four
 ``*_GroundTruth.txt`` files is read here (UTF-8 with optional BOM, CRLF, tab-separated
 ``id  mean  text``; HTML entities unescaped up to three times, whitespace trimmed), with
-:func:`clean_text`, the one text cleaning ``variants.data.load_vader`` uses too (it also
+:func:`clean_text`, the one text cleaning ``variants.datasets.bundled.load_vader`` uses too (it also
 validates the rating files).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 #: The vendored VADER corpora (repository ``data/vader``).
 VADER_DIR = Path(__file__).resolve().parent.parent / "data" / "vader"
-#: domain -> file stem in the VADER release (as ``variants.data.VADER_CORPORA``).
+#: domain -> file stem in the VADER release (as ``variants.datasets.bundled.VADER_CORPORA``).
 VADER_CORPORA = {"tweet": "tweets", "movie": "movieReviewSnippets",
                  "product": "amazonReviewSnippets", "news": "nytEditorialSnippets"}
 

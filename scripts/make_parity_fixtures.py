@@ -1,5 +1,5 @@
 """Build the tiny random-init Hugging Face checkpoints and reference outputs that
-``tests/test_parity_hf.py`` compares the MLX encoders against.
+``tests/checkpoints/test_parity_hf.py`` compares the MLX encoders against.
 
 Needs PyTorch + transformers (never the package or the default tests), e.g.::
 

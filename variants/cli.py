@@ -79,9 +79,9 @@ def main(argv=None):
     except RunIncomplete as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
-    except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoint",
+    except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoints.load",
                                                                    "CheckpointError"),
-            *_loaded("variants.executors", "ExecutorError")) as e:
+            *_loaded("variants.executors.local", "ExecutorError")) as e:
         print(f"variants: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files

@@ -1,6 +1,6 @@
 """The command line's defaults, in one table: ``variants sweep``, ``variants search`` and
-``variants sensitivity`` (and :class:`variants.sweep_config.SweepConfig`,
-:class:`variants.search.driver.SearchOptions`, :mod:`variants.timing`) read them from here, so a
+``variants sensitivity`` (and :class:`variants.sweep.config.SweepConfig`,
+:class:`variants.search.driver.SearchOptions`, :mod:`variants.runtime.timing`) read them from here, so a
 setting two commands share has one default. Plain Python: no MLX import.
 
 Timing (seed analysis: 5 warm-ups, 50 timed rounds) and cold starts are the sweep's; the
@@ -32,6 +32,8 @@ COLD_START = "all"
 
 #: every width the quant family builds (a sweep's ladder, the sensitivity table)
 QUANT_BITS = (2, 3, 4, 6, 8)
+#: the quant family's quantizers: round-to-nearest, AWQ, GPTQ, distilled scales (DWQ)
+QUANT_METHODS = ("rtn", "awq", "gptq", "dwq")
 #: the quant family's weights per group
 GROUP_SIZE = 64
 #: a search's candidate widths per layer (module docstring: why not QUANT_BITS)
@@ -42,5 +44,5 @@ N_SENSITIVITY = 200
 
 #: tokens per text (special tokens included) when neither ``--max-length`` nor the model
 #: TOML's ``max_length`` is given: None = what the checkpoint's tokenizer files say
-#: (:func:`variants.checkpoint_files.decide_tokenizer`)
+#: (:func:`variants.checkpoints.files.decide_tokenizer`)
 MAX_LENGTH = None

@@ -152,7 +152,7 @@ def refit_reliability(ev, temperatures):
 
 def sweep_time(meta):
     """run.json's ``sweep_time`` with the Amdahl ceiling 1 / (1 − share) of each part: the most
-    the whole sweep could speed up were that part free (:func:`variants.profile.amdahl`'s
+    the whole sweep could speed up were that part free (:func:`variants.sweep.profile.amdahl`'s
     formula, repeated here to keep this module free of MLX)."""
     b = meta.get("sweep_time")
     if not b:

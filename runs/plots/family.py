@@ -2,7 +2,7 @@
 
 A new family's plot is one function here and one line in ``FAMILY_PLOTS``; its caption in
 report.md is the first line of its docstring, kept in :data:`runs.plots.markdown.FAMILY_CAPTIONS`
-(``tests/test_plots.py`` checks the two agree).
+(``tests/runs/test_plots.py`` checks the two agree).
 """
 
 import pandas as pd

@@ -89,7 +89,7 @@ def exit_markdown(run_dir, family="exit"):
     return "\n".join(lines) + "\n\n"
 
 
-#: Family name (``summary.csv`` ``family``, as in ``variants.builders.FAMILIES``) -> plot function.
+#: Family name (``summary.csv`` ``family``, as in ``variants.families.FAMILIES``) -> plot function.
 
 
 def plots_markdown(paths, run_dir, *, run=None):

@@ -12,13 +12,13 @@ def configure(sub):
 
 def run(args):
     """Print the model and family names and the quant family's bit widths; returns 0."""
-    from variants.builders import FAMILIES
-    from variants.builders.quant_family import BITS, GROUP_SIZES
+    from variants.families import FAMILIES
+    from variants.families.quant.family import BITS, GROUP_SIZES
     from variants.models import MODELS
 
     print("models:   " + ", ".join(MODELS) + " (or --model-config FILE, --model pkg.mod:factory)")
     print("families: " + ", ".join(FAMILIES))
-    from variants.builders.bits_map import RECIPES
+    from variants.layer_maps.bits_map import RECIPES
 
     print(f"quant:    bits {BITS}, group sizes {GROUP_SIZES}; --bits-map recipes "
           f"{', '.join(RECIPES)}")

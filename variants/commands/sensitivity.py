@@ -1,5 +1,5 @@
 """``variants sensitivity``: each encoder Linear quantized alone at each candidate width; the
-change on a calibration subset (:mod:`variants.sensitivity`) as sensitivity.csv and a heat map."""
+change on a calibration subset (:mod:`variants.search.sensitivity`) as sensitivity.csv and a heat map."""
 
 import re
 import sys
@@ -24,9 +24,9 @@ def _regex(text):
 def configure(sub):
     """Add the ``sensitivity`` subcommand to ``sub``; returns its parser."""
     from variants import defaults
-    from variants.builders.quant_family import GROUP_SIZES
+    from variants.families.quant.family import GROUP_SIZES
     from variants.commands import HelpFormatter
-    from variants.sweep_config import SweepConfig
+    from variants.sweep.config import SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(
@@ -79,11 +79,11 @@ def run(args):
     from tqdm.auto import tqdm
 
     from runs.io import make_out_dir, write_csv
-    from variants import sensitivity
-    from variants.builders.quant_family import check_bits
+    from variants.search import sensitivity
+    from variants.families.quant.family import check_bits
     from variants.models import fitted_reference
-    from variants.sweep_config import SweepConfig
-    from variants.sweep_inputs import cache_parts, load_inputs
+    from variants.sweep.config import SweepConfig
+    from variants.sweep.inputs import cache_parts, load_inputs
 
     for b in args.bits:  # bad input: before anything is loaded or written
         check_bits(b, args.group_size, prefix="--")

@@ -8,11 +8,11 @@ from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, HelpFormat
 
 def configure(sub):
     """Add the ``sweep`` subcommand (with every family's flag group) to ``sub``; returns it."""
-    from variants.builders import FAMILIES, get_family
-    from variants.builders.quant_family import MODES
+    from variants.families import FAMILIES, get_family
+    from variants.families.quant.family import MODES
     from variants.models import MODELS
-    from variants.own_data import SCHEMA_HELP
-    from variants.sweep_config import SweepConfig
+    from variants.datasets.own import SCHEMA_HELP
+    from variants.sweep.config import SweepConfig
 
     d = SweepConfig()
     p = sub.add_parser(
@@ -149,12 +149,12 @@ def check_family_flags(args):
 
 
 def config_from_args(args):
-    """The validated :class:`variants.sweep_config.SweepConfig` of parsed ``sweep`` arguments:
+    """The validated :class:`variants.sweep.config.SweepConfig` of parsed ``sweep`` arguments:
     the chosen family's flags go to ``params`` (another family's flag given is a ValueError,
     :func:`check_family_flags`; built and validated once per command). Raises SweepError on
     bad input."""
-    from variants.builders import FAMILIES, get_family
-    from variants.sweep_config import SweepConfig
+    from variants.families import FAMILIES, get_family
+    from variants.sweep.config import SweepConfig
 
     check_family_flags(args)
     kwargs = {k: v for k, v in vars(args).items()
@@ -171,7 +171,7 @@ def config_from_args(args):
 def run(args):
     """``variants sweep``: run it, print the summary table and where report.md is."""
     from runs.report import format_table
-    from variants.sweep import Sweep, VariantsFailed
+    from variants.sweep.run import Sweep, VariantsFailed
 
     cfg = config_from_args(args)
     try:

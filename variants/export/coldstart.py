@@ -76,9 +76,9 @@ def _fp32(folder):
 
     import mlx.core as mx
 
-    from variants.builders import get_family
-    from variants.builders.family import BuildInputs
-    from variants.checkpoint import load_checkpoint
+    from variants.families import get_family
+    from variants.families.family import BuildInputs
+    from variants.checkpoints.load import load_checkpoint
     from variants.models import resolve
 
     folder = Path(folder)

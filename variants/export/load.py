@@ -15,39 +15,15 @@ import mlx.nn as nn
 
 from metrics._checks import short_path
 
-#: the config.json block that marks an exported folder
-BLOCK = "mlx_variants"
-
-
-def is_export(path):
-    """Whether folder ``path`` is an exported variant (its config.json has :data:`BLOCK`)."""
-    cfg = Path(path) / "config.json"
-    try:
-        return cfg.is_file() and BLOCK in json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def quant_predicate(quantization, weights):
-    """mlx-lm's class predicate (``mlx_lm.utils.load_model``) for ``nn.quantize`` from a
-    ``quantization`` block and the file's array names ``weights``: a path listed takes its entry
-    (``{"group_size", "bits"}`` or ``false``); any other module that can be quantized is when
-    the file holds its ``scales``."""
-    def predicate(path, module):
-        if path in quantization:
-            return quantization[path]
-        if not hasattr(module, "to_quantized"):
-            return False
-        return f"{path}.scales" in weights
-    return predicate
+from variants.checkpoints.packed import BLOCK, is_export, quant_predicate  # noqa: F401
 
 
 def place_lowrank(module, factored):
     """Replace each Linear at a path of ``factored`` ({path: {"out", "rank", "in", "bias"}})
-    with a zero :class:`variants.builders.lowrank.LowRankLinear` of those shapes (in place)."""
+    with a zero :class:`variants.families.lowrank.build.LowRankLinear` of those shapes (in place)."""
     import numpy as np
 
-    from variants.builders.lowrank import LowRankLinear
+    from variants.families.lowrank.build import LowRankLinear
 
     for path, f in factored.items():
         parent_path, _, name = path.rpartition(".")
@@ -61,49 +37,25 @@ def place_lowrank(module, factored):
             setattr(parent, name, layer)
 
 
-def _skeleton_checkpoint(path, config):
-    """A Checkpoint of ``path`` whose encoder (and classifier head) are unfilled skeletons."""
-    import numpy as np
-    from tokenizers import Tokenizer
-
-    from variants import checkpoint_files as files_
-    from variants.checkpoint import Checkpoint, TextTokenizer, _build
-    from variants.hf_heads import load_head
-
-    config_file = path / "config.json"
-    mt = files_.model_type(config, config_file)
-    args, encoder, _ = _build(mt, config, config_file)
-    head = config[BLOCK].get("hf_head") or {}
-    classifier = load_head(mt, {k: mx.array(np.zeros(s, np.float32)) for k, s in head.items()},
-                           args) if head else None
-    tok_file = path / "tokenizer.json"
-    raw_tok = Tokenizer.from_file(str(tok_file))
-    max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config)
-    tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
-                              decided=decided)
-    return Checkpoint(path, args, encoder, tokenizer, config[BLOCK]["weights_sha256"],
-                      classifier, files_.id2label(config, config_file))
-
-
 def load_variant(path):
     """The exported decision model of folder ``path``, packed.
 
     Returns
     -------
-    model : variants.decision.DecisionModel
+    model : variants.models.decision.DecisionModel
         Its module holds ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` layers where the
-        variant is quantized (the CPU path of :mod:`variants.qlinear` on a CPU), its
+        variant is quantized (the CPU path of :mod:`variants.runtime.qlinear` on a CPU), its
         temperatures the judged ones.
-    checkpoint : variants.checkpoint.Checkpoint
+    checkpoint : variants.checkpoints.load.Checkpoint
         Its encoder and classifier are the model's own (packed) modules.
 
     Raises
     ------
-    variants.checkpoint_files.CheckpointError
+    variants.checkpoints.files.CheckpointError
         Not an exported folder, a file missing, weights that do not match the skeleton.
     """
-    from variants import qlinear
-    from variants.checkpoint_files import CheckpointError
+    from variants.runtime import qlinear
+    from variants.checkpoints.files import CheckpointError
     from variants.models import resolve
 
     path = Path(path)
@@ -112,7 +64,10 @@ def load_variant(path):
                               f"no {BLOCK} block); export one with variants export")
     config = json.loads((path / "config.json").read_text())
     block = config[BLOCK]
-    ck = _skeleton_checkpoint(path, config)
+    from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
+    from variants.checkpoints.packed import skeleton
+
+    ck = skeleton(path, config, (Checkpoint, TextTokenizer, _build))
     toml = path / "model.toml"
     source = resolve(model_config=toml) if toml.exists() else resolve(model=block["factory"])
     source.bind(ck)
@@ -141,15 +96,3 @@ def load_variant(path):
     ck.encoder = module.encoder
     ck.classifier = getattr(module, "classifier", None) if block.get("hf_head") else None
     return model, ck
-
-
-def load_packed_checkpoint(path, dtype=mx.float32):
-    """:func:`variants.checkpoint.load_checkpoint` of an exported folder: the packed encoder
-    (and classifier head) of :func:`load_variant`. ``dtype`` must be float32 (the exported
-    arrays' own)."""
-    from variants.checkpoint_files import CheckpointError
-
-    if dtype != mx.float32:
-        raise CheckpointError(f"{short_path(path)} is an exported variant stored as it was "
-                              "judged; load it with dtype float32")
-    return load_variant(path)[1]

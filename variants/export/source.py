@@ -94,11 +94,11 @@ def locate(source, variant=None, allow_fail=False):
 
 
 def sweep_config(judged):
-    """The :class:`variants.sweep_config.SweepConfig` the run was made with (run.json's
+    """The :class:`variants.sweep.config.SweepConfig` the run was made with (run.json's
     ``config``), validated; its results dir is the recorded one when it still exists (its
     caches), else the run folder's parent."""
-    from variants.builders import get_family
-    from variants.sweep_config import SweepConfig
+    from variants.families import get_family
+    from variants.sweep.config import SweepConfig
 
     rec = dict(judged.run.get("config", {}))
     family = get_family(rec.get("family", "quant"))
@@ -117,10 +117,10 @@ def rebuild(judged, log=print):
     """``(cfg, contract, checkpoint, tasksets, reference, variant, info)``: the run's inputs, the
     fitted reference (from the run's cache, else fitted again the same way) and the variant
     built again from its ``build.json`` config in the packed (``native``) form."""
-    from variants.builders import get_family
-    from variants.builders.family import BuildInputs
+    from variants.families import get_family
+    from variants.families.family import BuildInputs
     from variants.models import fitted_reference
-    from variants.sweep_inputs import cache_parts, load_inputs
+    from variants.sweep.inputs import cache_parts, load_inputs
 
     cfg = sweep_config(judged)
     contract, checkpoint, tasksets = load_inputs(cfg)

@@ -59,7 +59,7 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     from runs.judge import judge_outputs
     from runs.npz_readers import OUTPUT_FIELDS
     from runs.outputs import DecisionOutputs
-    from variants.checkpoint_files import CheckpointError
+    from variants.checkpoints.files import CheckpointError
     from variants.export.load import load_variant
     from variants.export.write import load_taskset
 

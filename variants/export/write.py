@@ -69,7 +69,7 @@ def lowrank_block(module):
     """``{path: {"out", "rank", "in", "bias"}}`` of the factored layers of ``module``."""
     import mlx.nn as nn
 
-    from variants.builders.lowrank import LowRankLinear
+    from variants.families.lowrank.build import LowRankLinear
 
     out = {}
     for p, m in module.named_modules():
@@ -86,10 +86,10 @@ def lowrank_block(module):
 
 def hf_head_shapes(checkpoint):
     """``{name: shape}`` of the checkpoint file's classification-head tensors (what
-    :func:`variants.hf_heads.load_head` reads), so a loader can build the head's skeleton."""
+    :func:`variants.checkpoints.hf_heads.load_head` reads), so a loader can build the head's skeleton."""
     from safetensors import safe_open
 
-    from variants import checkpoint_files as files_
+    from variants.checkpoints import files as files_
 
     shapes = {}
     for f in files_.weight_files(checkpoint.path):
@@ -127,7 +127,7 @@ def save_taskset(ts, path):
 
 def load_taskset(path):
     """The TaskSet :func:`save_taskset` wrote."""
-    from variants.tasks import TaskSet
+    from variants.datasets.tasks import TaskSet
 
     with np.load(path, allow_pickle=False) as z:
         d = {k: z[k] for k in z.files}

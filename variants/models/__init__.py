@@ -1,7 +1,7 @@
 """Registry of decision models: a name -> its shipped model TOML next to this file.
 
 Every model, bundled or not, is a :class:`variants.models.configured.ModelSource`: a parsed model
-TOML (:mod:`variants.model_config`), a user's ``package.module:factory``, or both.
+TOML (:mod:`variants.models.model_config`), a user's ``package.module:factory``, or both.
 """
 
 from pathlib import Path
@@ -11,20 +11,11 @@ import numpy as np
 from metrics._checks import short_repr
 from runs.io import write_npz
 
-MODELS = {
-    "minilm-sentiment": "minilm-sentiment.toml",
-    "minilm-choice": "minilm-choice.toml",
-}
+from variants.models.shipped import MODELS, shipped_config  # noqa: F401
+
 #: sources resolved in this process by name, so that ``get_module(model.name)`` finds a model
 #: from a user's TOML too (the early-exit builder asks by the reference's name)
 _RESOLVED = {}
-
-
-def shipped_config(name):
-    """The parsed shipped TOML of registered model ``name`` (a ModelConfig)."""
-    from variants.model_config import load_model_config
-
-    return load_model_config(Path(__file__).with_name(MODELS[name]))
 
 
 def resolve(model=None, model_config=None):
@@ -40,10 +31,10 @@ def resolve(model=None, model_config=None):
     Raises
     ------
     ValueError
-        An unknown name (listing the known ones); variants.model_config.ModelConfigError for a
+        An unknown name (listing the known ones); variants.models.model_config.ModelConfigError for a
         bad TOML or factory string.
     """
-    from variants.model_config import load_model_config
+    from variants.models.model_config import load_model_config
     from variants.models.configured import ModelSource, import_factory
 
     if model_config is not None:
@@ -90,12 +81,12 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key
     ----------
     name : str or ModelSource
         A key of ``MODELS`` or a resolved source (:func:`resolve`).
-    checkpoint : variants.checkpoint.Checkpoint
+    checkpoint : variants.checkpoints.load.Checkpoint
     tasksets : dict {"fit": TaskSet, "calibration": TaskSet, ...}
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the
         checkpoint hash, both data sets, the model's configuration and its tokenizer settings
-        (:meth:`variants.decision.DecisionModel.cache_key`), plus ``extra_key`` (the sweep's
+        (:meth:`variants.models.decision.DecisionModel.cache_key`), plus ``extra_key`` (the sweep's
         model TOML and data file identity, when given).
 
     Returns

@@ -4,10 +4,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants import data
-from variants.decision import DecisionModel
-from variants.encoder import mean_pool
-from variants.tasks import build_taskset
+from variants.datasets import bundled as data
+from variants.models.decision import DecisionModel
+from variants.arch.encoder import mean_pool
+from variants.datasets.tasks import build_taskset
 
 COSINE_SCALE = 20.0  # raw logit = 20 * cos(text, option); temperatures are fitted per K
 K_MAX = 5
@@ -34,7 +34,7 @@ DOMAIN_WORDING = {
 # who acts on a routed text: product complaints go to support, tweets to the social team
 DOMAIN_ACTIONS = {"tweet": "review", "movie": "none", "product": "escalate", "news": "none"}
 TASKS = ("sentiment-2", "sentiment-3", "sentiment-5", "domain-4")
-#: How an early-exit head reproduces this model (variants.builders.exit_heads): a linear map of
+#: How an early-exit head reproduces this model (variants.families.exit.heads): a linear map of
 #: an intermediate embedding into the final embedding space, scored by scaled cosine.
 EXIT_HEAD_KIND = "cosine"
 

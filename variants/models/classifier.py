@@ -2,13 +2,13 @@
 
 logits = ``checkpoint.classifier(last_hidden (B, L, D), attention_mask (B, L))`` -> (B, n_labels),
 the head doing its own pooling (BERT: pooler tanh(dense(CLS)) -> classifier; RoBERTa and
-ModernBERT: theirs, see variants.checkpoint). The options are the checkpoint's ``id2label`` (or
+ModernBERT: theirs, see variants.checkpoints.load). The options are the checkpoint's ``id2label`` (or
 the model TOML's ``options``), in index order.
 """
 
 import mlx.nn as nn
 
-from variants.decision import DecisionModel
+from variants.models.decision import DecisionModel
 
 
 class ClassifierNet(nn.Module):

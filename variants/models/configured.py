@@ -3,7 +3,7 @@
 The two bundled models are the shipped ``minilm-sentiment.toml`` and ``minilm-choice.toml`` next
 to this file and go through the same path as a user's ``--model-config``. A source knows how to
 turn the bundled VADER frame into a TaskSet (:meth:`ModelSource.make_taskset`) and how to build
-its unfitted :class:`~variants.decision.DecisionModel` around a checkpoint
+its unfitted :class:`~variants.models.decision.DecisionModel` around a checkpoint
 (:meth:`ModelSource.build`); it is plain data, so the cold-start child process can unpickle it.
 """
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from metrics._checks import short_repr
-from variants.model_config import ModelConfigError
+from variants.models.model_config import ModelConfigError
 
-#: early-exit head kind per logits kind (variants.builders.exit_heads reproduces these two)
+#: early-exit head kind per logits kind (variants.families.exit.heads reproduces these two)
 EXIT_HEAD_KINDS = {"linear-head": "linear", "cosine": "cosine", "classifier": "linear"}
-#: the cosine scale the early-exit heads assume (variants.builders.exit_heads.COSINE_SCALE)
+#: the cosine scale the early-exit heads assume (variants.families.exit.heads.COSINE_SCALE)
 EXIT_COSINE_SCALE = 20.0
 
 
@@ -64,7 +64,7 @@ class ModelSource:
     ----------
     name : str
         Run and cache file names.
-    config : variants.model_config.ModelConfig or None
+    config : variants.models.model_config.ModelConfig or None
         None for a bare ``--model package.module:factory`` (its questions are minilm-sentiment's).
     factory : str or None
         ``'package.module:callable'``; called as ``factory(checkpoint)`` -> DecisionModel.
@@ -135,7 +135,7 @@ class ModelSource:
         """(options, scores, actions) of single-question models, or None."""
         cfg = self.config
         if cfg is None:  # a bare factory asks minilm-sentiment's question
-            from variants.models import shipped_config
+            from variants.models.shipped import shipped_config
 
             cfg = shipped_config("minilm-sentiment")
         if cfg.options is not None:
@@ -150,7 +150,7 @@ class ModelSource:
         opts = self.fixed_options()
         if opts is not None and opts[2] is None:
             return list(opts[0])
-        from variants.models import shipped_config
+        from variants.models.shipped import shipped_config
 
         return shipped_config("minilm-sentiment").action_names
 
@@ -170,8 +170,8 @@ class ModelSource:
         ModelConfigError
             The options cannot be labelled from VADER (pass your own data with ``--data``).
         """
-        from variants import data
-        from variants.tasks import build_taskset
+        from variants.datasets import bundled as data
+        from variants.datasets.tasks import build_taskset
 
         tasks = self.config.tasks if self.config is not None else None
         if tasks is None:
@@ -230,7 +230,7 @@ class ModelSource:
             A factory that cannot be imported or returns no DecisionModel; a classifier
             checkpoint without a head.
         """
-        from variants.decision import DecisionModel
+        from variants.models.decision import DecisionModel
 
         cfg = self.config
         if self.factory:

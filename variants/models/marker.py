@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.decision import DecisionModel
-from variants.model_config import ModelConfigError
+from variants.models.decision import DecisionModel
+from variants.models.model_config import ModelConfigError
 
 
 class MarkerNet(nn.Module):

@@ -5,17 +5,17 @@ import mlx.nn as nn
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from variants import data
-from variants.decision import DecisionModel
-from variants.encoder import mean_pool
-from variants.tasks import build_taskset
+from variants.datasets import bundled as data
+from variants.models.decision import DecisionModel
+from variants.arch.encoder import mean_pool
+from variants.datasets.tasks import build_taskset
 
 OPTIONS = data.SENTIMENT_OPTIONS[3]
 SCORES = (-1.0, 0.0, 1.0)
 ACTIONS = ("escalate", "review", "none")
 OPTION_ACTION = ("escalate", "review", "none")  # negative -> escalate, neutral -> review, ...
 HEAD_C = 10.0  # inverse L2 strength of the logistic-regression head
-#: How an early-exit head reproduces this model (variants.builders.exit_heads): linear logits.
+#: How an early-exit head reproduces this model (variants.families.exit.heads): linear logits.
 EXIT_HEAD_KIND = "linear"
 
 
@@ -53,7 +53,7 @@ class SentimentNet(nn.Module):
 class SentimentModel(DecisionModel):
     """Sentiment decision model; the head is fitted with scikit-learn's LogisticRegression.
 
-    The ``linear-head`` logits kind of a model TOML (:mod:`variants.model_config`): ``head_C``
+    The ``linear-head`` logits kind of a model TOML (:mod:`variants.models.model_config`): ``head_C``
     is its ``[linear_head] C``, the head's classes its options.
     """
 

@@ -80,10 +80,10 @@ def family_configs(config, group_size=64):
     """The families' config dataclasses of ``config`` in build order, as ``[(name, cfg)]``; the
     quant width goes to the last family's ``bits`` (module docstring). Raises ValueError for an
     unknown family, a bad value or an incompatible pair."""
-    from variants.builders.exit_family import ExitConfig
-    from variants.builders.lowrank_family import LowRankConfig
-    from variants.builders.prune_family import PruneConfig
-    from variants.builders.quant_family import QuantConfig
+    from variants.families.exit.family import ExitConfig
+    from variants.families.lowrank.family import LowRankConfig
+    from variants.families.prune.family import PruneConfig
+    from variants.families.quant.family import QuantConfig
 
     bad = [k for k in config if k not in FAMILIES]
     if bad or not config:
@@ -122,7 +122,7 @@ def build(reference, config, inputs, mode="simulated", group_size=64):
         The fitted reference.
     config : dict
         A composed config (module docstring).
-    inputs : variants.builders.family.BuildInputs
+    inputs : variants.families.family.BuildInputs
         calibration (lowrank activation statistics, exit threshold, prune's realised work),
         fit (exit heads), cache_dir.
     mode : {'simulated', 'native'}
@@ -137,7 +137,7 @@ def build(reference, config, inputs, mode="simulated", group_size=64):
     ValueError
         Bad config, incompatible families, or a builder's own refusal.
     """
-    from variants.builders import get_family
+    from variants.families import get_family
 
     model, infos = reference, []
     for name, cfg in family_configs(config, group_size):
@@ -177,3 +177,34 @@ def costs(table, summ):
             "bits": 8.0 * (summ["model_bytes"] - fixed) / weights,
             "flops": dense_flops * summ["linear_flop_ratio"] * summ["prune_work_ratio"]
             * summ["exit_expected_cost"]}
+
+
+def require_optuna():
+    """Import optuna or raise ValueError naming the extra to install."""
+    try:
+        import optuna
+    except ImportError:
+        raise ValueError("--strategy optuna needs Optuna: pip install 'mlx-variants[search]' "
+                         "(or optuna==5.0.*)") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def check_options(opts):
+    """Raise ValueError (one line naming the flag) for families/strategy/cost combinations the
+    search cannot run."""
+    fams = tuple(opts.families)
+    others = [f for f in fams if f != "quant"]
+    if opts.strategy != "optuna":
+        if others:
+            raise ValueError(f"--families {' '.join(fams)}: --strategy {opts.strategy} searches "
+                             "per-layer bits of the quant family only; pass --strategy optuna "
+                             "for the cross-family space, or --families quant")
+        return
+    require_optuna()
+    check_families(fams)
+    if others and opts.cost.startswith("latency"):
+        raise ValueError(f"--cost {opts.cost} is a quant-kernel cost model; with --families "
+                         f"{' '.join(others)} pass --cost bytes, bits or flops")
+    if len(set(fams)) != len(fams):
+        raise ValueError(f"--families {' '.join(fams)} repeats a family; name each once")

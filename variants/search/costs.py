@@ -3,23 +3,23 @@ latency cost model.
 
 - ``bytes``: the model's bytes as the native quant form stores them (packed weights, scales and
   biases of each quantized layer, every other parameter as it is), the ``model_bytes`` of
-  ``build.json`` (:func:`variants.builders.quantize.quantize_module`). Each layer's stored
+  ``build.json`` (:func:`variants.families.quant.build.quantize_module`). Each layer's stored
   bytes per width are measured once with ``mx.quantize`` on its weight, so a map's total is a
-  sum (``tests/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
+  sum (``tests/search/test_search.py`` checks it equals ``quantize_module``'s for a mixed map).
 - ``bits``: stored bits per quantized weight, ``8 * quantized bytes / quantized weights``
   (scales and biases included; build.json's ``bits_per_weight``: 9.0 at 8 bits, 5.0 at 4, g64).
 - ``flops``: quantization does not change the arithmetic (the CPU path dequantizes, then runs
   the fp32 GEMM): ``2 * in * out`` per token per Linear, summed; the same for every candidate,
   so ``--cost flops`` ranks candidates by bytes (the tie-break of every cost).
 - ``latency-b1`` / ``latency-b32``: a cost model, not a measurement of the candidate: the time
-  of each distinct (in, out, bits) quantized Linear (:class:`variants.qlinear.CpuQuantizedLinear`,
+  of each distinct (in, out, bits) quantized Linear (:class:`variants.runtime.qlinear.CpuQuantizedLinear`,
   the speed mode's kernel) on ``B * 128`` token rows, median of a few calls, measured once on
   the driver and cached in ``cache_dir/search/latency-<device>-B<B>.json``; a candidate's cost is
   the sum over its layers, in ms (attention, norms and the rest are the same for every
   candidate and left out). The finalist's real speed is the sweep's alternated timing.
 
 A unit may also be ``"int8"`` (``variants search --w8a8``): the Linear as W8A8
-(:class:`variants.builders.w8a8.Int8Linear`), stored as int8 weights, an fp32 scale and an
+(:class:`variants.runtime.int8_linear.Int8Linear`), stored as int8 weights, an fp32 scale and an
 int32 column sum per output channel (8 + 64 / in bits per weight); its latency is the compiled
 ``int8_linear`` op's (oneDNN's integer GEMM, per-token quantization of the input included),
 timed like the quantized kernels, or the simulated path's when oneDNN is missing.
@@ -108,10 +108,10 @@ class CostTable:
     def load_latency(self, cost, bits, cache_dir, device="cpu", repeats=5):
         """Measure (or read) the per-(in, out, bits) times of ``cost`` ('latency-b1' or
         'latency-b32'); returns the cache file's path, whose name holds the versions and the
-        compute path measured on (:func:`variants.compute_path.key_part`): the kernel's times
+        compute path measured on (:func:`variants.arch.compute_path.key_part`): the kernel's times
         change with them."""
         from runs.io import digest
-        from variants import compute_path
+        from variants.arch import compute_path
 
         batch = int(cost.split("-b")[1])
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"
@@ -146,14 +146,14 @@ def _median_ms(layer, x, repeats):
 
 
 def int8_kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
-    """Median ms of one :class:`variants.builders.w8a8.Int8Linear` call (native: the compiled
+    """Median ms of one :class:`variants.runtime.int8_linear.Int8Linear` call (native: the compiled
     oneDNN op where it is available, else the simulated path) on ``rows`` x ``in_dims`` fp32
     inputs, after one warm-up call; ``bits`` and ``group_size`` are unused (kernel_ms's
     signature)."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from variants.builders.w8a8 import Int8Linear
+    from variants.runtime.int8_linear import Int8Linear
 
     mx.random.seed(0)
     layer = Int8Linear(nn.Linear(in_dims, out_dims), native=True)
@@ -161,12 +161,12 @@ def int8_kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
 
 
 def kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
-    """Median ms of one :class:`variants.qlinear.CpuQuantizedLinear` call (random weights) on
+    """Median ms of one :class:`variants.runtime.qlinear.CpuQuantizedLinear` call (random weights) on
     ``rows`` x ``in_dims`` fp32 inputs, after one warm-up call."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from variants import qlinear
+    from variants.runtime import qlinear
 
     mx.random.seed(0)
     lin = nn.Linear(in_dims, out_dims)

@@ -2,7 +2,7 @@
 Linears (``--w8a8``).
 
 - **Quantizer.** A candidate is a per-unit map plus one method for the whole model (``rtn``,
-  ``awq``, ``gptq``, ``dwq``: :mod:`variants.builders.quant_learned`); the strategy is walked
+  ``awq``, ``gptq``, ``dwq``: :mod:`variants.families.quant.learned`); the strategy is walked
   once per method given, with the same round-to-nearest sensitivity table (a learned method
   lowers each layer's error, not, much, which layers are sensitive), and the cheapest passing
   candidate over all methods wins. The winner re-runs as a sweep variant with ``--bits``,
@@ -10,7 +10,7 @@ Linears (``--w8a8``).
   split the head was fitted on (never the search, calibration or eval rows), cached by the
   full map; ``dwq`` trains per candidate (minutes each on 2 cores).
 - **W8A8 Linears.** With ``--w8a8`` each Linear unit may also be ``"int8"``
-  (:class:`variants.builders.w8a8.Int8Linear`): int8 weights per output channel and per-token
+  (:class:`variants.runtime.int8_linear.Int8Linear`): int8 weights per output channel and per-token
   int8 activations on oneDNN's integer GEMM. Its sensitivity is measured like a width's (that
   Linear alone in W8A8, the rest fp32: KL to the reference), its cost by the same cost table
   (:mod:`variants.search.costs`: stored bytes, the ``int8_linear`` op's time in the latency
@@ -19,7 +19,7 @@ Linears (``--w8a8``).
   option; ties by stored bytes), so "raising" a unit means paying more, as the strategies
   expect: under ``--cost latency-b32`` on MiniLM W8A8 is the cheapest option, under ``bytes``
   it sits between 6 and 8 bits. A winner with int8 units re-runs as a sweep variant with
-  ``--int8-layers`` (:mod:`variants.builders.quant_int8`).
+  ``--int8-layers`` (:mod:`variants.families.quant.int8`).
 """
 
 import json
@@ -59,14 +59,14 @@ def int8_pattern(paths):
 
 def int8_sensitivity(reference, taskset, paths, cache_dir=None, batch_size=32, log=None):
     """``{(path, "int8"): kl_mean}``: each Linear of ``paths`` alone as a simulated
-    :class:`~variants.builders.w8a8.Int8Linear` (the others fp32), mean KL divergence of the
-    reference's logits to the variant's on ``taskset`` (as :mod:`variants.sensitivity` does
+    :class:`~variants.runtime.int8_linear.Int8Linear` (the others fp32), mean KL divergence of the
+    reference's logits to the variant's on ``taskset`` (as :mod:`variants.search.sensitivity` does
     for a width). Cached as JSON under ``cache_dir/search/`` by weights, split and paths."""
     import copy
 
-    from variants import activations
-    from variants.builders.w8a8 import Int8Linear
-    from variants.sensitivity import _compare
+    from variants.arch import activations
+    from variants.runtime.int8_linear import Int8Linear
+    from variants.search.sensitivity import _compare
 
     path = None
     if cache_dir is not None:

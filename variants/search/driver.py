@@ -81,9 +81,9 @@ class SearchOptions:
         """Raise ValueError (one line naming the flag and the fix) for a value out of range.
         Split sizes left None are chosen here (:func:`variants.search.sizes.resolve`, which
         says so through ``log``)."""
-        from variants.builders.quant_family import BITS, check_bits
+        from variants.families.quant.family import BITS, check_bits
         from variants.search import sizes
-        from variants.sweep_config import SweepConfig
+        from variants.sweep.config import SweepConfig
 
         if self.n_fit is None or self.n_search is None:
             source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
@@ -103,7 +103,7 @@ class SearchOptions:
         if bad or not self.families:
             raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
                              f"{', '.join(FAMILIES)}; pass e.g. --families quant")
-        from variants.search.optuna_search import check_options
+        from variants.search.composed import check_options
 
         check_options(self)
         if not 0 <= self.seed <= MAX_SEED:
@@ -121,7 +121,7 @@ class SearchOptions:
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
-        from variants.builders.quant_family import METHODS
+        from variants.families.quant.config import METHODS
 
         self.quant_methods = tuple(dict.fromkeys(self.quant_methods))
         bad = [m for m in self.quant_methods if m not in METHODS]
@@ -146,7 +146,7 @@ class SearchOptions:
             raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
                              "0.25")
         if self.finalize:  # the finalists' sweep settings: now, not after the whole search
-            from variants.sweep_config import SweepConfig
+            from variants.sweep.config import SweepConfig
 
             SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
                                timing_warmup=self.timing_warmup,
@@ -184,7 +184,7 @@ class SearchOptions:
     def quant_config(self, default_bits, bits_map, method="rtn", int8=""):
         """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``, its
         quantizer as ``--quant-method``, its W8A8 Linears as ``--int8-layers``)."""
-        from variants.builders.quant_family import QuantConfig
+        from variants.families.quant.family import QuantConfig
 
         return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
                            quantize_embeddings=self.quantize_embeddings,
@@ -290,7 +290,7 @@ class Search:
         return dict(self.payload, sweep=sweep)
 
     def sensitivity(self):
-        from variants import sensitivity
+        from variants.search import sensitivity
 
         cal = self.state["parts"]["search-calibration"]
         sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
@@ -313,7 +313,7 @@ class Search:
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
         """The candidate's record from the worker's result: judged here, on the driver. A
-        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors`) is a
+        result ``{"error": ...}`` (its worker was lost twice, :mod:`variants.executors.local`) is a
         failed candidate, ``failed == ["worker lost"]``, the reason in ``error``; it is not
         stored, so a resumed search evaluates it again."""
         from runs.judge import judge_outputs

@@ -1,5 +1,5 @@
 """The finalists on the real splits: the cheapest search-passing candidates, built, run on the
-calibration and eval splits, timed and judged by the sweep itself (:class:`variants.sweep.Sweep`
+calibration and eval splits, timed and judged by the sweep itself (:class:`variants.sweep.run.Sweep`
 with the finalists as its variants, its run folder ``OUT/final``), so each has the folder and
 report of any sweep variant. The first that passes on eval wins; when the search's winner fails
 there, the search overfitted the search split, and the next cheapest that passes both is named.
@@ -12,8 +12,8 @@ def finalize(search, passing, n=3):
     """Judge up to ``n`` of ``passing`` (records, cheapest first) on the real splits, one more
     at a time until one passes. Returns ``(winner record or None, finalists)``; a finalist is
     ``{id, name, bits_per_weight, model_bytes, passed_eval, failed_eval, folder}``."""
-    from variants.sweep import Sweep
-    from variants.sweep_config import SweepConfig
+    from variants.sweep.run import Sweep
+    from variants.sweep.config import SweepConfig
 
     o = search.opts
     out = search.out / "final"

@@ -23,7 +23,8 @@ and goes on from its end. Stops after ``--max-candidates`` distinct candidates, 
 that propose nothing new (a small space exhausted).
 """
 
-from variants.search.composed import FAMILIES, composed_id, name_of
+from variants.search.composed import (FAMILIES, check_options, composed_id,  # noqa: F401
+                                      name_of, require_optuna)
 from variants.search.driver import Search
 
 LOWRANK_RATIOS = (0.9, 0.7, 0.5, 0.3)
@@ -34,17 +35,6 @@ EXIT_RULES = ("entropy", "margin")
 TRIALS_PER_CANDIDATE = 4
 STALE_TRIALS = 20  # trials in a row proposing only known configs: the space is exhausted
 OFF = "off"
-
-
-def require_optuna():
-    """Import optuna or raise ValueError naming the extra to install."""
-    try:
-        import optuna
-    except ImportError:
-        raise ValueError("--strategy optuna needs Optuna: pip install 'mlx-variants[search]' "
-                         "(or optuna==5.0.*)") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
 
 
 def suggest(trial, families, bits, n_layers):
@@ -122,7 +112,7 @@ class OptunaSearch(Search):
                     dict.fromkeys(("bytes", "bits", "flops", o.cost), float("nan")))
         name = name_of(config)
         if quant_only:  # the sweep's variant folder name (finalize reads it)
-            from variants.builders.quant_family import QuantConfig
+            from variants.families.quant.family import QuantConfig
 
             name = QuantConfig(bits=config["quant"]["bits"], group_size=o.group_size).name
         return {"id": spec["id"], "step": step, "name": name, "config": config,
@@ -184,25 +174,3 @@ class OptunaSearch(Search):
         if len(order) >= o.max_candidates:
             self.log(f"--max-candidates {o.max_candidates} reached; stopping the search")
         return order
-
-
-def check_options(opts):
-    """Raise ValueError (one line naming the flag) for families/strategy/cost combinations the
-    search cannot run."""
-    from variants.search.composed import check_families
-
-    fams = tuple(opts.families)
-    others = [f for f in fams if f != "quant"]
-    if opts.strategy != "optuna":
-        if others:
-            raise ValueError(f"--families {' '.join(fams)}: --strategy {opts.strategy} searches "
-                             "per-layer bits of the quant family only; pass --strategy optuna "
-                             "for the cross-family space, or --families quant")
-        return
-    require_optuna()
-    check_families(fams)
-    if others and opts.cost.startswith("latency"):
-        raise ValueError(f"--cost {opts.cost} is a quant-kernel cost model; with --families "
-                         f"{' '.join(others)} pass --cost bytes, bits or flops")
-    if len(set(fams)) != len(fams):
-        raise ValueError(f"--families {' '.join(fams)} repeats a family; name each once")

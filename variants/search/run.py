@@ -16,15 +16,15 @@ def run_search(opts, log=print):
     One search at a time per output folder: ``OUT/.lock`` is held (:func:`runs.lock.hold`, as a
     sweep holds its run folder's) from the folder's creation until search.json is written; a
     second search on the same OUT raises :class:`runs.lock.RunLocked` (exit 2) naming the
-    holder. Raises ValueError / SweepError (bad input) or :class:`variants.executors.ExecutorError`
+    holder. Raises ValueError / SweepError (bad input) or :class:`variants.executors.local.ExecutorError`
     (``--executor ray`` and Ray missing or its address not answering) before the first write.
 
-    Candidates run on ``opts.executor`` (:func:`variants.executors.make_executor`), its workers
+    Candidates run on ``opts.executor`` (:func:`variants.executors.factory.make_executor`), its workers
     kept for the whole search. ``local`` hands the driver's own state to each candidate;
     ``process`` / ``ray`` workers get only the payload (settings and absolute paths,
     :meth:`Search.remote_payload`) and load the checkpoint and the reference outputs
     themselves, from the caches this driver writes before the first worker starts."""
-    from variants.executors import make_executor
+    from variants.executors.factory import make_executor
     from variants.search import worker
 
     t0 = time.perf_counter()

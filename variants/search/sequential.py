@@ -22,7 +22,7 @@ in each example, in the favourable direction:
 Every other stratum's rows are fixed by the reference, the labels and the calibration ε, all of
 which are known in full before the first eval chunk (the calibration split is run whole first).
 So a settled failure is a failure on the full split: stopping never flips a verdict
-(``tests/test_search.py`` compares stopped and full evaluations on many perturbed candidates).
+(``tests/search/test_search.py`` compares stopped and full evaluations on many perturbed candidates).
 Passing is never settled early (an unseen example may always break a ``max``). No MLX.
 """
 

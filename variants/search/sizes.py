@@ -16,7 +16,7 @@ works on this file (a sweep needs no search split). No MLX.
 """
 
 from variants import defaults as D
-from variants.sweep_config import SweepError
+from variants.sweep.config import SweepError
 
 BUNDLED = {"n_fit": D.N_FIT, "n_search": 1600}
 MIN_SEARCH = 40  # two parts of 20: the search-calibration part needs 1/alpha rows at alpha 0.05
@@ -35,7 +35,7 @@ def fits_on_fit_split(source):
 
 def fit_rows(data, source):
     """Number of fit-split rows of data file ``data`` (read and checked as the sweep does)."""
-    from variants import own_data
+    from variants.datasets import own as own_data
 
     options, scores, actions = source.fixed_options() or (None, None, None)
     frame = own_data.read_data(data, options=options, scores=scores, actions=actions)

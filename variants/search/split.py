@@ -1,11 +1,11 @@
 """The search split: rows the eval (and calibration) split never sees, carved from the fit
 split's rows that the reference's head was *not* fitted on.
 
-Bundled data: the fit split (:func:`variants.data_splits.split_frame`) less the ``n_fit`` rows
-:func:`variants.data_splits.sample` drew for the head, then ``n_search`` of the rest drawn the
+Bundled data: the fit split (:func:`variants.datasets.splits.split_frame`) less the ``n_fit`` rows
+:func:`variants.datasets.splits.sample` drew for the head, then ``n_search`` of the rest drawn the
 same way (stratified by domain, seeded). Own data (``--data``): the fit split's rows after the
 first ``n_fit`` in the sweep's ``sha256(f"{seed}:{id}")`` order
-(:func:`variants.sweep_inputs.own_data_tasksets`). Either way the rows are then split in two by
+(:func:`variants.sweep.inputs.own_data_tasksets`). Either way the rows are then split in two by
 ``sha256(f"{seed}:search:{id}")``: the first ``n_search // 2`` are the search-calibration part
 (the ε and the temperatures' calibration role), the rest the search-eval part (chunked, with
 sequential stopping). The search never touches the calibration or eval split; the winner is
@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from variants.sweep_config import SweepError
+from variants.sweep.config import SweepError
 
 PARTS = ("search-calibration", "search-eval")
 
@@ -42,7 +42,7 @@ def search_tasksets(cfg, source, n_search):
     if cfg.data is not None:
         rows, make = _own_rows(cfg, source, n_search)
     else:
-        from variants import data
+        from variants.datasets import bundled as data
 
         fit = data.split_frame(data.load_vader(), "fit")
         used = set(data.sample(fit, cfg.n_fit, seed=cfg.seed)["id"])
@@ -58,7 +58,7 @@ def search_tasksets(cfg, source, n_search):
 
 
 def _own_rows(cfg, source, n_search):
-    from variants import own_data
+    from variants.datasets import own as own_data
 
     options, scores, actions = source.fixed_options() or (None, None, None)
     defaults = dict(options=options, scores=scores, actions=actions)

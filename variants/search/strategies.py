@@ -2,7 +2,7 @@
 batch of independent candidates (``{layer: bits}`` dicts, evaluated together, in parallel where
 the executor can) and receives their pass/fail on the search split (list of bool, same order).
 The generator returns when it has nothing more to try. Sensitivity is the per-layer table of
-:mod:`variants.sensitivity` as ``{(layer, bits): kl_mean}``.
+:mod:`variants.search.sensitivity` as ``{(layer, bits): kl_mean}``.
 
 - ``greedy`` (the fallback of Intel Neural Compressor / NNCF): start with every layer at the
   cheapest width; each step raises the layer that is most sensitive at its current width by one

@@ -4,9 +4,9 @@ factory's network).
 
 In forward order: the embedding tables (``nn.Embedding``, stored as ``nn.QuantizedEmbedding``:
 word, position and token-type tables are one unit each), the encoder's Linears
-(:func:`variants.activations.target_linears`), any other Linear outside the head (as the quant
+(:func:`variants.arch.activations.target_linears`), any other Linear outside the head (as the quant
 builder quantizes it), then the decision head's Linears when the user allows it
-(``--quantize-head``; the head by role, :func:`variants.heads.head_paths`). A tensor whose input
+(``--quantize-head``; the head by role, :func:`variants.models.heads.head_paths`). A tensor whose input
 size the group size does not divide stays as it is and is listed with the reason. Each unit is one key of a
 candidate's map and one ``^path$`` entry of the ``--bits-map`` that re-runs it as a sweep variant.
 """
@@ -44,8 +44,8 @@ def search_units(module, model=None, *, group_size=64, embeddings=True, quantize
     """
     import mlx.nn as nn
 
-    from variants.activations import target_linears
-    from variants.heads import head_paths, in_head
+    from variants.arch.activations import target_linears
+    from variants.models.heads import head_paths, in_head
 
     heads, why = head_paths(module, model)
     mods = module.named_modules()

@@ -46,11 +46,11 @@ def load(payload):
     data splits and the search parts (:func:`variants.search.split.search_tasksets`), the
     judge's settings. Raises SweepError / ValueError on bad input."""
     from runs.settings import resolve_settings
-    from variants import device
+    from variants.runtime import device
     from variants.search.margin import tighten
     from variants.search.split import search_tasksets
-    from variants.sweep_config import SweepConfig
-    from variants.sweep_inputs import load_inputs
+    from variants.sweep.config import SweepConfig
+    from variants.sweep.inputs import load_inputs
 
     cfg = SweepConfig(**payload["sweep"]).validate()
     device.use(cfg.device or device.requested(), cfg.dtype)
@@ -77,9 +77,9 @@ def prepare_reference(state, payload):
     from pathlib import Path
 
     from runs.outputs import DecisionOutputs
-    from variants.decision import prepared_digest
+    from variants.models.decision import prepared_digest
     from variants.models import fitted_reference
-    from variants.sweep_inputs import cache_parts
+    from variants.sweep.inputs import cache_parts
 
     cfg, parts, checkpoint = state["cfg"], state["parts"], state["checkpoint"]
     cache = Path(cfg.results_dir) / ".cache"
@@ -112,12 +112,12 @@ def build_variant(state, spec):
     with ``config`` (a composed cross-family config) is built by
     :func:`variants.search.composed.build` (info: its :func:`~variants.search.composed.summary`)
     on the sweep's calibration and fit splits."""
-    from variants.builders.quant_family import QuantConfig, build
+    from variants.families.quant.family import QuantConfig, build
 
     if "config" in spec:
         from pathlib import Path
 
-        from variants.builders.family import BuildInputs
+        from variants.families.family import BuildInputs
         from variants.search import composed
 
         ts = state["tasksets"]
@@ -135,7 +135,7 @@ def build_variant(state, spec):
         return build(state["reference"], qcfg, mode="simulated")
     from pathlib import Path
 
-    from variants.builders.family import BuildInputs
+    from variants.families.family import BuildInputs
 
     # a learned quantizer reads the fit split the head was fitted on (never a search part)
     inputs = BuildInputs(fit=state["tasksets"].get("fit"),

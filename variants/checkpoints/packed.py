@@ -1,0 +1,118 @@
+"""``load_checkpoint`` of a folder written by ``variants export``: the encoder (and the checkpoint's
+classification head) packed as exported, nothing re-quantized.
+
+The folder's ``config.json`` is the original checkpoint's plus mlx-lm's ``quantization`` block
+and an ``mlx_variants`` block (:mod:`variants.export`). The encoder's skeleton is built from the
+config, ``mlx.nn.quantize`` is applied with mlx-lm's predicate (a module the block lists takes
+its entry, ``false`` keeps it full precision; any other is quantized when the file holds its
+``scales``), and the file's ``encoder.*`` (and ``classifier.*``) arrays fill it strictly. The
+whole decision model (head, temperatures, factored layers) is
+:func:`variants.export.load.load_variant`'s.
+"""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from metrics._checks import short_path
+from variants.checkpoints import files as files_
+from variants.checkpoints.files import CheckpointError
+
+#: the config.json block that marks an exported folder
+BLOCK = "mlx_variants"
+
+
+def is_export(path):
+    """Whether folder ``path`` is an exported variant (its config.json has :data:`BLOCK`)."""
+    cfg = Path(path) / "config.json"
+    try:
+        return cfg.is_file() and BLOCK in json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def quant_predicate(quantization, weights, prefix=""):
+    """mlx-lm's class predicate (``mlx_lm.utils.load_model``) for ``nn.quantize`` from a
+    ``quantization`` block and the file's array names ``weights``; ``prefix`` is prepended to
+    a module's path (``"encoder."`` for the encoder alone)."""
+    def predicate(path, module):
+        full = prefix + path
+        if full in quantization:
+            return quantization[full]
+        if not hasattr(module, "to_quantized"):
+            return False
+        return f"{full}.scales" in weights
+    return predicate
+
+
+def skeleton(path, config, kinds, max_length=None):
+    """A Checkpoint of ``path`` whose encoder (and classifier head) are unfilled skeletons;
+    ``kinds`` = ``(Checkpoint, TextTokenizer, build)`` of :mod:`variants.checkpoints.load`
+    (handed in: that module calls this one)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from variants.checkpoints.hf_heads import load_head
+
+    Checkpoint, TextTokenizer, _build = kinds  # noqa: N806  (classes)
+
+    config_file = path / "config.json"
+    mt = files_.model_type(config, config_file)
+    args, encoder, _ = _build(mt, config, config_file)
+    head = config[BLOCK].get("hf_head") or {}
+    classifier = load_head(mt, {k: mx.array(np.zeros(s, np.float32)) for k, s in head.items()},
+                           args) if head else None
+    tok_file = path / "tokenizer.json"
+    raw_tok = Tokenizer.from_file(str(tok_file))
+    max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config,
+                                                                max_length)
+    tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,
+                              decided=decided)
+    return Checkpoint(path, args, encoder, tokenizer, config[BLOCK]["weights_sha256"],
+                      classifier, files_.id2label(config, config_file))
+
+
+def load_packed(path, kinds, dtype=mx.float32, max_length=None):
+    """The Checkpoint of exported folder ``path``: its encoder and classifier head packed
+    (``kinds``: as :func:`skeleton`).
+
+    Raises
+    ------
+    CheckpointError
+        A dtype other than float32, factored (low-rank) layers (load those with
+        ``variants.export.load.load_variant``), weights that do not match the config.
+    """
+    from variants.runtime import qlinear
+
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    if dtype != mx.float32:
+        raise CheckpointError(f"{short_path(path)} is an exported variant stored as it was "
+                              "judged; load it with dtype float32")
+    if config[BLOCK].get("lowrank"):
+        raise CheckpointError(f"{short_path(path)} holds factored (low-rank) layers; load it "
+                              "with variants.export.load.load_variant(DIR)")
+    ck = skeleton(path, config, kinds, max_length)
+    wfile = path / "model.safetensors"
+    weights = mx.load(str(wfile))
+    q = config.get("quantization") or {}
+    parts = {"encoder": ck.encoder, "classifier": ck.classifier}
+    try:
+        for name, module in parts.items():
+            if module is None:
+                continue
+            if q:
+                nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
+                            class_predicate=quant_predicate(q, weights, f"{name}."))
+            mine = [(k[len(name) + 1:], v) for k, v in weights.items()
+                    if k.startswith(name + ".")]
+            module.load_weights(mine, strict=True)
+            mx.eval(module.parameters())
+            qlinear.use_cpu_path(module)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{short_path(wfile)} does not match its config.json ({e}); "
+                              "export the variant again") from None
+    ck.encoder.eval()
+    return ck

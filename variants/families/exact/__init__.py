@@ -1,0 +1,2 @@
+"""The exact family: deduplication and a result cache, exact by construction
+(entry, keys, workload, output selection, build)."""

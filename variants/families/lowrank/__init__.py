@@ -1,0 +1,2 @@
+"""The lowrank family: SVD-LLM whitened, plain and ASVD scaled factorisation
+(config, entry, factorisation, build)."""

@@ -1,0 +1,1 @@
+"""The prune family: PoWER-BERT style token pruning (config, entry, build)."""

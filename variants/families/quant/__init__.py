@@ -1,0 +1,1 @@
+"""The quant family: round-to-nearest group-wise quantization (config, entry, build)."""

@@ -1,0 +1,240 @@
+"""The quant family's learned quantizers: AWQ, GPTQ and distilled scales (DWQ), one build.
+
+Every method writes the packed format of round-to-nearest (``mx.quantize``: packed uint32
+codes, per-group scales and biases, :mod:`variants.families.quant.affine_codes`) into the same
+``nn.QuantizedLinear`` layers, so native execution, the compiled CPU kernel, export and verify
+read them unchanged. AWQ's per-input-channel scale 1/s cannot be folded into a post-LN BERT's
+LayerNorm (it is also the residual stream): such a layer is an :class:`InputScaledLinear` (the
+input times 1/s, then the packed Linear), which the fused whole-layer CPU kernels do not take
+(that layer runs Linear by Linear).
+
+Only the encoder's Linears (:func:`variants.arch.activations.target_linears`) are learned; a head or
+embedding table the config also quantizes stays round-to-nearest. The statistics come from the
+**fit** split (:func:`variants.arch.activations.cached_collect`): never calibration or eval rows.
+Results are cached under ``cache_dir/quant/<model>-<key>.npz``, keyed by the reference's
+weights, the fit split's fingerprint, the method, its settings, the widths and the version.
+"""
+
+import copy
+import json
+import time
+from dataclasses import replace
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from variants.arch import activations
+from variants.families.quant import affine_codes, awq, dwq, gptq
+from variants.families.quant import build as quantize
+
+VERSION = 1
+
+SETTINGS = {
+    "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
+            "statistic": "mean |x| per input channel"},
+    "gptq": {"damping": gptq.DAMPING, "block_size": gptq.BLOCK_SIZE, "act_order": False},
+    "dwq": {"init": "gptq", "epochs": dwq.EPOCHS, "learning_rate": dwq.LEARNING_RATE,
+            "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS, "optimizer": "Adam",
+            "trains": "scales, biases",
+            "loss": "KL(p_ref || p_q) at the reference's temperatures"},
+}
+
+
+class InputScaledLinear(nn.Module):
+    """AWQ's layer: ``linear(x * input_scale)``, ``input_scale`` (n,) float32 = 1/s, ``linear``
+    the packed ``nn.QuantizedLinear`` of W diag(s). ``x`` (..., n) -> (..., o)."""
+
+    def __init__(self, linear, input_scale):
+        super().__init__()
+        self.linear = linear
+        self.input_scale = mx.array(input_scale)
+
+    def __call__(self, x):
+        return self.linear(x * self.input_scale)
+
+
+def check_inputs(cfg, fit):
+    """ValueError (one line) when ``cfg.method`` needs activations and ``fit`` has no rows."""
+    if cfg.method != "rtn" and (fit is None or len(fit) == 0):
+        raise ValueError(f"--quant-method {cfg.method} learns from fit-split activations, but "
+                         "the fit split is empty; pass --n-fit > 0 (or use --quant-method rtn)")
+
+
+def _rel(err, W, G):
+    base = gptq.output_error(W, np.zeros_like(W), G)
+    return float(err / base) if base > 0 else 0.0
+
+
+def _learn(reference, cfg, paths, settings, stats):
+    """AWQ or GPTQ of ``paths``: {path: (codes, scales, biases, input_scale|None)} and the
+    per-layer rows (relative output errors of RTN and of the method on the fit statistics)."""
+    from tqdm import tqdm
+
+    mods = dict(reference.module.named_modules())
+    out, rows = {}, []
+    for path in tqdm(paths, desc=f"{cfg.method} layers", unit="layer", leave=False,
+                     disable=None):
+        bits, gs = settings[path]
+        W = np.array(mods[path].weight, np.float32)
+        s = stats[activations.input_site(path)]
+        G = s.gram
+        rtn = affine_codes.quantize(W, bits, gs)
+        err_rtn = gptq.output_error(W, affine_codes.dequantize(*rtn, gs), G)
+        row = {"path": path, "bits": bits, "group_size": gs}
+        inv = None
+        if cfg.method == "gptq":
+            codes, scales, biases = gptq.quantize(W, G, bits, gs, where=path)
+        else:
+            codes, scales, biases, inv, facts = awq.quantize(W, G, s.mean_abs, bits, gs)
+            row.update(alpha=facts["alpha"], clipped_groups=facts["clipped_groups"])
+            inv = None if facts["alpha"] == 0 else inv
+        deq = affine_codes.dequantize(codes, scales, biases, gs)
+        err = gptq.output_error(W, deq if inv is None else deq * inv, G)
+        row.update(rtn_rel_error=_rel(err_rtn, W, G), rel_error=_rel(err, W, G))
+        out[path] = (codes, scales, biases, inv)
+        rows.append(row)
+    return out, rows
+
+
+def _distill(reference, start, rows, stats, fit, log):
+    """DWQ from the GPTQ ``start`` layers: the trained layers, rows with ``init_rel_error``
+    (GPTQ's) and ``rel_error`` (after training), and the training facts."""
+    mods = dict(reference.module.named_modules())
+    rows = [dict(r) for r in rows]
+    layers = {r["path"]: (*start[r["path"]][:3], r["group_size"], start[r["path"]][3])
+              for r in rows}
+    trained, facts = dwq.distill(reference, layers, fit)
+    out = {}
+    for row in rows:
+        p = row["path"]
+        c, _, _, inv = start[p]
+        s, b = trained[p]
+        W = np.array(mods[p].weight, np.float32)
+        G = stats[activations.input_site(p)].gram
+        deq = affine_codes.dequantize(c, s, b, row["group_size"])
+        row["init_rel_error"] = row["rel_error"]
+        row["rel_error"] = _rel(gptq.output_error(W, deq if inv is None else deq * inv, G), W, G)
+        out[p] = (c, s, b, inv)
+    if log:
+        log(f"distilled scales: KL {facts['loss_before']:.4g} -> {facts['loss_after']:.4g}")
+    return out, rows, facts
+
+
+def _cache_path(reference, cfg, fit, cache_dir):
+    from pathlib import Path
+
+    key = reference.cache_key(activations.module_fingerprint(reference.module),
+                              fit.fingerprint(), cfg.method, SETTINGS[cfg.method], cfg.bits,
+                              cfg.group_size, cfg.bits_map, cfg.quantize_head,
+                              cfg.quantize_embeddings, VERSION)
+    return Path(cache_dir) / "quant" / f"{reference.name}-{cfg.method}-{key}.npz"
+
+
+def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
+    """The learned layers of ``cfg`` (read from / written to the cache when ``cache_dir``).
+
+    Returns ``(layers, facts)``: layers {path: (codes (o, n) uint8, scales, biases (o, n/g)
+    float32, input_scale (n,) float32 or None)}; facts (JSON-able) with ``layers`` (per-layer
+    rows: bits, group size, relative output error of RTN and of the method on the fit
+    statistics), ``build_s`` and the method's own facts. Raises ValueError on bad input."""
+    check_inputs(cfg, fit)
+    path = None if cache_dir is None else _cache_path(reference, cfg, fit, cache_dir)
+    if path is not None and path.exists():
+        try:
+            with np.load(path) as z:
+                facts = json.loads(str(z["facts"]))
+                layers = {p: (z[f"{p}|codes"], z[f"{p}|scales"], z[f"{p}|biases"],
+                              z[f"{p}|input_scale"] if f"{p}|input_scale" in z else None)
+                          for p in facts["paths"]}
+            facts["cached"] = True
+            return layers, facts
+        except (OSError, KeyError, ValueError):
+            pass  # unreadable: learn again and overwrite
+    t0 = time.perf_counter()
+    settings = quantize.layer_settings(reference.module, cfg) or {}
+    skipped = []
+    predicate = quantize.make_predicate(cfg, skipped, settings or None)
+    mods = dict(reference.module.named_modules())
+    paths = [p for p in activations.target_linears(reference.module) if predicate(p, mods[p])]
+    settings = {p: tuple(settings.get(p, (cfg.bits, cfg.group_size))) for p in paths}
+    stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
+    if cfg.method == "dwq":  # from GPTQ's layers (its cache entry when there is one)
+        start, sfacts = learned_layers(reference, replace(cfg, method="gptq"), fit, cache_dir,
+                                       log)
+        layers, rows, extra = _distill(reference, start, sfacts["layers"], stats, fit, log)
+        extra["gptq_build_s"] = sfacts["build_s"]
+    else:
+        layers, rows = _learn(reference, cfg, paths, settings, stats)
+        extra = {}
+    facts = {"paths": paths, "layers": rows, "build_s": time.perf_counter() - t0,
+             "fit_rows": len(fit), **extra}
+    if cfg.method == "dwq" and sfacts.get("cached"):  # the whole method's time: GPTQ's too
+        facts["build_s"] += sfacts["build_s"]
+    if path is not None:
+        from runs.io import write_npz
+
+        arrays = {"facts": np.array(json.dumps(facts))}
+        for p, (c, s, b, inv) in layers.items():
+            arrays.update({f"{p}|codes": c, f"{p}|scales": s, f"{p}|biases": b})
+            if inv is not None:
+                arrays[f"{p}|input_scale"] = inv
+        write_npz(path, arrays)
+    facts["cached"] = False
+    return layers, facts
+
+
+def _dense(module):
+    """A dense copy of a packed module: each quantized layer's ``mx.dequantize`` (times the
+    input scale for an :class:`InputScaledLinear`) as an ``nn.Linear`` / ``nn.Embedding``."""
+    sim = copy.deepcopy(module)
+    for path, m in list(sim.named_modules()):
+        inv = None
+        if isinstance(m, InputScaledLinear):
+            inv, m = m.input_scale, m.linear
+        if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        w = mx.dequantize(m["weight"], m["scales"], m["biases"], group_size=m.group_size,
+                          bits=m.bits)
+        if inv is not None:
+            w = w * inv
+        if isinstance(m, nn.QuantizedEmbedding):
+            new = nn.Embedding(*w.shape)
+        else:
+            new = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
+            if "bias" in m:
+                new.bias = m["bias"]
+        new.weight = w
+        activations.set_module(sim, path, new)
+    mx.eval(sim.parameters())
+    return sim
+
+
+def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
+    """The quantized reference of a learned ``cfg.method`` (``awq``, ``gptq``, ``dwq``).
+
+    Returns ``(variant, info)``: info is :func:`variants.families.quant.build.quantize_module`'s
+    (sizes: the input scales of AWQ counted in ``model_bytes``) plus ``method``,
+    ``method_settings``, ``calibration_split`` ("fit"), ``calibration_rows``, ``layers``
+    (per-layer relative output error, RTN and method), ``build_s`` (learning seconds; the
+    first build's when read from the cache) and the method's own facts. Raises ValueError on
+    bad input (no fit rows, a singular GPTQ Hessian, a forward DWQ cannot differentiate)."""
+    layers, facts = learned_layers(reference, cfg, fit, cache_dir, log)
+    native, info = quantize.quantize_module(reference.module, cfg, "native")
+    extra_bytes = 0
+    for path, (codes, scales, biases, inv) in layers.items():
+        m = dict(native.named_modules())[path]
+        m.weight = mx.array(affine_codes.pack(codes, m.bits))
+        m.scales, m.biases = mx.array(scales), mx.array(biases)
+        if inv is not None:
+            activations.set_module(native, path, InputScaledLinear(m, inv))
+            extra_bytes += inv.nbytes
+    info["model_bytes"] += extra_bytes
+    info.update(method=cfg.method, method_settings=SETTINGS[cfg.method],
+                calibration_split="fit", calibration_rows=facts["fit_rows"],
+                learned_layers=len(layers), input_scaled_layers=sum(
+                    v[3] is not None for v in layers.values()),
+                **{k: v for k, v in facts.items() if k not in ("paths", "fit_rows")})
+    module = native if mode == "native" else _dense(native)
+    mx.eval(module.parameters())
+    return reference.replace_module(module), info

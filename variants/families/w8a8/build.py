@@ -1,0 +1,189 @@
+"""W8A8: int8 weights and per-token int8 activations, multiplied on integer GEMMs.
+
+Per Linear W (out, in) with bias b:
+
+- weights, per output channel j, symmetric: s_w,j = max_k |W_jk| / 127 (1 when the row is 0),
+  Wq = clip(round(W / s_w), -127, 127) as int8;
+- activations, per token (row) i at run time, asymmetric uint8 over [min(x_i, 0), max(x_i, 0)]:
+  s_i = (hi - lo) / 255, zp_i = round(-lo / s_i), q = clip(round(x / s_i) + zp_i, 0, 255);
+- y_ij = s_i s_w,j Σ_k (q_ik - zp_i) Wq_jk + b_j (int32 accumulation).
+
+``native`` runs the compiled op ``int8_linear`` of :mod:`variants.runtime.qkernel` (oneDNN's
+``dnnl_gemm_u8s8s32``, VNNI / AVX-512 / AVX2 kernels chosen by oneDNN at run time); ``simulated``
+computes the same quantization in MLX and multiplies the dequantized values in fp32. For the same
+input the two agree to fp32 round-off (the codes are identical: same divisions, round half to
+even), so quality figures do not depend on the kernel. Without oneDNN, native runs simulated
+(kernel ``w8a8-simulated``; one line on stderr says so).
+
+SmoothQuant (Xiao et al. 2023, §4): per input channel s_j = max|X_j|^α / max_o|W_oj|^(1-α), then
+x / s and W s (same product). Here 1/s is not folded into the preceding LayerNorm: it is applied
+inside the per-token quantizer (one multiply per input element, K per row against the GEMM's
+K·N multiply-adds per row), which also serves inputs that follow no norm (attention output,
+FFN down). α is chosen per Linear from :data:`ALPHAS` by the W8A8 output error on fit-split rows.
+"""
+
+import re
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from variants.arch import activations
+from variants.runtime import parallel, qkernel
+from variants.families.w8a8.config import ALPHAS
+from variants.runtime.int8_linear import (NAMES, Int8Linear, _kernel, quantize_rows,  # noqa: F401
+                                         quantize_weight)
+
+#: token rows per Linear input kept for the α search (sampled evenly from the fit split)
+SAMPLE_ROWS = 512
+#: multiply-adds per int8 lane against one fp32 lane (VNNI: four 8-bit products per 32 bits)
+INT8_GAIN = 4.0
+_warned = {"done": False}
+
+
+def target_paths(module, cfg):
+    """Encoder Linear paths that run in int8 (:func:`variants.arch.activations.target_linears`
+    minus ``cfg.skip`` matches) and those kept fp32 by ``cfg.skip``."""
+    paths = activations.target_linears(module)
+    pat = re.compile(cfg.skip) if cfg.skip else None
+    keep = [p for p in paths if pat and pat.search(p)]
+    return [p for p in paths if p not in keep], keep
+
+
+def check_model(module, cfgs):
+    """Raise ValueError, before anything is written, when the model has no encoder Linear or a
+    config's ``--int8-skip`` keeps every one fp32."""
+    for cfg in cfgs:
+        run, keep = target_paths(module, cfg)
+        if cfg.skip and not keep:
+            raise ValueError(f"--int8-skip {cfg.skip!r} matches no encoder Linear (they are e.g. "
+                             f"{', '.join((run or ['none'])[:2])}); fix the pattern or drop it")
+        if not run:
+            what = (f"--int8-skip {cfg.skip!r} matches all {len(keep)} encoder Linears"
+                    if keep else "the model has no nn.Linear under encoder.layers")
+            raise ValueError(f"w8a8: no Linear left to run in int8 ({what}); pass a narrower "
+                             "--int8-skip, e.g. 'output$'")
+
+
+class _SampleSink:
+    """Per Linear input site: max |x| per channel and up to SAMPLE_ROWS real-token rows."""
+
+    def __init__(self, rng):
+        self.mask, self.seen_this_call, self.absmax, self.rows = None, set(), {}, {}
+        self.rng = rng
+
+    def record(self, site, x):
+        if site in self.seen_this_call:
+            return
+        self.seen_this_call.add(site)
+        a = np.array(x.astype(mx.float32))[self.mask]
+        m = np.abs(a).max(axis=0)
+        self.absmax[site] = np.maximum(self.absmax.get(site, m), m)
+        keep = a[self.rng.choice(len(a), min(len(a), SAMPLE_ROWS // 4), replace=False)]
+        old = self.rows.get(site)
+        self.rows[site] = keep if old is None else np.concatenate([old, keep])[-SAMPLE_ROWS:]
+
+
+def collect_samples(reference, fit, paths, seed=0):
+    """({site: max|x| (in,)}, {site: rows (n, in) float32}) of the Linear inputs at ``paths``
+    over the fit split. Raises ValueError without fit texts."""
+    if fit is None or len(fit) == 0:
+        raise ValueError("w8a8 SmoothQuant needs fit-split texts for its activation statistics; "
+                         "pass --n-fit 200 or more (or --smooth off)")
+    sink = _SampleSink(np.random.default_rng(seed))
+    import copy
+
+    inner = copy.deepcopy(reference.module)
+    mods = dict(inner.named_modules())
+    for p in paths:
+        activations.set_module(inner, p, activations._Recorder(mods[p], activations.input_site(p),
+                                                               sink))
+    recording = reference.replace_module(activations._MaskGrabber(inner, sink))
+    batches, _ = recording.prepare(fit.subset(np.arange(min(len(fit), 256))), 32)
+    with parallel.single_stream():
+        for b in batches:
+            mx.eval(recording.forward(b))
+    return sink.absmax, sink.rows
+
+
+def smooth_factors(absmax_x, w, alpha):
+    """SmoothQuant's s (in,) float64: max|X_j|^α / max_o|W_oj|^(1-α), floored at 1e-5."""
+    wmax = np.abs(np.asarray(w, np.float64)).max(axis=0)
+    s = np.power(np.maximum(absmax_x, 1e-5), alpha) / np.power(np.maximum(wmax, 1e-5), 1 - alpha)
+    return np.maximum(s, 1e-5)
+
+
+def output_error(linear, rows, smooth):
+    """Mean squared error of the simulated W8A8 output against the fp32 Linear on ``rows``."""
+    x = mx.array(rows)
+    ref = x @ linear.weight.T
+    q = Int8Linear(linear, native=False, smooth=smooth)
+    got = q.simulated(x) - (q["bias"] if "bias" in q else 0)
+    return float(mx.mean(mx.square(got - ref)))
+
+
+def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
+    """The reference DecisionModel with its encoder Linears as :class:`Int8Linear`.
+
+    Returns (variant, info): ``int8_layers``, ``kept_fp32``, ``int8_share`` (of the encoder
+    Linears' weights), ``kernel``, ``simulated_speed``, ``model_bytes``, ``build_seconds``;
+    with SmoothQuant ``alphas`` ({path: α}), ``errors`` ({path: [plain, smoothed]}),
+    ``median_error_plain`` / ``_smooth``, ``fit_rows``. Raises ValueError (no Linear to run in
+    int8, SmoothQuant without fit texts)."""
+    import copy
+
+    t0 = time.perf_counter()
+    module = copy.deepcopy(reference.module)
+    run, keep = target_paths(module, cfg)
+    check_model(module, [cfg])
+    mods = dict(module.named_modules())
+    native = mode == "native"
+    if native and _kernel() is None and not _warned["done"]:
+        _warned["done"] = True
+        why = "oneDNN not found (apt-get install libdnnl-dev, then python -m variants.runtime.qkernel " \
+              "--force)" if qkernel.load() is not None else qkernel.why_unavailable()
+        print(f"variants: w8a8 runs simulated (fake-quantized fp32): {why}", file=sys.stderr)
+    info = {"int8_layers": len(run), "kept_fp32": keep, "smooth": cfg.smooth}
+    smooth = {}
+    if cfg.smooth:
+        absmax, rows = collect_samples(reference, fit, run)
+        alphas, errors = {}, {}
+        for p in run:
+            site = activations.input_site(p)
+            lin = mods[p]
+            grid = ALPHAS if cfg.alpha is None else (0.0, cfg.alpha)
+            errs = {a: output_error(lin, rows[site],
+                                    None if a == 0 else smooth_factors(absmax[site],
+                                                                       np.array(lin.weight), a))
+                    for a in grid}
+            best = min(errs, key=errs.get) if cfg.alpha is None else cfg.alpha
+            alphas[p], errors[p] = best, [errs[0.0], errs[best]]
+            if best > 0:
+                smooth[p] = smooth_factors(absmax[site], np.array(lin.weight), best)
+        info.update(alphas=alphas, errors=errors, fit_rows=int(sum(len(r) for r in rows.values())),
+                    median_error_plain=float(np.median([e[0] for e in errors.values()])),
+                    median_error_smooth=float(np.median([e[1] for e in errors.values()])))
+    total = sum(mods[p].weight.size for p in run + keep)
+    for p in run:
+        activations.set_module(module, p, Int8Linear(mods[p], native=native, smooth=smooth.get(p)))
+    mx.eval(module.parameters())
+    from variants.runtime.memory import model_bytes
+
+    variant = reference.replace_module(module)
+    share = sum(mods[p].weight.size for p in run) / max(total, 1)
+    info.update(int8_share=share,
+                # Amdahl over the encoder Linears' multiply-adds: an int8 (VNNI) lane does
+                # INT8_GAIN times an fp32 lane's; the plausibility alarm's ceiling, not a claim
+                ideal_speedup=1.0 / ((1.0 - share) + share / INT8_GAIN),
+                kernel=kernel_name(module) or NAMES["simulated"],
+                simulated_speed=not (native and _kernel() is not None),
+                model_bytes=model_bytes(variant), build_seconds=time.perf_counter() - t0,
+                mode=mode)
+    return variant, info
+
+
+def kernel_name(module):
+    """The kernel of the module's Int8Linears (``int8-gemm-dnnl`` / ``w8a8-simulated``), or None."""
+    names = sorted({m.kernel for _, m in module.named_modules() if isinstance(m, Int8Linear)})
+    return ", ".join(names) or None

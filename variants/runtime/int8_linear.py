@@ -1,0 +1,83 @@
+"""The W8A8 Linear on the CPU: int8 weights (symmetric per output row) and per-token uint8
+activations (asymmetric per row), multiplied by the compiled integer GEMM (:mod:`variants.runtime.qkernel`,
+oneDNN) where it is built, else the same quantization simulated in MLX. Built by the w8a8
+family (:mod:`variants.families.w8a8.build`); run compiled inside a BERT layer by
+:mod:`variants.runtime.fused_layer`."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from variants.runtime import qkernel
+
+#: the kernel names timing records give a W8A8 Linear's calls
+NAMES = {"native": "int8-gemm-dnnl", "simulated": "w8a8-simulated"}
+
+
+def quantize_weight(w):
+    """(wq int8 (out, in), scale float32 (out,)) of ``w`` (out, in) float32, symmetric per row."""
+    w = w.astype(mx.float32)
+    scale = mx.max(mx.abs(w), axis=1) / 127.0
+    scale = mx.where(scale > 0, scale, mx.ones_like(scale))
+    wq = mx.clip(mx.round(w / scale[:, None]), -127, 127).astype(mx.int8)
+    return wq, scale
+
+
+def quantize_rows(x):
+    """Per-row asymmetric uint8 codes of ``x`` (..., K) float32: (q float32 in [0, 255],
+    scale (..., 1), zero point (..., 1) float32 integers), as the compiled op computes them."""
+    lo = mx.minimum(mx.min(x, axis=-1, keepdims=True), 0.0)
+    hi = mx.maximum(mx.max(x, axis=-1, keepdims=True), 0.0)
+    scale = (hi - lo) / 255.0
+    scale = mx.where(scale > 0, scale, mx.ones_like(scale))
+    zp = mx.clip(mx.round(-lo / scale), 0, 255)
+    q = mx.clip(mx.round(x / scale) + zp, 0, 255)
+    return q, scale, zp
+
+
+def _kernel():
+    k = qkernel.load()
+    return k if k is not None and k.has_dnnl() else None
+
+
+class Int8Linear(nn.Module):
+    """A W8A8 Linear: ``x`` (..., in) float32 -> (..., out) float32 (module docstring).
+
+    Parameters: ``wq`` int8 (out, in), ``w_scale`` float32 (out,), ``colsum`` int32 (out,) =
+    Σ_k wq, ``bias`` float32 (out,) when the Linear had one, ``inv_smooth`` float32 (in,) with
+    SmoothQuant. ``native``: run the compiled integer GEMM where it is available."""
+
+    def __init__(self, linear, native=False, smooth=None):
+        super().__init__()
+        w = linear.weight.astype(mx.float32)
+        if smooth is not None:
+            s = mx.array(np.asarray(smooth, np.float32))
+            w = w * s[None, :]
+            self.inv_smooth = (1.0 / s).astype(mx.float32)
+        self.wq, self.w_scale = quantize_weight(w)
+        self.colsum = mx.sum(self.wq.astype(mx.int32), axis=1)
+        if "bias" in linear:
+            self.bias = linear.bias.astype(mx.float32)
+        self._native = bool(native)
+
+    @property
+    def kernel(self):
+        """``int8-gemm-dnnl`` when calls run the compiled integer GEMM, else ``w8a8-simulated``."""
+        return NAMES["native"] if self._native and _kernel() is not None else NAMES["simulated"]
+
+    def simulated(self, x):
+        """The same quantization in MLX, dequantized values multiplied in fp32."""
+        if "inv_smooth" in self:
+            x = x * self["inv_smooth"]
+        q, scale, zp = quantize_rows(x)
+        w = self["wq"].astype(mx.float32) * self["w_scale"][:, None]
+        y = ((q - zp) * scale) @ w.T
+        return y + self["bias"] if "bias" in self else y
+
+    def __call__(self, x):
+        k = _kernel() if self._native else None
+        if k is None or x.dtype != mx.float32:
+            return self.simulated(x)
+        return k.int8_linear(x, self["wq"], self["w_scale"], self["colsum"],
+                             self["bias"] if "bias" in self else None,
+                             self["inv_smooth"] if "inv_smooth" in self else None)

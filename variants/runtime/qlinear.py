@@ -1,0 +1,190 @@
+"""Quantized Linears at BLAS speed on the CPU: dequantize per call, then the fp32 GEMM.
+
+MLX's CPU backend has no BLAS path for ``mx.quantized_matmul``: one 384 -> 1536 layer at 4 bits
+takes ~840 ms at 1504 rows against ~12 ms for ``mx.dequantize`` + the OpenBLAS GEMM
+(:mod:`variants.runtime.blas`). :class:`CpuQuantizedLinear` is an ``nn.QuantizedLinear`` with the same
+parameters (packed weights, scales, biases: the model bytes do not change) whose call, on the CPU,
+dequantizes the weight into a temporary fp32 buffer (one per call, freed after it; it counts in
+the call's peak memory, never kept across calls) and multiplies with the GEMM. Off the CPU
+(Metal, CUDA) it is ``mx.quantized_matmul``, which is fast there.
+
+Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
+
+- ``dequant-cpp+gemm`` (the default where it is built): the compiled extension
+  :mod:`variants.runtime.qkernel` (an MLX C++ primitive) dequantizes into one temporary fp32 buffer
+  (AVX2 loop where the CPU has it: ~0.1 ms per 384x1536 weight, ~0.16 ns per weight, 4-10x
+  faster than the unpacking chain; a portable loop elsewhere, ~0.35 ns) and calls
+  ``cblas_sgemm`` on it; without a compiler / cmake / nanobind it falls back to ``unpack+gemm``
+  (one line on stderr, the same results);
+- ``dequant+gemm``: ``mx.dequantize``, MLX's element-by-element CPU kernel;
+- ``unpack+gemm``: an ``mx.compile``'d bit-unpacking chain on the packed bytes (shifts, masks,
+  ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
+  chunks (8 and 4 values), the others in single bytes, little-endian from the low bits.
+
+Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
+unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
+bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
+features are split over :func:`variants.runtime.parallel.streams` (both cores dequantize at B=1); off by
+default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
+(alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
+
+What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
+MiniLM's encoder). With the unpacking chain that is ~1-1.5 ns per weight, ~12-20 ms of one
+core, as long as the reference's whole B=1 forward (~12 ms); with the compiled kernel it is
+~0.2 ns per weight, ~2.2-2.6 ms for the 36 Linears one after the other (one core; the GEMMs
+use both), so B=1 runs at ~0.75-0.87x the reference (bench/quant_speed.py) and B=32 at ~1x.
+Dequantizing tiles of 32-512 rows into a cache-sized buffer, each fed to the GEMM, measured no
+faster than the whole weight then one GEMM (:data:`TILE`): the 24-row GEMMs on narrow tiles
+lose more than the buffer's cache misses cost.
+"""
+
+import functools
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from variants.runtime import parallel, qkernel
+
+#: bytes and values per packed chunk (MLX's affine packing)
+_CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
+
+#: the dequantizer each bit width uses on the CPU ("cpp", "unpack" or "dequantize"; "cpp"
+#: falls back to "unpack" where :mod:`variants.runtime.qkernel` is not built)
+KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
+
+#: kernel names as timing records give them
+NAMES = {"cpp": "dequant-cpp+gemm", "unpack": "unpack+gemm", "dequantize": "dequant+gemm",
+         "native": "quantized_matmul"}
+
+#: output rows the compiled kernel dequantizes per ``cblas_sgemm`` call (0: the whole weight
+#: into one buffer, one GEMM; measured faster than 32 or 128-row tiles at 24 rows: the small-N
+#: GEMMs cost more than the buffer's cache misses)
+TILE = 0
+
+#: below this many rows per call the output features are split over the CPU streams (0: never;
+#: module docstring)
+SPLIT_ROWS = 0
+
+
+@functools.lru_cache(maxsize=None)
+def _unpacker(bits, group_size):
+    nb, nv = _CHUNKS[bits]
+    mask = (1 << bits) - 1
+    shifts = mx.array([k * bits for k in range(nv)], mx.uint32 if nb > 1 else mx.uint8)
+
+    def dq(w, scales, biases):
+        out, groups = scales.shape
+        u = mx.view(w, mx.uint8).reshape(out, groups, -1, nb)
+        if nb > 1:  # 3 bytes -> one 24-bit word
+            u = u.astype(mx.uint32)
+            u = u[..., 0] | (u[..., 1] << 8) | (u[..., 2] << 16)
+        else:
+            u = u[..., 0]
+        # (out, groups, chunks, nv): value k of a chunk sits at bits [k*bits, (k+1)*bits)
+        q = ((u[..., None] >> shifts) & mask).astype(mx.float32)
+        return (q * scales[..., None, None] + biases[..., None, None]).reshape(
+            out, groups * group_size)
+
+    return mx.compile(dq)
+
+
+def unpack(w, scales, biases, group_size, bits):
+    """``mx.dequantize`` (affine mode) by the compiled bit-unpacking chain.
+
+    ``w`` (out, in * bits / 32) uint32 as ``mx.quantize`` packs it; ``scales``, ``biases``
+    (out, in / group_size) float32 -> (out, in) float32, equal to ``mx.dequantize``'s. Raises
+    KeyError for a bit width outside (2, 3, 4, 6, 8)."""
+    return _unpacker(bits, group_size)(w, scales, biases)
+
+
+def resolve(kernel):
+    """``kernel``, or "unpack" for "cpp" when the compiled extension is unavailable."""
+    if kernel == "cpp" and qkernel.load() is None:
+        return "unpack"
+    return kernel
+
+
+def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
+    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize")."""
+    kernel = resolve(kernel)
+    if kernel == "cpp":
+        return qkernel.load().dequantize(w, scales, biases, group_size, bits)
+    if kernel == "unpack":
+        return unpack(w, scales, biases, group_size, bits)
+    return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
+
+
+def on_cpu():
+    """Whether MLX's default device is the CPU (the dequantize + GEMM path is used only there)."""
+    from variants.runtime import device
+
+    return device.is_cpu()
+
+
+class CpuQuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` (same parameters and names) that runs on the CPU as dequantize +
+    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). Elsewhere, and for
+    modes other than affine, it is ``mx.quantized_matmul``."""
+
+    @property
+    def kernel(self):
+        """The kernel name a call uses now: ``unpack+gemm``, ``dequant+gemm`` or
+        ``quantized_matmul``."""
+        if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
+                self.get("biases") is None:
+            return NAMES["native"]
+        return NAMES[resolve(KERNELS.get(self.bits, "dequantize"))]
+
+    def _gemm(self, x, rows=None):
+        """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
+        pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        kernel = resolve(KERNELS.get(self.bits, "dequantize"))
+        if kernel == "cpp":
+            return qkernel.load().qlinear(
+                x, pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
+                pick(self["bias"]) if "bias" in self else None, self.group_size, self.bits,
+                TILE)
+        w = dequantize(pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
+                       self.group_size, self.bits, KERNELS.get(self.bits, "dequantize"))
+        if "bias" in self:
+            return mx.addmm(pick(self["bias"]), x, w.T)
+        return x @ w.T
+
+    def __call__(self, x):
+        if self.kernel == NAMES["native"]:
+            return super().__call__(x)
+        ss = parallel.streams()
+        n_rows = x.size // x.shape[-1]
+        out = self["weight"].shape[0]
+        if len(ss) == 1 or n_rows >= SPLIT_ROWS or out < 2 * len(ss):
+            return self._gemm(x)
+        parts = []
+        for s, (a, b) in zip(ss, parallel.bounds(out, len(ss))):
+            with mx.stream(s):
+                parts.append(self._gemm(x, slice(a, b)))
+        return mx.concatenate(parts, axis=-1)
+
+
+def use_cpu_path(module):
+    """Turn every ``nn.QuantizedLinear`` inside ``module`` into a :class:`CpuQuantizedLinear`
+    in place (the same parameter arrays: nothing is copied or added). Returns ``module``.
+    On the CPU it loads (or first builds) the compiled kernel now, not inside a timed call."""
+    if on_cpu() and "cpp" in KERNELS.values():
+        qkernel.load()
+    for _, m in module.named_modules():
+        if type(m) is nn.QuantizedLinear:
+            m.__class__ = CpuQuantizedLinear
+    return module
+
+
+def kernels(module):
+    """Sorted kernel names the quantized Linears of ``module`` use now (``[]`` when none):
+    ``quantized_matmul`` for a plain ``nn.QuantizedLinear`` or off the CPU. (A quantized
+    embedding table dequantizes only the rows it gathers: no matmul kernel.)"""
+    found = set()
+    for _, m in module.named_modules():
+        if isinstance(m, CpuQuantizedLinear):
+            found.add(m.kernel)
+        elif isinstance(m, nn.QuantizedLinear):
+            found.add(NAMES["native"])
+    return sorted(found)

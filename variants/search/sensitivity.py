@@ -1,0 +1,198 @@
+"""Per-layer quantization sensitivity: each Linear quantized alone, its effect on the outputs.
+
+For every quantizable ``nn.Linear`` of the reference's encoder (``encoder.layers.*``, the
+decision head excluded) and every candidate bit width, that one layer's weight is replaced by
+its group-wise affine round trip (``mx.quantize`` then ``mx.dequantize``: the ``simulated``
+quant mode, equal to the native layer to float round-off) while every other layer stays fp32,
+and the split's raw option logits are compared with the reference's:
+
+- ``max_abs_dlogit``: max over examples and valid options of |variant - reference| logit;
+- ``kl_mean``: mean KL(reference ‖ variant) of the softmax of the raw logits (T = 1),
+  :func:`metrics.divergence.kl_divergence_from_logits`, nats;
+- ``flip_rate``: share of examples whose top-1 option changes (:func:`metrics.flips.flip`).
+
+This is the measured ("leave-one-in") sensitivity that mlx-lm's ``dynamic_quant`` estimates
+from gradients, and that Intel Neural Compressor / NNCF measure before falling layers back to
+high precision. Results are cached in ``cache_dir/sensitivity/<model>-<key>.csv``, the key over
+the reference's weights (:func:`variants.arch.activations.module_fingerprint`), the split's
+fingerprint, the candidates and the layers (through
+:meth:`variants.models.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
+
+Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 36 Linears x
+(2, 3, 4, 6, 8) bits, g64): 7 min 10 s wall for the 180 passes on the shared 2-core machine
+(load ~3.4; 427 s CPU), plus 45 s fitting the head once. Median / max mean KL per layer: 8.2e-3
+/ 4.9e-2 at 2 bits, 4.9e-4 / 3.8e-3 at 4, 2e-6 / 4.2e-5 at 8. The FFN up projections
+(``intermediate``) lead at 2-3 bits and ``4.intermediate`` at 4 bits, ahead of the value and
+down projections that mlx-lm's recipes raise (:mod:`variants.layer_maps.bits_map`).
+"""
+
+import copy
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pandas as pd
+
+from metrics.divergence import kl_divergence_from_logits
+from metrics.flips import flip, top1
+
+COLUMNS = ["layer", "bits", "group_size", "max_abs_dlogit", "kl_mean", "flip_rate", "n"]
+DEFAULT_BITS = (2, 3, 4, 6, 8)
+VERSION = 1  # bump when what a row means changes (it is in the cache key)
+
+
+def quantizable_layers(module, layers=None, prefix="encoder.layers."):
+    """Sorted paths (layer by layer, in forward order) of the plain ``nn.Linear`` modules under
+    ``prefix``; ``layers`` (a regex, searched) keeps only the matching ones. Raises ValueError
+    naming ``--layers`` when none is left."""
+    from variants.arch.activations import target_linears
+
+    paths = target_linears(module, prefix=prefix)
+    if layers:
+        try:
+            rx = re.compile(layers)
+        except re.error as e:
+            raise ValueError(f"--layers {layers!r} is not a valid regular expression ({e}); "
+                             "e.g. --layers 'layers\\.0\\.'") from None
+        paths = [p for p in paths if rx.search(p)]
+    if not paths:
+        raise ValueError(f"--layers {layers!r} matches no Linear under {prefix}*; paths look "
+                         f"like {prefix}0.attention.value")
+    return paths
+
+
+def _compare(ref, out, mask):
+    d = np.abs(out.astype(np.float64) - ref)[mask]
+    kl = kl_divergence_from_logits(ref, out, mask)
+    return float(d.max()), float(kl.mean()), float(flip(top1(ref, mask), top1(out, mask)).mean())
+
+
+def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
+            progress=None, paths=None):
+    """The sensitivity table (module docstring) of ``reference`` on ``taskset``.
+
+    Parameters
+    ----------
+    reference : variants.models.decision.DecisionModel
+        Not modified (a copy of its module is edited).
+    taskset : variants.datasets.tasks.TaskSet
+        The split compared on (N examples).
+    bits : sequence of int
+        Candidate widths, each in (2, 3, 4, 6, 8).
+    group_size : int
+        Weights per group (32, 64 or 128); a layer whose input size it does not divide is left
+        out.
+    layers : str, optional
+        Regex keeping only the matching layer paths (:func:`quantizable_layers`).
+    progress : callable(int), optional
+        Called with 1 after each (layer, bits) pair.
+    paths : list of str, optional
+        The units to measure instead of :func:`quantizable_layers` (the search's: embedding
+        tables as well as Linears; an embedding's round trip is over its rows, as
+        ``nn.QuantizedEmbedding`` stores them).
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`COLUMNS`, one row per (layer, bits), layers in forward order; ``n`` = N.
+
+    Raises
+    ------
+    ValueError
+        Bad widths or group size, an empty split, no layer left.
+    """
+    from variants.families.quant.family import check_bits
+
+    for b in bits:
+        check_bits(int(b), group_size, prefix="--")
+    if taskset is None or len(taskset) == 0:
+        raise ValueError("no examples to measure sensitivity on; pass --n-examples >= 10")
+    work = reference.replace_module(copy.deepcopy(reference.module))
+    batches, _ = work.prepare(taskset, batch_size)
+    ref = work.raw_logits(taskset, batches).astype(np.float64)
+    mask = np.asarray(taskset.option_mask, bool)
+    mods = dict(work.module.named_modules())
+    rows = []
+    for path in paths or quantizable_layers(work.module, layers):
+        m = mods[path]
+        w = m.weight
+        if type(m) not in (nn.Linear, nn.Embedding) or w.shape[1] % group_size:
+            continue
+        for b in bits:
+            q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
+            m.weight = mx.dequantize(q, s, z, group_size=group_size, bits=int(b)).astype(w.dtype)
+            work._reset_caches()  # e.g. the choice model's cached option embeddings
+            out = work.raw_logits(taskset, batches)
+            rows.append((path, int(b), group_size, *_compare(ref, out, mask), len(taskset)))
+            if progress is not None:
+                progress(1)
+        m.weight = w
+        work._reset_caches()
+    if not rows:
+        raise ValueError(f"no layer's input size is divisible by --group-size {group_size}; "
+                         "choose 32")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def cache_key(reference, taskset, bits, group_size, layers=None, paths=None):
+    """16 hex digits: weights, split, candidates, layers (or units), :data:`VERSION`, model
+    settings."""
+    from variants.arch.activations import module_fingerprint
+
+    return reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
+                               sorted(int(b) for b in bits), int(group_size), layers or "",
+                               "sensitivity", VERSION, *([list(paths)] if paths else []))
+
+
+def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_size=64,
+                   layers=None, batch_size=32, progress=None, log=None, paths=None):
+    """:func:`measure`, read from / written (atomically) to
+    ``cache_dir/sensitivity/<model>-<key>.csv``. Returns ``(frame, path, cached)``."""
+    from runs.io import write_csv
+
+    key = cache_key(reference, taskset, bits, group_size, layers, paths)
+    path = Path(cache_dir) / "sensitivity" / f"{reference.name}-{key}.csv"
+    if path.exists():
+        frame = pd.read_csv(path)
+        if list(frame.columns) == COLUMNS and len(frame):
+            if log:
+                log(f"sensitivity loaded from {path}")
+            return frame, path, True
+    frame = measure(reference, taskset, bits=bits, group_size=group_size, layers=layers,
+                    batch_size=batch_size, progress=progress, paths=paths)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(path, frame)
+    if log:
+        log(f"sensitivity cached in {path}")
+    return frame, path, False
+
+
+def short_name(path):
+    """``encoder.layers.3.attention.value`` -> ``3.attention.value`` (plot labels)."""
+    return path.replace("encoder.layers.", "")
+
+
+def plot(frame, path, metric="kl_mean", title=None):
+    """Heat map (layer x bits) of ``metric`` (log colour scale), seaborn, written to ``path``
+    (.png). Returns ``path``."""
+    import seaborn as sns
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    order = list(dict.fromkeys(frame["layer"]))
+    table = frame.pivot(index="layer", columns="bits", values=metric).loc[order]
+    table.index = [short_name(p) for p in table.index]
+    positive = table.to_numpy()[table.to_numpy() > 0]
+    norm = LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else None
+    fig = Figure(figsize=(1.2 * len(table.columns) + 3, 0.28 * len(table) + 1.5),
+                 layout="constrained")
+    ax = fig.add_subplot()
+    sns.heatmap(table.clip(lower=positive.min() if positive.size else 0), ax=ax, norm=norm,
+                cmap="rocket_r", cbar_kws={"label": metric})
+    ax.set_xlabel("bits (this layer alone; the others fp32)")
+    ax.set_ylabel("layer")
+    ax.set_title(title or f"per-layer sensitivity: {metric}", fontsize=10)
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,77 @@
+"""run.json's content: what a sweep ran, with which versions and settings, and how it ended."""
+
+import platform
+from dataclasses import asdict
+
+import mlx.core as mx
+
+from variants import BLAS_INFO, __version__
+from variants.runtime import device, parallel
+from variants.sweep.timing import model_bytes
+from variants.checkpoints.special_tokens import count_special_only, special_only_ids
+
+
+def _versions():
+    import numpy
+    import sklearn
+    import tokenizers
+
+    return {"mlx": mx.__version__, "numpy": numpy.__version__, "sklearn": sklearn.__version__,
+            "tokenizers": tokenizers.__version__, "python": platform.python_version(),
+            "mlx_variants": __version__, "platform": platform.platform()}
+
+
+def run_metadata(sweep):
+    """run.json's content for a :class:`variants.sweep.run.Sweep` that has prepared its inputs and
+    reference: identity, config (with the variant names), contract, versions, device, checkpoint,
+    data splits and tokenizer, reference size and temperatures, status ("complete", "partial" or
+    "failed" by the variants that failed to build), the family's report blocks (``extras``) and
+    the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now).
+    Documented in results/README.md."""
+    cfg = sweep.cfg
+    d = asdict(cfg)
+    d["variants"] = [v.name for v in cfg.variants]
+    breakdown = sweep.clock.breakdown()
+    failed = dict(getattr(sweep, "failed", {}))
+    return {
+        "identity": cfg.identity(),
+        "config": d,
+        "contract": sweep.contract.name,
+        "versions": _versions(),
+        "blas": dict(BLAS_INFO),
+        "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.runtime.device.use set
+        "dtype": cfg.dtype,
+        "device_info": dict(device.key_part(), mlx_device=str(mx.default_device())),
+        "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},
+        "model": cfg.resolve_model().describe(),
+        "data": {
+            "source": ("VADER ICWSM 2014 ground truth (data/vader, MIT)" if cfg.data is None
+                       else str(cfg.data)),
+            "file": None if cfg.data is None else {
+                "path": str(cfg.data),
+                "fingerprint": cfg.inputs_identity.get("data_fingerprint")},
+            "splits": {s: {"n": len(ts), "fingerprint": ts.fingerprint()}
+                       for s, ts in sweep.tasksets.items()},
+            "truncated_texts": sweep.truncated,
+            # kept and judged like any other row, but counted: the model saw no text at all
+            "special_only_texts": {s: count_special_only(ts.texts, sweep.checkpoint.tokenizer)
+                                   for s, ts in sweep.tasksets.items()},
+            "special_only_ids": {s: special_only_ids(ts, sweep.checkpoint.tokenizer)
+                                 for s, ts in sweep.tasksets.items()},
+            "max_tokens": sweep.checkpoint.tokenizer.max_length,
+            "tokenizer": sweep.checkpoint.tokenizer.settings(),
+        },
+        "reference_model_bytes": model_bytes(sweep.ref_model),
+        "temperatures": {str(k): v for k, v in sweep.ref_model.temperatures.items()},
+        "temperature_fits": {str(k): v for k, v in getattr(sweep.ref_model, "temperature_fits", {}).items()},
+        "wall_s": breakdown["wall_s"],
+        "reused_variants": sweep.reused,
+        "reference_outputs_from_cache": dict(sweep.ref_outputs_cached),
+        "cold_start": sweep.cold_start,
+        "parallel": parallel.info(),
+        "status": ("complete" if not failed else
+                   "partial" if len(failed) < len(cfg.variants) else "failed"),
+        "failed_variants": failed,
+        "extras": dict(getattr(sweep, "extras", {})),
+        "sweep_time": breakdown,
+    }

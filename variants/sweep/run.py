@@ -1,0 +1,401 @@
+"""The sweep: reference outputs once, then build, evaluate, check and time each variant.
+
+Writes ``results/<run>/`` (results/README.md). Every file is written atomically; a rerun
+resumes: a variant whose outputs and timing exist is not rebuilt, only judged again (timing
+fields an older run lacks are measured then).
+
+Its parts: config (``sweep_config``), inputs (``sweep_inputs``), resume checks and a resumed
+variant's missing timing (``sweep_resume``), timing (``sweep_timing``), its own time
+(``sweep_clock``), run.json (``sweep_meta``), all in :mod:`variants`; this module is the run loop.
+"""
+
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+import mlx.core as mx
+
+from runs import lock as runlock
+from variants.runtime import device
+from runs.family_text import family_extras
+from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
+from runs.judge import judge_variant
+from runs.outputs import DecisionOutputs
+from runs.readers import CorruptFileError
+from runs.report import render_report
+from variants.families import get_family
+from variants.families.family import BuildInputs
+from variants.sweep.coldstart import measure_cold_start
+from variants.models.decision import prepared_digest
+from variants.models import fitted_reference
+from variants.sweep.clock import SweepClock, format_breakdown
+from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
+from variants.sweep.meta import run_metadata
+from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
+                                   read_json)
+from variants.sweep.inputs import cache_parts, load_inputs
+from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
+
+
+class Sweep:
+    """Runs a validated :class:`SweepConfig`. ``log`` receives one-line progress messages."""
+
+    def __init__(self, cfg, log=print):
+        self.cfg = cfg
+        self.log = log
+        self.root = Path(cfg.results_dir)
+        self.out = self.root / cfg.run
+        self.cache = self.root / ".cache"
+        self.reused = []
+
+    # -- preparation ------------------------------------------------------------------------
+    def prepare(self):
+        """Load everything that can fail on bad input, before anything is written."""
+        device.use(self.cfg.device or device.requested(), self.cfg.dtype)  # once, at the start
+        self.contract, self.checkpoint, self.tasksets = load_inputs(self.cfg)
+        if self.root.exists() and not self.root.is_dir():
+            raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
+        self._check_run_folder()
+        self._check_run_tokenizer()
+
+    def _check_run_folder(self):
+        check_run_folder(self.out, self.cfg, self.tasksets)
+
+    def _check_run_tokenizer(self):
+        check_run_tokenizer(self.out, self.checkpoint.tokenizer.settings())
+
+    def _write_identity(self):
+        """run.json holds the settings from the start, so an interrupted run resumes safely,
+        and says "running" (a resumed run's earlier content is kept) until the run's end."""
+        prev = self.previous_meta if isinstance(self.previous_meta, dict) else {}
+        # the tokenizer settings from the start too: a run killed before its end and resumed
+        # with other settings is refused (_check_run_tokenizer), not silently mixed
+        data = prev.get("data") if isinstance(prev.get("data"), dict) else {}
+        data = dict(data, tokenizer=self.checkpoint.tokenizer.settings())
+        write_json(self.out / "run.json", dict(prev, identity=self.cfg.identity(), data=data,
+                                               status="running"))
+
+    # -- reference --------------------------------------------------------------------------
+    def reference(self):
+        """Fit (or load) the reference head and compute (or load) its outputs on both splits.
+
+        With a warm cache nothing runs through the model: the head, temperatures and outputs
+        come from ``results/.cache`` (``clock.counts["reference_output_batches"]`` stays 0).
+        """
+        cfg = self.cfg
+        with self.clock("reference_forward"):
+            self.ref_model, self.head_key = fitted_reference(cfg.resolve_model(), self.checkpoint,
+                                                             self.tasksets, self.cache,
+                                                             log=self.log,
+                                                             extra_key=cache_parts(cfg))
+        self.batches, self.truncated = {}, {}
+        with self.clock("setup"):
+            for split in ("calibration", "eval"):
+                self.batches[split], self.truncated[split] = self.ref_model.prepare(
+                    self.tasksets[split], cfg.batch_size)
+        self.ref_outputs, self.ref_outputs_cached = {}, {}
+        for split in ("calibration", "eval"):
+            key = self.ref_model.cache_key(self.checkpoint.sha256, cfg.dtype,
+                                           self.tasksets[split].fingerprint(),
+                                           prepared_digest(self.batches[split]),
+                                           *cache_parts(cfg))
+            path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
+            with self.clock("reference_forward"):
+                self.ref_outputs_cached[split] = path.exists()
+                if path.exists():
+                    outputs = DecisionOutputs.load(path, "reference outputs cache file")
+                else:
+                    outputs = self._outputs(self.ref_model, split, "reference")
+                    self.clock.counts["reference_output_batches"] += len(self.batches[split])
+                    outputs.save(path)
+            self.ref_outputs[split] = outputs
+        return self.ref_model
+
+    def save_reference(self):
+        """Copy the reference's outputs (both splits, read or computed first) into the run."""
+        for split, outputs in self.ref_outputs.items():
+            name = "outputs" if split == "eval" else "calibration_outputs"
+            outputs.save(self.out / "reference" / f"{name}.npz")
+
+    def _outputs(self, model, split, what):
+        ts = self.tasksets[split]
+        with tqdm(total=len(ts), desc=f"{what} · {split}", unit="ex", leave=False,
+                  disable=not self.cfg.progress) as bar:
+            return model.outputs(ts, self.batches[split], progress=bar.update)
+
+    # -- cold start ---------------------------------------------------------------------------
+    def _cold_start(self, spec, what):
+        with self.clock("cold_start"):
+            res = measure_cold_start(spec)
+        self.clock.counts["cold_starts"] += 1
+        if "error" in res:
+            self.log(f"{what}: cold start not measured ({res['error']})")
+        else:
+            self.log(f"{what}: cold start {res['total_s']:.2f} s (import {res['import_s']:.2f}, "
+                     f"weights {res['weight_load_s']:.2f}, build {res['build_s']:.2f}, first "
+                     f"forward {res['first_forward_ms']:.0f} ms at B={res['batch_size']})")
+        return res
+
+    def reference_cold_start(self, timing_sets):
+        """The reference's cold start (fresh process), reused from an earlier run.json."""
+        if self.cfg.cold_start == "none":
+            return None
+        old = self.previous_meta.get("cold_start")
+        if old and "error" not in old:
+            return old
+        return self._cold_start(cold_start_spec(self, timing_sets), "reference")
+
+    # -- variants ---------------------------------------------------------------------------
+    def _inputs(self, family):
+        """The :class:`BuildInputs` of ``family``'s build: the ones its ``inputs`` names."""
+        return BuildInputs(calibration=self.tasksets["calibration"], fit=self.tasksets["fit"],
+                           cache_dir=self.cache).only(family.inputs)
+
+    def _time_variant(self, family, vcfg, timing_sets, extra=True):
+        """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
+        built in the speed mode, then per batch size one alternated measurement of end-to-end
+        calls gives both regions (``batches`` = forward, ``end_to_end``); with ``extra`` the
+        family's own ``time_extra`` fields join."""
+        cfg = self.cfg
+        with self.clock("variant_build"):
+            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
+                                           mode=cfg.speed_mode)
+            mx.eval(var_model.module.parameters())
+        with self.clock("timing"):
+            timed = (var_model if family.timed_variant is None
+                     else family.timed_variant(var_model, vcfg))
+            timing = time_pair(self.ref_model, timed, timing_sets, cfg,
+                               ideal_speedup=info.get("ideal_speedup"),
+                               max_speedup=info.get("max_speedup"))
+            if extra and family.time_extra is not None:
+                timing.update(family.time_extra(self.ref_model, var_model,
+                                                self.tasksets["eval"], cfg, vcfg))
+            return timing
+
+    def variant(self, family, vcfg, timing_sets):
+        """Build, run and time one variant unless its folder already holds the results."""
+        vdir = self.out / vcfg.name
+        files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
+                                       "timing.json")}
+        reusable = all(f.exists() for f in files.values())  # validated in prepare()
+        if reusable:
+            self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
+            self.reused.append(vcfg.name)
+            self.clock.counts["variants_reused"] += 1
+            complete_reused_timing(self, family, vcfg, timing_sets, files["timing.json"])
+        else:
+            try:
+                return self._build_variant(family, vcfg, timing_sets, files)
+            except CorruptFileError:  # a corrupt cache file: exit 2 naming it, nothing removed
+                raise
+            except ValueError:
+                # nothing of a variant that failed stays behind (no half folder to resume)
+                shutil.rmtree(vdir, ignore_errors=True)
+                raise
+        with self.clock("metrics_contract_report"):
+            return self.judge(vcfg.name)
+
+    def _build_variant(self, family, vcfg, timing_sets, files):
+        """Build, run, time, save and judge one variant (no usable folder yet)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        with self.clock("variant_build"):
+            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
+                                           mode=cfg.quality_mode)
+        self.clock.counts["variants_built"] += 1
+        info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
+                    speed_mode=cfg.speed_mode)
+        with self.clock("variant_forward"):
+            outs = {split: self._outputs(var_model, split, vcfg.name)
+                    for split in ("calibration", "eval")}
+        self.clock.counts["variant_output_batches"] += sum(
+            len(self.batches[s]) for s in ("calibration", "eval"))
+        info["quality_wall_s"] = time.perf_counter() - t0
+        if family.outputs_info is not None:  # e.g. the student's eval fallback rate
+            info.update(family.outputs_info(info, outs))
+        del var_model
+        t1 = time.perf_counter()
+        timing = self._time_variant(family, vcfg, timing_sets)
+        timing["wall_s"] = time.perf_counter() - t1
+        if cfg.cold_start == "all":
+            timing["cold_start"] = self._cold_start(
+                cold_start_spec(self, timing_sets, family, vcfg), vcfg.name)
+        with self.clock("metrics_contract_report"):
+            outs["eval"].save(files["outputs.npz"])
+            outs["calibration"].save(files["calibration_outputs.npz"])
+            write_json(files["build.json"], info)
+            write_json(files["timing.json"], timing)
+        with self.clock("metrics_contract_report"):
+            return self.judge(vcfg.name)
+
+    def judge(self, name):
+        """Recompute metrics, verdict and the variant's own report from its saved outputs."""
+        return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin)
+
+    # -- the whole run ----------------------------------------------------------------------
+    def run(self):
+        """Run the sweep, holding the run folder's lock (:mod:`runs.lock`) throughout.
+
+        run.json says ``"running"`` from the first write into the run folder (after the
+        reference's cache files were read and validated) until every output is in place (summary.csv,
+        plots/, report.md); only then is its final status written: ``"complete"``, or
+        ``"partial"``/``"failed"`` when variants failed to build. A write that fails (disk full,
+        permission denied) leaves ``"incomplete"`` with ``error`` {file, error} and raises
+        :class:`runs.io.WriteError`; a plotting bug leaves ``"incomplete"`` too (summary.csv
+        and report.md, without plots, are written) and raises :class:`RunIncomplete`. Rerunning
+        the same command finishes such a run. On start, temp files a killed writer left in the
+        run folder (and in the cache, when no other sweep uses it) are removed.
+        """
+        self.clock = SweepClock()
+        with self.clock("setup"):
+            self.prepare()
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise SweepError(f"--results-dir {self.root}: cannot create {self.out.name}/ "
+                                 f"({e.strerror or type(e).__name__}); pass a writable folder"
+                                 ) from None
+        with runlock.hold(self.out, log=self.log), \
+                runlock.cache_lock(self.cache, when_alone=self._clean_cache):
+            try:
+                return self._run_locked()
+            except (WriteError, RunIncomplete) as e:
+                self._mark_incomplete(e)
+                raise
+
+    def _clean_cache(self):
+        removed = remove_temp_files(self.cache)
+        if removed:
+            self.log(f"{self.cache}: removed {len(removed)} leftover temp file(s) of a killed writer")
+
+    def _mark_incomplete(self, error):
+        """run.json: status "incomplete" and the error (best effort: the disk may be full)."""
+        file = getattr(error, "filename", None) or getattr(error, "file", None)
+        meta = read_json(self.out / "run.json")
+        meta = meta if isinstance(meta, dict) else {}
+        meta.update(identity=self.cfg.identity(), status="incomplete",
+                    error={"file": str(file) if file else None, "error": str(error)})
+        try:
+            write_json(self.out / "run.json", meta)
+        except OSError as e:
+            self.log(f"run.json: cannot record the error either ({e})")
+
+    def _run_locked(self):
+        cfg = self.cfg
+        with self.clock("setup"):
+            self._check_run_folder()  # again, under the lock: another sweep may have written
+            removed = remove_temp_files(self.out)
+            if removed:
+                self.log(f"{self.out}: removed {len(removed)} leftover temp file(s) of a killed "
+                         "writer")
+            self.previous_meta = read_json(self.out / "run.json")
+        # the reference's cache files are read (and validated) before the run folder changes:
+        # a corrupt cache file stops the sweep with nothing in the folder rewritten
+        self.reference()
+        with self.clock("setup"):
+            self._write_identity()
+            self.save_reference()
+        family = get_family(cfg.family)
+        with self.clock("setup"):
+            timing_sets = timing_batches(self.ref_model, self.tasksets["eval"],
+                                         cfg.timing_batch_sizes, cfg.seed)
+        self.cold_start = self.reference_cold_start(timing_sets)
+        rows, details, extras = [], {}, {}
+        self.failed = {}
+        for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
+                         disable=not cfg.progress):
+            try:
+                row, ev, verdict = self.variant(family, vcfg, timing_sets)
+            except CorruptFileError:  # not this variant's failure: the whole sweep stops
+                raise
+            except ValueError as e:
+                # this variant only (e.g. a fixed exit threshold that fires on no calibration
+                # example, detectable at build time alone): log it, go on with the others
+                self.failed[vcfg.name] = f"{type(e).__name__}: {e}"
+                self.log(f"{vcfg.name}: FAILED, left out ({self.failed[vcfg.name]}); continuing "
+                         "with the other variants")
+                continue
+            rows.append(row)
+            details[vcfg.name] = (ev, verdict)
+            with self.clock("metrics_contract_report"):
+                extras.update({k: v for k, v in family_extras(
+                    self.out, cfg.family, [vcfg.name], family=family).items() if v is not None})
+            self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
+                     + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+        self.extras = extras
+        if not rows:
+            meta = self.metadata()
+            write_json(self.out / "run.json", meta)
+            raise VariantsFailed(self.failed, None, self.out)
+        with self.clock("metrics_contract_report"):
+            summary = pd.DataFrame(rows)
+            write_csv(self.out / "summary.csv", summary)
+            # the plots read run.json; its status stays "running" until report.md is written
+            write_json(self.out / "run.json", dict(self.metadata(), status="running"))
+        from runs.plots.markdown import plots_markdown
+        from runs.plots.render import plot_run
+        from runs.html.render import write_beside_markdown
+
+        plot_error = None
+        with self.clock("plots"):
+            try:
+                # the judge's evaluations: the plots do not evaluate the variants again
+                plot_paths = plot_run(self.out, evaluations={n: ev for n, (ev, _) in details.items()})
+            except WriteError:
+                raise
+            except Exception as e:  # a plotting bug: report.md is still written, without plots
+                plot_error = RunIncomplete(self.out / "plots", f"{type(e).__name__}: {e}")
+                self.log(f"plots: not written ({type(e).__name__}: {e})")
+                plot_paths = []
+        with self.clock("metrics_contract_report"):
+            # the final status as the report shows it; run.json gets it only after report.md
+            meta = self.metadata()  # the breakdown now includes the plots
+            write_text(self.out / "report.md",
+                       render_report(meta, summary, details, self.contract, extras)
+                       + plots_markdown(plot_paths, self.out))
+            write_beside_markdown(self.out, log=self.log,
+                                  evaluations={n: ev for n, (ev, _) in details.items()})
+        if plot_error is not None:
+            raise plot_error
+        meta = self.metadata()  # the final status, written last
+        write_json(self.out / "run.json", meta)
+        self.breakdown = meta["sweep_time"]
+        for line in format_breakdown(self.breakdown):
+            self.log(line)
+        if self.failed:
+            raise VariantsFailed(self.failed, summary, self.out)
+        return summary
+
+    def metadata(self):
+        """run.json's content now (:func:`variants.sweep.meta.run_metadata`)."""
+        return run_metadata(self)
+
+
+def run_sweep(log=print, config=None, **kwargs):
+    """Run the sweep of ``config`` (a :class:`SweepConfig` already validated, as ``variants
+    sweep`` passes it) or else of ``kwargs`` (its fields, validated here once).
+
+    Returns summary.csv's table (pandas.DataFrame, one row per variant).
+
+    Raises
+    ------
+    SweepError, contracts.checker.ContractError, variants.checkpoints.load.CheckpointError
+        On bad input, before anything is written (a variant folder of this run that was built
+        with other settings is bad input too).
+    VariantsFailed
+        At the end, when a variant's build raised ValueError: the other variants were written
+        (``summary`` attribute; None when none succeeded), run.json lists the failures.
+
+    A ``VARIANTS_BLAS`` library that could not be loaded is a SweepError too (as ``variants``
+    refuses it): nothing would be timed on the BLAS the user asked for.
+    """
+    from variants import BLAS_INFO
+
+    if BLAS_INFO.get("error"):
+        raise SweepError(BLAS_INFO["error"])
+    cfg = config if config is not None else SweepConfig(**kwargs).validate()
+    return Sweep(cfg, log=log).run()
