@@ -128,9 +128,9 @@ def test_options_follow_the_cost_and_embeddings_never_take_int8(model, linears):
 def test_int8_sensitivity_equals_one_w8a8_linear_computed_apart(model, tmp_path):
     from scipy.special import log_softmax
 
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.families.w8a8.build import build
-    from variants.families.w8a8.config import W8A8Config
+    from variants.families.w8a8.family import W8A8Config
     from variants.models import resolve
     from variants.search.dims import int8_sensitivity
 
@@ -218,7 +218,7 @@ def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
 def test_native_and_simulated_mixed_models_agree(model):
     """A layer with W8A8 and quantized Linears side by side (the compiled int8 op and the CPU
     quantized kernel natively): logits within fp32 round-off of the simulated model's."""
-    from variants import data
+    from variants.datasets import bundled as data
     from variants.families.quant.family import build
     from variants.models import resolve
 
