@@ -114,8 +114,13 @@ class CostTable:
         from variants.arch import compute_path
 
         batch = int(cost.split("-b")[1])
+        key = compute_path.key_part()
+        if INT8 in bits:  # the int8 op's times: oneDNN's, or the simulated path's without it
+            from variants.runtime.int8_linear import NAMES, _kernel
+
+            key = [key, NAMES["native"] if _kernel() is not None else NAMES["simulated"]]
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"
-                                             f"{digest(compute_path.key_part())}.json")
+                                             f"{digest(key)}.json")
         table = json.loads(path.read_text()) if path.exists() else {}
         need = {f"{self.shape[p][1]}x{self.shape[p][0]}x{b}"
                 for p in self.layers if p not in self.lookup for b in bits} - set(table)
