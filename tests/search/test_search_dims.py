@@ -115,10 +115,19 @@ def test_options_follow_the_cost_and_embeddings_never_take_int8(model, linears):
     table = CostTable(model.module, linears, (4, 6, 8, INT8), 64)
     assert dims.options(table, "bytes", (4, 6, 8), True, linears) == [4, 6, INT8, 8]
     assert dims.options(table, "bytes", (4, 6, 8), False, linears) == [4, 6, 8]
-    fake = {f"{i}x{o}x{b}": (1.0 if b == INT8 else 2.0 + int(b) / 100)
-            for i, o in ((384, 384), (384, 1536), (1536, 384)) for b in (4, 6, 8, INT8)}
-    table.latency["latency-b32"] = fake
-    assert dims.options(table, "latency-b32", (4, 6, 8), True, linears) == [INT8, 4, 6, 8]
+    shapes = ((384, 384), (384, 1536), (1536, 384))
+
+    def latency(**ms):  # the same kernel time for each shape, per option
+        table.latency["latency-b32"] = {f"{i}x{o}x{b}": t for i, o in shapes
+                                        for b, t in ms.items()}
+        return dims.options(table, "latency-b32", (4, 6, 8), True, linears)
+    # int8 the fastest: 4 and 6 bits cost more and are less accurate, dropped
+    assert latency(int8=1.0, **{"4": 2.04, "6": 2.06, "8": 2.08}) == [INT8, 8]
+    assert latency(int8=2.07, **{"4": 2.04, "6": 2.06, "8": 2.08}) == [4, 6, INT8, 8]
+    # 6 bits slower than 8: dropped; int8 slower than 8: dropped
+    assert latency(int8=2.07, **{"4": 2.04, "6": 3.0, "8": 2.08}) == [4, INT8, 8]
+    assert latency(int8=9.0, **{"4": 2.04, "6": 2.06, "8": 2.08}) == [4, 6, 8]
+    assert dims.options(table, "latency-b32", (4, 6, 8), False, linears) == [4, 6, 8]
     lb = {"encoder.embeddings.word_embeddings": INT8, linears[0]: INT8, linears[1]: 4}
     assert dims.sanitise(lb, {"encoder.embeddings.word_embeddings"}) == \
         {"encoder.embeddings.word_embeddings": 8, linears[0]: INT8, linears[1]: 4}

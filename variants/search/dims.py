@@ -16,9 +16,11 @@ Linears (``--w8a8``).
   (:mod:`variants.search.costs`: stored bytes, the ``int8_linear`` op's time in the latency
   model). Embedding tables cannot be int8: a strategy's ``int8`` there becomes 8 bits.
   The options a unit may take are ordered by their cost on this model (all Linears at that
-  option; ties by stored bytes), so "raising" a unit means paying more, as the strategies
-  expect: under ``--cost latency-b32`` on MiniLM W8A8 is the cheapest option, under ``bytes``
-  it sits between 6 and 8 bits. A winner with int8 units re-runs as a sweep variant with
+  option; ties by stored bytes), and an option is dropped when a cheaper one is more accurate
+  (W8A8 ranked just below 8 bits), so "raising" a unit means paying more for more accuracy, as
+  the strategies expect: under ``bytes`` the options are 4, 6, int8, 8; under ``--cost
+  latency-b32`` on this CPU int8 is the fastest and 4 and 6 bits are slower than 8, so they are
+  int8 and 8. A winner with int8 units re-runs as a sweep variant with
   ``--int8-layers`` (:mod:`variants.families.quant.int8`).
 """
 
@@ -33,18 +35,32 @@ from variants.search.costs import INT8
 VERSION = 1
 
 
+#: accuracy order of the options, least accurate first: W8A8 (int8 weights per channel, but
+#: int8 activations too) is placed just below weight-only 8 bits
+def _rank(o):
+    return 7.5 if o == INT8 else float(o)
+
+
 def options(costs, cost, bits, w8a8, layers):
-    """The per-unit options in ascending cost: ``bits`` plus ``"int8"`` when ``w8a8``.
+    """The per-unit options, cheapest first, each more accurate than the one before: ``bits``
+    plus ``"int8"`` when ``w8a8`` (without it: ``bits`` as given), ordered by the cost of every Linear at that option (ties by
+    stored bytes), then an option dropped when a cheaper (or equally priced) one is more
+    accurate (:func:`_rank`): it could only lose. Under ``latency-b32`` on this CPU 4 and 6
+    bits run slower than 8 (their unpacking), so a latency search has int8 and 8 only.
     ``costs``: a :class:`~variants.search.costs.CostTable` (latency loaded when ``cost`` is a
-    latency); ``layers``: the Linear units (int8 is priced on them)."""
+    latency); ``layers``: the Linear units (the options are priced on them)."""
     opts = [int(b) for b in bits] + ([INT8] if w8a8 else [])
-    if not w8a8 or not layers:
-        return opts
+    if not w8a8 or not layers:  # the widths as given (a search without --w8a8 as before)
+        return [int(b) for b in bits]
 
     def key(o):
         m = {p: o for p in layers}
-        return (costs.of(cost, m), costs.model_bytes(m), o == INT8)
-    return sorted(opts, key=key)
+        return (costs.of(cost, m), costs.model_bytes(m), _rank(o))
+    chain = []
+    for o in sorted(opts, key=key):
+        if not chain or _rank(o) > max(_rank(c) for c in chain):
+            chain.append(o)
+    return chain
 
 
 def sanitise(layer_bits, lookup):

@@ -270,6 +270,11 @@ class Search:
         self.options = dims.options(self.costs, o.cost, o.bits, o.w8a8,
                                     [p for p in self.layers if p not in self.costs.lookup])
         self.method = o.quant_methods[0]
+        dropped = [b for b in o.bits if b not in self.options]
+        if dropped:
+            self.log(f"search: --bits {' '.join(map(str, dropped))} dropped: under --cost "
+                     f"{o.cost} a more accurate option costs no more "
+                     f"(options {self.options}, cheapest first)")
         cheapest = min(self.costs.of(o.cost, dims.sanitise({p: opt for p in self.layers},
                                                            self.costs.lookup))
                        for opt in self.options)
