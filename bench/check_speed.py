@@ -10,7 +10,7 @@ file (``report.json``, ``verdict.json``, ``metrics.json`` of each variant, ``sum
 The older tree is ``git archive <commit>`` unpacked into a temporary folder and run with that
 folder first on ``sys.path`` (the editable install is bypassed), so its own code runs.
 
-Run (the issue-15 figure: the redesign's base is a85402a)::
+Run (the figure in docs/user-guide.md: the redesign's base is a85402a)::
 
     python bench/check_speed.py results/minilm-sentiment-quant-g64 --base a85402a --rounds 3
 """

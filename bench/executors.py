@@ -14,7 +14,7 @@ count; Ray workers get one OpenBLAS thread, as Ray sets ``OMP_NUM_THREADS=1``). 
 differ in the last bits (``max_abs_diff_vs_matched``: largest difference of a unit's pooled sum),
 which is why the executors always give workers the driver's stream count.
 
-Measured on the shared 2-core box (load average 10-13 from other sessions), 8 units x 2 batches,
+Measured on the shared 2-core box (load average 10-13 from other work), 8 units x 2 batches,
 2 alternated rounds, median wall s: local 25.7; process x1 32.0, x2 39.3; ray x1 28.2 (+ ray.init
 12.4), x2 32.2 (+ 16.4); one stream per worker: process x2 51.1, ray x2 32.1. No speed-up from a
 second worker here: one process already uses both cores (two MLX streams).

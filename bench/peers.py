@@ -32,7 +32,10 @@ ORT int8 1.26-1.54x its fp32 everywhere, our q8 0.55-1.02x our fp32. B=1 L=24: 3
 below ``parallel.MIN_ROWS`` runs on one stream with 1-thread OpenBLAS: one core).
 Our W8A8 (``--engines mlx ort32 ort8 w8a8``, B=1/32 x L=24/128, 9 rounds, load 10-12): 2.27x
 [1.17, 2.78] our fp32 at B=1 L=24 and 2.91x [2.68, 3.34] at B=32 L=128; 0.72x [0.40, 0.82] and
-1.49x [1.31, 1.65] ORT int8's speed.
+1.49x [1.31, 1.65] ORT int8's speed. Against the fp32 build with vectorized GELU / exp loops
+(``-fno-trapping-math``; load 5-7): 1.97x [1.72, 2.68] and 2.46x [2.36, 2.61]; 0.72x
+[0.40, 0.77] and 1.50x [1.47, 1.65] ORT int8's. ModernBERT (3 layers, B=1/8): 1.24-3.75x our
+fp32, 0.23-0.61x ORT int8's (per-op ``Int8Linear``; docs/w8a8.md).
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.

@@ -57,8 +57,8 @@ def log_ratio_bound(epsilon, temperature):
 
     References
     ----------
-    The margin rule of the design digest (``shared/seeds/DIGEST.md``) carried through the softmax;
-    the Lipschitz bound of log-softmax in the max norm (e.g. Tsuzuku et al., NeurIPS 2018).
+    The margin rule carried through the softmax (``docs/method.md``, "Temperature amplifies a
+    raw error"); the Lipschitz bound of log-softmax in the max norm (e.g. Tsuzuku et al., NeurIPS 2018).
     """
     return _scaled(epsilon, temperature)
 

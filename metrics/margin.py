@@ -36,7 +36,7 @@ def max_abs_logit_diff(ref_logits, var_logits, option_mask):
 
     References
     ----------
-    Margin rule of the project's design digest (``shared/seeds/DIGEST.md``); the same bound as
+    The margin rule of ``docs/method.md``; the same bound as
     the logit-margin certificates of Tsuzuku et al., "Lipschitz-Margin Training", NeurIPS 2018.
     """
     ref, var = check_2d_pair(ref_logits, var_logits, names=("ref_logits", "var_logits"))

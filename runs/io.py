@@ -27,7 +27,7 @@ _UMASK = _current_umask()
 
 #: Names of the temp files :func:`_atomic` makes (``mkstemp``: prefix ``.<name>.``, 8 characters
 #: of ``[a-z0-9_]``, suffix ``.tmp``), and ``summary.csv.tmp``, which sweeps and ``variants
-#: check`` before issue 14 wrote by hand. Nothing else matches.
+#: check`` once wrote by hand. Nothing else matches.
 TEMP_FILE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$|^summary\.csv\.tmp$")
 
 

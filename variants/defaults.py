@@ -3,7 +3,7 @@
 :class:`variants.search.driver.SearchOptions`, :mod:`variants.runtime.timing`) read them from here, so a
 setting two commands share has one default. Plain Python: no MLX import.
 
-Timing (seed analysis: 5 warm-ups, 50 timed rounds) and cold starts are the sweep's; the
+Timing (docs/method.md: 5 warm-ups, 50 timed rounds) and cold starts are the sweep's; the
 search's finalists are judged as sweep variants and timed with the same values. Candidate
 widths differ on purpose and carry their own names: a sweep builds one variant per width of
 :data:`QUANT_BITS`, and the sensitivity table measures each of them, while a search starts every

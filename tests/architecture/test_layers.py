@@ -1,4 +1,4 @@
-"""The packages are layers: metrics < contracts < runs < variants (issue 15).
+"""The packages are layers: metrics < contracts < runs < variants.
 
 Every module of ``metrics``, ``contracts`` and ``runs``, imported alone in a fresh interpreter,
 leaves ``mlx`` and every package above its own out of ``sys.modules``; and ``variants check``
@@ -96,7 +96,7 @@ def _imports(path, package):
 @pytest.mark.parametrize("package", LAYERS[:-1])
 def test_no_import_loop(package):
     """No cycle among a package's modules, counting imports inside functions too (the loop
-    variants.check <-> variants.selftest hid itself that way before issue 15)."""
+    variants.check <-> variants.selftest once hid itself that way)."""
     modules = {m: ROOT / (m.replace(".", "/") + ".py") for m in _modules(package)}
     modules = {m: (p if p.exists() else p.with_suffix("") / "__init__.py")
                for m, p in modules.items()}

@@ -1,4 +1,4 @@
-"""Corrupt or wrong-shaped files of a results folder (issue 14): one line naming the file and the
+"""Corrupt or wrong-shaped files of a results folder: one line naming the file and the
 fix, exit 2, nothing rewritten; after deleting the file a rerun succeeds.
 
 `check` and `plot` run on a copy of the finished tiny sweep in tests/fixtures/sweep_small (plotted

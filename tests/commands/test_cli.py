@@ -171,9 +171,9 @@ def _snapshot(folder):
 @pytest.mark.slow
 def test_interrupted_run_refuses_other_settings_and_corrupt_files(
         tmp_path, capsys, monkeypatch):
-    """Regression (break-it report): run.json was written only at the end, so a rerun after an
+    """Regression: run.json was written only at the end, so a rerun after an
     interruption reused outputs computed with other settings; corrupt outputs crashed resume.
-    Issue 14: a corrupt saved file or cache file is no longer rebuilt silently: exit 2 with one
+    Now a corrupt saved file or cache file is no longer rebuilt silently: exit 2 with one
     line naming it, nothing in the run folder modified; deleted, the rerun rebuilds that part.
     (Eleven sweeps: their plots are not drawn here, ~3 s each; a sweep's plots are checked in
     test_small_real_sweep_writes_results_and_resumes and tests/sweep/test_run_lifecycle.py.)"""

@@ -1,4 +1,4 @@
-"""The CLI routes each verb lazily (issue 15): `variants check`, `list` and `plot --help` run in a
+"""The CLI routes each verb lazily: `variants check`, `list` and `plot --help` run in a
 fresh interpreter without importing MLX (only `sweep` loads the model side); the family registry
 and every family's flags, ladder and report lines are readable without MLX too."""
 

@@ -1,4 +1,4 @@
-"""The comparison notebooks (issue #7) run top to bottom, headless, on the saved small sweeps."""
+"""The comparison notebooks run top to bottom, headless, on the saved small sweeps."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Tests of the in-depth checker (issue #3): conformal ε, bounds, calibration, drift, strata,
+"""Tests of the in-depth checker: conformal ε, bounds, calibration, drift, strata,
 settings and CI clauses, the planted-fault suite and ``variants check`` / ``selftest``."""
 
 import json
@@ -375,7 +375,7 @@ def test_ci_clause_compares_the_far_end_of_the_interval(synthetic):
 # --- planted faults ----------------------------------------------------------------------------
 
 def test_planted_fault_suite_on_synthetic_outputs():
-    """Issue #3: every planted fault fails the clause meant to catch it; the clean copy passes."""
+    """Every planted fault fails the clause meant to catch it; the clean copy passes."""
     table = run_selftest(None, seed=0)
     assert table["case"].tolist() == ["clean", *FAULTS]
     assert table.loc[0, "failed"] == "none"
@@ -503,7 +503,7 @@ def _copy_fixture_run(tmp_path):
     ([], 'stratum = "options:7"', "matches no example"),
 ])
 def test_check_refuses_vacuous_clauses(tmp_path, capsys, extra, toml, message):
-    """Regression (break-it report): --n-bootstrap 0 turned CI clauses into 'no examples' and a
+    """Regression: --n-bootstrap 0 turned CI clauses into 'no examples' and a
     stratum matching nothing passed vacuously; both must be usage errors (exit 2)."""
     run = _copy_fixture_run(tmp_path)
     contract = tmp_path / "c.toml"
@@ -515,7 +515,7 @@ def test_check_refuses_vacuous_clauses(tmp_path, capsys, extra, toml, message):
 
 
 def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
-    """Regression (break-it report): a variant whose outputs.npz was deleted vanished silently
+    """Regression: a variant whose outputs.npz was deleted vanished silently
     from summary.csv."""
     run = _copy_fixture_run(tmp_path)
     (run / "q8-g64" / "outputs.npz").unlink()
@@ -526,7 +526,7 @@ def test_check_refuses_incomplete_variant_folder(tmp_path, capsys):
 
 
 def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
-    """Regression (break-it report): --worst -1 listed all but one example; a corrupt run.json
+    """Regression: --worst -1 listed all but one example; a corrupt run.json
     gave a JSON parser message without the path."""
     run = _copy_fixture_run(tmp_path)
     with pytest.raises(SystemExit) as e:  # refused by the parser, before the folder is read

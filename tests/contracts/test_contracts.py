@@ -54,7 +54,7 @@ def dataset():
 def test_default_contract_loads():
     contract = load_contract(None)
     assert contract.name == "default"
-    # the foundation's clauses come first, in order; issue #3 appended the in-depth ones
+    # the foundation's clauses come first, in order; the in-depth ones follow
     assert [c.id for c in contract.clauses][:9] == [
         "agreement", "certified-flips", "negative-flips", "near-tie-flips", "kl-p95", "ece-delta",
         "score-error-max", "action-drift-p95", "accuracy-drop"]

@@ -1,4 +1,4 @@
-"""Input at the limits (issue 14): sizes beyond the data are refused, and big or hostile values
+"""Input at the limits: sizes beyond the data are refused, and big or hostile values
 are cut to a readable length when an error message echoes them (one line, exit 2, nothing
 written)."""
 
@@ -16,7 +16,7 @@ from variants.cli import main
 TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
         "--timing-rounds", "2", "--timing-warmup", "0", "--cold-start", "none", "--no-progress"]
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sweep_small"
-BIG = "x" * 5_000_000  # a 5 MB value (the issue's 50 MB behaves the same, only slower to build)
+BIG = "x" * 5_000_000  # a 5 MB value (50 MB behaves the same, only slower to build)
 LINE = 300  # most characters an error line may have, beyond a fixed list of allowed names
 #: the fixed hint an unknown metric / stratum message carries (the names one may use)
 HINT = {"metric": len(", ".join(METRICS)), "stratum": len(", ".join(STRATA)) + 120}

@@ -83,6 +83,26 @@ def test_folder_is_mlx_layout_with_a_manifest(exported, runs):
     assert (f["out"], f["in"]) == (1536, 384) and 0 < f["rank"] < 384
 
 
+def test_model_card_is_the_html_report_of_the_one_variant(exported, runs):
+    """report.html in the exported folder: the run's HTML report for that variant alone, its
+    embedded JSON equal to the report.json beside it, both in the manifest."""
+    import re
+
+    from variants.export.write import sha256
+
+    root, names = runs
+    q = exported["q"]
+    page = (q / "report.html").read_text()
+    data = json.loads((q / "report.json").read_text())
+    assert [v["name"] for v in data["variants"]] == [names["q"]]
+    block = re.search(r'<script type="application/json"[^>]*>(.*?)</script>', page, re.S)
+    assert block and json.loads(block.group(1)) == data
+    assert "http://" not in page and "https://" not in page
+    manifest = json.loads((q / "manifest.json").read_text())
+    for f in ("report.html", "report.json"):
+        assert manifest["files"][f] == sha256(q / f)
+
+
 @pytest.mark.parametrize("run", ["q", "lr"])
 def test_verify_recomputes_the_judged_outputs(exported, run):
     from variants.export.verify import verify

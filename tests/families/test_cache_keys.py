@@ -1,4 +1,4 @@
-"""Cache keys under results/.cache cover every setting that changes a prepared tensor (issue 14).
+"""Cache keys under results/.cache cover every setting that changes a prepared tensor.
 
 Each setting of the tokenizer (max length, truncation side and strategy, padding, special
 tokens, text cleaning, the tokenizer file itself) and the text of the data is changed in turn:

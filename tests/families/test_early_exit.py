@@ -1,4 +1,4 @@
-"""Early-exit builder (issue #5): a rule that never fires is the reference, the batch really
+"""Early-exit builder: a rule that never fires is the reference, the batch really
 shrinks, B=1 matches the batch, thresholds come from the calibration split only, bad input."""
 
 import mlx.core as mx

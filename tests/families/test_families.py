@@ -1,4 +1,4 @@
-"""The family interface (issue 15): every registered family fills variants.families.family.Family
+"""The family interface: every registered family fills variants.families.family.Family
 the same way — its flags' dests are its params, its ladder's configs are of its config class with
 distinct names, its build reads only BuildInputs fields — and BuildInputs.only keeps what it
 names."""

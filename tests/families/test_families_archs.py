@@ -1,4 +1,4 @@
-"""Every family on every architecture (issue 16): quant, low rank, pruning and early exit build and
+"""Every family on every architecture: quant, low rank, pruning and early exit build and
 run on the tiny random-init RoBERTa and ModernBERT checkpoints (tests/fixtures/hf/, ModernBERT
 with global attention every 3rd and every 2nd layer) wrapped in a classifier decision module (the
 checkpoint's own head); ρ = 1 pruning (bit for bit; ρ = 0.9999, which keeps every token through

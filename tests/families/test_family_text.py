@@ -1,5 +1,5 @@
 """What a family says about a variant: the sweep writes ``<variant>/family.md`` at build time,
-``variants check`` reads it back without importing a builder (issue 15)."""
+``variants check`` reads it back without importing a builder."""
 
 import json
 from pathlib import Path

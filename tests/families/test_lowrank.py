@@ -1,4 +1,4 @@
-"""Low-rank builder (issue #4): the whitening identity, factor shapes, exact full rank, break-even,
+"""Low-rank builder: the whitening identity, factor shapes, exact full rank, break-even,
 activation statistics (padding masked, cache), quantized factors, bad input."""
 
 import math

@@ -1,4 +1,4 @@
-"""Break-it findings on the issue-19 features (exact family, qkernel, --ratio-map, search):
+"""Edge cases of the exact family, qkernel, --ratio-map and search:
 each test failed before its fix."""
 
 import hashlib

@@ -1,4 +1,4 @@
-"""Token-pruning builder (issue #5): ρ = 1 is exact, protected tokens stay, sequences really
+"""Token-pruning builder: ρ = 1 is exact, protected tokens stay, sequences really
 shorten, order kept, cost model, composition with quantization, bad input."""
 
 import mlx.core as mx

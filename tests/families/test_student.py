@@ -1,4 +1,4 @@
-"""Student family (issue 19): distillation reduces the loss, the KL equals scipy's, fallback
+"""Student family: distillation reduces the loss, the KL equals scipy's, fallback
 routing gives the teacher's rows and the student's elsewhere, q and c + q by hand, the cache
 hit trains nothing, bad input exits 2 with nothing written."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from variants.datasets import bundled as data
-from variants.runtime import qkernel
+from variants.runtime import fused_layer, qkernel
 from variants.families import get_family
 from variants.families.w8a8 import build as w8a8
 from variants.families.w8a8.family import W8A8Config
@@ -114,11 +114,19 @@ def test_smoothquant_search_never_worse_than_plain_on_real_activations(model, fi
     # Amdahl: 1/6 of the Linear weights (layer 0 of 6) at 4x -> 1 / (5/6 + 1/24) = 1.1429
     assert info["int8_share"] == pytest.approx(1 / 6)
     assert info["ideal_speedup"] == pytest.approx(1 / (5 / 6 + 1 / 24))
-    for path, (plain, smoothed) in info["errors"].items():
-        assert smoothed <= plain, path
+    # one α and one error pair per input site: q|k|v share theirs
+    pre = "encoder.layers.0."
+    assert set(info["errors"]) == set(info["alphas"]) == {
+        pre + "attention.qkv", pre + "attention.out", pre + "intermediate", pre + "output"}
+    for site, (plain, smoothed) in info["errors"].items():
+        assert smoothed <= plain, site
     assert any(a > 0 for a in info["alphas"].values())  # migration chosen somewhere
     assert info["median_error_smooth"] < info["median_error_plain"]
     mods = dict(variant.module.named_modules())
+    # q, k and v quantize one input alike (one stacked GEMM in the fused layer)
+    qkv = [mods[pre + "attention." + n] for n in ("query", "key", "value")]
+    assert info["alphas"][pre + "attention.qkv"] > 0  # 0.4 here
+    assert all("inv_smooth" in m for m in qkv) and fused_layer._same_smooth(qkv)
     assert isinstance(mods["encoder.layers.0.output"], w8a8.Int8Linear)
     assert type(mods["encoder.layers.1.output"]) is nn.Linear
 
@@ -162,3 +170,17 @@ def test_skip_that_matches_nothing_is_refused(model):
 def test_smoothquant_without_fit_texts_is_refused(model):
     with pytest.raises(ValueError, match="needs fit-split texts"):
         w8a8.build(model, W8A8Config(smooth=True), fit=None)
+
+
+def test_report_names_the_timed_kernel_not_the_quality_builds():
+    # build.json comes from the quality build (simulated); timing.json from the native one
+    fam = get_family("w8a8")
+    info = {"int8_layers": 36, "int8_share": 1.0, "kept_fp32": [], "kernel": "w8a8-simulated",
+            "simulated_speed": True, "smooth": False}
+    timed = {"kernel": {"reference": "fused-layer-cpp",
+                        "variant": "fused-int8layer-cpp, int8-gemm-dnnl"}}
+    text = fam.describe(info, timed)
+    assert "- kernel: fused-int8layer-cpp, int8-gemm-dnnl\n" in text and "simulated" not in text
+    text = fam.describe(info, {"kernel": {"variant": "w8a8-simulated"}})
+    assert "kernel: w8a8-simulated (speed columns are simulated" in text
+    assert "speed columns are simulated" in fam.describe(info, None)

@@ -1,4 +1,4 @@
-"""Metrics at the edges (issue 14): uncapped NLL, exact KL, honest intervals at 0 and n events,
+"""Metrics at the edges: uncapped NLL, exact KL, honest intervals at 0 and n events,
 and temperature fits that say when they ran to a bound."""
 
 import warnings

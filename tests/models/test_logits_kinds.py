@@ -1,5 +1,5 @@
 """The four logits kinds of a model TOML on the bundled MiniLM, each against an independent
-NumPy / scikit-learn computation; fixed and label-free temperatures (issue 16)."""
+NumPy / scikit-learn computation; fixed and label-free temperatures."""
 
 import copy
 import warnings

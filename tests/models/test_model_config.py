@@ -1,5 +1,5 @@
 """The model TOML (variants.models.model_config): shipped files, one-line errors, and the CLI flags
---model-config / --model package.module:factory (issue 16)."""
+--model-config / --model package.module:factory."""
 
 import json
 from pathlib import Path

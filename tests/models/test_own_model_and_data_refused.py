@@ -1,4 +1,4 @@
-"""Break tests of issue 16 (own checkpoints, model TOML, own data): inputs a user could give
+"""Break tests of own checkpoints, the model TOML and own data: inputs a user could give
 that once got past validation and failed (or silently mixed) after the run folder was written.
 Each expects exit 2, one line naming the problem and the fix, and nothing written; or, where
 the input is fine, the value the reader should produce."""
@@ -330,7 +330,7 @@ def test_a_column_given_twice_is_refused(tmp_path):
 
 
 def test_sweep_help_prints_the_data_schema(capsys):
-    """The issue asks for the --data schema in `variants sweep --help`; own_data.SCHEMA_HELP
+    """`variants sweep --help` shows the --data schema; own_data.SCHEMA_HELP
     was written for it but never shown."""
     with pytest.raises(SystemExit) as e:
         main(["sweep", "--help"])

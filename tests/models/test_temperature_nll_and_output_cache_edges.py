@@ -1,4 +1,4 @@
-"""Edges found by trying to break issue 14's fixes: non-finite logits in a temperature fit, a
+"""Edges found by trying to break the corrupt-file and metric-edge checks: non-finite logits in a temperature fit, a
 negative-zero NLL, and reference outputs cached under another batch size."""
 
 import math

@@ -1,4 +1,4 @@
-"""Plots of a sweep folder (issue #7), on the saved small sweeps in tests/fixtures/."""
+"""Plots of a sweep folder, on the saved small sweeps in tests/fixtures/."""
 
 import argparse
 import json
@@ -151,7 +151,7 @@ PLOTTED_COLUMNS = ["ref_margin", "max_abs_logit_diff", "flip", "negative_flip", 
 @pytest.mark.parametrize("name", ["sweep_small_choice", "sweep_small_exit"])
 def test_the_judges_evaluations_draw_the_same_plots(name):
     """plot_run(evaluations=...) (the sweep hands the judge's over) plots the same numbers as
-    the plots' own evaluate() from metrics.json's ε and run.json's near-tie margin (issue 15)."""
+    the plots' own evaluate() from metrics.json's ε and run.json's near-tie margin."""
     from contracts.checker import load_contract
     from runs.folder import RunFolder
     from runs.judge import judge_variant

@@ -1,4 +1,4 @@
-"""Timing harness (issue #6): budget and rounds bookkeeping, both timed regions, no self-pollution,
+"""Timing harness: budget and rounds bookkeeping, both timed regions, no self-pollution,
 cold start in a fresh process, and old timing.json files still readable."""
 
 import gc
@@ -85,7 +85,7 @@ def sentiment(checkpoint):
 
 
 def test_a_vs_a_end_to_end_does_not_grow(sentiment):
-    """Issue #6: the harness must not pollute itself (no growing state across rounds). That A vs
+    """The harness must not pollute itself (no growing state across rounds). That A vs
     A is centred on one is tested on exact durations (test_profile.py, a fake clock): on this
     shared machine a real-clock ratio is the benchmarks' business, not a test's."""
     model, ts = sentiment

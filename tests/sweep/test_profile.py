@@ -1,4 +1,4 @@
-"""Segment profile, Amdahl ceilings, work-count slopes and the fast exp/softmax (issue #6)."""
+"""Segment profile, Amdahl ceilings, work-count slopes and the fast exp/softmax."""
 
 import mlx.core as mx
 import numpy as np
@@ -16,7 +16,7 @@ TINY = ModelArgs.from_dict({"vocab_size": 128, "hidden_size": 64, "num_hidden_la
 
 
 def test_amdahl_matches_the_seed_example():
-    # DIGEST.md: a 67.87x kernel at p = 5.32% gives at most 1.055x
+    # a 67.87x kernel at p = 5.32% gives at most 1.055x
     assert amdahl(0.0532, 67.87) == pytest.approx(1.055, abs=1e-3)
     assert amdahl(0.0532) == pytest.approx(1 / (1 - 0.0532))
     with pytest.raises(ValueError, match="p must be a share"):
@@ -104,7 +104,7 @@ def test_count_work_restores_what_it_patched():
 
 
 def test_a_vs_a_timing_is_centred_on_one_under_drift_and_spikes(fake_clock):
-    """Issue #6: the harness must not pollute itself; A vs A gives a median ratio ~1 even on a
+    """The harness must not pollute itself; A vs A gives a median ratio ~1 even on a
     machine that slows down 1% per call and stalls 3x on one call in ten (exact durations from
     a fake clock: on the real one this test failed on CI, median 1.15 on a loaded machine)."""
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""A results folder that never lies (issue 14): run.json says "complete" only once every output is
+"""A results folder that never lies: run.json says "complete" only once every output is
 in place, a failed write is an error (exit 1, run.json "incomplete"), temp files of a killed
 writer are removed on resume, one sweep per run folder (lock; the second exits 2 naming the
 holder, a dead holder's lock is taken over), and a completed sweep exits 0 whatever its verdicts

@@ -1,4 +1,4 @@
-"""The sweep's own time (issue #6): breakdown in run.json, a warm rerun runs no model forward,
+"""The sweep's own time: breakdown in run.json, a warm rerun runs no model forward,
 an old timing.json (forward only) is completed on resume and still passes `variants check`."""
 
 import json

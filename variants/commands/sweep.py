@@ -73,11 +73,11 @@ def configure(sub):
                         "compiled dequant-cpp+gemm kernel and layer ops, else MLX's "
                         "quantized_matmul); simulated = dequantized dense weights")
     p.add_argument("--timing-rounds", type=int, default=d.timing_rounds,
-                   help="alternated timing rounds wanted per batch size (seed analysis: 50); "
+                   help="alternated timing rounds wanted per batch size (docs/method.md: 50); "
                         "fewer run when --timing-budget-s runs out (timing.json records rounds "
                         "requested, run and why it stopped)")
     p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
-                   help="untimed warm-up calls of each model per batch size (seed analysis: 5; "
+                   help="untimed warm-up calls of each model per batch size (docs/method.md: 5; "
                         "after the first, warm-ups stop once they used a quarter of the budget)")
     p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
                    help="wall-clock seconds per measurement (one batch size, warm-ups included) "

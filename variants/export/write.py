@@ -227,6 +227,11 @@ def export(judged, out, log=print, card=None):
                  "search": str(judged.search) if judged.search else None,
                  "quantization": quant, "lowrank": config[BLOCK]["lowrank"]}
         (tmp / "README.md").write_text((card or card_mod.markdown)(facts))
+        # the model card as the run's self-contained HTML report for this one variant
+        # (report.html, and the report.json it embeds); listed in the manifest like every file
+        from runs.html import write_html_report
+
+        write_html_report(judged.run_dir, variants=[judged.name], out_dir=tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = {
             "format_version": FORMAT_VERSION, "variant": judged.name,

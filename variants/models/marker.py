@@ -1,4 +1,4 @@
-"""The ``marker`` logits kind: the seed analysis' multiple-choice layout.
+"""The ``marker`` logits kind: a decision model's multiple-choice layout.
 
 One prompt ``[CLS] question / options [SEP] state [SEP]`` in which each option is introduced by a
 marker token (``[marker] token``, default ``[unused0]``); option k's logit is a linear scorer of

@@ -1,10 +1,10 @@
 """Warm latency of reference and variant, timed in strict alternation (A B A B ...).
 
-Method (../shared/seeds/DIGEST.md, second document): warm up both, then alternate one
+Method (docs/method.md, "Strict A/B alternation"): warm up both, then alternate one
 reference call and one variant call per round, each synchronised inside the timed region
 (``mx.eval``, or a NumPy copy of the result), so drift in machine load hits both alike. The
 speed-up is the median of the per-round ratios (:func:`metrics.latency.paired_speedup`), never a
-ratio of two medians. Defaults follow the seed analysis: 5 warm-ups, 50 timed rounds, under a
+ratio of two medians. Defaults: 5 warm-ups, 50 timed rounds, under a
 wall-clock budget per measurement.
 
 Two timed regions (``TIMED_REGIONS``):
@@ -47,7 +47,7 @@ HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rs
 #: Stages of :func:`end_to_end_call`, in call order.
 STAGES = ("tokenise", "forward", "postprocess")
 
-# seed analysis: 5 warm-ups, 50 timed iterations (the values live in variants.defaults)
+# docs/method.md: 5 warm-ups, 50 timed rounds (the values live in variants.defaults)
 DEFAULT_WARMUP = defaults.TIMING_WARMUP
 DEFAULT_ROUNDS = defaults.TIMING_ROUNDS
 DEFAULT_MIN_ROUNDS = defaults.TIMING_MIN_ROUNDS

@@ -174,7 +174,8 @@ class SearchOptions:
         return dict(model=self.model, model_config=self.model_config, checkpoint=self.checkpoint,
                     data=self.data, max_length=self.max_length, family="quant",
                     contract=self.contract,
-                    results_dir=self.results_dir, n_fit=self.n_fit,
+                    results_dir=self.results_dir,
+                    n_fit=D.N_FIT if self.n_fit is None else self.n_fit,  # None: not validated
                     n_calibration=self.n_calibration, n_eval=self.n_eval, seed=self.seed,
                     progress=False, timing_batch_sizes=tuple(self.timing_batch_sizes),
                     params={"bits": [self.bits[0]], "group_size": self.group_size,

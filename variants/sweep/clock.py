@@ -4,7 +4,7 @@ a sweep (:func:`format_breakdown`) and written to run.json (``sweep_time``)."""
 import time
 from contextlib import contextmanager
 
-#: Target share of a sweep's wall time spent outside model forwards (issue #6).
+#: Target share of a sweep's wall time spent outside model forwards.
 OUTSIDE_FORWARD_TARGET = 0.15
 
 

@@ -195,7 +195,7 @@ def _check_head_classes(path, frame, kind, classes):
 def own_data_tasksets(path, source, sizes, seed):
     """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
 
-    Adapter to the data helper's :mod:`variants.datasets.own` (``read_data``, ``split_rows``,
+    Adapter to :mod:`variants.datasets.own` (``read_data``, ``split_rows``,
     ``to_taskset``, ``data_fingerprint``, ``DataError``): the model TOML's fixed options, scores
     and actions fill what the rows leave out. Each split keeps at most ``sizes[split]`` rows:
     those with the smallest ``sha256(f"{seed}:{id}")``, in file order (a split with fewer rows

@@ -1,6 +1,6 @@
 """Where the reference forward's time goes: segment shares, Amdahl ceilings and work-count slopes.
 
-Method (../shared/seeds/DIGEST.md, second document): time each segment of the forward, take its
+Method (docs/method.md, "Amdahl"): time each segment of the forward, take its
 share p of the *whole* (un-segmented, warm) forward, report what the segments do not explain as
 **unattributed**, and bound a family's end-to-end speed-up by the Amdahl ceiling 1 / (1 - p) of
 the segments it accelerates. The work counts and their slopes are in :mod:`variants.sweep.work_counts`.

@@ -1,6 +1,6 @@
 """Work per forward: MLX graph evaluations and compiled-function calls, and their slopes.
 
-Method (../shared/seeds/DIGEST.md, second document): the counts are taken at several sequence
+Method (docs/method.md, "Slopes over at least three sizes"): the counts are taken at several sequence
 lengths and batch sizes and fitted with a slope; a count that grows per token or per example is
 per-launch overhead to remove, not a number to report. The segment profile and the Amdahl
 ceilings are in :mod:`variants.sweep.profile`.

@@ -19,7 +19,7 @@ the same code (ratios relative to the example's original real-token count, non-i
 A point with ρ = 1 keeps every token and is skipped, so a schedule of ρ = 1 points runs the wrapped
 module's own forward: its logits are bit-identical to the reference's (the control variant).
 
-Cost model (../shared/seeds/DIGEST.md): with one pruning point the dense work ratio is
+Cost model (docs/method.md, "the cost models"): with one pruning point the dense work ratio is
 a/N + (1 − a/N)·ρ (per-token Linear work; attention's L² term and the ⌈·⌉ / protected-token
 floor are ignored), the ideal speed-up its inverse. ``build`` also reports the ratio realised on
 the calibration texts' real token counts.
@@ -178,7 +178,7 @@ class PrunedNet(nn.Module):
 def work_ratio(points, n_layers):
     """Dense-work ratio of a pruning schedule: Σ_layers (tokens kept at that layer) / N.
 
-    One point (a, ρ) gives a/N + (1 − a/N)·ρ (../shared/seeds/DIGEST.md: per-token Linear work;
+    One point (a, ρ) gives a/N + (1 − a/N)·ρ (docs/method.md: per-token Linear work;
     attention's L² term, the ⌈·⌉ rounding and protected tokens are ignored).
     """
     kept, total, prev = 1.0, 0.0, 0

@@ -19,7 +19,10 @@ SmoothQuant (Xiao et al. 2023, §4): per input channel s_j = max|X_j|^α / max_o
 x / s and W s (same product). Here 1/s is not folded into the preceding LayerNorm: it is applied
 inside the per-token quantizer (one multiply per input element, K per row against the GEMM's
 K·N multiply-adds per row), which also serves inputs that follow no norm (attention output,
-FFN down). α is chosen per Linear from :data:`ALPHAS` by the W8A8 output error on fit-split rows.
+FFN down). The factors are per input site (:func:`variants.arch.activations.input_site`): q, k
+and v read one input, so they share one s (from their stacked weights) and the fused layer keeps
+one quantized input and one stacked q|k|v GEMM; α is chosen per site from :data:`ALPHAS` by the
+summed W8A8 output error of the site's Linears on fit-split rows.
 """
 
 import re
@@ -123,12 +126,35 @@ def output_error(linear, rows, smooth):
     return float(mx.mean(mx.square(got - ref)))
 
 
+def site_weight(linears):
+    """The Linears reading one input site stacked along the output axis: (Σ out, in) float64
+    (q|k|v of an attention block; one Linear elsewhere)."""
+    return np.concatenate([np.array(m.weight, np.float64) for m in linears])
+
+
+def search_alpha(absmax_x, rows, linears, alpha=None):
+    """(α, {α: error}) for one input site: the error of an α is the summed
+    :func:`output_error` of the ``linears`` reading the site, all smoothed by the one factor
+    vector of :func:`smooth_factors` over their stacked weights (so q, k and v keep one
+    quantized input and one stacked GEMM). ``alpha`` None searches :data:`ALPHAS` (α = 0 is
+    plain W8A8, kept when nothing beats it); a number is taken as is, with α = 0 evaluated
+    beside it."""
+    w = site_weight(linears)
+    grid = ALPHAS if alpha is None else (0.0, alpha)
+    errs = {}
+    for a in grid:
+        s = None if a == 0 else smooth_factors(absmax_x, w, a)
+        errs[a] = sum(output_error(lin, rows, s) for lin in linears)
+    return (min(errs, key=errs.get) if alpha is None else alpha), errs
+
+
 def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     """The reference DecisionModel with its encoder Linears as :class:`Int8Linear`.
 
     Returns (variant, info): ``int8_layers``, ``kept_fp32``, ``int8_share`` (of the encoder
     Linears' weights), ``kernel``, ``simulated_speed``, ``model_bytes``, ``build_seconds``;
-    with SmoothQuant ``alphas`` ({path: α}), ``errors`` ({path: [plain, smoothed]}),
+    with SmoothQuant ``alphas`` ({input site: α}, :func:`variants.arch.activations.input_site`),
+    ``errors`` ({input site: [plain, smoothed] summed over the site's Linears}),
     ``median_error_plain`` / ``_smooth``, ``fit_rows``. Raises ValueError (no Linear to run in
     int8, SmoothQuant without fit texts)."""
     import copy
@@ -148,19 +174,17 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     smooth = {}
     if cfg.smooth:
         absmax, rows = collect_samples(reference, fit, run)
-        alphas, errors = {}, {}
+        sites = {}
         for p in run:
-            site = activations.input_site(p)
-            lin = mods[p]
-            grid = ALPHAS if cfg.alpha is None else (0.0, cfg.alpha)
-            errs = {a: output_error(lin, rows[site],
-                                    None if a == 0 else smooth_factors(absmax[site],
-                                                                       np.array(lin.weight), a))
-                    for a in grid}
-            best = min(errs, key=errs.get) if cfg.alpha is None else cfg.alpha
-            alphas[p], errors[p] = best, [errs[0.0], errs[best]]
+            sites.setdefault(activations.input_site(p), []).append(p)
+        alphas, errors = {}, {}
+        for site, paths in sites.items():
+            best, errs = search_alpha(absmax[site], rows[site], [mods[p] for p in paths],
+                                      None if cfg.alpha is None else cfg.alpha)
+            alphas[site], errors[site] = best, [errs[0.0], errs[best]]
             if best > 0:
-                smooth[p] = smooth_factors(absmax[site], np.array(lin.weight), best)
+                s = smooth_factors(absmax[site], site_weight([mods[p] for p in paths]), best)
+                smooth.update({p: s for p in paths})
         info.update(alphas=alphas, errors=errors, fit_rows=int(sum(len(r) for r in rows.values())),
                     median_error_plain=float(np.median([e[0] for e in errors.values()])),
                     median_error_smooth=float(np.median([e[1] for e in errors.values()])))

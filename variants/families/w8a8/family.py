@@ -4,8 +4,9 @@ ladder. No MLX.
 Weights: per-output-channel symmetric int8 (scale max|w| / 127). Activations: quantized per
 token at run time, asymmetric uint8 (:mod:`variants.families.w8a8.build`). Optionally SmoothQuant
 (Xiao et al. 2023): per-input-channel factors s_j = max|X_j|^α / max|W_:,j|^(1-α) from the fit
-split's activations move the activations' outliers into the weights (x / s, W s), with α
-searched per layer on the fit split's rows when not given. Embeddings, norms, softmax and the
+split's activations move the activations' outliers into the weights (x / s, W s), one factor
+vector per input site (q, k and v share theirs), with α searched per site on the fit split's
+rows when not given. Embeddings, norms, softmax and the
 decision head stay fp32; ``--int8-skip`` keeps matching Linears fp32 too.
 """
 
@@ -34,8 +35,8 @@ class W8A8Config:
     """Parameters of one W8A8 variant (validated on creation).
 
     ``smooth``: SmoothQuant migration on or off; ``alpha``: its exponent in [0, 1], None =
-    searched per layer over :data:`ALPHAS`; ``skip``: regex searched in Linear paths, matches
-    stay fp32."""
+    searched per input site (q|k|v share one) over :data:`ALPHAS`; ``skip``: regex searched in
+    Linear paths, matches stay fp32."""
 
     smooth: bool = False
     alpha: float | None = None
@@ -46,7 +47,7 @@ class W8A8Config:
             a = float(self.alpha)
             if not 0.0 <= a <= 1.0:  # also refuses nan
                 raise ValueError(f"--smooth-alpha {self.alpha} is outside [0, 1]; pass e.g. "
-                                 "--smooth-alpha 0.5, or leave it out to search it per layer")
+                                 "--smooth-alpha 0.5, or leave it out to search it per input site")
         check_skip(self.skip)
 
     @property
@@ -69,7 +70,7 @@ def add_arguments(parser):
     g.add_argument("--smooth", nargs="+", choices=SMOOTH_CHOICES, default=None, metavar="S",
                    help="SmoothQuant migration off and/or on: one variant each (default: off on)")
     g.add_argument("--smooth-alpha", type=float, default=None, metavar="A",
-                   help="SmoothQuant exponent in [0, 1] (default: searched per layer over "
+                   help="SmoothQuant exponent in [0, 1] (default: searched per input site over "
                         f"{', '.join(map(str, ALPHAS))} on the fit split)")
     g.add_argument("--int8-skip", default="", metavar="REGEX",
                    help="Linears whose path matches stay fp32 (default: none), e.g. "
@@ -104,15 +105,21 @@ def check_model(encoder, configs, model=None):
 
 
 def describe(info, timing=None):
-    """Markdown: the kernel, which Linears run in int8, per-layer α and output errors."""
+    """Markdown: the kernel, which Linears run in int8, per-site α and output errors. The
+    kernel named is the timed one (timing.json's ``kernel.variant``) when ``timing`` has it:
+    build.json's comes from the quality build, which may be the simulated one."""
+    kernel = ((timing or {}).get("kernel") or {}).get("variant") or info["kernel"]
+    simulated = (kernel == "w8a8-simulated") if timing and timing.get("kernel") \
+        else info.get("simulated_speed")
     lines = [f"- {info['int8_layers']} Linears on int8 GEMMs ({info['int8_share']:.1%} of the "
              f"encoder Linears' weights); kept fp32: "
              f"{', '.join(info['kept_fp32']) or 'none'}",
-             f"- kernel: {info['kernel']}" + (" (speed columns are simulated: fake-quantized "
-                                               "fp32)" if info.get("simulated_speed") else "")]
+             f"- kernel: {kernel}" + (" (speed columns are simulated: fake-quantized fp32)"
+                                      if simulated else "")]
     if info.get("smooth"):
         a = info.get("alphas", {})
-        lines.append(f"- SmoothQuant α per layer: {min(a.values()):.1f}-{max(a.values()):.1f} "
+        lines.append(f"- SmoothQuant α per input site: "
+                     f"{min(a.values()):.1f}-{max(a.values()):.1f} "
                      f"(median output error {info['median_error_smooth']:.3g} vs "
                      f"{info['median_error_plain']:.3g} without), from "
                      f"{info['fit_rows']} fit-split token rows")

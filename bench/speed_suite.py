@@ -1,4 +1,4 @@
-"""Issue 17's benchmarks in one run: quantized vs fp32, windowed vs masked, MLX vs its peers.
+"""The CPU speed benchmarks in one run: quantized vs fp32, windowed vs masked, MLX vs its peers.
 
 Runs, one after the other, each in its own process (so one cannot warm or starve the next) and
 with its output streamed under a header:
@@ -14,7 +14,7 @@ with its output streamed under a header:
 The defaults trade rounds for wall time so the whole run fits ~15 minutes on 2 cores (each
 script's own defaults take ~5 min each); ``--full`` uses each script's defaults. The machine is
 shared: read the ratios each script prints (alternated, with bootstrap CIs), not milliseconds.
-Ends with the wall time of each part. Run: ``python bench/issue17.py [--full] [--only quant
+Ends with the wall time of each part. Run: ``python bench/speed_suite.py [--full] [--only quant
 window peers]``.
 """
 
