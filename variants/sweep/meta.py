@@ -26,7 +26,8 @@ def run_metadata(sweep):
     reference: identity, config (with the variant names), contract, versions, device, checkpoint,
     data splits and tokenizer, reference size and temperatures, status ("complete", "partial" or
     "failed" by the variants that failed to build), the family's report blocks (``extras``) and
-    the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now).
+    the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now) and
+    the reference's segment profile (:func:`variants.sweep.ref_profile.reference_profile`).
     Documented in results/README.md."""
     cfg = sweep.cfg
     d = asdict(cfg)
@@ -74,4 +75,6 @@ def run_metadata(sweep):
         "failed_variants": failed,
         "extras": dict(getattr(sweep, "extras", {})),
         "sweep_time": breakdown,
+        # the reference forward's segments and Amdahl ceilings (variants.sweep.ref_profile)
+        "segment_profile": getattr(sweep, "segment_profile", None),
     }

@@ -30,6 +30,7 @@ from runs.report import render_report
 from variants.families import get_family
 from variants.families.family import BuildInputs
 from variants.sweep.coldstart import measure_cold_start
+from variants.sweep.ref_profile import reference_profile
 from variants.models.decision import prepared_digest
 from variants.models import fitted_reference
 from variants.sweep.clock import SweepClock, format_breakdown
@@ -304,6 +305,9 @@ class Sweep:
             timing_sets = timing_batches(self.ref_model, self.tasksets["eval"],
                                          cfg.timing_batch_sizes, cfg.seed)
         self.cold_start = self.reference_cold_start(timing_sets)
+        with self.clock("timing"):
+            self.segment_profile = reference_profile(self.ref_model, timing_sets, cfg.family,
+                                                     cfg.timing_rounds)
         rows, details, extras = [], {}, {}
         self.failed = {}
         for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
