@@ -43,9 +43,9 @@ def _rank(o):
 
 def options(costs, cost, bits, w8a8, layers):
     """The per-unit options, cheapest first, each more accurate than the one before: ``bits``
-    plus ``"int8"`` when ``w8a8`` (without it: ``bits`` as given), ordered by the cost of every Linear at that option (ties by
-    stored bytes), then an option dropped when a cheaper (or equally priced) one is more
-    accurate (:func:`_rank`): it could only lose. Under ``latency-b32`` on this CPU 4 and 6
+    plus ``"int8"`` when ``w8a8`` (without it: ``bits`` as given), ordered by the cost of
+    every Linear at that option (ties by stored bytes), then an option dropped when a cheaper
+    (or equally priced) one is more accurate (:func:`_rank`): it could only lose. Under ``latency-b32`` on this CPU 4 and 6
     bits run slower than 8 (their unpacking), so a latency search has int8 and 8 only.
     ``costs``: a :class:`~variants.search.costs.CostTable` (latency loaded when ``cost`` is a
     latency); ``layers``: the Linear units (the options are priced on them)."""

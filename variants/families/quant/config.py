@@ -63,7 +63,8 @@ class QuantConfig:
 
     @property
     def name(self):
-        extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
+        extra = (("-emb" if self.quantize_embeddings else "")
+                 + ("-head" if self.quantize_head else ""))
         mixed = bits_map_mod.tag(self.bits_map)
         method = "" if self.method == "rtn" else f"-{self.method}"
         int8 = ""
