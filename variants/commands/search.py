@@ -48,6 +48,17 @@ def configure(sub):
                         "layers out of 2 and 3 bits)")
     p.add_argument("--group-size", type=int, default=d.group_size,
                    help="weights per quantization group (as variants sweep --group-size)")
+    p.add_argument("--quant-method", nargs="+", default=list(d.quant_methods),
+                   metavar="METHOD", dest="quant_methods",
+                   help="quantizers searched, one per candidate beside its per-layer map (rtn, "
+                        "awq, gptq, dwq; the strategy is walked once per method, each with "
+                        "its own --max-candidates; learned methods read the fit split; dwq "
+                        "trains per candidate and is slow)")
+    p.add_argument("--w8a8", action="store_true",
+                   help="each Linear may also run as W8A8 (int8 weights and per-token int8 "
+                        "activations on oneDNN's integer GEMM), priced by --cost; meant for "
+                        "--cost latency-b1 / latency-b32, where it is the fastest option (the "
+                        "winner re-runs with variants sweep --int8-layers)")
     p.add_argument("--no-quantize-embeddings", dest="quantize_embeddings",
                    action="store_false",
                    help="keep the embedding tables fp32 (by default each table is a unit of the "
@@ -145,6 +156,7 @@ def run(args):
         contract=args.contract, cost=args.cost, strategy=args.strategy,
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
+        quant_methods=tuple(args.quant_methods), w8a8=args.w8a8,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,
         n_search=args.n_search,

@@ -18,6 +18,12 @@ latency cost model.
   the sum over its layers, in ms (attention, norms and the rest are the same for every
   candidate and left out). The finalist's real speed is the sweep's alternated timing.
 
+A unit may also be ``"int8"`` (``variants search --w8a8``): the Linear as W8A8
+(:class:`variants.runtime.int8_linear.Int8Linear`), stored as int8 weights, an fp32 scale and an
+int32 column sum per output channel (8 + 64 / in bits per weight); its latency is the compiled
+``int8_linear`` op's (oneDNN's integer GEMM, per-token quantization of the input included),
+timed like the quantized kernels, or the simulated path's when oneDNN is missing.
+
 Embedding tables (units of the search, :mod:`variants.search.units`) count in ``bytes`` and
 ``bits`` like any layer; a lookup does no multiply, so they add nothing to ``flops`` and the
 latency model (a gather of B x L rows, the same order of cost at every width).
@@ -32,6 +38,7 @@ COSTS = ("bytes", "bits", "flops", "latency-b1", "latency-b32")
 UNITS = {"bytes": "bytes", "bits": "bits/weight", "flops": "FLOPs/token",
          "latency-b1": "ms (model)", "latency-b32": "ms (model)"}
 TOKENS = 128  # rows per example in the latency cost model
+INT8 = "int8"  # a Linear's option beside the widths: W8A8 on integer GEMMs
 
 
 class CostTable:
@@ -63,6 +70,10 @@ class CostTable:
         for p in self.layers:
             w = mods[p].weight
             for b in bits:
+                if b == INT8:
+                    if p not in self.lookup:  # int8 weights + fp32 scale + int32 column sum
+                        self.q_bytes[p, b] = w.shape[0] * (w.shape[1] + 8)
+                    continue
                 q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
                 self.q_bytes[p, int(b)] = q.nbytes + s.nbytes + z.nbytes
         self.latency = {}
@@ -103,21 +114,55 @@ class CostTable:
         from variants.arch import compute_path
 
         batch = int(cost.split("-b")[1])
+        key = compute_path.key_part()
+        if INT8 in bits:  # the int8 op's times: oneDNN's, or the simulated path's without it
+            from variants.runtime.int8_linear import NAMES, _kernel
+
+            key = [key, NAMES["native"] if _kernel() is not None else NAMES["simulated"]]
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"
-                                             f"{digest(compute_path.key_part())}.json")
+                                             f"{digest(key)}.json")
         table = json.loads(path.read_text()) if path.exists() else {}
-        need = {(self.shape[p][1], self.shape[p][0], int(b))
-                for p in self.layers if p not in self.lookup for b in bits} - \
-            {tuple(map(int, k.split("x"))) for k in table}
+        need = {f"{self.shape[p][1]}x{self.shape[p][0]}x{b}"
+                for p in self.layers if p not in self.lookup for b in bits} - set(table)
         if need:
-            for i, o, b in sorted(need):
-                table[f"{i}x{o}x{b}"] = kernel_ms(i, o, b, self.group_size, batch * TOKENS, repeats)
+            for key in sorted(need):
+                i, o, b = key.split("x")
+                fn = int8_kernel_ms if b == INT8 else kernel_ms
+                table[key] = fn(int(i), int(o), b if b == INT8 else int(b), self.group_size,
+                                batch * TOKENS, repeats)
             from runs.io import write_json
 
             path.parent.mkdir(parents=True, exist_ok=True)
             write_json(path, table)
         self.latency[cost] = table
         return path
+
+
+def _median_ms(layer, x, repeats):
+    import mlx.core as mx
+
+    mx.eval(layer(x))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mx.eval(layer(x))
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def int8_kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):
+    """Median ms of one :class:`variants.runtime.int8_linear.Int8Linear` call (native: the compiled
+    oneDNN op where it is available, else the simulated path) on ``rows`` x ``in_dims`` fp32
+    inputs, after one warm-up call; ``bits`` and ``group_size`` are unused (kernel_ms's
+    signature)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from variants.runtime.int8_linear import Int8Linear
+
+    mx.random.seed(0)
+    layer = Int8Linear(nn.Linear(in_dims, out_dims), native=True)
+    return _median_ms(layer, mx.random.normal((rows, in_dims)), repeats)
 
 
 def kernel_ms(in_dims, out_dims, bits, group_size, rows, repeats=5):

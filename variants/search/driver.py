@@ -37,6 +37,10 @@ class SearchOptions:
     budget: float | None = None
     bits: tuple = D.SEARCH_BITS
     group_size: int = D.GROUP_SIZE
+    #: quantizers searched, one global choice per candidate (variants.search.dims)
+    quant_methods: tuple = ("rtn",)
+    #: Linears may also run as W8A8 on integer GEMMs (variants.search.dims)
+    w8a8: bool = False
     #: the embedding tables are units of the search (quantized embeddings); the head only when
     #: asked (variants.search.units)
     quantize_embeddings: bool = True
@@ -117,6 +121,17 @@ class SearchOptions:
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
+        from variants.families.quant.config import METHODS
+
+        self.quant_methods = tuple(dict.fromkeys(self.quant_methods))
+        bad = [m for m in self.quant_methods if m not in METHODS]
+        if bad or not self.quant_methods:
+            raise ValueError(f"--quant-method {' '.join(bad) or '(none)'}: not known; choose "
+                             f"from {' '.join(METHODS)}")
+        if self.strategy == "optuna" and (self.w8a8 or self.quant_methods != ("rtn",)):
+            raise ValueError("--w8a8 and --quant-method other than rtn are searched by the "
+                             "bisect and greedy strategies only; drop them or pass --strategy "
+                             "bisect")
         for flag, v, lo in (("--batch", self.batch, 1), ("--chunk-size", self.chunk_size, 1),
                             ("--n-sensitivity", self.n_sensitivity, 10),
                             ("--n-search", self.n_search, 40)):  # two parts of 20 at least
@@ -147,6 +162,10 @@ class SearchOptions:
                   "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
+        d["quant_methods"] = list(self.quant_methods)
+        for k, plain in (("quant_methods", ["rtn"]), ("w8a8", False)):
+            if d[k] == plain:  # the folder of a search from before these dimensions resumes
+                del d[k]
         if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)
             del d["max_length"]
         return d
@@ -163,13 +182,14 @@ class SearchOptions:
                             "quantize_embeddings": self.quantize_embeddings,
                             "quantize_head": self.quantize_head})
 
-    def quant_config(self, default_bits, bits_map):
-        """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``)."""
+    def quant_config(self, default_bits, bits_map, method="rtn", int8=""):
+        """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``, its
+        quantizer as ``--quant-method``, its W8A8 Linears as ``--int8-layers``)."""
         from variants.families.quant.family import QuantConfig
 
         return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
                            quantize_embeddings=self.quantize_embeddings,
-                           quantize_head=self.quantize_head)
+                           quantize_head=self.quantize_head, method=method, int8=int8)
 
     def out_dir(self, model):
         return Path(self.out) if self.out else \
@@ -184,16 +204,24 @@ class SearchResult:
     result: dict
 
 
-def spec_of(layer_bits, stop=True):
-    """The worker spec of a map: the most common width as ``--bits`` (ties: the lowest), the
-    other layers as exact-path ``--bits-map`` entries."""
+def spec_of(layer_bits, stop=True, method="rtn"):
+    """The worker spec of a map: the most common width as ``--bits`` (ties: the lowest; 8
+    when every unit is int8), the other layers as exact-path ``--bits-map`` entries, the
+    ``"int8"`` units as one exact-path ``--int8-layers`` regex, the quantizer ``method``."""
     import re
 
-    counts = Counter(layer_bits.values())
-    default = min(counts, key=lambda b: (-counts[b], b))
-    entries = [f"^{re.escape(p)}$={b}" for p, b in layer_bits.items() if b != default]
-    return {"id": candidate_id(layer_bits), "default_bits": int(default),
+    from variants.search.dims import int8_pattern
+
+    counts = Counter(b for b in layer_bits.values() if b != costs_mod.INT8)
+    default = min(counts, key=lambda b: (-counts[b], b)) if counts else 8
+    entries = [f"^{re.escape(p)}$={b}" for p, b in layer_bits.items()
+               if b != default and b != costs_mod.INT8]
+    spec = {"id": candidate_id(layer_bits, method), "default_bits": int(default),
             "bits_map": ",".join(entries), "stop": bool(stop)}
+    int8 = int8_pattern([p for p, b in layer_bits.items() if b == costs_mod.INT8])
+    if method != "rtn" or int8:
+        spec.update(method=method, int8=int8)
+    return spec
 
 
 class Search:
@@ -227,20 +255,34 @@ class Search:
                                   embeddings=o.quantize_embeddings and o.strategy != "optuna",
                                   quantize_head=o.quantize_head)
         self.layers = self.units.paths
-        self.costs = costs_mod.CostTable(module, self.layers, o.bits, o.group_size)
+        from variants.search import dims
+
+        self.costs = costs_mod.CostTable(module, self.layers, list(o.bits) +
+                                         ([costs_mod.INT8] if o.w8a8 else []), o.group_size)
         self.out = o.out_dir(cfg.model)
         self.store = Store(self.out)
         self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
                              contract_sha256=_contract_digest(o.contract))
         self.store.check_settings(self.settings)
         if o.cost.startswith("latency"):
-            self.latency_path = self.costs.load_latency(o.cost, o.bits,
-                                                        Path(o.results_dir) / ".cache")
-        cheapest = self.costs.of(o.cost, {p: o.bits[0] for p in self.layers})
+            self.latency_path = self.costs.load_latency(
+                o.cost, list(o.bits) + ([costs_mod.INT8] if o.w8a8 else []),
+                Path(o.results_dir) / ".cache")
+        self.options = dims.options(self.costs, o.cost, o.bits, o.w8a8,
+                                    [p for p in self.layers if p not in self.costs.lookup])
+        self.method = o.quant_methods[0]
+        dropped = [b for b in o.bits if b not in self.options]
+        if dropped:
+            self.log(f"search: --bits {' '.join(map(str, dropped))} dropped: under --cost "
+                     f"{o.cost} a more accurate option costs no more "
+                     f"(options {self.options}, cheapest first)")
+        cheapest = min(self.costs.of(o.cost, dims.sanitise({p: opt for p in self.layers},
+                                                           self.costs.lookup))
+                       for opt in self.options)
         if o.budget is not None and cheapest > o.budget and tuple(o.families) == ("quant",):
             raise ValueError(f"--budget {o.budget:g} is below the cheapest candidate's "
                              f"{o.cost} ({cheapest:.6g} {costs_mod.UNITS[o.cost]}, every layer "
-                             f"at {o.bits[0]} bits): no candidate can meet it; raise --budget")
+                             f"at its cheapest option): no candidate can meet it; raise --budget")
 
     def remote_payload(self):
         """The payload a process / Ray worker gets: ``self.payload`` with its file paths
@@ -263,7 +305,16 @@ class Search:
             bits=self.opts.bits, group_size=self.opts.group_size, log=self.log,
             paths=self.layers)
         self.sens_path = path
-        return {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
+        sens = {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
+        if self.opts.w8a8:
+            from variants.search.dims import int8_sensitivity
+
+            linears = [p for p in self.layers if p not in self.costs.lookup]
+            sens.update(int8_sensitivity(self.state["reference"], sub, linears,
+                                         Path(self.opts.results_dir) / ".cache"))
+            for p in self.costs.lookup:  # becomes 8 bits (variants.search.dims.sanitise)
+                sens[p, costs_mod.INT8] = sens[p, max(self.opts.bits)]
+        return sens
 
     # -- candidates ----------------------------------------------------------------------------
     def record(self, layer_bits, spec, res, step):
@@ -305,9 +356,11 @@ class Search:
 
     def _base(self, layer_bits, spec, step):
         c = self.costs
-        name = self.opts.quant_config(spec["default_bits"], spec["bits_map"]).name
+        method, int8 = spec.get("method", "rtn"), spec.get("int8", "")
+        name = self.opts.quant_config(spec["default_bits"], spec["bits_map"], method, int8).name
         return {"id": spec["id"], "step": step, "name": name, "layer_bits": dict(layer_bits),
                 "default_bits": spec["default_bits"], "bits_map": spec["bits_map"],
+                **({"method": method, "int8": int8} if "method" in spec else {}),
                 "cost": c.of(self.opts.cost, layer_bits), "cost_name": self.opts.cost,
                 "bits_per_weight": c.bits_per_weight(layer_bits),
                 "model_bytes": c.model_bytes(layer_bits), "flops": c.flops(layer_bits)}
@@ -317,7 +370,7 @@ class Search:
         o = self.opts
         recs, todo = [None] * len(maps), []
         for i, m in enumerate(maps):
-            spec = spec_of(m, o.stop)
+            spec = spec_of(m, o.stop, getattr(self, "method", "rtn"))
             old = self.store.get(spec["id"])
             if old is not None:
                 recs[i] = dict(old, reused=True)
@@ -358,20 +411,37 @@ class Search:
         return recs
 
     def walk(self, sens):
-        """Run the strategy; returns every record in evaluation order (distinct candidates)."""
+        """Run the strategy once per ``--quant-method`` (:mod:`variants.search.dims`; each
+        walk has its own ``--max-candidates``); returns every record in evaluation order
+        (distinct candidates)."""
+        order = []
+        for method in self.opts.quant_methods:
+            self.method = method
+            if len(self.opts.quant_methods) > 1:
+                self.log(f"search: quantizer {method}")
+            order += self.walk_one(sens)
+        return order
+
+    def walk_one(self, sens):
+        """One strategy walk with ``self.method``."""
+        from variants.search.dims import sanitise
+
         o = self.opts
-        gen = getattr(strategies, o.strategy)(self.layers, list(o.bits), sens, o.batch)
+        options = getattr(self, "options", list(o.bits))
+        lookup = getattr(getattr(self, "costs", None), "lookup", set())
+        ident = lambda m: candidate_id(m, getattr(self, "method", "rtn"))  # noqa: E731
+        gen = getattr(strategies, o.strategy)(self.layers, options, sens, o.batch)
         seen, order, step = {}, [], 0
         try:
-            maps = next(gen)
+            maps = [sanitise(m, lookup) for m in next(gen)]
             while True:
-                new = [m for m in maps if candidate_id(m) not in seen]
+                new = [m for m in maps if ident(m) not in seen]
                 room = o.max_candidates - len(order)
-                capped = len(dict.fromkeys(candidate_id(m) for m in new)) > room
+                capped = len(dict.fromkeys(ident(m) for m in new)) > room
                 if capped:
-                    keep = list(dict.fromkeys(candidate_id(m) for m in new))[:room]
-                    new = [m for m in new if candidate_id(m) in keep]
-                uniq = list({candidate_id(m): m for m in new}.values())
+                    keep = list(dict.fromkeys(ident(m) for m in new))[:room]
+                    new = [m for m in new if ident(m) in keep]
+                uniq = list({ident(m): m for m in new}.values())
                 step += bool(uniq)  # a step of only known maps evaluates nothing
                 for r in self.evaluate_batch(uniq, step):
                     seen[r["id"]] = r
@@ -379,9 +449,9 @@ class Search:
                 if capped:
                     self.log(f"--max-candidates {o.max_candidates} reached; stopping the search")
                     break
-                passed = [seen[candidate_id(m)]["passed"] if candidate_id(m) in seen else False
+                passed = [seen[ident(m)]["passed"] if ident(m) in seen else False
                           for m in maps]
-                maps = gen.send(passed)
+                maps = [sanitise(m, lookup) for m in gen.send(passed)]
         except StopIteration:
             pass
         return order

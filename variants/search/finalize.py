@@ -25,7 +25,9 @@ def finalize(search, passing, n=3):
                   timing_budget_s=o.timing_budget_s, cold_start=o.cold_start,
                   progress=o.progress)
         cfg = SweepConfig(**kw).validate()
-        cfg.variants = [o.quant_config(r["default_bits"], r["bits_map"]) for r in chosen]
+        cfg.variants = [o.quant_config(r["default_bits"], r["bits_map"],
+                                       r.get("method", "rtn"), r.get("int8", ""))
+                        for r in chosen]
         sweep = Sweep(cfg, log=search.log)
         sweep.out = out  # the search's own folder (the cache stays the results dir's)
         search.log(f"judging {rec['name']} on the calibration + eval splits")

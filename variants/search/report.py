@@ -118,7 +118,9 @@ def markdown(frame, result, png):
         lines += ["## Winner's configuration", "", f"`{json.dumps(w['config'])}`", ""]
     elif w:
         flags = (" --quantize-embeddings" if s.get("quantize_embeddings") else "") + \
-            (" --quantize-head" if s.get("quantize_head") else "")
+            (" --quantize-head" if s.get("quantize_head") else "") + \
+            (f" --quant-method {w['method']}" if w.get("method", "rtn") != "rtn" else "") + \
+            (f" --int8-layers '{w['int8']}'" if w.get("int8") else "")
         lines += ["## Winner's per-layer bits", "", "As a sweep variant: `variants sweep --bits "
                   f"{w['default_bits']}{flags}" + (f" --bits-map '{w['bits_map']}'`"
                                                    if w["bits_map"] else "`"),

@@ -55,7 +55,9 @@ def run_search(opts, log=print):
             t = time.perf_counter()
             sens = s.sensitivity()
             s.parts_s["per-layer sensitivity"] = time.perf_counter() - t
-            log(f"search: {len(s.layers)} layers x widths {list(opts.bits)}, strategy "
+            log(f"search: {len(s.layers)} layers x options "
+                f"{list(getattr(s, 'options', opts.bits))} (cheapest first), quantizers "
+                f"{' '.join(opts.quant_methods)}, strategy "
                 f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x "
                 f"{executor.workers}")
             t = time.perf_counter()

@@ -14,9 +14,13 @@ from runs.io import write_json
 SCHEMA_VERSION = 1
 
 
-def candidate_id(layer_bits):
-    """12 hex digits over the sorted ``{layer: bits}`` map (the same map, the same id)."""
-    text = json.dumps(sorted((p, int(b)) for p, b in layer_bits.items()))
+def candidate_id(layer_bits, method="rtn"):
+    """12 hex digits over the sorted ``{layer: bits}`` map (bits an int, or ``"int8"`` for a
+    W8A8 Linear) and the quantizer ``method`` (the same map and method, the same id; an
+    round-to-nearest map keeps the id it had before methods were a dimension)."""
+    text = json.dumps(sorted((p, b if isinstance(b, str) else int(b))
+                             for p, b in layer_bits.items()))
+    text += "" if method == "rtn" else f"|{method}"
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 

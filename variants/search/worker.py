@@ -129,8 +129,18 @@ def build_variant(state, spec):
     qcfg = QuantConfig(bits=spec["default_bits"], group_size=state["group_size"],
                        bits_map=spec["bits_map"],
                        quantize_embeddings=state.get("quantize_embeddings", False),
-                       quantize_head=state.get("quantize_head", False))
-    return build(state["reference"], qcfg, mode="simulated")
+                       quantize_head=state.get("quantize_head", False),
+                       method=spec.get("method", "rtn"), int8=spec.get("int8", ""))
+    if qcfg.method == "rtn" and not qcfg.int8:
+        return build(state["reference"], qcfg, mode="simulated")
+    from pathlib import Path
+
+    from variants.families.family import BuildInputs
+
+    # a learned quantizer reads the fit split the head was fitted on (never a search part)
+    inputs = BuildInputs(fit=state["tasksets"].get("fit"),
+                         cache_dir=Path(state["cfg"].results_dir) / ".cache")
+    return build(state["reference"], qcfg, inputs, mode="simulated")
 
 
 def evaluate_candidate(state, spec):
@@ -142,7 +152,8 @@ def evaluate_candidate(state, spec):
         From :func:`init_worker`.
     spec : dict
         ``id``, ``default_bits`` (int), ``bits_map`` (a ``--bits-map`` string), ``stop``
-        (bool: sequential stopping on).
+        (bool: sequential stopping on); optionally ``method`` (``--quant-method``) and ``int8``
+        (an ``--int8-layers`` regex).
 
     Returns
     -------

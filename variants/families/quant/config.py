@@ -39,6 +39,9 @@ class QuantConfig:
     bits_map: str = ""
     #: the quantizer, one of METHODS
     method: str = "rtn"
+    #: regex of the Linears run as W8A8 on integer GEMMs (:mod:`variants.families.quant.int8`);
+    #: "" = none
+    int8: str = ""
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -47,6 +50,10 @@ class QuantConfig:
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
         check_bits(self.bits, self.group_size)
+        if self.int8:
+            from variants.families.w8a8.family import check_skip
+
+            check_skip(self.int8, flag="--int8-layers")
         recipe, _ = bits_map_mod.parse(self.bits_map, BITS, GROUP_SIZES)
         if recipe and self.bits != bits_map_mod.RECIPES[recipe][0]:
             raise ValueError(f"--bits-map {recipe} quantizes the other layers at "
@@ -56,8 +63,14 @@ class QuantConfig:
 
     @property
     def name(self):
-        extra = ("-emb" if self.quantize_embeddings else "") + ("-head" if self.quantize_head else "")
+        extra = (("-emb" if self.quantize_embeddings else "")
+                 + ("-head" if self.quantize_head else ""))
         mixed = bits_map_mod.tag(self.bits_map)
         method = "" if self.method == "rtn" else f"-{self.method}"
+        int8 = ""
+        if self.int8:
+            import hashlib
+
+            int8 = "-int8-" + hashlib.sha1(self.int8.encode()).hexdigest()[:6]
         return (f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
-                + method)
+                + method + int8)

@@ -14,7 +14,7 @@ from variants.families.quant.config import (BITS, GROUP_SIZES, METHODS, MODES,  
 
 
 PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map",
-          "quant_method")
+          "quant_method", "int8_layers")
 
 
 def add_arguments(parser):
@@ -40,10 +40,14 @@ def add_arguments(parser):
                         "clipping; gptq = Hessian error compensation; dwq = GPTQ codes with "
                         "scales and biases distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
+    g.add_argument("--int8-layers", default="", metavar="REGEX",
+                   help="Linears whose path matches run as W8A8 (int8 weights and per-token "
+                        "int8 activations on integer GEMMs, as --family w8a8); the other layers "
+                        "are quantized as --bits / --bits-map say (default: none)")
 
 
 def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head=False,
-           bits_map="", quant_method=None):
+           bits_map="", quant_method=None, int8_layers=""):
     """The variant configs of one sweep: one QuantConfig per method (``quant_method``, None =
     rtn) and bit width (``bits`` None: all of BITS), each with ``bits_map``; a recipe map
     gives one width (ValueError if bad)."""
@@ -65,21 +69,27 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
         bits = BITS
     if not bits:
         raise ValueError("no bit widths given; pass e.g. --bits 4 8")
-    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m)
+    return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m,
+                        int8_layers or "")
             for m in methods for b in dict.fromkeys(bits)]
 
 
-def run_name(*, group_size=64, bits_map="", quant_method=None, **_):
+def run_name(*, group_size=64, bits_map="", quant_method=None, int8_layers="", **_):
     """Default run-folder suffix for these parameters."""
     mixed = bits_map_mod.tag(bits_map)
     methods = [m for m in dict.fromkeys(quant_method or []) if m != "rtn"]
     return (f"g{group_size}" + (f"-{mixed}" if mixed else "")
-            + ("-" + "-".join(methods) if methods else ""))
+            + ("-" + "-".join(methods) if methods else "") + ("-int8" if int8_layers else ""))
 
 
 def build(reference, config, inputs=BuildInputs(), mode="simulated"):
     """The family's build: :func:`variants.families.quant.build.build` for rtn (needs no data),
-    :func:`variants.families.quant.learned.build` for the others (fit split, cache)."""
+    :func:`variants.families.quant.learned.build` for the others (fit split, cache); with
+    ``int8``, :func:`variants.families.quant.int8.build` (those Linears as W8A8)."""
+    if config.int8:
+        from variants.families.quant import int8
+
+        return int8.build(reference, config, inputs, mode)
     if config.method != "rtn":
         from variants.families.quant import learned as quant_learned
 
@@ -96,6 +106,11 @@ def check_model(encoder, configs, model=None):
     from variants.families.quant import build as quantize
 
     quantize.check_model(encoder, configs)
+    for cfg in configs:
+        if cfg.int8:
+            from variants.families.quant.int8 import int8_paths
+
+            int8_paths(encoder, cfg.int8)
 
 
 def describe(info, timing=None):

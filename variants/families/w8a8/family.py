@@ -20,14 +20,14 @@ from variants.families.w8a8.config import ALPHAS  # noqa: F401
 SMOOTH_CHOICES = ("off", "on")
 
 
-def check_skip(pattern):
+def check_skip(pattern, flag="--int8-skip"):
     """Raise ValueError unless ``pattern`` ("" = none) is a valid regular expression."""
     if pattern:
         try:
             re.compile(pattern)
         except re.error as e:
-            raise ValueError(f"--int8-skip {pattern!r} is not a valid regular expression ({e}); "
-                             "e.g. --int8-skip 'output$'") from None
+            raise ValueError(f"{flag} {pattern!r} is not a valid regular expression ({e}); "
+                             f"e.g. {flag} 'output$'") from None
 
 
 @dataclass(frozen=True)
