@@ -129,6 +129,11 @@ def _top2(probs, mask):
     return ", ".join(f"#{k} {probs[k]:.3f}" for k in order if mask[k])
 
 
+#: set-level metrics moved by identifiable rows: those rows rank first among the worst examples
+#: (the accuracy drop is the negative flips' share minus the positive flips'), then by KL
+SET_DRIVERS = {"accuracy_drop": "negative_flip", "accuracy_variant": "negative_flip"}
+
+
 def worst_examples(ev, result, *, texts=None, n=5):
     """The examples that drive a clause's value, worst first.
 
@@ -144,17 +149,21 @@ def worst_examples(ev, result, *, texts=None, n=5):
     -------
     list of dict
         ``id``, ``excerpt``, ``ref_top2`` and ``var_top2`` ("#k p" pairs), ``metric`` (the
-        clause's per-example value; for a set-level metric the example's KL), ``label``.
+        clause's per-example value; for a set-level metric the example's KL, with the rows
+        that move it first for those in :data:`SET_DRIVERS`), ``label``.
     """
     from metrics.registry import SET, spec
 
     rows = np.flatnonzero(ev.rows(result.stratum))
     metric = result.metric
+    driver = SET_DRIVERS.get(metric)
     if spec(metric).kind == SET:
         metric = "kl"
     values = ev._array(metric)[rows]
     lower_is_worse = result.op == ">="  # a min bound: the lowest values drive the clause
     key = np.where(np.isnan(values), -np.inf, -values if lower_is_worse else values)
+    if driver is not None:  # the rows that move the set-level value first, then by KL
+        key = ev._array(driver)[rows].astype(float)
     # tie-break by KL so that among equal bools the most drifted rows come first
     kl = ev._array("kl")[rows]
     order = np.lexsort((-kl, -key))[:n]

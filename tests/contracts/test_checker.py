@@ -538,3 +538,28 @@ def test_check_bad_worst_and_corrupt_run_json(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{run / 'run.json'} is not a valid run file (not JSON: JSONDecodeError: Expecting" in err
     assert "delete it and rerun" in err
+
+
+def test_worst_examples_of_accuracy_drop_start_with_the_negative_flips():
+    """A set-level clause ranked its worst examples by KL alone: an accuracy-drop failure listed
+    rows that did not flip and left out the one that did. Rows: all labels 0, the reference
+    right everywhere; row 3 flips (small KL), rows 0-2 drift far without flipping."""
+    from types import SimpleNamespace
+
+    from contracts.report import worst_examples
+
+    ref_p = np.array([[0.99, 0.01]] * 3 + [[0.52, 0.48]] + [[0.9, 0.1]] * 2)
+    var_p = np.array([[0.6, 0.4]] * 3 + [[0.48, 0.52]] + [[0.9, 0.1]] * 2)
+    n = len(ref_p)
+
+    def outs(p):
+        return {"ids": np.array([f"r{i}" for i in range(n)]), "task": np.array(["t"] * n),
+                "logits": np.log(p), "option_mask": np.ones((n, 2), bool), "probs": p,
+                "expected_score": np.full(n, np.nan), "action_probs": p,
+                "labels": np.zeros(n, int)}
+
+    ev = evaluate(outs(ref_p), outs(var_p), epsilon=0.1)
+    clause = SimpleNamespace(metric="accuracy_drop", stratum="all", op="<=")
+    worst = worst_examples(ev, clause, n=2)
+    assert [w["id"] for w in worst] == ["r3", "r0"]  # the flip, then the largest KL
+    assert worst[0]["metric_name"] == "kl"
