@@ -90,14 +90,9 @@ def build(reference, config, inputs=BuildInputs(), mode="simulated"):
         from variants.families.quant import int8
 
         return int8.build(reference, config, inputs, mode)
-    if config.method != "rtn":
-        from variants.families.quant import learned as quant_learned
+    from variants.families.quant.dispatch import build_weights
 
-        return quant_learned.build(reference, config, mode=mode, fit=inputs.fit,
-                                   cache_dir=inputs.cache_dir)
-    from variants.families.quant import build as quantize
-
-    return quantize.build(reference, config, mode=mode, calibration=inputs.calibration)
+    return build_weights(reference, config, inputs, mode)
 
 
 def check_model(encoder, configs, model=None):

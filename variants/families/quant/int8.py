@@ -47,7 +47,7 @@ def build(reference, cfg, inputs, mode="simulated"):
     that matches no Linear."""
     from variants.arch import activations
     from variants.families.quant import build as quantize
-    from variants.families.quant import family as quant_family
+    from variants.families.quant.dispatch import build_weights
     from variants.families.w8a8.build import kernel_name
     from variants.runtime.int8_linear import Int8Linear
 
@@ -56,7 +56,7 @@ def build(reference, cfg, inputs, mode="simulated"):
     if set(activations.target_linears(reference.module)) <= set(paths):
         # a learned method learns the encoder Linears only: all in int8, nothing to learn
         base = replace(base, method="rtn")
-    variant, info = quant_family.build(reference, base, inputs, mode)
+    variant, info = build_weights(reference, base, inputs, mode)
     ref_mods = dict(reference.module.named_modules())
     module = variant.module
     mods = dict(module.named_modules())
