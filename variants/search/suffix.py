@@ -13,7 +13,8 @@ Applies only to a plain :class:`variants.arch.encoder.BertEncoder` whose layers 
 :class:`variants.arch.encoder.TransformerLayer` (:func:`applies`); embedding tables and any
 other unit keep the full forward. The suffix runs each layer as
 :meth:`BertEncoder.apply_layer` does, so logits equal the full forward's to float round-off
-(measured: KL differences <= 1e-9 nats on MiniLM).
+(measured on MiniLM, 60 rows, 36 Linears x 5 widths: mean KL within 2.7e-8 nats, max
+|dlogit| within 2.7e-6, flip rates equal).
 """
 
 import hashlib
