@@ -274,3 +274,60 @@ def test_bad_toml_bits_map_names_file_and_key(tmp_path):
     with pytest.raises(ModelConfigError, match=r"m\.toml: \[quant\] bits_map: entry 'value=5': "
                                                 r"bits=5 is not supported; choose one of"):
         load_model_config(f)
+
+
+def test_sensitivity_suffix_forward_equals_full_forward(fitted, monkeypatch):
+    """Layers i.. from the recorded input of layer i give the whole model's numbers (KL to
+    1e-6 nats, flips exact) for Linears of the first, a middle and the last layer; an
+    embedding table keeps the full forward."""
+    from variants.search import sensitivity, suffix
+
+    model, ts = fitted
+    starts = []
+    real = suffix.SuffixCache.start_at
+    monkeypatch.setattr(suffix.SuffixCache, "start_at",
+                        lambda self, i: starts.append(i) or real(self, i))
+    units = ["encoder.embeddings.token_type_embeddings", "encoder.layers.0.attention.query",
+             "encoder.layers.3.output", "encoder.layers.5.intermediate"]
+    fast = sensitivity.measure(model, ts, bits=(2, 4), paths=units)
+    assert starts == [0, 0, 3, 3, 5, 5]  # the embedding table ran in full
+    full = sensitivity.measure(model, ts, bits=(2, 4), paths=units, suffix_forward=False)
+    assert fast["layer"].tolist() == full["layer"].tolist() == [u for u in units for _ in "ab"]
+    np.testing.assert_allclose(fast["kl_mean"], full["kl_mean"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(fast["max_abs_dlogit"], full["max_abs_dlogit"], rtol=0, atol=1e-4)
+    assert fast["flip_rate"].tolist() == full["flip_rate"].tolist()
+    assert (full["kl_mean"] > 0).all()
+
+
+def test_suffix_skips_the_layers_before_its_start(fitted):
+    """From layer 3 the recorded input is used: a change to layer 1 is not seen, one to layer 4
+    is; a batch never recorded runs the whole stack."""
+    from variants.search import suffix
+
+    model, ts = fitted
+    import copy
+
+    mod = copy.deepcopy(model.module)
+    enc = mod.encoder
+    batch = model.prepare(ts, 8)[0][0]
+    args = (batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    cache = suffix.SuffixCache(mod)
+    with cache.record():
+        ref = np.array(enc(*args).last_hidden)
+    assert len(cache.states) == 1 and len(next(iter(cache.states.values()))) == 6
+    w1, w4 = enc.layers[1].output.weight, enc.layers[4].output.weight
+    enc.layers[1].output.weight = w1 * 0
+    with cache.start_at(3):
+        same = np.array(enc(*args).last_hidden)
+    enc.layers[4].output.weight = w4 * 0
+    with cache.start_at(3):
+        moved = np.array(enc(*args).last_hidden)
+        other = np.array(enc(args[0][:1], args[1][:1], args[2][:1]).last_hidden)
+    assert cache.hits == 2
+    real = np.array(args[1], bool)
+    np.testing.assert_allclose(same[real], ref[real], rtol=0, atol=1e-5)
+    assert np.abs(moved[real] - ref[real]).max() > 1e-2
+    full = np.array(suffix.BertEncoder.__call__(enc, args[0][:1], args[1][:1],
+                                                args[2][:1]).last_hidden)
+    np.testing.assert_array_equal(other, full)  # not recorded: layer 1's change shows
+    assert type(enc) is suffix.BertEncoder
