@@ -195,3 +195,19 @@ def test_report_labels_peak_cache_and_rss_apart():
     assert (cold["load: allocator peak MB"], cold["1st call: allocator peak MB"],
             cold["1st call: cache MB"], cold["load: RSS MB"], cold["1st call: RSS MB"],
             cold["allocator peak MB"]) == ("92.0", "155.0", "38.0", "400.0", "470.0", "180.0")
+
+
+def test_cold_start_of_a_variant_given_as_a_config(sentiment):
+    """A search's finalist (a mixed map) is in no ladder of its sweep's parameters: its cold
+    start failed 'not in family'; the spec now carries the variant's config."""
+    from variants.families.quant.config import QuantConfig
+    from variants.sweep.coldstart import measure_cold_start
+
+    model, ts = sentiment
+    cfg = QuantConfig(bits=8, bits_map="value=4")
+    r = measure_cold_start({"model": "minilm-sentiment", "head_path": None,
+                            "taskset": ts.subset([0]), "family": "quant", "params": {},
+                            "variant": cfg.name, "config": cfg}, timeout_s=120)
+    assert "error" not in r, r
+    assert r["what"] == cfg.name and r["build_s"] > 0
+    assert r["model_bytes"] < 60e6  # built quantized (fp32 MiniLM: 90.3 MB)

@@ -57,7 +57,8 @@ def run_spec(spec, spawned_at=None, main_at=None):
     ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name or a ModelSource),
     ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the sweep's
     ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
-    optionally ``device``, ``dtype`` (:mod:`variants.runtime.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``),
+    optionally ``device``, ``dtype`` (:mod:`variants.runtime.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``, or of ``config``, the variant's config
+    when the sweep was given configs, e.g. a search's finalists),
     ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``.
 
     Raises
@@ -114,6 +115,8 @@ def run_spec(spec, spawned_at=None, main_at=None):
     t0 = _now()
     if family is not None:
         by_name = {v.name: v for v in family.ladder(**spec.get("params", {}))}
+        if spec.get("config") is not None and spec["config"].name == spec["variant"]:
+            by_name[spec["variant"]] = spec["config"]  # the sweep's own config of the variant
         if spec["variant"] not in by_name:
             raise ValueError(f"variant {spec['variant']!r} is not in family {spec['family']!r} "
                              f"with these parameters; it has {sorted(by_name)}")

@@ -188,6 +188,7 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
                              .resolve())}
     if vcfg is not None:
         spec.update(family=sweep.cfg.family, params=dict(sweep.cfg.params), variant=vcfg.name,
+                    config=vcfg,  # a variant given as a config (a search's finalist) is in no ladder
                     mode=sweep.cfg.speed_mode, calibration=sweep.tasksets["calibration"],
                     cache_dir=str(sweep.cache.resolve()),
                     fit=sweep.tasksets["fit"] if "fit" in family.inputs else None)
