@@ -8,7 +8,7 @@ import textwrap
 def configure(sub):
     """Add the ``search`` subcommand to ``sub``; returns its parser."""
     from variants.search.costs import COSTS
-    from variants.search.driver import FAMILIES, SearchOptions
+    from variants.search.options import FAMILIES, SearchOptions
     from variants.commands import HelpFormatter
     from variants.defaults import COLD_STARTS, QUANT_BITS
     from variants.search.strategies import STRATEGIES
@@ -149,7 +149,7 @@ def run(args):
     """Run the search; 0 when it finished (1 with --fail-on-violation and no passing
     configuration); bad input raises ValueError (exit 2 in :mod:`variants.cli`)."""
     from variants.commands import EXIT_FAILURE, EXIT_OK
-    from variants.search.driver import SearchOptions
+    from variants.search.options import SearchOptions
     from variants.search.run import run_search
 
     opts = SearchOptions(

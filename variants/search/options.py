@@ -1,0 +1,188 @@
+"""What a search is asked: :class:`SearchOptions` (the flags of ``variants search``, validated
+in one line each before anything is written), the settings an --out folder resumes with, and the
+sweep keywords its finalists run with."""
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from variants import defaults as D
+from variants.search import costs as costs_mod
+from variants.search import strategies
+
+FAMILIES = ("quant", "lowrank", "prune", "exit")  # beyond quant: --strategy optuna only
+MAX_CANDIDATES = 10_000
+MAX_SEED = 2**32 - 1
+N_FINALISTS = 3
+
+
+@dataclass
+class SearchOptions:
+    """One field per ``variants search`` flag."""
+
+    contract: str | None = None
+    cost: str = "bytes"
+    strategy: str = "bisect"  # few candidates: log2 of the threshold maps (greedy: one per raise)
+    families: tuple = ("quant",)
+    seed: int = D.SEED
+    max_candidates: int = 60
+    budget: float | None = None
+    bits: tuple = D.SEARCH_BITS
+    group_size: int = D.GROUP_SIZE
+    #: quantizers searched, one global choice per candidate (variants.search.dims)
+    quant_methods: tuple = ("rtn",)
+    #: Linears may also run as W8A8 on integer GEMMs (variants.search.dims)
+    w8a8: bool = False
+    #: the embedding tables are units of the search (quantized embeddings); the head only when
+    #: asked (variants.search.units)
+    quantize_embeddings: bool = True
+    quantize_head: bool = False
+    batch: int = 1
+    chunk_size: int = 50
+    stop: bool = True
+    #: "bound": a clause passes on the search split only when its interval clears the threshold
+    #: (variants.search.bounds); "value": the point value
+    select: str = "bound"
+    search_margin: float = 0.3  # max clauses: headroom a sample max needs (variants.search.margin)
+    n_search: int | None = None  # None: from the data (variants.search.sizes)
+    n_sensitivity: int = D.N_SENSITIVITY
+    n_fit: int | None = None  # None: D.N_FIT on the bundled data, else from the data
+    n_calibration: int = D.N_CALIBRATION
+    n_eval: int = D.N_EVAL
+    model: str | None = None
+    model_config: str | None = None
+    checkpoint: str | None = None
+    data: str | None = None
+    max_length: int | None = D.MAX_LENGTH
+    results_dir: str = D.RESULTS_DIR
+    out: str | None = None
+    executor: str = "local"
+    workers: int = 1
+    ray_address: str | None = None
+    # the finalists are timed as sweep variants, with the sweep's defaults
+    timing_rounds: int = D.TIMING_ROUNDS
+    timing_warmup: int = D.TIMING_WARMUP
+    timing_budget_s: float = D.TIMING_BUDGET_S
+    timing_batch_sizes: tuple = D.TIMING_BATCH_SIZES
+    cold_start: str = D.COLD_START
+    finalize: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def validate(self, log=None):
+        """Raise ValueError (one line naming the flag and the fix) for a value out of range.
+        Split sizes left None are chosen here (:func:`variants.search.sizes.resolve`, which
+        says so through ``log``)."""
+        from variants.families.quant.family import BITS, check_bits
+        from variants.search import sizes
+        from variants.sweep.config import SweepConfig
+
+        if self.n_fit is None or self.n_search is None:
+            source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
+            sizes.resolve(self, source, log=log or (lambda m: None))
+
+        if isinstance(self.out, str) and not self.out.strip():  # not the default folder
+            raise ValueError("--out is empty; pass a folder")
+
+        if self.cost not in costs_mod.COSTS:
+            raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
+                             f"{', '.join(costs_mod.COSTS)}")
+        if self.strategy not in strategies.STRATEGIES:
+            raise ValueError(f"--strategy {self.strategy!r} is unknown; choose one of "
+                             f"{', '.join(strategies.STRATEGIES)}")
+        self.families = tuple(dict.fromkeys(self.families))  # a repeated family is one
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"--families {' '.join(bad) or '(none)'}: the search covers "
+                             f"{', '.join(FAMILIES)}; pass e.g. --families quant")
+        from variants.search.composed import check_options
+
+        check_options(self)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed {self.seed} is out of range; pass 0 to {MAX_SEED}")
+        if not 1 <= self.max_candidates <= MAX_CANDIDATES:
+            raise ValueError(f"--max-candidates {self.max_candidates} is out of range; pass 1 "
+                             f"to {MAX_CANDIDATES}")
+        if self.budget is not None and not (math.isfinite(self.budget) and self.budget > 0):
+            raise ValueError(f"--budget {self.budget} must be a finite cost > 0 in the --cost's "
+                             f"unit ({costs_mod.UNITS[self.cost]})")
+        widths = sorted(set(self.bits))
+        for b in widths:
+            check_bits(b, self.group_size, prefix="--")
+        if len(widths) < 2 and not (self.strategy == "optuna" and len(self.families) > 1):
+            raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
+                             f"to choose between, from {BITS}, e.g. --bits 4 6 8")
+        self.bits = tuple(widths)
+        from variants.families.quant.config import METHODS
+
+        self.quant_methods = tuple(dict.fromkeys(self.quant_methods))
+        bad = [m for m in self.quant_methods if m not in METHODS]
+        if bad or not self.quant_methods:
+            raise ValueError(f"--quant-method {' '.join(bad) or '(none)'}: not known; choose "
+                             f"from {' '.join(METHODS)}")
+        if self.strategy == "optuna" and (self.w8a8 or self.quant_methods != ("rtn",)):
+            raise ValueError("--w8a8 and --quant-method other than rtn are searched by the "
+                             "bisect and greedy strategies only; drop them or pass --strategy "
+                             "bisect")
+        for flag, v, lo in (("--batch", self.batch, 1), ("--chunk-size", self.chunk_size, 1),
+                            ("--n-sensitivity", self.n_sensitivity, 10),
+                            ("--n-search", self.n_search, 40)):  # two parts of 20 at least
+            if v < lo:
+                raise ValueError(f"{flag} {v} must be >= {lo}")
+        from variants.search.bounds import SELECT
+
+        if self.select not in SELECT:
+            raise ValueError(f"--select {self.select!r} is unknown; choose one of "
+                             f"{', '.join(SELECT)}")
+        if not 0 <= self.search_margin < 1:
+            raise ValueError(f"--search-margin {self.search_margin} must be in [0, 1), e.g. "
+                             "0.25")
+        if self.finalize:  # the finalists' sweep settings: now, not after the whole search
+            from variants.sweep.config import SweepConfig
+
+            SweepConfig(**dict(self.sweep_kwargs(), timing_rounds=self.timing_rounds,
+                               timing_warmup=self.timing_warmup,
+                               timing_budget_s=self.timing_budget_s,
+                               cold_start=self.cold_start)).validate()
+        return self
+
+    def settings(self):
+        """What must match to resume (search_settings.json)."""
+        d = asdict(self)
+        for k in ("out", "progress", "executor", "workers", "ray_address", "extra",
+                  "timing_rounds", "timing_warmup",
+                  "timing_budget_s", "timing_batch_sizes", "cold_start", "finalize"):
+            d.pop(k)
+        d["families"], d["bits"] = list(self.families), list(self.bits)
+        d["quant_methods"] = list(self.quant_methods)
+        for k, plain in (("quant_methods", ["rtn"]), ("w8a8", False)):
+            if d[k] == plain:  # the folder of a search from before these dimensions resumes
+                del d[k]
+        if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)
+            del d["max_length"]
+        return d
+
+    def sweep_kwargs(self):
+        return dict(model=self.model, model_config=self.model_config, checkpoint=self.checkpoint,
+                    data=self.data, max_length=self.max_length, family="quant",
+                    contract=self.contract,
+                    results_dir=self.results_dir,
+                    n_fit=D.N_FIT if self.n_fit is None else self.n_fit,  # None: not validated
+                    n_calibration=self.n_calibration, n_eval=self.n_eval, seed=self.seed,
+                    progress=False, timing_batch_sizes=tuple(self.timing_batch_sizes),
+                    params={"bits": [self.bits[0]], "group_size": self.group_size,
+                            "quantize_embeddings": self.quantize_embeddings,
+                            "quantize_head": self.quantize_head})
+
+    def quant_config(self, default_bits, bits_map, method="rtn", int8=""):
+        """The QuantConfig of a candidate (its map as ``--bits`` + ``--bits-map``, its
+        quantizer as ``--quant-method``, its W8A8 Linears as ``--int8-layers``)."""
+        from variants.families.quant.family import QuantConfig
+
+        return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
+                           quantize_embeddings=self.quantize_embeddings,
+                           quantize_head=self.quantize_head, method=method, int8=int8)
+
+    def out_dir(self, model):
+        return Path(self.out) if self.out else \
+            Path(self.results_dir) / "search" / f"{model}-{self.cost}-{self.strategy}"
