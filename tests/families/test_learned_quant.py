@@ -212,6 +212,15 @@ def test_layers_learned_for_one_map_are_reused_by_another(model, fit, monkeypatc
     assert f4["layers_reused"] == 0
 
 
+def test_report_says_how_many_linears_came_from_the_layer_cache():
+    from variants.families.quant.report import method_lines
+
+    info = {"method": "gptq", "calibration_rows": 24, "build_s": 3.0, "layers_reused": 2}
+    assert "2 Linears read from the per-layer cache" in method_lines(info)
+    assert "per-layer cache" not in method_lines(dict(info, layers_reused=0))
+    assert "read from the cache;" in method_lines(dict(info, cached=True))
+
+
 # ---- distilled scales ----
 
 @pytest.fixture(scope="module")
