@@ -3,9 +3,14 @@ Linears (``--w8a8``).
 
 - **Quantizer.** A candidate is a per-unit map plus one method for the whole model (``rtn``,
   ``awq``, ``gptq``, ``dwq``: :mod:`variants.families.quant.learned`); the strategy is walked
-  once per method given, with the same round-to-nearest sensitivity table (a learned method
-  lowers each layer's error, not, much, which layers are sensitive), and the cheapest passing
-  candidate over all methods wins. The winner re-runs as a sweep variant with ``--bits``,
+  once per method given, and the cheapest passing candidate over all methods wins. AWQ's and
+  GPTQ's walks read their own sensitivity table (:func:`method_sensitivity`: each encoder
+  Linear quantized alone by that method, as its build learns it; the embedding tables and any
+  other unit keep round-to-nearest's rows, as the build keeps them round-to-nearest): a
+  threshold rule compares units' KL divergences with each other, and a learned method lowers
+  the Linears' KL but not the embedding tables', so round-to-nearest's table would raise
+  Linears that the method no longer needs raised (``--rtn-sensitivity`` walks every method on
+  round-to-nearest's table; ``dwq`` always does). The winner re-runs as a sweep variant with ``--bits``,
   ``--bits-map`` and ``--quant-method``. Learned methods build each candidate from the fit
   split the head was fitted on (never the search, calibration or eval rows), cached by the
   full map; ``dwq`` trains per candidate (minutes each on 2 cores).
@@ -118,3 +123,32 @@ def int8_sensitivity(reference, taskset, paths, cache_dir=None, batch_size=32, l
     if log:
         log(f"int8 sensitivity: {len(out)} Linears measured")
     return {(p, INT8): v for p, v in out.items()}
+
+
+def method_sensitivity(state, method, taskset, units, opts, log=None):
+    """``{(path, bits): kl_mean}`` of ``method`` (``awq``, ``gptq``) for the encoder Linears
+    among ``units``: each quantized alone by the method (learned on the fit split the head was
+    fitted on, through the per-layer cache) on ``taskset`` (the search's sensitivity rows);
+    {} for a method without per-Linear learning (``rtn``, ``dwq``) or no fit rows. Cached
+    under ``cache_dir/sensitivity/`` with the method, its settings and the fit split's
+    fingerprint in the key (:func:`variants.search.sensitivity.cached_measure`)."""
+    if method not in ("awq", "gptq"):
+        return {}
+    from variants.arch.activations import target_linears
+    from variants.families.quant import learned
+    from variants.search import sensitivity
+
+    fit = state["tasksets"].get("fit")
+    if fit is None or len(fit) == 0:
+        return {}
+    reference = state["reference"]
+    cache = Path(opts.results_dir) / ".cache"
+    linears = [p for p in target_linears(reference.module) if p in set(units)]
+    if not linears:
+        return {}
+    weight = learned.round_trip(reference, method, fit, cache, log)
+    frame, _, _ = sensitivity.cached_measure(
+        reference, taskset, cache, bits=opts.bits, group_size=opts.group_size, log=log,
+        paths=linears, round_trip=weight,
+        method=(method, learned.SETTINGS[method], fit.fingerprint(), learned.VERSION))
+    return {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}

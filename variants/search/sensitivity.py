@@ -76,7 +76,7 @@ def _compare(ref, out, mask):
 
 
 def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
-            progress=None, paths=None, suffix_forward=True):
+            progress=None, paths=None, suffix_forward=True, round_trip=None):
     """The sensitivity table (module docstring) of ``reference`` on ``taskset``.
 
     Parameters
@@ -102,6 +102,9 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         For a Linear of layer ``i`` of a plain BERT encoder, run only layers ``i``.. from the
         reference's recorded layer inputs (:mod:`variants.search.suffix`; equal to the full
         forward to float round-off); False runs the whole model for every unit.
+    round_trip : callable(path, bits, group_size) -> (o, n) array, optional
+        The unit's quantized-then-dequantized weight by another quantizer (a learned one:
+        :func:`variants.families.quant.learned.round_trip`); None: round-to-nearest.
 
     Returns
     -------
@@ -138,8 +141,12 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         if type(m) not in (nn.Linear, nn.Embedding) or w.shape[1] % group_size:
             continue
         for b in bits:
-            q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
-            m.weight = mx.dequantize(q, s, z, group_size=group_size, bits=int(b)).astype(w.dtype)
+            if round_trip is not None:
+                m.weight = mx.array(round_trip(path, int(b), group_size)).astype(w.dtype)
+            else:
+                q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
+                m.weight = mx.dequantize(q, s, z, group_size=group_size,
+                                         bits=int(b)).astype(w.dtype)
             work._reset_caches()  # e.g. the choice model's cached option embeddings
             at = None if suffix is None else _suffix.layer_of(path)
             if at is None:
@@ -158,23 +165,27 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def cache_key(reference, taskset, bits, group_size, layers=None, paths=None):
+def cache_key(reference, taskset, bits, group_size, layers=None, paths=None, method=()):
     """16 hex digits: weights, split, candidates, layers (or units), :data:`VERSION`, model
-    settings."""
+    settings; ``method`` (a learned quantizer's name, settings and fit-split fingerprint) when
+    the table is not round-to-nearest's."""
     from variants.arch.activations import module_fingerprint
 
     return reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
                                sorted(int(b) for b in bits), int(group_size), layers or "",
-                               "sensitivity", VERSION, *([list(paths)] if paths else []))
+                               "sensitivity", VERSION, *([list(paths)] if paths else []),
+                               *([list(method)] if method else []))
 
 
 def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_size=64,
-                   layers=None, batch_size=32, progress=None, log=None, paths=None):
+                   layers=None, batch_size=32, progress=None, log=None, paths=None,
+                   round_trip=None, method=()):
     """:func:`measure`, read from / written (atomically) to
-    ``cache_dir/sensitivity/<model>-<key>.csv``. Returns ``(frame, path, cached)``."""
+    ``cache_dir/sensitivity/<model>-<key>.csv`` (``method``: what identifies ``round_trip``,
+    in the key). Returns ``(frame, path, cached)``."""
     from runs.io import write_csv
 
-    key = cache_key(reference, taskset, bits, group_size, layers, paths)
+    key = cache_key(reference, taskset, bits, group_size, layers, paths, method)
     path = Path(cache_dir) / "sensitivity" / f"{reference.name}-{key}.csv"
     if path.exists():
         frame = pd.read_csv(path)
@@ -183,7 +194,8 @@ def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_si
                 log(f"sensitivity loaded from {path}")
             return frame, path, True
     frame = measure(reference, taskset, bits=bits, group_size=group_size, layers=layers,
-                    batch_size=batch_size, progress=progress, paths=paths)
+                    batch_size=batch_size, progress=progress, paths=paths,
+                    round_trip=round_trip)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_csv(path, frame)
     if log:

@@ -69,7 +69,7 @@ def _rel(err, W, G):
     return float(err / base) if base > 0 else 0.0
 
 
-def _learn(reference, cfg, paths, settings, stats, cache_dir=None):
+def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True):
     """AWQ or GPTQ of ``paths``: {path: (codes, scales, biases, input_scale|None)} and the
     per-layer rows (relative output errors of RTN and of the method on the fit statistics,
     ``learn_s``: the layer's learning seconds, ``reused``: read from the per-layer cache,
@@ -79,7 +79,7 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None):
     mods = dict(reference.module.named_modules())
     out, rows, sites = {}, [], {}
     for path in tqdm(paths, desc=f"{cfg.method} layers", unit="layer", leave=False,
-                     disable=None):
+                     disable=None if progress else True):
         bits, gs = settings[path]
         W = np.array(mods[path].weight, np.float32)
         site = activations.input_site(path)
@@ -214,6 +214,30 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
         write_npz(whole, arrays)
     facts["cached"] = bool(rows) and n_reused == len(rows)
     return layers, facts
+
+
+def round_trip(reference, method, fit, cache_dir=None, log=None):
+    """``(path, bits, group_size) -> (o, n) float32 array``: one encoder Linear of the reference
+    quantized alone by ``method`` (``awq`` or ``gptq``, learned on ``fit`` exactly as a build
+    learns it, through the per-layer cache) and dequantized (times AWQ's input scale): the
+    weight the simulated build uses for that Linear. Raises ValueError on bad input (as
+    :func:`build`)."""
+    from variants.families.quant.config import QuantConfig
+
+    if method not in ("awq", "gptq"):
+        raise ValueError(f"round_trip: {method!r} is not learned per Linear; use awq or gptq")
+    check_inputs(QuantConfig(method=method), fit)
+    stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
+
+    def weight(path, bits, group_size):
+        cfg = QuantConfig(bits=bits, group_size=group_size, method=method)
+        layers, _ = _learn(reference, cfg, [path], {path: (bits, group_size)}, stats, cache_dir,
+                           progress=False)
+        codes, scales, biases, inv = layers[path]
+        deq = affine_codes.dequantize(codes, scales, biases, group_size)
+        return (deq if inv is None else deq * inv).astype(np.float32)
+
+    return weight
 
 
 def _dense(module):
