@@ -145,7 +145,7 @@ class Search:
                 table = method_sensitivity(self.state, method, sub, self.layers, self.opts,
                                            self.log)
                 if table:
-                    self.method_sens[method] = dict(sens, **table)
+                    self.method_sens[method] = {**sens, **table}
         return sens
 
     # -- candidates ----------------------------------------------------------------------------
