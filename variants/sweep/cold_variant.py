@@ -32,7 +32,10 @@ def variant_cold_start(sweep, family, vcfg, timing_sets, model=None):
 
     ``model``: the variant as built in the speed mode (the one just timed); None = built here
     when an artifact is needed. The folder is written under the system's temporary directory
-    and removed after the measurement (its writing counts as ``cold_start`` time).
+    and removed after the measurement (its writing counts as ``cold_start`` time). When the
+    folder cannot be written, or the child cannot load it, the cold start is measured from the
+    fp32 checkpoint + build instead (its ``source`` says so; ``artifact_error`` the child's
+    error).
     """
     if not from_artifact(sweep, family):
         return sweep._cold_start(cold_start_spec(sweep, timing_sets, family, vcfg), vcfg.name)
@@ -54,5 +57,11 @@ def variant_cold_start(sweep, family, vcfg, timing_sets, model=None):
                 return sweep._cold_start(cold_start_spec(sweep, timing_sets, family, vcfg),
                                          vcfg.name)
         del model
-        return sweep._cold_start(cold_start_spec(sweep, timing_sets, family, vcfg,
-                                                 artifact=folder), vcfg.name)
+        res = sweep._cold_start(cold_start_spec(sweep, timing_sets, family, vcfg,
+                                                artifact=folder), vcfg.name)
+    if "error" in res:  # e.g. a factory model the folder cannot rebuild: the old way, said so
+        sweep.log(f"{vcfg.name}: its weights folder did not load in a fresh process; cold start "
+                  "from the fp32 checkpoint + build instead")
+        res = dict(sweep._cold_start(cold_start_spec(sweep, timing_sets, family, vcfg),
+                                     vcfg.name), artifact_error=res["error"])
+    return res
