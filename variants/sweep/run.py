@@ -141,7 +141,7 @@ class Sweep:
                      f"{res['total_s']:.2f} s (import {res['import_s']:.2f}, "
                      f"weights {res['weight_load_s']:.2f}, build {res['build_s']:.2f}, first "
                      f"forward {res['first_forward_ms']:.0f} ms at B={res['batch_size']}; "
-                     f"load-time peak {res['load_peak_memory_bytes'] / 1e6:.1f} MB)")
+                     f"load-time peak {res.get('load_peak_memory_bytes', 0) / 1e6:.1f} MB)")
         return res
 
     def reference_cold_start(self, timing_sets):
