@@ -54,10 +54,10 @@ def configure(sub):
                         "awq, gptq, dwq; the strategy is walked once per method, each with "
                         "its own --max-candidates; learned methods read the fit split; dwq "
                         "trains per candidate and is slow)")
-    p.add_argument("--rtn-sensitivity", action="store_false", dest="method_sensitivity",
-                   help="walk every --quant-method on round-to-nearest's per-layer "
-                        "sensitivity (default: awq and gptq walk on their own, each encoder "
-                        "Linear quantized alone by the method; dwq always uses rtn's)")
+    p.add_argument("--method-sensitivity", action="store_true",
+                   help="awq and gptq walk on their own per-layer sensitivity (each encoder "
+                        "Linear quantized alone by the method) instead of round-to-nearest's "
+                        "(default: every method walks on round-to-nearest's; dwq always does)")
     p.add_argument("--w8a8", action="store_true",
                    help="each Linear may also run as W8A8 (int8 weights and per-token int8 "
                         "activations on oneDNN's integer GEMM), priced by --cost; meant for "
