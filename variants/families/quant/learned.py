@@ -201,8 +201,9 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     n_reused = sum(bool(r.get("reused")) for r in rows)
     facts = {"paths": paths, "layers": rows, "build_s": time.perf_counter() - t0 + reused_s,
              "fit_rows": len(fit), "layers_reused": n_reused, **extra}
-    if cfg.method == "dwq" and sfacts.get("cached"):  # the whole method's time: GPTQ's too
-        facts["build_s"] += sfacts["build_s"]
+    if cfg.method == "dwq":  # the whole method's time: the re-used GPTQ layers' too
+        facts["build_s"] += sum(r.get("learn_s", 0.0) for r in sfacts["layers"]
+                                if r.get("reused"))
     if whole is not None:
         from runs.io import write_npz
 
