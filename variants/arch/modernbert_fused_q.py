@@ -24,6 +24,9 @@ identity), the activation is in :data:`variants.arch.modernbert_fused.ACTS`, and
 attention mode is not ``masked``. Low-rank or pruned Linears and quantized Linears on another
 kernel (``quantized_matmul``, ``unpack+gemm``, ``dequant+gemm``) take the plain path. Timing
 records name it :data:`NAME` (:func:`used_by`).
+
+W8A8 layers (every projection a native :class:`variants.runtime.int8_linear.Int8Linear`) run in the
+same stack as :mod:`variants.arch.modernbert_fused_i8`'s op (``fused-mbert-int8layer-cpp``).
 """
 
 import os
