@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace mlx::core {
 
@@ -38,6 +39,31 @@ struct I8Proj {
 // std::nearbyint in the default mode, and vectorizable
 FL_INLINE float round_small(float t) { return (t + 12582912.0f) - 12582912.0f; }
 
+// (min(x, 0), max(x, 0)) over k values, by 8-lane vectors: GCC 12 leaves the `omp simd` min /
+// max reduction scalar (vminss / vmaxss: ~9% of a ModernBERT int8 layer at 128 rows); min and
+// max are exact, so the lanes' order changes nothing (the same floats as int8_linear's loop)
+typedef float f8v __attribute__((vector_size(32)));
+
+FL_INLINE void min_max0(const float* x, int k, float& lo, float& hi) {
+  f8v lo8 = {}, hi8 = {};
+  int j = 0;
+  for (; j + 8 <= k; j += 8) {
+    f8v v;
+    std::memcpy(&v, x + j, sizeof(v));
+    lo8 = v < lo8 ? v : lo8;
+    hi8 = v > hi8 ? v : hi8;
+  }
+  lo = 0.0f, hi = 0.0f;
+  for (int t = 0; t < 8; ++t) {
+    lo = lo8[t] < lo ? lo8[t] : lo;
+    hi = hi8[t] > hi ? hi8[t] : hi;
+  }
+  for (; j < k; ++j) {
+    lo = x[j] < lo ? x[j] : lo;
+    hi = x[j] > hi ? x[j] : hi;
+  }
+}
+
 // int8_linear.cpp's quantize_row: the same operations in the same order; sm: 1/s or null, tmp:
 // k floats (GCC 12 vectorizes the code loop without `omp simd`, not with it)
 FL_INLINE void quantize_row8(const float* x, const float* sm, int k, float* tmp,
@@ -47,12 +73,8 @@ FL_INLINE void quantize_row8(const float* x, const float* sm, int k, float* tmp,
     for (int j = 0; j < k; ++j) tmp[j] = x[j] * sm[j];
     src = tmp;
   }
-  float lo = 0.0f, hi = 0.0f;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-  for (int j = 0; j < k; ++j) {
-    lo = std::min(lo, src[j]);
-    hi = std::max(hi, src[j]);
-  }
+  float lo, hi;
+  min_max0(src, k, lo, hi);
   float s = (hi - lo) / 255.0f;
   if (!(s > 0.0f)) s = 1.0f;
   float z = round_small(-lo / s);
