@@ -36,9 +36,8 @@ Our W8A8 (``--engines mlx ort32 ort8 w8a8``, B=1/32 x L=24/128, 9 rounds, load 1
 1.49x [1.31, 1.65] ORT int8's speed. Against the fp32 build with vectorized GELU / exp loops
 (``-fno-trapping-math``; load 5-7): 1.97x [1.72, 2.68] and 2.46x [2.36, 2.61]; 0.72x
 [0.40, 0.77] and 1.50x [1.47, 1.65] ORT int8's. ModernBERT (3 layers, ``--batch 1 32``, its
-layers compiled, load 11-15): 2.82x [2.66, 3.22] our fp32 and 1.30x [1.23, 1.36] ORT int8's at
-B=32 L=128, 1.56x [1.41, 7.55] and 0.09x [0.07, 0.61] at B=1 L=24 (B=1 is the load's there;
-docs/w8a8.md).
+layers compiled, load 7-9): 2.86x [2.67, 2.91] our fp32 and 1.44x [1.35, 1.47] ORT int8's at
+B=32 L=128, 2.36x [1.51, 5.14] and 0.67x [0.30, 1.73] at B=1 L=24 (docs/w8a8.md).
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
