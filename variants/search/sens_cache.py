@@ -75,11 +75,11 @@ def _unit_file(folder, path):
 
 def read_unit(folder, path):
     """{bits: row tuple} cached for unit ``path`` ({} when none). Floats are read back exactly
-    (``float_precision="round_trip"``)."""
+    (pandas writes the shortest repr and, from 3.0, parses it round-trip)."""
     f = _unit_file(folder, path)
     if not f.exists():
         return {}
-    frame = pd.read_csv(f, float_precision="round_trip")
+    frame = pd.read_csv(f)
     if list(frame.columns) != sens.COLUMNS:
         return {}
     return {int(r.bits): (r.layer, int(r.bits), int(r.group_size), float(r.max_abs_dlogit),
@@ -98,7 +98,7 @@ def write_unit(folder, path, rows):
               pd.DataFrame([have[b] for b in sorted(have)], columns=sens.COLUMNS))
 
 
-def measure_cached(reference, taskset, cache_dir, *, paths, bits, group_size, batch_size=32,
+def measure_cached(reference, taskset, cache_dir, *, paths, bits, group_size=64, batch_size=32,
                    executor=None, remote=None, progress=None, log=None):
     """The sensitivity rows of ``paths`` x ``bits`` on ``taskset``, read from the cache or
     measured now (missing units only).
