@@ -10,7 +10,8 @@ def add(p, units, note=""):
                         "(--workers spawned processes) or ray (--workers Ray actors; needs the "
                         "ray extra). Results are the same whichever is chosen" + note)
     p.add_argument("--workers", type=int, default=1,
-                   help=f"{units} run at once (process / ray; local runs 1)")
+                   help=f"how many of the {units} run at once (process / ray; local runs "
+                        "one)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="a running Ray cluster (host:port, ray://host:10001 or auto); None = "
                         "RAY_ADDRESS, else a local Ray with --workers CPUs")

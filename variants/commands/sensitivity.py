@@ -84,7 +84,7 @@ def configure(sub):
     p.add_argument("--results-dir", default=d.results_dir, help="holds .cache/")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (None = RESULTS_DIR/sensitivity/<model>)")
-    executor_flags.add(p, "units (one unit = one layer or table at every width asked)")
+    executor_flags.add(p, "units (a unit: one layer or table at every width asked)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run)
     return p

@@ -141,12 +141,18 @@ def premeasure(sweep):
     if not todo:
         return
 
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc="quality passes", unit="variant",
+               disable=not sweep.cfg.progress)
+
     def on_result(i, spec, res):
+        bar.update(1)
         if "error" not in res:  # lost twice: quality_outputs builds it in this process
             sweep.premeasured[spec["vcfg"].name] = res
 
     sweep.log(f"quality pass of {len(todo)} variant(s) on {ex.workers} {ex.kind} worker(s); "
               "timing follows here, one variant at a time")
-    with sweep.clock("variant_forward"), ex:
+    with sweep.clock("variant_forward"), ex, bar:
         ex.run(init_worker, (payload(sweep.cfg),), run_variant,
                [{"vcfg": v} for v in todo], on_result)
