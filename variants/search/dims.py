@@ -129,13 +129,16 @@ def int8_sensitivity(reference, taskset, paths, cache_dir=None, batch_size=32, l
 def method_sensitivity(state, method, taskset, units, opts, log=None):
     """``{(path, bits): kl_mean}`` of ``method`` (``awq``, ``gptq``) for the encoder Linears
     among ``units``: each quantized alone by the method (learned on the fit split the head was
-    fitted on, through the per-layer cache) on ``taskset`` (the search's sensitivity rows);
-    {} for a method without per-Linear learning (``rtn``, ``dwq``) or no fit rows. Cached
-    under ``cache_dir/sensitivity/`` with the method, its settings and the fit split's
-    fingerprint in the key (:func:`variants.search.sensitivity.cached_measure`)."""
+    fitted on, through the per-layer cache) on ``taskset`` (the search's sensitivity rows),
+    :func:`variants.search.sensitivity.measure` with the method's round trip; {} for a method
+    without per-Linear learning (``rtn``, ``dwq``) or no fit rows. Cached as CSV under
+    ``cache_dir/sensitivity/<model>-<method>-<key>.csv``, the key over the reference's weights,
+    the rows, widths, group size, Linears, the method, its settings and the fit split."""
     if method not in ("awq", "gptq"):
         return {}
-    from variants.arch.activations import target_linears
+    import pandas as pd
+
+    from variants.arch.activations import module_fingerprint, target_linears
     from variants.families.quant import learned
     from variants.search import sensitivity
 
@@ -147,9 +150,26 @@ def method_sensitivity(state, method, taskset, units, opts, log=None):
     linears = [p for p in target_linears(reference.module) if p in set(units)]
     if not linears:
         return {}
-    weight = learned.round_trip(reference, method, fit, cache, log)
-    frame, _, _ = sensitivity.cached_measure(
-        reference, taskset, cache, bits=opts.bits, group_size=opts.group_size, log=log,
-        paths=linears, round_trip=weight,
-        method=(method, learned.SETTINGS[method], fit.fingerprint(), learned.VERSION))
+    key = reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
+                              sorted(int(b) for b in opts.bits), int(opts.group_size), linears,
+                              method, learned.SETTINGS[method], fit.fingerprint(),
+                              learned.VERSION, "method-sensitivity", VERSION)
+    path = cache / "sensitivity" / f"{reference.name}-{method}-{key}.csv"
+    frame = None
+    if path.exists():
+        try:
+            frame = pd.read_csv(path)
+        except (OSError, ValueError):
+            frame = None
+    if frame is None or list(frame.columns) != sensitivity.COLUMNS or not len(frame):
+        weight = learned.round_trip(reference, method, fit, cache, log)
+        frame = sensitivity.measure(reference, taskset, bits=opts.bits,
+                                    group_size=opts.group_size, paths=linears,
+                                    round_trip=weight)
+        from runs.io import write_csv
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_csv(path, frame)
+        if log:
+            log(f"{method} sensitivity cached in {path}")
     return {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
