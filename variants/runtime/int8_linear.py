@@ -9,9 +9,13 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.runtime import qkernel
+from variants.runtime.derived import DerivedWeights
 
-#: the kernel names timing records give a W8A8 Linear's calls
-NAMES = {"native": "int8-gemm-dnnl", "simulated": "w8a8-simulated"}
+#: the kernel names timing records give a W8A8 Linear's calls: oneDNN's matmul primitive on
+#: weights reordered once (:func:`prepacked`), oneDNN's ``dnnl_gemm_u8s8s32`` (re-packs the
+#: weight every call; where the build has no matmul primitive for it), or simulated in MLX
+NAMES = {"prepacked": "int8-matmul-dnnl-prepacked", "native": "int8-gemm-dnnl",
+         "simulated": "w8a8-simulated"}
 
 
 def quantize_weight(w):
@@ -40,6 +44,27 @@ def _kernel():
     return k if k is not None and k.has_dnnl() else None
 
 
+def prepacked(module, wq):
+    """``wq`` int8 (N, K) reordered once into the layout of oneDNN's matmul primitive (a uint8
+    blob, ``qkernel.int8_prepack``), cached on ``module`` until ``wq`` is replaced (a plain
+    object: not a parameter, not saved, a deep copy rebuilds it); None without the compiled op
+    or where oneDNN has no such primitive."""
+    k = _kernel()
+    if k is None or not hasattr(k, "int8_prepack"):
+        return None
+    cache = module.__dict__.get("_prepack")
+    if cache is None:
+        cache = module.__dict__["_prepack"] = DerivedWeights()
+
+    def build():
+        blob = k.int8_prepack(wq)
+        if blob is not None:
+            mx.eval(blob)
+        return blob
+
+    return cache.get((wq,), build)
+
+
 class Int8Linear(nn.Module):
     """A W8A8 Linear: ``x`` (..., in) float32 -> (..., out) float32 (module docstring).
 
@@ -59,11 +84,17 @@ class Int8Linear(nn.Module):
         if "bias" in linear:
             self.bias = linear.bias.astype(mx.float32)
         self._native = bool(native)
+        if self._native:
+            prepacked(self, self.wq)  # made once with the variant (then reused by every call)
 
     @property
     def kernel(self):
-        """``int8-gemm-dnnl`` when calls run the compiled integer GEMM, else ``w8a8-simulated``."""
-        return NAMES["native"] if self._native and _kernel() is not None else NAMES["simulated"]
+        """``int8-matmul-dnnl-prepacked`` when calls run oneDNN's matmul primitive on the
+        prepacked weight, ``int8-gemm-dnnl`` when they run ``dnnl_gemm_u8s8s32``, else
+        ``w8a8-simulated``."""
+        if not (self._native and _kernel() is not None):
+            return NAMES["simulated"]
+        return NAMES["native"] if prepacked(self, self["wq"]) is None else NAMES["prepacked"]
 
     def simulated(self, x):
         """The same quantization in MLX, dequantized values multiplied in fp32."""
@@ -80,4 +111,5 @@ class Int8Linear(nn.Module):
             return self.simulated(x)
         return k.int8_linear(x, self["wq"], self["w_scale"], self["colsum"],
                              self["bias"] if "bias" in self else None,
-                             self["inv_smooth"] if "inv_smooth" in self else None)
+                             self["inv_smooth"] if "inv_smooth" in self else None,
+                             prepacked(self, self["wq"]))
