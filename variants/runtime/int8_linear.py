@@ -44,25 +44,24 @@ def _kernel():
     return k if k is not None and k.has_dnnl() else None
 
 
+def can_prepack(wq):
+    """Whether the compiled op can reorder ``wq`` (N, K) for oneDNN's matmul primitive."""
+    k = _kernel()
+    return (k is not None and hasattr(k, "int8_prepack_bytes")
+            and k.int8_prepack_bytes(*wq.shape) > 0)
+
+
 def prepacked(module, wq):
     """``wq`` int8 (N, K) reordered once into the layout of oneDNN's matmul primitive (a uint8
-    blob, ``qkernel.int8_prepack``), cached on ``module`` until ``wq`` is replaced (a plain
-    object: not a parameter, not saved, a deep copy rebuilds it); None without the compiled op
-    or where oneDNN has no such primitive."""
-    k = _kernel()
-    if k is None or not hasattr(k, "int8_prepack"):
+    blob, ``qkernel.int8_prepack``), made on the first native call and cached on ``module``
+    until ``wq`` is replaced (a plain object: not a parameter, not saved; a deep copy makes its
+    own); None where :func:`can_prepack` is False."""
+    if not can_prepack(wq):
         return None
     cache = module.__dict__.get("_prepack")
     if cache is None:
         cache = module.__dict__["_prepack"] = DerivedWeights()
-
-    def build():
-        blob = k.int8_prepack(wq)
-        if blob is not None:
-            mx.eval(blob)
-        return blob
-
-    return cache.get((wq,), build)
+    return cache.get((wq,), lambda: _kernel().int8_prepack(wq))
 
 
 class Int8Linear(nn.Module):
@@ -84,8 +83,6 @@ class Int8Linear(nn.Module):
         if "bias" in linear:
             self.bias = linear.bias.astype(mx.float32)
         self._native = bool(native)
-        if self._native:
-            prepacked(self, self.wq)  # made once with the variant (then reused by every call)
 
     @property
     def kernel(self):
@@ -94,7 +91,7 @@ class Int8Linear(nn.Module):
         ``w8a8-simulated``."""
         if not (self._native and _kernel() is not None):
             return NAMES["simulated"]
-        return NAMES["native"] if prepacked(self, self["wq"]) is None else NAMES["prepacked"]
+        return NAMES["prepacked"] if can_prepack(self["wq"]) else NAMES["native"]
 
     def simulated(self, x):
         """The same quantization in MLX, dequantized values multiplied in fp32."""

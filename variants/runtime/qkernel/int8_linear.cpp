@@ -308,6 +308,8 @@ void register_int8_linear(nb::module_& m) {
   m.def("int8_prepack", &int8_prepack_cpu, "wq"_a,
         "wq int8 (N, K) reordered once for oneDNN's matmul primitive: a uint8 blob to pass as "
         "`packed` (int8_prepack.h), or None where no such primitive exists.");
+  m.def("int8_prepack_bytes", &int8_prepack_bytes, "n"_a, "k"_a,
+        "Bytes of int8_prepack's blob of an int8 weight (n, k); 0 where none can be made.");
   m.def("int8_prepack_impl", &int8_prepack_impl, "m"_a, "n"_a, "k"_a,
         "oneDNN's implementation of the prepacked matmul for (M, N, K) ('' when none).");
   m.def("int8_prepack_refusals", &int8_prepack_refusals,
