@@ -316,7 +316,7 @@ void register_int8_linear(nb::module_& m) {
         "Calls whose blob did not fit (they ran dnnl_gemm_u8s8s32) since the process started.");
   m.def("int8_gemm", &int8_gemm_cpu, "a"_a, "b"_a, "packed"_a = nb::none(),
         "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K): the prepacked matmul "
-        "with packed = int8_prepack(b), else dnnl_gemm_u8s8s32.");
+        "with packed = int8_prepack(b) up to 512 rows, else dnnl_gemm_u8s8s32.");
   m.def("int8_linear", &int8_linear_cpu, "x"_a, "wq"_a, "w_scale"_a, "colsum"_a,
         "bias"_a = nb::none(), "inv_smooth"_a = nb::none(), "packed"_a = nb::none(),
         "W8A8 Linear: x (..., in) float32 quantized per row to uint8, times int8 wq (out, in) "
