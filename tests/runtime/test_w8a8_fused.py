@@ -222,3 +222,19 @@ def test_prepacked_layer_is_bit_identical_to_the_plain_gemm(qk, variant, hidden,
         np.testing.assert_array_equal(fast, plain)
         assert np.abs(fast).max() > 1.0
     assert qk.int8_prepack_refusals() == refused
+
+
+def test_weights_memo_follows_the_modules_arrays(qk, variant):
+    """i8weights answers from its memo while nothing changed, and anew when an array or a
+    module's native flag is replaced."""
+    import copy
+
+    layer = copy.deepcopy(variant.module.encoder.layers[1])
+    first = fused_layer.i8weights(layer)
+    assert fused_layer.i8weights(layer) is first
+    layer.intermediate.bias = layer.intermediate["bias"] + 1.0
+    second = fused_layer.i8weights(layer)
+    assert second is not first and second[0][11] is layer.intermediate["bias"]
+    assert second[4][0] is first[4][0]  # q|k|v unchanged: its stacked blob is kept
+    layer.intermediate._native = False  # now simulated: the layer leaves the compiled op
+    assert fused_layer.i8weights(layer) is None

@@ -224,7 +224,7 @@ def _i8weights(layer, att, mods, n1, n2):
             or att.n_heads * att.head_dim != D):
         return None
     keys = ("wq", "w_scale", "colsum", "bias")
-    sources = tuple(m[k] for m in mods for k in keys + ("inv_smooth",) if k in m)
+    sources = tuple(m[k] for m in mods[:3] for k in keys + ("inv_smooth",) if k in m)
     cache = getattr(layer, "_fused_int8", None)
     if cache is None:
         cache = layer._fused_int8 = DerivedWeights()
