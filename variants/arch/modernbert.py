@@ -176,8 +176,9 @@ def sanitize(weights):
 
 def fast_forward(encoder, x, mask, mode):
     """The layer stack of ``encoder`` on embeddings ``x`` (B, L, D) with ``mask`` (B, L) NumPy
-    0/1, before ``final_norm``, on the fastest path that applies: quantized layers as one
-    compiled op each (:mod:`variants.arch.modernbert_fused_q`), fp32 layers as one compiled op each
+    0/1, before ``final_norm``, on the fastest path that applies: quantized and W8A8 layers as
+    one compiled op each (:mod:`variants.arch.modernbert_fused_q`,
+    :mod:`variants.arch.modernbert_fused_i8`), fp32 layers as one compiled op each
     (:mod:`variants.arch.modernbert_fused`), else the MLX fast path
     (:func:`variants.arch.modernbert_fast.forward`). None when none applies (a layer that is not
     plain, or MLX's default device is not the CPU): the caller then runs the plain path."""
@@ -190,7 +191,8 @@ def fast_forward(encoder, x, mask, mode):
 
 
 def compiled_paths(module):
-    """``"fused-mbert-layer-cpp"`` / ``"fused-mbert-qlayer-cpp"`` (comma-joined when mixed) when
+    """``"fused-mbert-layer-cpp"`` / ``"fused-mbert-qlayer-cpp"`` / ``"fused-mbert-int8layer-cpp"``
+    (comma-joined when mixed) when
     a ModernBERT encoder inside ``module`` (an ``nn.Module``) runs its layers as compiled ops
     (:mod:`variants.arch.modernbert_fused`, :mod:`variants.arch.modernbert_fused_q`), else None: for
     timing records."""

@@ -23,8 +23,8 @@
 // q's scale, the activation) runs on it row by row, and no MLX op runs in between.
 // `threads` >= 2: each phase split in two parts (heads, output columns, rows) over
 // fused_common.h's helper thread (the GEMMs then run on column slices of the weights:
-// dnnl_gemm_u8s8s32, the blobs cover whole weights only); each part quantizes the whole input of its GEMM (a few
-// microseconds at the few rows where two parts run) so the phases stay six.
+// dnnl_gemm_u8s8s32, the blobs cover whole weights only); each part quantizes the whole input
+// of its GEMM (a few microseconds at the few rows where two parts run) so the phases stay six.
 // Scratch (activations, codes, row scales) comes from MLX's allocator (counts in
 // mx.get_peak_memory()).
 
@@ -50,30 +50,16 @@
 #include "mlx/utils.h"
 
 #include "fused_common.h"  // row loops, attention, the helper thread
-#include "int8_prepack.h"  // the integer GEMMs
+#include "fused_int8.h"    // the quantizer, the epilogue's value, the integer GEMM
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace mlx::core {
 
-bool int8_has_dnnl();  // int8_linear.cpp
-
 namespace {
 
 constexpr int kGemms = 4;  // q|k|v stacked, out, intermediate, output
-
-// the int32 product is written over its float32 result and the epilogue converts it in place
-// (the file compiles with -fno-strict-aliasing; a may_alias type would not vectorize)
-typedef int32_t i32a;
-
-struct I8Proj {
-  const int8_t* w;  // (n, k) row-major
-  const float *ws, *bias;
-  const int32_t* colsum;
-  const uint8_t* packed;  // int8_prepack.h's blob of w, or null
-  int n;                  // rows of w
-};
 
 struct I8Args {
   const float *x, *kb, *g1, *be1, *g2, *be2;
@@ -90,46 +76,11 @@ struct I8Args {
   float eps1, eps2, q_scale;
 };
 
-// int8_linear.cpp's quantize_row: same operations in the same order. round(t) for |t| <= 255
-// as (t + 1.5 * 2^23) - 1.5 * 2^23: round half to even, as std::nearbyint in the default mode,
-// and vectorizable
-FL_INLINE float round_small(float t) { return (t + 12582912.0f) - 12582912.0f; }
-
-// (GCC 12 vectorizes the code loop without `omp simd`, not with it)
-FL_INLINE void quantize_row8(const float* x, const float* sm, int k, float* tmp,
-                             uint8_t* __restrict q, float& scale, int32_t& zp) {
-  const float* src = x;
-  if (sm) {
-    for (int j = 0; j < k; ++j) tmp[j] = x[j] * sm[j];
-    src = tmp;
-  }
-  float lo = 0.0f, hi = 0.0f;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-  for (int j = 0; j < k; ++j) {
-    lo = std::min(lo, src[j]);
-    hi = std::max(hi, src[j]);
-  }
-  float s = (hi - lo) / 255.0f;
-  if (!(s > 0.0f)) s = 1.0f;
-  float z = round_small(-lo / s);
-  z = std::min(255.0f, std::max(0.0f, z));
-  for (int j = 0; j < k; ++j) {
-    float v = round_small(src[j] / s) + z;
-    v = std::min(255.0f, std::max(0.0f, v));
-    q[j] = uint8_t(int32_t(v));
-  }
-  scale = s;
-  zp = int32_t(z);
-}
-
 // every row of x (rows, k) of part p into its codes, scales and zero points
-FL_INLINE void quantize_rows8(const I8Args& a, const float* x, int k, const float* sm, int p) {
-  float* rs = a.rs + int64_t(p) * a.rows;
-  int32_t* zp = a.zp + int64_t(p) * a.rows;
-  uint8_t* q = a.codes + int64_t(p) * a.rows * a.wmax;
-  float* tmp = a.tmp + int64_t(p) * a.wmax;
-  for (int i = 0; i < a.rows; ++i)
-    quantize_row8(x + int64_t(i) * k, sm, k, tmp, q + int64_t(i) * k, rs[i], zp[i]);
+FL_INLINE void quantize_part(const I8Args& a, const float* x, int k, const float* sm, int p) {
+  quantize_rows8(x, k, a.rows, k, sm, a.tmp + int64_t(p) * a.wmax,
+                 a.codes + int64_t(p) * a.rows * a.wmax, a.rs + int64_t(p) * a.rows,
+                 a.zp + int64_t(p) * a.rows);
 }
 
 // columns [c0, c1) of c (rows, ldc), as int32: part p's codes times rows [w0 + c0, w0 + c1)
@@ -137,11 +88,10 @@ FL_INLINE void quantize_rows8(const I8Args& a, const float* x, int k, const floa
 FL_INLINE void gemm_cols(const I8Args& a, int g, int k, int w0, int c0, int c1, float* c,
                          int ldc, int p) {
   if (c1 <= c0 || a.rows == 0) return;
-  const uint8_t* q = a.codes + int64_t(p) * a.rows * a.wmax;
-  i32a* ci = reinterpret_cast<i32a*>(c) + c0;
   const bool whole = w0 == 0 && c0 == 0 && c1 == a.pr[g].n;  // the blob covers whole weights
-  int8_gemm_any(a.rows, c1 - c0, k, q, k, whole ? a.pr[g].packed : nullptr,
-                a.pr[g].w + int64_t(w0 + c0) * k, k, (int32_t*)ci, ldc);
+  int8_gemm_rows(a.rows, c1 - c0, k, a.codes + int64_t(p) * a.rows * a.wmax,
+                 a.pr[g].w + int64_t(w0 + c0) * k, c + c0, ldc,
+                 whole ? a.pr[g].packed : nullptr);
 }
 
 // the fp32 epilogue of one row, in place over columns [c0, c1); POST: -1 none, 0 erf GELU,
@@ -151,7 +101,7 @@ FL_INLINE void epilogue_row(const i32a* src, float* dst, int c0, int c1, float s
                             const float* ws, const int32_t* cs, const float* b, float q_scale) {
 #pragma omp simd
   for (int j = c0; j < c1; ++j) {
-    float v = (si * ws[j]) * float(src[j] - zi * cs[j]);
+    float v = int8_value(src[j], si, zi, ws[j], cs[j]);
     v = v + b[j];
     if (POST == 2) v = v * q_scale;
     if (POST == 0) v = gelu_erf(v);
@@ -197,7 +147,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     cut(a.heads, 1, p, n, h0, h1);
     lo = h0 * hd, hi = h1 * hd;
     if (a.qkv_shared) {
-      quantize_rows8(a, a.x, D, a.smooth[0], p);
+      quantize_part(a, a.x, D, a.smooth[0], p);
       if (lo == 0 && hi == D) {  // all heads: one GEMM on the stacked weight, then epilogues
         gemm_cols(a, 0, D, 0, 0, D3, a.qkv, D3, p);
         epilogue(a, 0, 0, 0, D, a.qkv, D3, p, 2);
@@ -208,7 +158,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
       }
     } else {
       for (int j = 0; j < 3; ++j) {
-        quantize_rows8(a, a.x, D, a.smooth[j], p);
+        quantize_part(a, a.x, D, a.smooth[j], p);
         int8_gemm_cols(a, 0, D, j * D, lo, hi, a.qkv + j * D, D3, p, j == 0 ? 2 : -1);
       }
     }
@@ -216,7 +166,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
       attend_heads(a.qkv, a.ctx, a.scores + int64_t(p) * a.lmax * a.lmax, a.lens, a.n_seqs, a.kb,
                    D, hd, h0, h1, a.lmax);
   } else if (k == 1) {  // h = out(ctx), this part's columns
-    quantize_rows8(a, a.ctx, D, a.smooth[3], p);
+    quantize_part(a, a.ctx, D, a.smooth[3], p);
     cut(D, 16, p, n, lo, hi);
     int8_gemm_cols(a, 1, D, 0, lo, hi, a.h, D, p, -1);
   } else if (k == 2) {  // h = LN1(x + h), this part's rows
@@ -224,11 +174,11 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     for (int64_t i = lo; i < hi; ++i)
       add_layer_norm_row(a.x + i * D, a.h + i * D, a.g1, a.be1, a.eps1, a.h + i * D, D);
   } else if (k == 3) {  // inter = act(intermediate(h)), this part's columns
-    quantize_rows8(a, a.h, D, a.smooth[4], p);
+    quantize_part(a, a.h, D, a.smooth[4], p);
     cut(F, 16, p, n, lo, hi);
     int8_gemm_cols(a, 2, D, 0, lo, hi, a.inter, F, p, a.act);
   } else if (k == 4) {  // y = output(inter), this part's columns
-    quantize_rows8(a, a.inter, F, a.smooth[5], p);
+    quantize_part(a, a.inter, F, a.smooth[5], p);
     cut(D, 16, p, n, lo, hi);
     int8_gemm_cols(a, 3, F, 0, lo, hi, a.y, D, p, -1);
   } else {  // y = LN2(h + y), this part's rows
