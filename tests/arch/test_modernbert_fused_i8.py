@@ -181,6 +181,23 @@ def test_layers_it_must_leave_to_the_plain_path_and_the_names(mk, models, runs):
     assert runs[0] == 0 and np.abs(fused - plain).max() == 0.0
 
 
+def test_layer_arguments_are_kept_until_a_module_or_array_changes(mk, models):
+    enc = _w8a8(models["modernbert_g2", "fp32"])
+    layer = enc.layers[1]
+    args = modernbert_fused_i8.i8layer_args(layer)
+    assert args is not None and modernbert_fused_i8.i8layer_args(layer) is args  # kept
+    wo = layer.attn.Wo
+    wo._native = False  # the same module, now simulated: not the compiled GEMM
+    assert modernbert_fused_i8.i8layer_args(layer) is None
+    wo._native = True
+    again = modernbert_fused_i8.i8layer_args(layer)
+    assert again is not args and again[0][4] is wo["wq"]
+    wo.bias = wo.bias + 1.0  # a replaced array: the op gets the new one
+    assert modernbert_fused_i8.i8layer_args(layer)[0][7] is wo["bias"]
+    layer.mlp.Wi = models["modernbert_g2", "fp32"].layers[1].mlp.Wi  # an fp32 Linear
+    assert modernbert_fused_i8.i8layer_args(layer) is None
+
+
 def test_bad_arguments_name_the_problem(mk, models):
     proj, smooth, norms, eps1, eps2, act = modernbert_fused_i8.i8layer_args(
         models["modernbert", "native"].layers[1])

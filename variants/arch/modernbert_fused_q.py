@@ -95,7 +95,7 @@ def _layer_args(layer):
     q = qlayer_args(layer)
     if q is not None:
         return "q", q
-    i8 = mi8.i8layer_args(layer) if mi8.kernel() is not None else None
+    i8 = mi8.i8layer_args(layer)
     if i8 is not None:
         return "i8", i8
     f = mf.layer_args(layer)
