@@ -27,6 +27,13 @@ from variants.runtime.derived import DerivedWeights
 
 #: the W8A8 layers' path name in timing records
 NAME = "fused-mbert-int8layer-cpp"
+#: B = 1 runs each W8A8 layer in two parts over the kernel's helper thread from this many real
+#: tokens (fp32 layers from :data:`variants.arch.modernbert_fused.SPLIT_ROWS_B1` = 8; the BERT
+#: layers from :data:`variants.runtime.parallel.MIN_ROWS`): the integer GEMMs of a few dozen rows
+#: take ~0.5 ms a layer, less than the helper's four hand-offs cost on a shared machine.
+#: Measured (3 ModernBERT-base layers, one process, alternated rounds, 2-core machine at load
+#: 4-5; p10 ms one part / two parts): L=24 2.6 / 7.0, 64 11.9 / 14.8, 128 20.3 / 22.7.
+SPLIT_ROWS_B1 = 32
 
 
 def kernel():
