@@ -15,6 +15,7 @@ or a verdict differ; 2: bad input (not an exported folder, a file missing or tam
 """
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,21 @@ def check_files(folder):
     return manifest
 
 
+def _dict(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object was expected, found {type(value).__name__}")
+    return value
+
+
+def _read(path, what, read):
+    """``read()``; an unreadable file is ExportError naming ``path`` and the fix."""
+    try:
+        return read()
+    except (ValueError, KeyError, TypeError, OSError, zipfile.BadZipFile) as e:
+        raise ExportError(f"{short_path(path)} cannot be read as {what} ({type(e).__name__}: "
+                          f"{short_repr(str(e))}); export the variant again") from None
+
+
 def verify(folder, tolerance=TOLERANCE, log=print):
     """Verify ``folder`` (module docstring). Returns a dict: ``max_abs_dlogit``,
     ``bit_identical``, ``changed`` (clause ids whose status differs), ``statuses``
@@ -82,7 +98,8 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     except CheckpointError as e:
         raise ExportError(str(e)) from None
     config = json.loads((folder / "config.json").read_text())
-    ts = load_taskset(folder / "eval_rows.npz")
+    ts = _read(folder / "eval_rows.npz", "the judged eval rows",
+               lambda: load_taskset(folder / "eval_rows.npz"))
     if ts.fingerprint() != manifest.get("data_fingerprint"):
         raise ExportError(f"{short_path(folder / 'eval_rows.npz')} is not the judged rows "
                           "(data fingerprint differs); export the variant again")
@@ -104,7 +121,8 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     ref_eval = fields(DecisionOutputs.load(j / "reference_outputs.npz", "outputs"))
     var_cal = fields(DecisionOutputs.load(j / "calibration_outputs.npz", "outputs"))
     contract = load_contract(str(folder / "contract.toml"))
-    saved = json.loads((folder / "verdict.json").read_text())
+    saved = _read(folder / "verdict.json", "a verdict",
+                  lambda: _dict(json.loads((folder / "verdict.json").read_text())))
     from runs.settings import resolve_settings
 
     settings = resolve_settings(contract, near_tie_margin=config["mlx_variants"].get(
