@@ -29,3 +29,13 @@ def test_already_quantized_layer_is_refused_and_fp32_passes():
     msg = str(e.value)
     assert "layer encoder.query is already quantized" in msg and "\n" not in msg, msg
     assert "pass the fp32 checkpoint it was exported from" in msg
+
+
+def test_lowrank_refuses_an_already_quantized_layer_too():
+    from variants.families.lowrank.build import check_model
+
+    packed = _Tiny()
+    nn.quantize(packed, group_size=64, bits=8)
+    with pytest.raises(ValueError, match=r"layer encoder\.query is already quantized .*"
+                                         r"--family lowrank builds from fp32 weights"):
+        check_model(packed, [])

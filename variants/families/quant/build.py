@@ -86,13 +86,7 @@ def check_model(module, cfgs, model=None):
     """Raise ValueError, before anything is written, for a layer already quantized (a
     checkpoint folder written by ``variants export``: its packed weights cannot be quantized
     again) or a map pattern no layer matches."""
-    done = [p for p, m in module.named_modules()
-            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
-    if done:
-        raise ValueError(f"the checkpoint's layer {min(done)} is already quantized (a folder "
-                         "written by variants export?), and quantizing packed weights again is "
-                         "not supported; pass the fp32 checkpoint it was exported from, or "
-                         "another --family")
+    qlinear.refuse_packed(module, "quant")
     heads, _ = heads_mod.head_paths(module, model)
     for cfg in cfgs:
         layer_settings(module, cfg, heads)
