@@ -36,7 +36,17 @@ def fitted(request, tmp_path_factory):
     frame = data.sample(data.split_frame(data.load_vader(), "calibration"), 14, seed=0)
     frame = frame.reset_index(drop=True)
     frame.loc[[3, 11], "text"] = [" ".join(frame.text[:4]), " ".join(frame.text[8:12])]
-    return name, model, source.make_taskset(frame)
+    ts = source.make_taskset(frame)
+    # the random head puts option 2 ahead on every row by 0.1-4: move the bias so that rows 0
+    # and 1 sit 2e-5 below a tie (0 vs 2, 1 vs 2), and some round trips flip them
+    logits = np.asarray(model.raw_logits(ts), np.float64)
+    head = model.module.classifier.classifier
+    shift = np.zeros(3)
+    shift[0] = logits[0, 2] - logits[0, 0] - 2e-5
+    shift[1] = logits[1, 2] - logits[1, 1] - 2e-5
+    head.bias = head.bias + mx.array(shift.astype(np.float32))
+    model._reset_caches()
+    return name, model, ts
 
 
 def _batches(model, ts):
@@ -73,6 +83,7 @@ def test_sensitivity_suffix_forward_equals_full_forward(fitted, monkeypatch):
     np.testing.assert_allclose(fast["max_abs_dlogit"], full["max_abs_dlogit"], rtol=1e-4,
                                atol=1e-6)
     assert fast["flip_rate"].tolist() == full["flip_rate"].tolist()
+    assert 0 < full["flip_rate"].max() < 1
     assert fast["n"].tolist() == full["n"].tolist() == [len(ts)] * len(units) * 2
 
 
