@@ -74,8 +74,9 @@ def runs(monkeypatch):
     return seen
 
 
-def _op(mk, enc, i, x, mask, threads=1, q_scale=None):
-    """Layer i of the W8A8 ``enc`` through the op on x (B, L, D) -> (B, L, D) NumPy."""
+def _op(mk, enc, i, x, mask, threads=1, q_scale=None, packed=()):
+    """Layer i of the W8A8 ``enc`` through the op on x (B, L, D) -> (B, L, D) NumPy (``packed``:
+    the projections' prepacked blobs, or none)."""
     layer = enc.layers[i]
     proj, smooth, norms, eps1, eps2, act = modernbert_fused_i8.i8layer_args(layer)
     B, L, D = x.shape
@@ -87,7 +88,7 @@ def _op(mk, enc, i, x, mask, threads=1, q_scale=None):
     y = mk.fused_mbert_int8layer(
         mx.array(x.reshape(B * L, D)), [L] * B, kb, cos, sin, proj, smooth, norms,
         heads=layer.attn.n_heads, q_scale=layer.attn.scale if q_scale is None else q_scale,
-        eps1=eps1, eps2=eps2, act=act, half=half, threads=threads)
+        eps1=eps1, eps2=eps2, act=act, half=half, threads=threads, packed=list(packed))
     return np.array(y).reshape(B, L, D)
 
 
@@ -169,7 +170,7 @@ def test_layers_it_must_leave_to_the_plain_path_and_the_names(mk, models, runs):
 
     class Model:
         module = enc
-    assert sweep_timing.kernel(Model) == "fused-mbert-int8layer-cpp, int8-gemm-dnnl"
+    assert sweep_timing.kernel(Model) == "fused-mbert-int8layer-cpp, int8-matmul-dnnl-prepacked"
     sim = models["modernbert_g2", "simulated"]  # not the compiled GEMM
     assert modernbert_fused_i8.i8layer_args(sim.layers[0]) is None
     assert modernbert.compiled_paths(sim) is None
@@ -195,3 +196,27 @@ def test_bad_arguments_name_the_problem(mk, models):
                                  norms, **kw)
     with pytest.raises(ValueError, match="g2 required"):
         mk.fused_mbert_int8layer(x, [4], None, cos, cos, proj, smooth, [None] * 4, **kw)
+
+
+@pytest.mark.parametrize("name", ["modernbert", "modernbert_g2"], ids=["no-bias", "biases"])
+@pytest.mark.parametrize("i", [0, 1], ids=["global0", "local"])
+def test_prepacked_blobs_give_the_same_floats(mk, models, name, i):
+    """The op on its projections' prepacked blobs (oneDNN's matmul primitive) and without them
+    (dnnl_gemm_u8s8s32): the same int32 sums, so the same outputs bit for bit."""
+    from variants.runtime import int8_linear
+
+    if not mk.has_prepack():
+        pytest.skip("oneDNN's prepacked int8 matmul unavailable here")
+    enc = models[name, "native"]
+    layer = enc.layers[i]
+    packed = [int8_linear.prepacked(m, m["wq"])
+              for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)]
+    assert all(p is not None for p in packed)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(3, 70, 64)).astype(np.float32)
+    mask = np.ones((3, 70), np.int32)
+    mask[1, 50:] = 0
+    refused = mk.int8_prepack_refusals()
+    fast = _op(mk, enc, i, x, mask, packed=packed)
+    np.testing.assert_array_equal(fast, _op(mk, enc, i, x, mask))
+    assert mk.int8_prepack_refusals() == refused and np.abs(fast).max() > 0.1

@@ -39,7 +39,8 @@ def kernel():
 def _native_int8(m):
     """Whether ``m`` is an :class:`variants.runtime.int8_linear.Int8Linear` (bias or not) whose calls
     run the compiled integer GEMM now, with float32 scales, bias and 1/s."""
-    return (type(m) is int8_linear.Int8Linear and m.kernel == int8_linear.NAMES["native"]
+    return (type(m) is int8_linear.Int8Linear
+            and m.kernel in (int8_linear.NAMES["native"], int8_linear.NAMES["prepacked"])
             and m["wq"].dtype == mx.int8 and m["w_scale"].dtype == mx.float32
             and m["colsum"].dtype == mx.int32
             and all(k not in m or m[k].dtype == mx.float32 for k in ("bias", "inv_smooth")))
@@ -72,8 +73,13 @@ def i8layer_args(layer):
 
 
 def run(kernel, layer, args, h, lens, kb, cos, sin, half, threads):
-    """``layer`` through the op on rows ``h`` (n, D) (``args``: :func:`i8layer_args`)."""
+    """``layer`` through the op on rows ``h`` (n, D) (``args``: :func:`i8layer_args`); each
+    projection's whole-weight GEMM on its prepacked blob
+    (:func:`variants.runtime.int8_linear.prepacked`, made on the first call, kept on the Linear)."""
     proj, smooth, norms, eps1, eps2, act = args
+    mods = (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)
+    packed = [int8_linear.prepacked(m, m["wq"]) for m in mods]
     return kernel.fused_mbert_int8layer(h, lens, kb, cos, sin, proj, smooth, norms,
                                         heads=layer.attn.n_heads, q_scale=float(layer.attn.scale),
-                                        eps1=eps1, eps2=eps2, act=act, half=half, threads=threads)
+                                        eps1=eps1, eps2=eps2, act=act, half=half, threads=threads,
+                                        packed=packed)

@@ -143,6 +143,15 @@ class Search:
                                          Path(self.opts.results_dir) / ".cache"))
             for p in self.costs.lookup:  # becomes 8 bits (variants.search.dims.sanitise)
                 sens[p, costs_mod.INT8] = sens[p, max(self.opts.bits)]
+        self.method_sens = {}
+        if self.opts.method_sensitivity:
+            from variants.search.dims import method_sensitivity
+
+            for method in self.opts.quant_methods:
+                table = method_sensitivity(self.state, method, sub, self.layers, self.opts,
+                                           self.log)
+                if table:
+                    self.method_sens[method] = {**sens, **table}
         return sens
 
     # -- candidates ----------------------------------------------------------------------------
@@ -241,14 +250,15 @@ class Search:
 
     def walk(self, sens):
         """Run the strategy once per ``--quant-method`` (:mod:`variants.search.dims`; each
-        walk has its own ``--max-candidates``); returns every record in evaluation order
-        (distinct candidates)."""
+        walk has its own ``--max-candidates``, and a learned method's walk its own sensitivity
+        table when there is one); returns every record in evaluation order (distinct
+        candidates)."""
         order = []
         for method in self.opts.quant_methods:
             self.method = method
             if len(self.opts.quant_methods) > 1:
                 self.log(f"search: quantizer {method}")
-            order += self.walk_one(sens)
+            order += self.walk_one(getattr(self, "method_sens", {}).get(method, sens))
         return order
 
     def walk_one(self, sens):

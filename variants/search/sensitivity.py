@@ -74,7 +74,7 @@ def _compare(ref, out, mask):
 
 
 def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
-            progress=None, paths=None, suffix_forward=True):
+            progress=None, paths=None, suffix_forward=True, round_trip=None):
     """The sensitivity table (module docstring) of ``reference`` on ``taskset``.
 
     Parameters
@@ -101,6 +101,9 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         ``i``.. from the reference's recorded layer inputs (:mod:`variants.search.suffix`;
         equal to the full forward to float round-off); False runs the whole model for every
         unit.
+    round_trip : callable(path, bits, group_size) -> (o, n) array, optional
+        The unit's quantized-then-dequantized weight by another quantizer (a learned one:
+        :func:`variants.families.quant.learned.round_trip`); None: round-to-nearest.
 
     Returns
     -------
@@ -122,7 +125,7 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
     rows = []
     for path in paths or quantizable_layers(state["work"].module, layers):
         for row in measure_unit(state, {"path": path, "bits": list(bits),
-                                        "group_size": group_size}):
+                                        "group_size": group_size}, round_trip):
             rows.append(row)
             if progress is not None:
                 progress(1)
@@ -153,7 +156,7 @@ def prepare(reference, taskset, batch_size=32, suffix_forward=True):
             "mods": dict(work.module.named_modules())}
 
 
-def measure_unit(state, spec):
+def measure_unit(state, spec, round_trip=None):
     """The rows (tuples in :data:`COLUMNS` order) of one unit: ``spec["path"]`` (a Linear or
     an embedding table) round-tripped alone at each of ``spec["bits"]`` with
     ``spec["group_size"]``, the others as they are. [] when the group size does not divide
@@ -168,8 +171,12 @@ def measure_unit(state, spec):
     rows = []
     try:
         for b in spec["bits"]:
-            q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
-            m.weight = mx.dequantize(q, s, z, group_size=group_size, bits=int(b)).astype(w.dtype)
+            if round_trip is not None:  # another quantizer's weight (measure's round_trip)
+                m.weight = mx.array(round_trip(path, int(b), group_size)).astype(w.dtype)
+            else:
+                q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
+                m.weight = mx.dequantize(q, s, z, group_size=group_size,
+                                         bits=int(b)).astype(w.dtype)
             work._reset_caches()  # e.g. the choice model's cached option embeddings
             at = None if suffix is None else _suffix.layer_of(path)
             if at is None:

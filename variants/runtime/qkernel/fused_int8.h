@@ -3,8 +3,9 @@
 // projection is int8_linear.cpp's arithmetic: its input rows (times SmoothQuant's 1/s per input
 // channel when given) quantized per row to uint8 (scale = (hi - lo) / 255 over [min(x, 0),
 // max(x, 0)], zero point round(-lo / scale), codes clamp(round(x / scale) + zp, 0, 255), round
-// half to even), multiplied by the int8 weight rows with int8_gemm_u8s8 (the one integer GEMM
-// entry of every op: int8_linear.cpp), then the fp32 epilogue
+// half to even), multiplied by the int8 weight rows through int8_gemm_rows (the one integer
+// GEMM entry of every op: int8_prepack.h's prepacked matmul when the projection has a blob,
+// else dnnl_gemm_u8s8s32), then the fp32 epilogue
 //   y_ij = (scale_i * w_scale_j) * (C_ij - zp_i * colsum_j) + bias_j
 // (compiled without FMA contraction: the same float32 values as int8_linear for the same codes).
 // Include after fused_common.h (FL_INLINE); the includer compiles with -fopenmp-simd,
@@ -16,11 +17,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "int8_prepack.h"  // the integer GEMM entries (plain and prepacked)
+
 namespace mlx::core {
 
 bool int8_has_dnnl();  // int8_linear.cpp
-void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
-                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc);  // int8_linear.cpp
 
 namespace {
 
@@ -28,11 +29,14 @@ namespace {
 // may_alias type would not vectorize)
 typedef int32_t i32a;
 
-// one W8A8 projection: wq (n, k) row-major int8, w_scale, colsum = sum_k wq (n,), bias (n,)
+// one W8A8 projection: wq (n, k) row-major int8, w_scale, colsum = sum_k wq (n,), bias (n,);
+// packed: int8_prepack's blob of the whole wq (n rows) or null
 struct I8Proj {
   const int8_t* w;
   const float *ws, *bias;
   const int32_t* colsum;
+  const uint8_t* packed = nullptr;
+  int n = 0;
 };
 
 // round(t) for |t| <= 255 as (t + 1.5 * 2^23) - 1.5 * 2^23: round half to even, as
@@ -100,11 +104,13 @@ FL_INLINE float int8_value(int32_t c, float si, int32_t zi, float wsj, int32_t c
   return (si * wsj) * float(c - zi * csj);
 }
 
-// c (rows, n; stride ldc) as int32 = codes (rows, k) times the weight rows w (n, k)^T
+// c (rows, n; stride ldc) as int32 = codes (rows, k) times the weight rows w (n, k)^T; packed:
+// int8_prepack's blob of exactly these n rows of w (oneDNN's matmul primitive on it, up to
+// kInt8PrepackMaxRows rows), or null (dnnl_gemm_u8s8s32): the same int32 sums
 FL_INLINE void int8_gemm_rows(int rows, int n, int k, const uint8_t* codes, const int8_t* w,
-                              float* c, int64_t ldc) {
+                              float* c, int64_t ldc, const uint8_t* packed = nullptr) {
   if (rows <= 0 || n <= 0) return;
-  int8_gemm_u8s8(rows, n, k, codes, k, w, k, reinterpret_cast<i32a*>(c), ldc);
+  int8_gemm_any(rows, n, k, codes, k, packed, w, k, reinterpret_cast<i32a*>(c), ldc);
 }
 
 }  // namespace

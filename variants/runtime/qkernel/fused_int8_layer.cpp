@@ -6,7 +6,9 @@
 // SmoothQuant's 1/s per input channel when given) quantized per row to uint8 (scale =
 // (hi - lo) / 255 over [min(x, 0), max(x, 0)], zero point round(-lo / scale), codes
 // clamp(round(x / scale) + zp, 0, 255), round half to even), multiplied by the int8 weight rows
-// with oneDNN's dnnl_gemm_u8s8s32, then the fp32 epilogue
+// with oneDNN's integer GEMM (int8_prepack.h: the matmul primitive on the weight's prepacked
+// blob when the caller passes one, else dnnl_gemm_u8s8s32; the same int32 sums), then the fp32
+// epilogue
 //   y_ij = (scale_i * w_scale_j) * (C_ij - zp_i * colsum_j) + bias_j
 // (the same expression, compiled without FMA contraction: the same float32 values as
 // int8_linear for the same codes). The layer's algebra is the MLX path's for a W8A8 layer:
@@ -20,8 +22,9 @@
 // int32 product is written in place of its float32 result (same size) and the epilogue (with
 // q's scale, the activation) runs on it row by row, and no MLX op runs in between.
 // `threads` >= 2: each phase split in two parts (heads, output columns, rows) over
-// fused_common.h's helper thread; each part quantizes the whole input of its GEMM (a few
-// microseconds at the few rows where two parts run) so the phases stay six.
+// fused_common.h's helper thread (the GEMMs then run on column slices of the weights:
+// dnnl_gemm_u8s8s32, the blobs cover whole weights only); each part quantizes the whole input
+// of its GEMM (a few microseconds at the few rows where two parts run) so the phases stay six.
 // Scratch (activations, codes, row scales) comes from MLX's allocator (counts in
 // mx.get_peak_memory()).
 
@@ -85,8 +88,10 @@ FL_INLINE void quantize_part(const I8Args& a, const float* x, int k, const float
 FL_INLINE void gemm_cols(const I8Args& a, int g, int k, int w0, int c0, int c1, float* c,
                          int ldc, int p) {
   if (c1 <= c0 || a.rows == 0) return;
+  const bool whole = w0 == 0 && c0 == 0 && c1 == a.pr[g].n;  // the blob covers whole weights
   int8_gemm_rows(a.rows, c1 - c0, k, a.codes + int64_t(p) * a.rows * a.wmax,
-                 a.pr[g].w + int64_t(w0 + c0) * k, c + c0, ldc);
+                 a.pr[g].w + int64_t(w0 + c0) * k, c + c0, ldc,
+                 whole ? a.pr[g].packed : nullptr);
 }
 
 // the fp32 epilogue of one row, in place over columns [c0, c1); POST: -1 none, 0 erf GELU,
@@ -207,10 +212,10 @@ void run_phase(const void* v, int k, int p, int n) {
 class FusedBertInt8LayerCpu : public UnaryPrimitive {
  public:
   FusedBertInt8LayerCpu(Stream s, std::vector<int> lens, bool has_kb, std::vector<bool> has_sm,
-                        bool qkv_shared, int heads, float q_scale, float eps1, float eps2,
-                        int act, int threads, bool qkv_only)
+                        std::vector<bool> has_pk, bool qkv_shared, int heads, float q_scale,
+                        float eps1, float eps2, int act, int threads, bool qkv_only)
       : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), has_sm_(std::move(has_sm)),
-        qkv_shared_(qkv_shared), heads_(heads), q_scale_(q_scale), eps1_(eps1), eps2_(eps2),
+        has_pk_(std::move(has_pk)), qkv_shared_(qkv_shared), heads_(heads), q_scale_(q_scale), eps1_(eps1), eps2_(eps2),
         act_(act), threads_(threads), qkv_only_(qkv_only) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
@@ -221,7 +226,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
     std::vector<array> ins;
     for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
     enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
-                  has_kb = has_kb_, has_sm = has_sm_, shared = qkv_shared_, heads = heads_,
+                  has_kb = has_kb_, has_sm = has_sm_, has_pk = has_pk_, shared = qkv_shared_, heads = heads_,
                   q_scale = q_scale_, eps1 = eps1_, eps2 = eps2_, act = act_,
                   threads = threads_, qkv_only = qkv_only_]() mutable {
       const int N = ins[0].shape(0), D = ins[0].shape(1);
@@ -231,11 +236,14 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
       a.x = f(0);
       a.kb = has_kb ? f(1) : nullptr;
       for (int g = 0; g < kGemms; ++g, i += 4)
-        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), f(i + 3), ins[i + 2].data<int32_t>()};
+        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), f(i + 3), ins[i + 2].data<int32_t>(),
+                         nullptr, int(ins[i].shape(0))};
       const int F = ins[i - 8].shape(0);  // the intermediate weight (F, D)
       a.g1 = f(i), a.be1 = f(i + 1), a.g2 = f(i + 2), a.be2 = f(i + 3);
       i += 4;
       for (int j = 0; j < 6; ++j) a.smooth[j] = has_sm[j] ? f(i++) : nullptr;
+      for (int g = 0; g < kGemms; ++g)
+        if (has_pk[g]) a.pr[g].packed = ins[i++].data<uint8_t>();
       if (shared) a.smooth[1] = a.smooth[2] = a.smooth[0];
       a.qkv_shared = shared;
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
@@ -275,6 +283,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const FusedBertInt8LayerCpu&>(other);
     return lens_ == o.lens_ && has_kb_ == o.has_kb_ && has_sm_ == o.has_sm_ &&
+           has_pk_ == o.has_pk_ &&
            qkv_shared_ == o.qkv_shared_ && heads_ == o.heads_ && q_scale_ == o.q_scale_ &&
            eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ && threads_ == o.threads_ &&
            qkv_only_ == o.qkv_only_;
@@ -283,7 +292,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
  private:
   std::vector<int> lens_;
   bool has_kb_;
-  std::vector<bool> has_sm_;
+  std::vector<bool> has_sm_, has_pk_;
   bool qkv_shared_;
   int heads_;
   float q_scale_, eps1_, eps2_;
@@ -313,7 +322,8 @@ array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
                                const std::vector<array>& proj,
                                const std::vector<std::optional<array>>& smooth, bool qkv_shared,
                                const std::vector<array>& norms, int heads, float q_scale,
-                               float eps1, float eps2, int act, int threads, bool qkv_only) {
+                               float eps1, float eps2, int act, int threads, bool qkv_only,
+                               const std::vector<std::optional<array>>& packed) {
   if (!int8_has_dnnl()) throw std::runtime_error("fused_int8layer: built without oneDNN");
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
@@ -358,9 +368,21 @@ array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
   for (auto& a : norms) in.push_back(contig(a, s));
   for (int j = 0; j < 6; ++j)
     if (has_sm[j]) in.push_back(contig(*smooth[j], s));
+  need(packed.empty() || packed.size() == kGemms,
+       "packed: none or 4 entries (int8_prepack of q|k|v stacked, out, intermediate, output)");
+  std::vector<bool> has_pk(kGemms, false);
+  for (size_t g = 0; g < packed.size(); ++g) {
+    if (!packed[g]) continue;
+    const array& p = *packed[g];
+    need(p.dtype() == uint8 && p.ndim() == 1 &&
+             p.shape(0) == int8_prepack_bytes(outs[g], ins_[g]),
+         "each packed entry int8_prepack(wq) of its weight (uint8) or None");
+    has_pk[g] = true;
+    in.push_back(contig(p, s));
+  }
   const int cols = qkv_only ? 3 * D : D;
   return array({N, cols}, float32,
-               std::make_shared<FusedBertInt8LayerCpu>(s, lens, bool(key_bias), has_sm,
+               std::make_shared<FusedBertInt8LayerCpu>(s, lens, bool(key_bias), has_sm, has_pk,
                                                        qkv_shared, heads, q_scale, eps1, eps2,
                                                        act, threads, qkv_only),
                in);
@@ -370,8 +392,10 @@ void register_fused_int8_layer(nb::module_& m) {
   m.def("fused_bert_int8layer", &fused_bert_int8layer_cpu, "x"_a, "lens"_a,
         "key_bias"_a = nb::none(), "proj"_a, "smooth"_a, "qkv_shared"_a, "norms"_a, "heads"_a,
         "q_scale"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0, "qkv_only"_a = false,
+        "packed"_a = std::vector<std::optional<array>>{},
         "One post-norm BERT layer on rows x (N, D) float32 with W8A8 projections on oneDNN's "
-        "integer GEMM (see fused_int8_layer.cpp); qkv_only: return the (N, 3D) projections "
+        "integer GEMM (see fused_int8_layer.cpp; packed: [] or int8_prepack's blobs of the 4 "
+        "weights, entries may be None); qkv_only: return the (N, 3D) projections "
         "q * q_scale | k | v instead; CPU stream. -> (N, D).");
 }
 

@@ -80,7 +80,8 @@ FL_INLINE void gemm_part(const MbI8Args& a, int g, int k, int r0, int r1, float*
                          int p) {
   const int N = a.m.rows;
   int8_gemm_rows(N, r1 - r0, k, a.codes + int64_t(p) * N * a.wmax,
-                 a.pr[g].w + int64_t(r0) * k, c + r0, ldc);
+                 a.pr[g].w + int64_t(r0) * k, c + r0, ldc,
+                 r0 == 0 && r1 == a.pr[g].n ? a.pr[g].packed : nullptr);  // whole weights only
 }
 
 // one row's epilogue over columns [c0, c1) (column j: the weight's row j), src the int32
@@ -241,7 +242,8 @@ class FusedMbertInt8LayerCpu : public UnaryPrimitive {
       const int F = ins[i + 6].shape(0) / 2;  // Wi (2F, D), the third (w, scale, colsum)
       const float* bias[kProj] = {};
       for (int g = 0; g < kProj; ++g) {
-        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), nullptr, ins[i + 2].data<int32_t>()};
+        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), nullptr, ins[i + 2].data<int32_t>(),
+                         nullptr, int(ins[i].shape(0))};
         i += 3;
       }
       for (int g = 0; g < kProj; ++g) bias[g] = bit(g) ? f(i++) : nullptr;
@@ -250,6 +252,8 @@ class FusedMbertInt8LayerCpu : public UnaryPrimitive {
       m.w[BE1] = bit(9) ? f(i++) : nullptr;
       m.w[G2] = f(i++);
       m.w[BE2] = bit(10) ? f(i++) : nullptr;
+      for (int g = 0; g < kProj; ++g)  // int8_prepack's blobs (bits 11..14)
+        if (bit(11 + g)) a.pr[g].packed = ins[i++].data<uint8_t>();
       const int parts = threads >= 2 ? 2 : 1;
       const int Lmax = std::max(1, lens.empty() ? 1 : *std::max_element(lens.begin(), lens.end()));
       a.wmax = std::max(D, F);
@@ -323,7 +327,7 @@ array fused_mbert_int8layer_cpu(const array& x, const std::vector<int>& lens,
                                 const std::vector<std::optional<array>>& smooth,
                                 const std::vector<std::optional<array>>& norms, int heads,
                                 float q_scale, float eps1, float eps2, int act, int half,
-                                int threads) {
+                                int threads, const std::vector<std::optional<array>>& packed) {
   if (!int8_has_dnnl()) throw std::runtime_error("fused_mbert_int8layer: built without oneDNN");
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
@@ -372,6 +376,14 @@ array fused_mbert_int8layer_cpu(const array& x, const std::vector<int>& lens,
     if (bit_of[t] >= 0) present |= 1u << bit_of[t];
     in.push_back(contiguous(*norms[t], false, s));
   }
+  need(packed.empty() || packed.size() == kProj, "packed: none or 4 entries (or None)");
+  for (size_t g = 0; g < packed.size(); ++g) {
+    if (!packed[g]) continue;
+    need(vec_of(packed[g], uint8, int(int8_prepack_bytes(outs[g], ins_[g]))),
+         "each packed entry int8_prepack(wq) of its weight (uint8) or None");
+    present |= 1u << (11 + g);
+    in.push_back(contiguous(*packed[g], false, s));
+  }
   return array({N, D}, float32,
                std::make_shared<FusedMbertInt8LayerCpu>(s, lens, bool(key_bias), present, heads,
                                                         q_scale, eps1, eps2, act, half, threads),
@@ -382,8 +394,10 @@ void register_fused_mbert_int8layer(nb::module_& m) {
   m.def("fused_mbert_int8layer", &fused_mbert_int8layer_cpu, "x"_a, "lens"_a,
         "key_bias"_a = nb::none(), "cos"_a, "sin"_a, "proj"_a, "smooth"_a, "norms"_a, "heads"_a,
         "q_scale"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "half"_a = -1, "threads"_a = 0,
+        "packed"_a = std::vector<std::optional<array>>{},
         "One ModernBERT pre-norm layer on rows x (N, D) float32 with W8A8 projections on "
-        "oneDNN's integer GEMM (see fused_mbert_int8layer.cpp); half: the local window's half "
+        "oneDNN's integer GEMM (see fused_mbert_int8layer.cpp; packed: [] or int8_prepack's blobs "
+        "of the 4 weights, entries may be None); half: the local window's half "
         "width, -1 global; CPU stream. -> (N, D).");
 }
 
