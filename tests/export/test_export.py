@@ -334,7 +334,8 @@ def test_sweep_runs_on_a_low_rank_export(exported, tmp_path):
     assert (run / "q8-g64" / "verdict.json").exists()
 
 
-@pytest.mark.parametrize("name", ["tokenizer.json", "eval_rows.npz", "verdict.json"])
+@pytest.mark.parametrize("name", ["tokenizer.json", "eval_rows.npz", "verdict.json",
+                                  "outputs.npz", "judged/reference_outputs.npz"])
 def test_unreadable_file_with_a_matching_hash_is_named_in_one_line(exported, tmp_path, capsys,
                                                                    name):
     """A file written unreadable but listed with its own hash (the hash check passes): one
@@ -352,4 +353,5 @@ def test_unreadable_file_with_a_matching_hash_is_named_in_one_line(exported, tmp
     assert main(["verify", str(copy)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{name} cannot" in err, err
+    assert "rerun" not in err, err  # the results folder's advice does not fit an export
     assert err.endswith("export the variant again"), err

@@ -105,7 +105,8 @@ def verify(folder, tolerance=TOLERANCE, log=print):
                           "(data fingerprint differs); export the variant again")
     batches, _ = model.prepare(ts, config["mlx_variants"].get("batch_size", 32))
     now = model.outputs(ts, batches)
-    judged = DecisionOutputs.load(folder / "outputs.npz", "judged outputs")
+    judged = _read(folder / "outputs.npz", "judged outputs",
+                   lambda: DecisionOutputs.load(folder / "outputs.npz", "judged outputs"))
     mask = np.asarray(judged.option_mask, bool)
     a, b = np.asarray(now.logits, np.float64), np.asarray(judged.logits, np.float64)
     if a.shape != b.shape or not np.array_equal(np.asarray(now.ids), np.asarray(judged.ids)):
@@ -117,9 +118,12 @@ def verify(folder, tolerance=TOLERANCE, log=print):
         return {k: np.asarray(getattr(o, k)) for k in OUTPUT_FIELDS}
 
     j = folder / "judged"
-    ref_cal = fields(DecisionOutputs.load(j / "reference_calibration_outputs.npz", "outputs"))
-    ref_eval = fields(DecisionOutputs.load(j / "reference_outputs.npz", "outputs"))
-    var_cal = fields(DecisionOutputs.load(j / "calibration_outputs.npz", "outputs"))
+    def judged_file(name):
+        return fields(_read(j / name, "outputs", lambda: DecisionOutputs.load(j / name, "outputs")))
+
+    ref_cal = judged_file("reference_calibration_outputs.npz")
+    ref_eval = judged_file("reference_outputs.npz")
+    var_cal = judged_file("calibration_outputs.npz")
     contract = load_contract(str(folder / "contract.toml"))
     saved = _read(folder / "verdict.json", "a verdict",
                   lambda: _dict(json.loads((folder / "verdict.json").read_text())))
