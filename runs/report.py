@@ -110,6 +110,8 @@ def summary_row(name, build, summary, verdict, timing):
         row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
         row.update({f"cold_{k}": cold[k] for k, _ in COLD_MEMORY if k in cold})
         row["cold_start_s"] = cold.get("total_s")
+        if cold.get("source"):  # what the fresh process loaded (older runs: fp32 + build)
+            row["cold_source"] = cold["source"]
     row.update(unquantized_cells(build))
     row["verdict"] = "PASS" if verdict.passed else "FAIL"
     row["failed_clauses"] = ";".join(verdict.failed)
@@ -204,7 +206,7 @@ def cold_start_table(meta, summary):
     ref = meta.get("cold_start") or {}
 
     def cells(name, d):
-        row = {"model": name}
+        row = {"model": name, "loads from": d.get("source") or "—"}
         for key, head, f in COLD_START_COLUMNS:
             v = d.get(key)
             if v is not None and key.endswith("_bytes"):
@@ -217,7 +219,8 @@ def cold_start_table(meta, summary):
         rows.append(cells("reference", ref))
     for _, r in summary.iterrows():
         if _present(r, "cold_start_s"):
-            keys = [k for k, _, _ in COLD_START_COLUMNS] + [k for k, _ in COLD_MEMORY]
+            keys = [k for k, _, _ in COLD_START_COLUMNS] + [k for k, _ in COLD_MEMORY] + [
+                "source"]
             rows.append(cells(r["variant"], {k: (r.get(f"cold_{k}") if _present(r, f"cold_{k}")
                                                  else None) for k in keys}))
     return pd.DataFrame(rows).fillna("—")
@@ -307,7 +310,8 @@ def render_report(meta, summary, details, contract, extras=None):
     if not ct.empty:
         lines += ["====== Cold start (fresh process) ======", "",
                   "Start-up = interpreter + `import variants`; import = mlx and the package "
-                  "modules; weights = checkpoint → evaluated arrays + fitted head; build = the "
+                  "modules; weights = the fp32 checkpoint → evaluated arrays + fitted head, or "
+                  "the exported artifact's packed load; build = the "
                   "variant's builder; 1st forward = first call on one batch (2nd = warm). "
                   + COLD_NOTE, "", ct.to_markdown(index=False), ""]
     lines += sweep_time_lines(meta)

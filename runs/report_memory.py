@@ -18,7 +18,8 @@ COLD_MEMORY = (("load_peak_memory_bytes", "load: allocator peak MB"),
                ("load_process_rss_bytes", "load: RSS MB"),
                ("first_call_peak_memory_bytes", "1st call: allocator peak MB"),
                ("first_call_cache_memory_bytes", "1st call: cache MB"),
-               ("first_call_process_rss_bytes", "1st call: RSS MB"))
+               ("first_call_process_rss_bytes", "1st call: RSS MB"),
+               ("process_peak_rss_bytes", "process peak RSS MB"))
 
 NOTE = ("Memory, three numbers never added together: **allocator peak** = `mx.get_peak_memory`, "
         "reset before every call, max over rounds (every array alive, i.e. both models' "
@@ -32,7 +33,13 @@ NOTE = ("Memory, three numbers never added together: **allocator peak** = `mx.ge
 COLD_NOTE = ("Cold-start memory: **load** = after the weights are loaded and the variant built, "
              "before any call; **1st call** = the first tokenisation and forward (allocator peak "
              "reset after loading, so this is the call's own peak, weights included; cache and "
-             "RSS just after it). peak MB = allocator peak of the whole process.")
+             "RSS just after it); process peak RSS = the child's peak resident set (`VmHWM`). "
+             "peak MB = allocator peak of the whole process. **loads from**: `exported "
+             "artifact` = the variant's weights folder as `variants export` writes it (packed "
+             "weights, factored layers, head, temperatures; no fp32 checkpoint read, nothing "
+             "built: quant and low-rank variants timed natively); `fp32 checkpoint + build` = "
+             "the fp32 checkpoint, then the family's builder (the families that do not "
+             "export); the reference loads its fp32 checkpoint.")
 
 
 def _num(v):

@@ -18,11 +18,13 @@ MAP = r"value=8,word_embeddings=8"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Two tiny judged runs of minilm-sentiment: a mixed quant variant with quantized
-    embeddings (4 bits, value projections and the word table at 8), and a low-rank one."""
+    embeddings (4 bits, value projections and the word table at 8; its cold starts measured),
+    and a low-rank one."""
     from variants.cli import main
 
     root = tmp_path_factory.mktemp("export")
-    assert main(["sweep", *TINY, "--results-dir", str(root), "--run", "q", "--bits", "4",
+    tiny = [a if a != "none" else "all" for a in TINY]  # this run's cold starts are measured
+    assert main(["sweep", *tiny, "--results-dir", str(root), "--run", "q", "--bits", "4",
                  "--quantize-embeddings", "--bits-map", MAP]) == 0
     assert main(["sweep", *TINY, "--results-dir", str(root), "--run", "lr", "--family",
                  "lowrank", "--methods", "plain", "--ratios", "0.5"]) == 0
@@ -212,3 +214,121 @@ def test_bad_export_exits_2_with_nothing_written(runs, tmp_path, capsys, case, m
     else:
         assert [p.name for p in out.iterdir()] == ["x"]
     assert not list(tmp_path.glob(".*export-tmp"))
+
+
+def test_low_rank_export_loads_with_load_checkpoint_and_plain_mlx(exported):
+    """load_checkpoint(DIR) of a low-rank export puts the factored layers back as two Linears
+    from the file (nothing factored again); its encoder with the exported head gives the judged
+    logits, and so does plain MLX following the model card (two Linears per listed path,
+    ``load_weights(strict=True)``)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from runs.outputs import DecisionOutputs
+    from variants.arch.encoder import BertEncoder, ModelArgs
+    from variants.arch.lowrank import LowRankLinear
+    from variants.checkpoints.load import load_checkpoint
+    from variants.export.load import load_variant
+    from variants.export.write import load_taskset
+    from variants.models.sentiment import SentimentNet
+
+    lr = exported["lr"]
+    cfg = json.loads((lr / "config.json").read_text())
+    factored = cfg["mlx_variants"]["lowrank"]
+    file = mx.load(str(lr / "model.safetensors"))
+    ck = load_checkpoint(lr)
+    layer = ck.encoder.layers[0].intermediate
+    assert isinstance(layer, LowRankLinear)
+    assert mx.array_equal(layer.down.weight, file["encoder.layers.0.intermediate.down.weight"])
+    mine = [p for p, m in ck.encoder.named_modules() if isinstance(m, LowRankLinear)]
+    assert sorted("encoder." + p for p in mine) == sorted(factored)
+    judged = np.asarray(DecisionOutputs.load(lr / "outputs.npz", "judged").logits)
+    ts = load_taskset(lr / "eval_rows.npz")
+    model, _ = load_variant(lr)
+    batches, _ = model.prepare(ts, 32)
+    order = np.argsort(np.concatenate([b.index for b in batches]))
+
+    def logits(net):
+        return np.concatenate([np.asarray(net(b.input_ids, b.attention_mask, b.token_type_ids))
+                               for b in batches])[order]
+
+    net = SentimentNet(ck.encoder)
+    net.head.load_weights([(k[5:], v) for k, v in file.items() if k.startswith("head.")],
+                          strict=True)
+    np.testing.assert_allclose(logits(net), judged, rtol=0, atol=1e-5)
+    # plain MLX, as the model card describes it
+    card = (lr / "README.md").read_text()
+    assert "`down = nn.Linear(in, rank, bias=False)` then `up = nn.Linear(rank, out, " in card
+    assert "`quantization` block" not in card  # nothing quantized: no nn.quantize step
+
+    class TwoLinears(nn.Module):
+        def __init__(self, n, k, m, bias):
+            super().__init__()
+            self.down = nn.Linear(n, k, bias=False)
+            self.up = nn.Linear(k, m, bias=bias)
+
+        def __call__(self, x):
+            return self.up(self.down(x))
+
+    plain = SentimentNet(BertEncoder(ModelArgs.from_dict(cfg)))
+    mods = dict(plain.named_modules())
+    for path, f in factored.items():
+        parent, _, name = path.rpartition(".")
+        setattr(mods[parent], name, TwoLinears(f["in"], f["rank"], f["out"], f["bias"]))
+    plain.load_weights(str(lr / "model.safetensors"), strict=True)
+    np.testing.assert_allclose(logits(plain), judged, rtol=0, atol=1e-5)
+
+
+def test_sweep_cold_start_loads_the_variant_s_exported_weights(runs, exported):
+    """The sweep's cold start of a quant variant loads its weights folder (the files export
+    writes), never the fp32 checkpoint; the reference's loads the fp32 checkpoint; the 4-bit
+    variant's load-time allocator peak is its packed file, below the fp32 reference's."""
+    from variants.checkpoints.load import minilm_path
+
+    root, names = runs
+    meta = json.loads((root / "q" / "run.json").read_text())
+    ref = meta["cold_start"]
+    cold = json.loads((root / "q" / names["q"] / "timing.json").read_text())["cold_start"]
+    assert "error" not in cold and "error" not in ref
+    fp32 = str(minilm_path() / "model.safetensors")
+    assert ref["source"] == "fp32 checkpoint" and fp32 in ref["weight_files_read"]
+    assert cold["source"] == "exported artifact" and cold["build_s"] == 0.0
+    assert [p.rsplit("/", 1)[1] for p in cold["weight_files_read"]] == ["model.safetensors"]
+    assert fp32 not in cold["weight_files_read"]
+    # the same format as variants export's folder: the same bytes of model.safetensors
+    assert cold["artifact_bytes"] == (exported["q"] / "model.safetensors").stat().st_size
+    # loading holds the packed arrays (the file less its header; within 5%), nothing more;
+    # the fp32 reference all 90.3 MB
+    assert 0 < cold["artifact_bytes"] - cold["model_bytes"] < 1e6
+    assert cold["model_bytes"] <= cold["load_peak_memory_bytes"] <= 1.05 * cold["model_bytes"]
+    assert ref["load_peak_memory_bytes"] >= 90e6 > 3 * cold["load_peak_memory_bytes"]
+    for r in (ref, cold):  # the three memory numbers, apart
+        assert r["first_call_peak_memory_bytes"] >= r["model_bytes"]
+        assert r["process_peak_rss_bytes"] >= r["first_call_process_rss_bytes"] > 0
+    summary = (root / "q" / "summary.csv").read_text()
+    assert "cold_source" in summary.splitlines()[0] and "exported artifact" in summary
+    report = (root / "q" / "report.md").read_text()
+    import re
+
+    assert "| loads from" in report
+    assert re.search(r"\| reference +\| fp32 checkpoint +\|", report)
+    assert re.search(rf"\| {re.escape(names['q'])} +\| exported artifact +\|", report)
+
+
+@pytest.mark.slow
+def test_sweep_runs_on_a_low_rank_export(exported, tmp_path):
+    """variants sweep --checkpoint DIR on a low-rank export: its reference is the factored
+    model (smaller than fp32 MiniLM's 90.3 MB), and its 8-bit variant is judged against it."""
+    from variants.cli import main
+
+    lr = exported["lr"]
+    assert main(["sweep", *TINY, "--checkpoint", str(lr), "--results-dir", str(tmp_path),
+                 "--run", "s", "--bits", "8"]) in (0, 1)
+    run = tmp_path / "s"
+    timing = json.loads((run / "q8-g64" / "timing.json").read_text())
+    ref_bytes = timing["model_bytes"]["reference"]
+    # the reference is the exported factored model: its file's arrays (the file adds its header)
+    assert 0 < (lr / "model.safetensors").stat().st_size - ref_bytes < 1e6
+    assert ref_bytes < 80e6  # fp32 MiniLM: 90.3 MB
+    assert timing["model_bytes"]["variant"] < ref_bytes
+    assert (run / "q8-g64" / "verdict.json").exists()

@@ -5,9 +5,10 @@ The folder's ``config.json`` is the original checkpoint's plus mlx-lm's ``quanti
 and an ``mlx_variants`` block (:mod:`variants.export`). The encoder's skeleton is built from the
 config, ``mlx.nn.quantize`` is applied with mlx-lm's predicate (a module the block lists takes
 its entry, ``false`` keeps it full precision; any other is quantized when the file holds its
-``scales``), and the file's ``encoder.*`` (and ``classifier.*``) arrays fill it strictly. The
-whole decision model (head, temperatures, factored layers) is
-:func:`variants.export.load.load_variant`'s.
+``scales``), factored layers the ``mlx_variants`` block lists are put in place first (two
+Linears each), and the file's ``encoder.*`` (and ``classifier.*``) arrays fill it strictly. The
+whole decision model (a fitted head, temperatures) is
+:func:`variants.families.artifact.load_variant`'s.
 """
 
 import json
@@ -75,15 +76,17 @@ def skeleton(path, config, kinds, max_length=None):
 
 
 def load_packed(path, kinds, dtype=mx.float32, max_length=None):
-    """The Checkpoint of exported folder ``path``: its encoder and classifier head packed
-    (``kinds``: as :func:`skeleton`).
+    """The Checkpoint of exported folder ``path``: its encoder and classifier head as exported
+    (``kinds``: as :func:`skeleton`): quantized modules packed, factored (low-rank) layers as
+    :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when quantized),
+    nothing re-quantized or re-factored.
 
     Raises
     ------
     CheckpointError
-        A dtype other than float32, factored (low-rank) layers (load those with
-        ``variants.export.load.load_variant``), weights that do not match the config.
+        A dtype other than float32, weights that do not match the config.
     """
+    from variants.arch.lowrank import place_lowrank
     from variants.runtime import qlinear
 
     path = Path(path)
@@ -91,18 +94,17 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     if dtype != mx.float32:
         raise CheckpointError(f"{short_path(path)} is an exported variant stored as it was "
                               "judged; load it with dtype float32")
-    if config[BLOCK].get("lowrank"):
-        raise CheckpointError(f"{short_path(path)} holds factored (low-rank) layers; load it "
-                              "with variants.export.load.load_variant(DIR)")
     ck = skeleton(path, config, kinds, max_length)
     wfile = path / "model.safetensors"
     weights = mx.load(str(wfile))
     q = config.get("quantization") or {}
+    factored = config[BLOCK].get("lowrank") or {}
     parts = {"encoder": ck.encoder, "classifier": ck.classifier}
     try:
         for name, module in parts.items():
             if module is None:
                 continue
+            place_lowrank(module, factored, f"{name}.")
             if q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                             class_predicate=quant_predicate(q, weights, f"{name}."))

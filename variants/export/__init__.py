@@ -15,13 +15,5 @@ tokenizer files, ``model.toml``, ``contract.toml``, ``verdict.json``, the judged
 package / MLX / NumPy versions) and a ``README.md`` model card.
 """
 
-FORMAT_VERSION = 1
-#: families whose variant is a set of weights MLX loads (quantized and/or factored Linears)
-EXPORTABLE = ("quant", "lowrank")
-#: why the other families do not export (one line each)
-NOT_EXPORTABLE = {
-    "prune": "token pruning is a rule applied at run time, not weights",
-    "exit": "early exit is a rule plus exit heads run by this package, not an MLX checkpoint",
-    "student": "a student is a new network trained here; export its folder with its own code",
-    "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
-}
+from variants.families.artifact import (EXPORTABLE, FORMAT_VERSION,  # noqa: F401
+                                       NOT_EXPORTABLE)

@@ -34,9 +34,18 @@ def markdown(facts):
               "model, checkpoint = load_variant(\"THIS_FOLDER\")  # packed, nothing re-quantized",
               "outputs = model.outputs(taskset)",
               "```", "",
-              "Plain MLX: build the network, `nn.quantize(model, group_size, bits, "
-              "class_predicate)` with `config.json`'s `quantization` block (mlx-lm's rule), then "
-              "`model.load_weights(\"model.safetensors\", strict=True)`. "
+              "Plain MLX: build the network"
+              + (", replace each Linear that `config.json`'s `mlx_variants.lowrank` lists "
+                 "(`{path: {in, rank, out, bias}}`) by a module holding two Linears applied in "
+                 "turn, `down = nn.Linear(in, rank, bias=False)` then `up = nn.Linear(rank, "
+                 "out, bias=bias)`" if facts.get("lowrank") else "")
+              + (", `nn.quantize(model, group_size, bits, class_predicate)` with "
+                 "`config.json`'s `quantization` block (mlx-lm's rule)"
+                 if facts.get("quantization") else "")
+              + ", then `model.load_weights(\"model.safetensors\", strict=True)`. "
+              "`load_checkpoint(THIS_FOLDER)` gives the encoder (and a checkpoint's own "
+              "classification head) as exported, packed and factored, for `variants sweep "
+              "--checkpoint THIS_FOLDER`. "
               "`variants verify THIS_FOLDER` recomputes the judged outputs and checks every file.",
               "", "## Size", "",
               f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (whole model, embeddings "

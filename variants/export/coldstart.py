@@ -31,6 +31,7 @@ def child(folder, mode):
     import variants  # noqa: F401  (OpenBLAS first)
     from variants.export.load import load_variant
     from variants.export.write import load_taskset
+    from variants.runtime.memory import process_peak_rss_bytes
     t1 = time.perf_counter()
     model, _ = load_variant(folder) if mode == "exported" else (None, None)
     build_s = 0.0
@@ -51,22 +52,8 @@ def child(folder, mode):
     return {"mode": mode, "import_s": t1 - t0, "load_s": t2 - t1 - build_s, "build_s": build_s,
             "first_forward_ms": (t4 - t3) * 1e3, "load_peak_bytes": int(load_peak),
             "first_call_peak_bytes": int(mx.get_peak_memory()),
-            "rss_bytes": _peak_rss(),
+            "rss_bytes": process_peak_rss_bytes(),
             "batch_rows": len(ts)}
-
-
-def _peak_rss():
-    """This process's peak resident set in bytes (``VmHWM`` of /proc/self/status: reset by
-    exec, unlike ``ru_maxrss``, which a spawned child inherits from its parent)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _fp32(folder):

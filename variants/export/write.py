@@ -6,25 +6,19 @@ place at the end, so a failed export leaves nothing behind.
 import hashlib
 import json
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from metrics._checks import short_path
-from variants.export import FORMAT_VERSION
-from variants.export.load import BLOCK
 from variants.export.source import ExportError
+from variants.families.artifact import BLOCK, FORMAT_VERSION, write_weights
 
-#: tokenizer files copied when the checkpoint has them
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
 #: the judged arrays shipped for ``variants verify``: destination -> file in the run folder
 JUDGED = {"outputs.npz": "{variant}/outputs.npz",
           "judged/calibration_outputs.npz": "{variant}/calibration_outputs.npz",
           "judged/reference_outputs.npz": "reference/outputs.npz",
           "judged/reference_calibration_outputs.npz": "reference/calibration_outputs.npz"}
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
 
 
 def sha256(path):
@@ -41,76 +35,6 @@ def check_out(out):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {short_path(out)} is not empty; pass a new folder (export "
                           "never overwrites)")
-
-
-def quantization_block(module):
-    """mlx-lm's ``quantization`` config block of ``module``: the most common (group size, bits)
-    as defaults, a ``{"group_size", "bits"}`` entry per quantized module that differs, and
-    ``false`` for each module of a quantizable type left full precision; None when nothing is
-    quantized."""
-    import mlx.nn as nn
-
-    quant = {p: (m.group_size, m.bits) for p, m in module.named_modules()
-             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
-    if not quant:
-        return None
-    (gs, bits), _ = max(Counter(quant.values()).items(), key=lambda kv: (kv[1], -kv[0][1]))
-    block = {"group_size": int(gs), "bits": int(bits)}
-    for p, m in sorted(module.named_modules()):
-        if p in quant:
-            if quant[p] != (gs, bits):
-                block[p] = {"group_size": int(quant[p][0]), "bits": int(quant[p][1])}
-        elif type(m) in (nn.Linear, nn.Embedding):
-            block[p] = False
-    return block
-
-
-def lowrank_block(module):
-    """``{path: {"out", "rank", "in", "bias"}}`` of the factored layers of ``module``."""
-    import mlx.nn as nn
-
-    from variants.families.lowrank.build import LowRankLinear
-
-    out = {}
-    for p, m in module.named_modules():
-        if isinstance(m, LowRankLinear):
-            down, up = m.down, m.up
-            k = down.weight.shape[0]
-            n = down.weight.shape[1]
-            if isinstance(down, nn.QuantizedLinear):  # packed: 32 // bits values per uint32
-                n = n * 32 // down.bits
-            mo = up.weight.shape[0]
-            out[p] = {"out": int(mo), "rank": int(k), "in": int(n), "bias": "bias" in up}
-    return dict(sorted(out.items()))
-
-
-def hf_head_shapes(checkpoint):
-    """``{name: shape}`` of the checkpoint file's classification-head tensors (what
-    :func:`variants.checkpoints.hf_heads.load_head` reads), so a loader can build the head's skeleton."""
-    from safetensors import safe_open
-
-    from variants.checkpoints import files as files_
-
-    shapes = {}
-    for f in files_.weight_files(checkpoint.path):
-        with safe_open(str(f), framework="numpy") as st:
-            for k in st.keys():
-                if k.startswith(HEAD_PREFIXES):
-                    shapes[k] = list(st.get_slice(k).get_shape())
-    return dict(sorted(shapes.items()))
-
-
-def _toml_text(source):
-    """The model TOML's text without its ``checkpoint`` key (the folder is the checkpoint)."""
-    if source.config is None or source.config.path is None:
-        return None
-    lines, top = [], True
-    for line in Path(source.config.path).read_text().splitlines():
-        top = top and not line.lstrip().startswith("[")
-        if top and line.split("=", 1)[0].strip() == "checkpoint":
-            continue
-        lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 def save_taskset(ts, path):
@@ -161,9 +85,6 @@ def export(judged, out, log=print, card=None):
         ``out`` not empty; the variant built again is not the judged one (its build record's
         bytes differ).
     """
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     from variants.export import card as card_mod
     from variants.export.source import rebuild
 
@@ -179,30 +100,10 @@ def export(judged, out, log=print, card=None):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        module = variant.module
-        weights = dict(tree_flatten(module.parameters()))
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
-        config = json.loads((Path(ck.path) / "config.json").read_text())
-        quant = quantization_block(module)
-        if quant:
-            config["quantization"] = quant
-        head = hf_head_shapes(ck) if getattr(module, "classifier", None) is not None and \
-            ck.classifier is not None else {}
-        config[BLOCK] = {
-            "format_version": FORMAT_VERSION, "variant": judged.name,
-            "family": judged.build["family"], "variant_config": judged.build["config"],
-            "model": source.name, "kind": source.kind, "factory": source.factory,
-            "temperatures": {str(k): float(v) for k, v in variant.temperatures.items()},
-            "reference_checkpoint": str(ck.path),
-            "batch_size": cfg.batch_size, "near_tie_margin": cfg.near_tie_margin, "lowrank": lowrank_block(module), "hf_head": head,
-            "weights_sha256": sha256(tmp / "model.safetensors")}
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (Path(ck.path) / name).is_file():
-                shutil.copyfile(Path(ck.path) / name, tmp / name)
-        toml = _toml_text(source)
-        if toml is not None:
-            (tmp / "model.toml").write_text(toml)
+        config = write_weights(variant, ck, source, tmp, family=judged.build["family"],
+                               variant=judged.name, variant_config=judged.build["config"],
+                               batch_size=cfg.batch_size, near_tie_margin=cfg.near_tie_margin)
+        quant = config.get("quantization")
         from contracts.contract import PACKAGED
 
         if cfg.contract is None or cfg.contract in PACKAGED:

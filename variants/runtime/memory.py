@@ -25,6 +25,24 @@ def process_rss_bytes():
     return int(_PROCESS.memory_info().rss)
 
 
+def process_peak_rss_bytes():
+    """This process's peak resident set so far, bytes (int): ``VmHWM`` of /proc/self/status
+    (reset by exec, unlike ``ru_maxrss``, which a spawned child inherits from its parent);
+    ``ru_maxrss`` where /proc is absent."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
 def snapshot():
     """{"peak_bytes", "cache_bytes", "active_bytes", "rss_bytes"}: MLX's allocator peak (since
     the last reset), cache and active bytes, and the process RSS, now (ints, bytes)."""

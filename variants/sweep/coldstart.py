@@ -7,10 +7,22 @@ JSON object with each stage timed separately:
   interpreter start-up and ``import variants`` (which preloads OpenBLAS);
 - ``import_s``: ``import mlx.core, mlx.nn, numpy`` and the package modules the model needs
   (checkpoint loader, decision model, the family's builder);
-- ``weight_load_s``: checkpoint -> MLX arrays, evaluated (``load_checkpoint``: safetensors, its
-  sha256, tokenizer) + the fitted head and temperatures from the sweep's cache;
+- ``source``: what the child loads, as deployment would (:data:`SOURCES`): ``"exported
+  artifact"`` for a variant of a family that exports (:data:`variants.families.artifact.EXPORTABLE`,
+  timed in the ``native`` mode): the parent wrote its weights folder (the files ``variants
+  export`` ships: packed ``weight``/``scales``/``biases``, factored layers as two Linears, the
+  fitted head, temperatures in config.json) and the child loads that folder
+  (:func:`variants.families.artifact.load_variant`: no fp32 checkpoint, nothing built);
+  ``"fp32 checkpoint + build"`` for the other variants (the fp32 checkpoint, then the family's
+  builder); ``"fp32 checkpoint"`` for the reference;
+- ``weight_load_s``: weights -> MLX arrays, evaluated: the artifact's packed load, or
+  ``load_checkpoint`` (safetensors, its sha256, tokenizer) + the fitted head and temperatures
+  from the sweep's cache;
 - ``build_s``: the variant's builder in the speed mode, parameters evaluated (0 for the
-  reference);
+  reference and for an artifact);
+- ``weight_files_read``: every ``.safetensors`` / ``.npz`` file the child opened (Python's
+  ``open`` audit events and ``mx.load``), absolute paths: the record that an artifact's cold
+  start never read the fp32 checkpoint; ``artifact_bytes``: its ``model.safetensors`` size;
 - ``first_tokenise_ms`` and ``first_forward_ms``: the first tokenisation and the first forward
   (``mx.eval`` inside) of one batch; ``second_forward_ms`` is the next, warm call of the same
   batch, for comparison;
@@ -22,7 +34,8 @@ JSON object with each stage timed separately:
   ``load_process_rss_bytes`` once the weights are loaded and the variant built, before any call;
   ``first_call_peak_memory_bytes`` (peak reset after loading, so the first tokenisation and
   forward's own peak, the weights included) / ``first_call_cache_memory_bytes`` /
-  ``first_call_process_rss_bytes`` just after the first forward.
+  ``first_call_process_rss_bytes`` just after the first forward; ``process_peak_rss_bytes``:
+  the child's peak resident set (``VmHWM``) at the end.
 
 The parent side is :func:`measure_cold_start`, which writes the spec (a pickle of plain data:
 model name, head cache file, the batch's TaskSet, and for a variant its family, parameters,
@@ -40,13 +53,51 @@ from pathlib import Path
 
 STAGES = ("startup_s", "import_s", "weight_load_s", "build_s", "first_tokenise_ms",
           "first_forward_ms")
+#: what a cold start loads (its result's ``source``)
+SOURCES = {"artifact": "exported artifact", "build": "fp32 checkpoint + build",
+           "reference": "fp32 checkpoint"}
+#: suffixes of the files ``weight_files_read`` records
+WEIGHT_SUFFIXES = (".safetensors", ".npz")
 
 
 def _now():
     return time.perf_counter()
 
 
-def run_spec(spec, spawned_at=None, main_at=None):
+def record_weight_reads():
+    """Start recording the weight files this process opens; returns the list they are added
+    to (absolute paths, in order). Python-level opens are seen by an audit hook (``open``
+    events: ``open``, ``io.open``, ``os.open``, NumPy, hashing) and ``mlx.core.load`` is
+    wrapped (its C++ reader raises no audit event). Audit hooks cannot be removed: call it in a
+    process of its own (the child's :func:`main`)."""
+    import mlx.core as mx
+
+    seen = []
+
+    def note(path):
+        try:
+            p = os.path.abspath(os.fsdecode(path))
+        except TypeError:  # a file descriptor
+            return
+        if p.endswith(WEIGHT_SUFFIXES) and p not in seen:
+            seen.append(p)
+
+    def hook(event, args):
+        if event == "open" and args:
+            note(args[0])
+
+    sys.addaudithook(hook)
+    load = mx.load
+
+    def recorded_load(file, *a, **k):
+        note(file)
+        return load(file, *a, **k)
+
+    mx.load = recorded_load
+    return seen
+
+
+def run_spec(spec, spawned_at=None, main_at=None, reads=None):
     """Measure one cold start in *this* process (the child side). Returns the result dict.
 
     ``spec`` is a dict or the path of its pickle (loaded after the imports are timed, so that
@@ -59,12 +110,18 @@ def run_spec(spec, spawned_at=None, main_at=None):
     ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
     optionally ``device``, ``dtype`` (:mod:`variants.runtime.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``, or of ``config``, the variant's config
     when the sweep was given configs, e.g. a search's finalists),
-    ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``.
+    ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``; or, for a
+    variant loaded from its weights folder, ``artifact`` (the folder), ``model``, ``taskset``,
+    ``device``, ``dtype``, ``max_length``, ``variant`` and ``family`` only (no checkpoint, no
+    head file, nothing to build). ``reads``: the list :func:`record_weight_reads` fills
+    (reported as ``weight_files_read``; None = not recorded).
 
     Raises
     ------
     ValueError
         If the variant is not in the family's ladder.
+    variants.checkpoints.files.CheckpointError
+        If the artifact folder does not load.
     """
     t_main = time.time() if main_at is None else main_at
     out = {"startup_s": (t_main - spawned_at) if spawned_at is not None else None}
@@ -72,9 +129,10 @@ def run_spec(spec, spawned_at=None, main_at=None):
     import mlx.core as mx
     import mlx.nn  # noqa: F401
 
-    from variants.checkpoints.load import load_checkpoint
+    # both modes import the same modules, so their import_s compare alike
+    from variants.checkpoints.load import load_checkpoint  # noqa: F401
     from variants.models import get_module
-    from mlx.utils import tree_flatten
+    from mlx.utils import tree_flatten  # noqa: F401
 
     import variants.datasets.tasks  # noqa: F401  (what the spec's TaskSets unpickle into)
     import variants.models.configured  # noqa: F401  (and its ModelSource)
@@ -84,8 +142,11 @@ def run_spec(spec, spawned_at=None, main_at=None):
         with open(spec, "rb") as f:
             spec = pickle.load(f)
         t0 += _now() - t_load  # unpickling is not an import
+    artifact = spec.get("artifact")
+    if artifact:
+        from variants.families.artifact import load_variant
     family = None
-    if spec.get("family"):
+    if spec.get("family") and not artifact:
         from variants.families import get_family
 
         family = get_family(spec["family"])
@@ -98,6 +159,29 @@ def run_spec(spec, spawned_at=None, main_at=None):
 
     t0 = _now()
     ml = spec.get("max_length")  # (tokens, where set) or None
+    if artifact:
+        model, _ = load_variant(artifact, max_length=None if ml is None else tuple(ml))
+        out["weight_load_s"] = _now() - t0
+        out["build_s"] = 0.0
+        out["source"] = SOURCES["artifact"]
+        out["artifact_bytes"] = (Path(artifact) / "model.safetensors").stat().st_size
+    else:
+        model = _fp32_and_build(spec, out, module, family, t0)
+    _first_calls(model, spec, out)
+    if reads is not None:
+        out["weight_files_read"] = list(reads)
+    return out
+
+
+def _fp32_and_build(spec, out, module, family, t0):
+    """Load the fp32 checkpoint and the sweep's cached head, then build the variant (none for
+    the reference): ``out`` gets the times and ``source``; returns the model."""
+    import mlx.core as mx
+
+    from variants.checkpoints.load import load_checkpoint
+    from variants.runtime import device
+
+    ml = spec.get("max_length")
     ck = load_checkpoint(spec.get("checkpoint"), dtype=device.mx_dtype(),
                          max_length=None if ml is None else tuple(ml))
     model = module.bind(ck).build(ck)
@@ -130,7 +214,17 @@ def run_spec(spec, spawned_at=None, main_at=None):
         out["build_s"] = _now() - t0
     else:
         out["build_s"] = 0.0
-    from variants.runtime.memory import snapshot
+    out["source"] = SOURCES["build" if family is not None else "reference"]
+    return model
+
+
+def _first_calls(model, spec, out):
+    """The memory once loaded, the first tokenisation and forward (and the warm second) of
+    the spec's batch, into ``out``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from variants.runtime.memory import process_peak_rss_bytes, snapshot
 
     load = snapshot()  # weights loaded (and the variant built): before any call
     out["load_peak_memory_bytes"] = load["peak_bytes"]
@@ -160,7 +254,7 @@ def run_spec(spec, spawned_at=None, main_at=None):
     out["batch_size"] = int(batches[0].input_ids.shape[0])
     out["seq_len"] = int(batches[0].input_ids.shape[1])
     out["what"] = spec.get("variant") or "reference"
-    return out
+    out["process_peak_rss_bytes"] = process_peak_rss_bytes()
 
 
 def measure_cold_start(spec, *, timeout_s=600.0, python=None):
@@ -226,7 +320,9 @@ def main(argv=None):
     p.add_argument("--spawned-at", type=float, default=None,
                    help="parent's time.time() at spawn (for startup_s)")
     args = p.parse_args(argv)
-    print(json.dumps(run_spec(args.spec, spawned_at=args.spawned_at, main_at=main_at)))
+    reads = record_weight_reads()
+    print(json.dumps(run_spec(args.spec, spawned_at=args.spawned_at, main_at=main_at,
+                              reads=reads)))
     return 0
 
 

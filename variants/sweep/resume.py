@@ -15,7 +15,7 @@ from runs.judge import require_family
 from runs.npz_readers import check_same_ids, read_outputs
 from runs.readers import read_build, read_run_json, read_timing
 from variants.sweep.config import SweepError
-from variants.sweep.timing import cold_start_spec
+from variants.sweep.cold_variant import variant_cold_start
 
 
 def read_json(path):
@@ -161,8 +161,7 @@ def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
                                             sweep.tasksets["eval"], cfg, vcfg))
         changed = True
     if cfg.cold_start == "all" and "cold_start" not in timing:
-        timing["cold_start"] = sweep._cold_start(
-            cold_start_spec(sweep, timing_sets, family, vcfg), vcfg.name)
+        timing["cold_start"] = variant_cold_start(sweep, family, vcfg, timing_sets)
         changed = True
     if changed:
         write_json(path, timing)

@@ -29,6 +29,7 @@ from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.families import get_family
 from variants.families.family import BuildInputs
+from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
 from variants.models.decision import prepared_digest
@@ -136,9 +137,11 @@ class Sweep:
         if "error" in res:
             self.log(f"{what}: cold start not measured ({res['error']})")
         else:
-            self.log(f"{what}: cold start {res['total_s']:.2f} s (import {res['import_s']:.2f}, "
+            self.log(f"{what}: cold start from the {res.get('source', 'checkpoint')} "
+                     f"{res['total_s']:.2f} s (import {res['import_s']:.2f}, "
                      f"weights {res['weight_load_s']:.2f}, build {res['build_s']:.2f}, first "
-                     f"forward {res['first_forward_ms']:.0f} ms at B={res['batch_size']})")
+                     f"forward {res['first_forward_ms']:.0f} ms at B={res['batch_size']}; "
+                     f"load-time peak {res.get('load_peak_memory_bytes', 0) / 1e6:.1f} MB)")
         return res
 
     def reference_cold_start(self, timing_sets):
@@ -156,11 +159,12 @@ class Sweep:
         return BuildInputs(calibration=self.tasksets["calibration"], fit=self.tasksets["fit"],
                            cache_dir=self.cache).only(family.inputs)
 
-    def _time_variant(self, family, vcfg, timing_sets, extra=True):
+    def _time_variant(self, family, vcfg, timing_sets, extra=True, keep_model=False):
         """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
         built in the speed mode, then per batch size one alternated measurement of end-to-end
         calls gives both regions (``batches`` = forward, ``end_to_end``); with ``extra`` the
-        family's own ``time_extra`` fields join."""
+        family's own ``time_extra`` fields join. ``keep_model``: return ``(timing, the
+        variant built)`` (its cold start writes that model's weights folder)."""
         cfg = self.cfg
         with self.clock("variant_build"):
             var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
@@ -175,7 +179,7 @@ class Sweep:
             if extra and family.time_extra is not None:
                 timing.update(family.time_extra(self.ref_model, var_model,
                                                 self.tasksets["eval"], cfg, vcfg))
-            return timing
+            return (timing, var_model) if keep_model else timing
 
     def variant(self, family, vcfg, timing_sets):
         """Build, run and time one variant unless its folder already holds the results."""
@@ -220,11 +224,11 @@ class Sweep:
             info.update(family.outputs_info(info, outs))
         del var_model
         t1 = time.perf_counter()
-        timing = self._time_variant(family, vcfg, timing_sets)
+        timing, timed = self._time_variant(family, vcfg, timing_sets, keep_model=True)
         timing["wall_s"] = time.perf_counter() - t1
-        if cfg.cold_start == "all":
-            timing["cold_start"] = self._cold_start(
-                cold_start_spec(self, timing_sets, family, vcfg), vcfg.name)
+        if cfg.cold_start == "all":  # from its exported weights where the family exports
+            timing["cold_start"] = variant_cold_start(self, family, vcfg, timing_sets, timed)
+        del timed
         with self.clock("metrics_contract_report"):
             outs["eval"].save(files["outputs.npz"])
             outs["calibration"].save(files["calibration_outputs.npz"])

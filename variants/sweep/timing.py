@@ -171,21 +171,27 @@ def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_spe
                                 for e in result[region].values())
 
 
-def cold_start_spec(sweep, timing_sets, family=None, vcfg=None):
+def cold_start_spec(sweep, timing_sets, family=None, vcfg=None, artifact=None):
     """The :func:`variants.sweep.coldstart.run_spec` spec of ``sweep``'s reference (``vcfg`` None) or
-    of variant ``vcfg`` of ``family``: the smallest timed batch, the cached head, and the
-    :class:`BuildInputs` fields the family's build reads."""
+    of variant ``vcfg`` of ``family``: the smallest timed batch, and either ``artifact`` (the
+    variant's weights folder, :func:`variants.families.artifact.write_weights`: the child loads
+    that and nothing else) or the checkpoint, the cached head and the :class:`BuildInputs`
+    fields the family's build reads."""
     b = min(timing_sets)
     from variants.sweep.inputs import checkpoint_path
 
     source = sweep.cfg.resolve_model()
-    ck = checkpoint_path(sweep.cfg, source)
-    spec = {"model": source, "checkpoint": None if ck is None else str(ck),
+    spec = {"model": source,
             "taskset": timed_batches(timing_sets[b][0], b)[0],  # B=1: the median text
             "device": sweep.cfg.device, "dtype": sweep.cfg.dtype,
-            "max_length": sweep.cfg.max_length_choice(),
-            "head_path": str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
-                             .resolve())}
+            "max_length": sweep.cfg.max_length_choice()}
+    if artifact is not None:
+        spec.update(artifact=str(artifact), family=sweep.cfg.family, variant=vcfg.name)
+        return spec
+    ck = checkpoint_path(sweep.cfg, source)
+    spec.update(checkpoint=None if ck is None else str(ck),
+                head_path=str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
+                              .resolve()))
     if vcfg is not None:
         spec.update(family=sweep.cfg.family, params=dict(sweep.cfg.params), variant=vcfg.name,
                     config=vcfg,  # a variant given as a config (a search's finalist) is in no ladder

@@ -25,12 +25,12 @@ import math
 from collections import OrderedDict
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 from threadpoolctl import threadpool_limits
 
 from variants.arch import activations
+from variants.arch.lowrank import LowRankLinear
 from variants.layer_maps import ratio_map
 from variants.families.lowrank.factorise import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START, Decomposition,
                                                  _weighted_norm, break_even, choose_rank,
@@ -38,38 +38,7 @@ from variants.families.lowrank.factorise import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_S
 from variants.families.quant.build import MODES, QuantConfig, quantize_module
 
 # ---------------------------------------------------------------------------------------------
-# the factorised layer and the factorisation
-# ---------------------------------------------------------------------------------------------
-
-class LowRankLinear(nn.Module):
-    """y = (x W_vᵀ) W_uᵀ + b as two nn.Linear layers ``down`` (k, n) and ``up`` (m, k).
-
-    Parameters
-    ----------
-    w_u : array of shape (m, k)
-    w_v : array of shape (k, n)
-    bias : array of shape (m,), optional
-    """
-
-    def __init__(self, w_u, w_v, bias=None):
-        super().__init__()
-        m, k = w_u.shape
-        k2, n = w_v.shape
-        if k != k2:
-            raise ValueError(f"factor shapes {w_u.shape} and {w_v.shape} do not chain")
-        self.down = nn.Linear(n, k, bias=False)
-        self.up = nn.Linear(k, m, bias=bias is not None)
-        self.down.weight = mx.array(np.asarray(w_v, np.float32))
-        self.up.weight = mx.array(np.asarray(w_u, np.float32))
-        if bias is not None:
-            self.up.bias = mx.array(np.asarray(bias, np.float32))
-
-    def __call__(self, x):
-        return self.up(self.down(x))
-
-
-# ---------------------------------------------------------------------------------------------
-# the module transform
+# the module transform (the factorised layer, LowRankLinear, is variants.arch.lowrank's)
 # ---------------------------------------------------------------------------------------------
 
 def factorize_module(module, cfg, stats=None, *, paths=None):

@@ -1,0 +1,224 @@
+"""A built variant's weights folder: what ``variants export`` ships and what a sweep's cold start
+loads (the same files, byte for byte in layout).
+
+:func:`write_weights` writes ``model.safetensors`` (the decision model's parameters by module
+path; each quantized module as ``weight`` packed uint32, ``scales`` and ``biases`` exactly as
+``mlx.nn.quantize`` makes them), ``config.json`` (the original checkpoint's config, plus
+mlx-lm's ``quantization`` block and an ``mlx_variants`` block: the decision model's kind,
+temperatures, low-rank factor shapes, head skeleton), the tokenizer files and ``model.toml``.
+:func:`load_variant` loads it back packed: the skeleton from the configs, factored layers put in
+place, ``mlx.nn.quantize`` with mlx-lm's predicate, ``load_weights(strict=True)`` — nothing
+re-quantized, no fp32 checkpoint read, nothing built.
+
+Only families whose variant is a set of weights MLX loads write one (:data:`EXPORTABLE`); the
+others say why in one line (:data:`NOT_EXPORTABLE`).
+"""
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+from metrics._checks import short_path
+from runs.io import file_sha256
+
+FORMAT_VERSION = 1
+#: families whose variant is a set of weights MLX loads (quantized and/or factored Linears)
+EXPORTABLE = ("quant", "lowrank")
+#: why the other families do not export (one line each)
+NOT_EXPORTABLE = {
+    "prune": "token pruning is a rule applied at run time, not weights",
+    "exit": "early exit is a rule plus exit heads run by this package, not an MLX checkpoint",
+    "student": "a student is a new network trained here; export its folder with its own code",
+    "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
+    "w8a8": "W8A8 quantizes activations at run time with this package's int8 kernels, not "
+            "mlx.nn.quantize's packed format",
+}
+#: the config.json block that marks a variant's weights folder
+BLOCK = "mlx_variants"
+#: tokenizer files copied when the checkpoint has them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
+
+
+def quantization_block(module):
+    """mlx-lm's ``quantization`` config block of ``module``: the most common (group size, bits)
+    as defaults, a ``{"group_size", "bits"}`` entry per quantized module that differs, and
+    ``false`` for each module of a quantizable type left full precision; None when nothing is
+    quantized."""
+    import mlx.nn as nn
+
+    quant = {p: (m.group_size, m.bits) for p, m in module.named_modules()
+             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    if not quant:
+        return None
+    (gs, bits), _ = max(Counter(quant.values()).items(), key=lambda kv: (kv[1], -kv[0][1]))
+    block = {"group_size": int(gs), "bits": int(bits)}
+    for p, m in sorted(module.named_modules()):
+        if p in quant:
+            if quant[p] != (gs, bits):
+                block[p] = {"group_size": int(quant[p][0]), "bits": int(quant[p][1])}
+        elif type(m) in (nn.Linear, nn.Embedding):
+            block[p] = False
+    return block
+
+
+def hf_head_shapes(checkpoint):
+    """``{name: shape}`` of the checkpoint file's classification-head tensors (what
+    :func:`variants.checkpoints.hf_heads.load_head` reads), so a loader can build the head's
+    skeleton."""
+    from safetensors import safe_open
+
+    from variants.checkpoints import files as files_
+
+    shapes = {}
+    for f in files_.weight_files(checkpoint.path):
+        with safe_open(str(f), framework="numpy") as st:
+            for k in st.keys():
+                if k.startswith(HEAD_PREFIXES):
+                    shapes[k] = list(st.get_slice(k).get_shape())
+    return dict(sorted(shapes.items()))
+
+
+def toml_text(source):
+    """The model TOML's text without its ``checkpoint`` key (the folder is the checkpoint);
+    None for a model with no TOML file."""
+    if source.config is None or source.config.path is None:
+        return None
+    lines, top = [], True
+    for line in Path(source.config.path).read_text().splitlines():
+        top = top and not line.lstrip().startswith("[")
+        if top and line.split("=", 1)[0].strip() == "checkpoint":
+            continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_weights(model, checkpoint, source, out, *, family, variant, variant_config,
+                  batch_size=None, near_tie_margin=None):
+    """Write ``model``'s weights folder into the existing folder ``out``.
+
+    Parameters
+    ----------
+    model : variants.models.decision.DecisionModel
+        The variant as it runs (packed: built in the ``native`` mode), fitted head and
+        temperatures included.
+    checkpoint : variants.checkpoints.load.Checkpoint
+        The reference checkpoint it was built from (its config.json, tokenizer files, head).
+    source : variants.models.configured.ModelSource
+        The decision model's kind (its TOML is written as ``model.toml``).
+    out : Path
+    family, variant : str
+    variant_config : dict
+        The variant's config (build.json ``config``).
+    batch_size : int, optional
+    near_tie_margin : float, optional
+
+    Returns
+    -------
+    dict
+        The config.json written (the ``quantization`` block is None-free: absent when nothing
+        is quantized).
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from variants.arch.lowrank import factor_shapes
+
+    out = Path(out)
+    module = model.module
+    weights = dict(tree_flatten(module.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config = json.loads((Path(checkpoint.path) / "config.json").read_text())
+    config.pop(BLOCK, None)
+    config.pop("quantization", None)
+    quant = quantization_block(module)
+    if quant:
+        config["quantization"] = quant
+    head = (hf_head_shapes(checkpoint) if getattr(module, "classifier", None) is not None
+            and checkpoint.classifier is not None else {})
+    config[BLOCK] = {
+        "format_version": FORMAT_VERSION, "variant": variant, "family": family,
+        "variant_config": variant_config, "model": source.name, "kind": source.kind,
+        "factory": source.factory,
+        "temperatures": {str(k): float(v) for k, v in model.temperatures.items()},
+        "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
+        "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module), "hf_head": head,
+        "weights_sha256": file_sha256(out / "model.safetensors")}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (Path(checkpoint.path) / name).is_file():
+            shutil.copyfile(Path(checkpoint.path) / name, out / name)
+    toml = toml_text(source)
+    if toml is not None:
+        (out / "model.toml").write_text(toml)
+    return config
+
+
+def load_variant(path, max_length=None):
+    """The decision model of weights folder ``path`` (:func:`write_weights`), packed.
+
+    ``max_length``: (tokens, where set) as :func:`variants.checkpoints.load.load_checkpoint`
+    takes it; None = what the folder's tokenizer files and model TOML say.
+
+    Returns
+    -------
+    model : variants.models.decision.DecisionModel
+        Its module holds ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` layers where the
+        variant is quantized (the CPU path of :mod:`variants.runtime.qlinear` on a CPU),
+        :class:`variants.arch.lowrank.LowRankLinear` where it is factored, its temperatures the
+        judged ones.
+    checkpoint : variants.checkpoints.load.Checkpoint
+        Its encoder and classifier are the model's own (packed) modules.
+
+    Raises
+    ------
+    variants.checkpoints.files.CheckpointError
+        Not a weights folder, a file missing, weights that do not match the skeleton.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from variants.arch.lowrank import place_lowrank
+    from variants.checkpoints.files import CheckpointError
+    from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
+    from variants.checkpoints.packed import is_export, quant_predicate, skeleton
+    from variants.models import resolve
+    from variants.runtime import qlinear
+
+    path = Path(path)
+    if not is_export(path):
+        raise CheckpointError(f"{short_path(path)} is not an exported variant (config.json has "
+                              f"no {BLOCK} block); export one with variants export")
+    config = json.loads((path / "config.json").read_text())
+    block = config[BLOCK]
+    ck = skeleton(path, config, (Checkpoint, TextTokenizer, _build), max_length)
+    toml = path / "model.toml"
+    source = resolve(model_config=toml) if toml.exists() else resolve(model=block["factory"])
+    source.bind(ck)
+    model = source.build(ck)
+    module = model.module
+    place_lowrank(module, block.get("lowrank", {}))
+    wfile = path / "model.safetensors"
+    try:
+        weights = mx.load(str(wfile))
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{short_path(wfile)} cannot be read ({e}); export the variant "
+                              "again") from None
+    if "quantization" in config:
+        q = config["quantization"]
+        nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
+                    class_predicate=quant_predicate(q, weights))
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{short_path(wfile)} does not match its config.json ({e}); "
+                              "export the variant again") from None
+    mx.eval(module.parameters())
+    module.eval()
+    qlinear.use_cpu_path(module)
+    model.temperatures = {int(k): float(v) for k, v in block["temperatures"].items()}
+    ck.encoder = module.encoder
+    ck.classifier = getattr(module, "classifier", None) if block.get("hf_head") else None
+    return model, ck
