@@ -53,7 +53,7 @@ def w8a8_encoder(encoder):
     :class:`variants.families.w8a8.build.Int8Linear` (int8 weights, per-token int8 activations, no
     SmoothQuant): our w8a8 variant's encoder (``layers.`` prefix of
     :func:`variants.arch.activations.target_linears`); BERT layers then run as one compiled op each
-    (``fused-int8layer-cpp``)."""
+    (``fused-int8layer-cpp``), ModernBERT layers too (``fused-mbert-int8layer-cpp``)."""
     import copy
 
     import mlx.core as mx
@@ -65,6 +65,14 @@ def w8a8_encoder(encoder):
         activations.set_module(enc, p, Int8Linear(mods[p], native=True))
     mx.eval(enc.parameters())
     return enc
+
+
+def _kernel_of(encoder):
+    """The kernels ``encoder``'s forward runs now (:func:`variants.sweep.timing.kernel`)."""
+    from types import SimpleNamespace
+
+    from variants.sweep import timing
+    return timing.kernel(SimpleNamespace(module=encoder))
 
 
 def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
@@ -136,7 +144,8 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
 
     return {"time": time_, "layers": layers, "profile": profile, "evals": evals, "embed": embed,
             "info": lambda: {"mlx": mx.__version__, "layers": len(ck.encoder.layers),
-                             "engines": list(encs)}}
+                             "engines": list(encs), "kernels": {e: _kernel_of(m)
+                                                                for e, m in encs.items()}}}
 
 
 # -- PyTorch / ONNX Runtime --------------------------------------------------------------------

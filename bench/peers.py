@@ -4,7 +4,8 @@ Engines (each framework in its own worker process, bench/peer_workers.py; 2 intr
 ``mlx`` our fp32 reference, ``q8`` / ``q4`` our native quantized encoders (g64,
 ``quantize_module(..., mode="native")``: weights stay packed, dequantized per call), ``w8a8``
 our W8A8 encoder (every layer Linear a native ``Int8Linear``, no SmoothQuant: oneDNN's integer
-GEMMs; BERT layers as one compiled op, ``fused-int8layer-cpp``), ``torch``
+GEMMs; BERT layers as one compiled op each, ``fused-int8layer-cpp``, ModernBERT layers
+``fused-mbert-int8layer-cpp``), ``torch``
 PyTorch + transformers fp32, ``ort32`` ONNX Runtime fp32 (``torch.onnx.export``, dynamic batch and
 sequence axes), ``ort8`` ONNX Runtime ``quantize_dynamic`` (int8 weights and activations, integer
 GEMMs). Models: MiniLM (the bundled all-MiniLM-L6-v2) and ModernBERT random-init at
@@ -34,8 +35,9 @@ Our W8A8 (``--engines mlx ort32 ort8 w8a8``, B=1/32 x L=24/128, 9 rounds, load 1
 [1.17, 2.78] our fp32 at B=1 L=24 and 2.91x [2.68, 3.34] at B=32 L=128; 0.72x [0.40, 0.82] and
 1.49x [1.31, 1.65] ORT int8's speed. Against the fp32 build with vectorized GELU / exp loops
 (``-fno-trapping-math``; load 5-7): 1.97x [1.72, 2.68] and 2.46x [2.36, 2.61]; 0.72x
-[0.40, 0.77] and 1.50x [1.47, 1.65] ORT int8's. ModernBERT (3 layers, B=1/8): 1.24-3.75x our
-fp32, 0.23-0.61x ORT int8's (per-op ``Int8Linear``; docs/w8a8.md).
+[0.40, 0.77] and 1.50x [1.47, 1.65] ORT int8's. ModernBERT (3 layers, ``--batch 1 32``, its
+layers compiled, load 7-9): 2.86x [2.67, 2.91] our fp32 and 1.44x [1.35, 1.47] ORT int8's at
+B=32 L=128, 2.36x [1.51, 5.14] and 0.67x [0.30, 1.73] at B=1 L=24 (docs/w8a8.md).
 
 Needs the ``bench`` extra (torch, transformers, onnx, onnxruntime) in ``--peer-python``'s
 environment (default: this interpreter); the package's own interpreter runs the MLX worker.
@@ -88,11 +90,11 @@ def tokens_per_s(B, L, ms):
 
 
 def shape_plan(archs, batches, seqs, max_tokens):
-    """[(arch, B, L)] to time: every batch size of the arch (MiniLM 1/8/32, ModernBERT 1/8) that
-    ``batches`` names, every L of ``seqs`` within the arch's positions (MiniLM 512), dropping
-    shapes with B*L > ``max_tokens`` (0: no cap)."""
-    return [(a, B, L) for a in archs for B in BATCHES[a] if B in batches for L in seqs
-            if L <= MAX_LEN[a] and (not max_tokens or B * L <= max_tokens)]
+    """[(arch, B, L)] to time: the batch sizes ``batches`` names (None: each arch's own,
+    :data:`BATCHES`: MiniLM 1/8/32, ModernBERT 1/8), every L of ``seqs`` within the arch's
+    positions (MiniLM 512), dropping shapes with B*L > ``max_tokens`` (0: no cap)."""
+    return [(a, B, L) for a in archs for B in (BATCHES[a] if batches is None else batches)
+            for L in seqs if L <= MAX_LEN[a] and (not max_tokens or B * L <= max_tokens)]
 
 
 def line_fit(x, y):
@@ -197,8 +199,9 @@ def configure_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", nargs="+", choices=("minilm", "modernbert"),
                    default=["minilm", "modernbert"], help="models to time")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32],
-                   help="batch sizes (MiniLM 1/8/32, ModernBERT 1/8)")
+    p.add_argument("--batch", type=int, nargs="+", default=None,
+                   help="batch sizes for every arch (default: each arch's own, MiniLM 1/8/32, "
+                        "ModernBERT 1/8)")
     p.add_argument("--seq", type=int, nargs="+", default=[24, 128, 512], help="sequence lengths")
     p.add_argument("--max-tokens", type=int, default=4096,
                    help="skip shapes with B*L above this (0: none; B=32 L=512 takes ~3 s a "

@@ -39,7 +39,7 @@ def test_tokens_per_s_and_line_fit():
 
 def test_default_plan_fits_each_model_and_the_token_cap():
     args = peers.configure_parser().parse_args([])
-    assert args.arch == ["minilm", "modernbert"] and args.batch == [1, 8, 32]
+    assert args.arch == ["minilm", "modernbert"] and args.batch is None
     assert args.seq == [24, 128, 512] and args.mb_layers == 3 and not args.spin
     assert args.engines == ["mlx", "torch", "ort32", "ort8", "q8", "q4", "w8a8"]
     plan = peers.shape_plan(args.arch, args.batch, args.seq, args.max_tokens)
@@ -47,10 +47,10 @@ def test_default_plan_fits_each_model_and_the_token_cap():
     modern = [(1, 24), (1, 128), (1, 512), (8, 24), (8, 128), (8, 512)]
     assert plan == [("minilm", *s) for s in mini] + [("modernbert", *s) for s in modern]
     # no cap: MiniLM B=32 L=512 comes back; L=1024 only for ModernBERT (MiniLM has 512
-    # positions); ModernBERT never runs B=32
+    # positions); ModernBERT runs B=32 only when asked
     plan = peers.shape_plan(["minilm", "modernbert"], [32, 1], [512, 1024], 0)
-    assert plan == [("minilm", 1, 512), ("minilm", 32, 512), ("modernbert", 1, 512),
-                    ("modernbert", 1, 1024)]
+    assert plan == [("minilm", 32, 512), ("minilm", 1, 512), ("modernbert", 32, 512),
+                    ("modernbert", 32, 1024), ("modernbert", 1, 512), ("modernbert", 1, 1024)]
 
 
 def test_measure_rotates_the_engine_order_and_keeps_rounds_paired():

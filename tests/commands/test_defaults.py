@@ -45,7 +45,12 @@ def test_sweep_search_and_sensitivity_read_one_table():
     # the per-layer sensitivity: one example count, every quant width
     assert search.n_sensitivity == sens.n_examples == defaults.N_SENSITIVITY == 200
     assert sens.bits == list(defaults.QUANT_BITS) == [2, 3, 4, 6, 8]
-    assert (sens.n_fit, sens.seed, sens.group_size, sens.max_length) == (2000, 0, 64, None)
+    # its rows are the search's: the same sizes, None = from the data (variants.search.sizes)
+    assert (sens.n_fit, sens.n_search, sens.seed, sens.group_size, sens.max_length) == \
+        (search.n_fit, search.n_search, 0, 64, None) == (None, None, 0, 64, None)
+    assert sens.n_calibration == search.n_calibration == 800
+    assert sens.executor == search.executor == sweep.executor == "local"
+    assert sens.workers == search.workers == sweep.workers == 1
     # the search's own widths have their own name (why: variants.defaults)
     assert search.bits == list(defaults.SEARCH_BITS) == [4, 6, 8]
     from variants.families.quant.family import ladder

@@ -189,6 +189,39 @@ def test_packed_tensors_dequantize_to_the_simulated_weights(model, fit, method, 
     np.testing.assert_allclose(np.array(nm[Q](x)), np.array(sm[Q](x)), rtol=1e-4, atol=1e-4)
 
 
+def test_layers_learned_for_one_map_are_reused_by_another(model, fit, monkeypatch, tmp_path):
+    # GPTQ reads the fp32 reference's activations: a layer's result depends on its own width
+    # only, so a second map sharing a (layer, width) reads it from the per-layer cache
+    monkeypatch.setattr(activations, "target_linears", lambda module, **_: [Q, DOWN])
+    q = r"^encoder\.layers\.0\.attention\.query$=4"
+    first = QuantConfig(bits=6, group_size=64, method="gptq", bits_map=q)  # Q 4, DOWN 6
+    second = QuantConfig(bits=8, group_size=64, method="gptq", bits_map=q)  # Q 4, DOWN 8
+    _, _, f1 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
+    assert f1["layers_reused"] == 0 and f1["cached"] is False
+    got, _, f2 = quant_learned.learned_layers(model, second, fit, cache_dir=tmp_path)
+    assert f2["layers_reused"] == 1 and f2["cached"] is False
+    assert [r["reused"] for r in f2["layers"]] == [True, False]  # Q read, DOWN learned
+    fresh, _, _ = quant_learned.learned_layers(model, second, fit, cache_dir=None)
+    for path in (Q, DOWN):  # the cache gives exactly what learning from scratch gives
+        for a, b in zip(got[path][:3], fresh[path][:3]):
+            assert np.array_equal(a, b)
+    _, _, f3 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
+    assert f3["layers_reused"] == 2 and f3["cached"] is True
+    # other fit texts: other statistics, other keys: nothing is reused
+    other = fit.subset(np.arange(12))
+    _, _, f4 = quant_learned.learned_layers(model, first, other, cache_dir=tmp_path)
+    assert f4["layers_reused"] == 0
+
+
+def test_report_says_how_many_linears_came_from_the_layer_cache():
+    from variants.families.quant.report import method_lines
+
+    info = {"method": "gptq", "calibration_rows": 24, "build_s": 3.0, "layers_reused": 2}
+    assert "2 Linears read from the per-layer cache" in method_lines(info)
+    assert "per-layer cache" not in method_lines(dict(info, layers_reused=0))
+    assert "read from the cache;" in method_lines(dict(info, cached=True))
+
+
 # ---- distilled scales ----
 
 @pytest.fixture(scope="module")

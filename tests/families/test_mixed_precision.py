@@ -158,14 +158,15 @@ def fitted(model):
 
 
 def test_sensitivity_table_and_cache(fitted, tmp_path):
-    from variants.search import sensitivity
+    from variants.search import sens_cache, sensitivity
 
     model, ts = fitted
-    layers = r"layers\.(0|5)\.attention\.value"
+    paths = sensitivity.quantizable_layers(model.module, r"layers\.(0|5)\.attention\.value")
     calls = []
-    frame, path, cached = sensitivity.cached_measure(model, ts, tmp_path, bits=(2, 8),
-                                                     layers=layers, progress=calls.append)
-    assert not cached and len(calls) == 4
+    t = sens_cache.measure_cached(model, ts, tmp_path, paths=paths, bits=(2, 8),
+                                  progress=calls.append)
+    frame = t.frame
+    assert (t.cached, t.measured) == (0, 4) and calls == [2, 2]
     assert list(frame.columns) == ["layer", "bits", "group_size", "max_abs_dlogit", "kl_mean",
                                    "flip_rate", "n"]
     assert frame["layer"].tolist() == ["encoder.layers.0.attention.value"] * 2 + \
@@ -175,14 +176,20 @@ def test_sensitivity_table_and_cache(fitted, tmp_path):
         lo, hi = g.set_index("bits").loc[2], g.set_index("bits").loc[8]
         assert hi.max_abs_dlogit < lo.max_abs_dlogit and hi.kl_mean < lo.kl_mean
         assert 0 < hi.max_abs_dlogit and hi.flip_rate <= lo.flip_rate
-    # the cache file is pandas-readable and reused (no progress call the second time)
-    again, path2, cached2 = sensitivity.cached_measure(model, ts, tmp_path, bits=(2, 8),
-                                                       layers=layers, progress=calls.append)
-    assert cached2 and path2 == path and len(calls) == 4
-    pd.testing.assert_frame_equal(again, pd.read_csv(path))
-    np.testing.assert_allclose(again["kl_mean"], frame["kl_mean"], rtol=1e-12)
-    # the reference's module was not modified: a layer at 8 bits alone is not zero change, but
-    # re-measuring gives the same numbers (deterministic)
+    # one pandas-readable file per unit; read back exactly, nothing measured the second time
+    again = sens_cache.measure_cached(model, ts, tmp_path, paths=paths, bits=(8, 2),
+                                      progress=calls.append)
+    assert (again.cached, again.measured, again.folder) == (4, 0, t.folder)
+    assert len(calls) == 2 and sorted(p.name for p in t.folder.iterdir()) == \
+        [f"{p}.csv" for p in paths]
+    pd.testing.assert_frame_equal(again.frame, frame)
+    # a unit and a width more: only the rows missing are measured, the others read
+    more = sens_cache.measure_cached(model, ts, tmp_path, bits=(2, 4, 8),
+                                     paths=[*paths, "encoder.layers.1.output"])
+    assert (more.cached, more.measured) == (4, 5) and len(more.frame) == 9
+    pd.testing.assert_frame_equal(more.frame[more.frame["bits"] != 4].iloc[:4]
+                                  .reset_index(drop=True), frame)
+    # the reference's module was not modified: re-measuring gives the same numbers
     again2 = sensitivity.measure(model, ts, bits=(8,), layers=r"layers\.0\.attention\.value")
     assert again2["max_abs_dlogit"].iloc[0] == pytest.approx(frame["max_abs_dlogit"].iloc[1])
 

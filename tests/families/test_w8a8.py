@@ -72,7 +72,7 @@ def test_native_equals_simulated_to_round_off(k8, bias, smooth):
     s = w8a8.smooth_factors(np.abs(x).reshape(-1, 384).max(0), np.array(lin.weight), 0.5) \
         if smooth else None
     q = w8a8.Int8Linear(lin, native=True, smooth=s)
-    assert q.kernel == "int8-gemm-dnnl"
+    assert q.kernel == "int8-matmul-dnnl-prepacked"
     native, sim = np.array(q(mx.array(x))), np.array(q.simulated(mx.array(x)))
     assert native.shape == (3, 17, 96)
     scale = np.abs(sim).max()

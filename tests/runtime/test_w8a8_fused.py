@@ -32,7 +32,7 @@ def variant(qk, model):
     if not qk.has_dnnl():
         pytest.skip("W8A8 integer GEMM unavailable here (apt-get install libdnnl-dev)")
     v, info = w8a8.build(model, W8A8Config(), mode="native")
-    assert info["kernel"] == "int8-gemm-dnnl"
+    assert info["kernel"] == "int8-matmul-dnnl-prepacked"
     return v
 
 
@@ -77,12 +77,12 @@ def _smoothed(layer, x, shared):
 
 
 def _qkv(qk, layer, x, threads):
-    proj, smooth, shared, norms = fused_layer.i8weights(layer)
+    proj, smooth, shared, norms, packed = fused_layer.i8weights(layer)
     n = x.shape[0] * x.shape[1]
     return proj, shared, np.array(qk.fused_bert_int8layer(
         mx.array(x.reshape(n, -1)), [n], None, proj, smooth, shared, norms, heads=12,
         q_scale=float(layer.attention.scale), eps1=1e-12, eps2=1e-12, threads=threads,
-        qkv_only=True))
+        qkv_only=True, packed=packed))
 
 
 @pytest.mark.parametrize("smoothing,threads", [("plain", 1), ("plain", 2), ("shared", 1),
@@ -166,7 +166,7 @@ def test_encoder_equals_the_mlx_path(qk, monkeypatch, variant, model, calls):  #
 def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, model, variant):
     assert compiled_paths(variant.module) == fused_layer.I8NAME
     assert fused_layer.path_name(variant.module.encoder.layers) == fused_layer.I8NAME
-    assert sweep_timing.kernel(variant) == "fused-int8layer-cpp, int8-gemm-dnnl"
+    assert sweep_timing.kernel(variant) == "fused-int8layer-cpp, int8-matmul-dnnl-prepacked"
     sim, _ = w8a8.build(model, W8A8Config(), mode="simulated")  # not the compiled GEMM
     assert fused_layer.i8weights(sim.module.encoder.layers[0]) is None
     assert compiled_paths(sim.module) is None
@@ -181,7 +181,7 @@ def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, model, variant):
 
 def test_bad_arguments_raise_before_running(qk, variant):
     layer = variant.module.encoder.layers[0]
-    proj, smooth, shared, norms = fused_layer.i8weights(layer)
+    proj, smooth, shared, norms, packed = fused_layer.i8weights(layer)
     x = mx.zeros((3, 384))
     kw = dict(heads=12, q_scale=0.125, eps1=1e-12, eps2=1e-12)
     with pytest.raises(ValueError, match="lens"):
@@ -193,3 +193,48 @@ def test_bad_arguments_raise_before_running(qk, variant):
                                 **kw)
     with pytest.raises(ValueError, match="6 entries"):
         qk.fused_bert_int8layer(x, [3], None, proj, smooth[:5], shared, norms, **kw)
+    with pytest.raises(ValueError, match="packed"):
+        qk.fused_bert_int8layer(x, [3], None, proj, smooth, shared, norms, packed=packed[:3], **kw)
+    with pytest.raises(ValueError, match="packed entry"):
+        qk.fused_bert_int8layer(x, [3], None, proj, smooth, shared, norms,
+                                packed=packed[1:2] * 4, **kw)
+
+
+@pytest.mark.parametrize("rows", ["B1", "padded"])
+def test_prepacked_layer_is_bit_identical_to_the_plain_gemm(qk, variant, hidden, rows):
+    """The layer on its weights' blobs (oneDNN's matmul primitive) and without them
+    (dnnl_gemm_u8s8s32): the same int32 sums, so the same float32 outputs bit for bit; a
+    second call at another row count reuses the blobs."""
+    x, mask = hidden
+    layer = variant.module.encoder.layers[2]
+    proj, smooth, shared, norms, packed = fused_layer.i8weights(layer)
+    assert all(p is not None and p.dtype == mx.uint8 for p in packed)
+    assert fused_layer.i8weights(layer)[4][0] is packed[0]  # the stacked blob made once
+    refused = qk.int8_prepack_refusals()
+    for n in ({"B1": [1], "padded": [4]}[rows] + [1, 3]):
+        xs, lens = x[:n], [x.shape[1]] * n
+        rows_x = mx.array(xs.reshape(-1, 384))
+        kw = dict(heads=12, q_scale=float(layer.attention.scale), eps1=1e-12, eps2=1e-12)
+        fast = np.array(qk.fused_bert_int8layer(rows_x, lens, None, proj, smooth, shared, norms,
+                                                packed=packed, **kw))
+        plain = np.array(qk.fused_bert_int8layer(rows_x, lens, None, proj, smooth, shared,
+                                                 norms, **kw))
+        np.testing.assert_array_equal(fast, plain)
+        assert np.abs(fast).max() > 1.0
+    assert qk.int8_prepack_refusals() == refused
+
+
+def test_weights_memo_follows_the_modules_arrays(qk, variant):
+    """i8weights answers from its memo while nothing changed, and anew when an array or a
+    module's native flag is replaced."""
+    import copy
+
+    layer = copy.deepcopy(variant.module.encoder.layers[1])
+    first = fused_layer.i8weights(layer)
+    assert fused_layer.i8weights(layer) is first
+    layer.intermediate.bias = layer.intermediate["bias"] + 1.0
+    second = fused_layer.i8weights(layer)
+    assert second is not first and second[0][11] is layer.intermediate["bias"]
+    assert second[4][0] is first[4][0]  # q|k|v unchanged: its stacked blob is kept
+    layer.intermediate._native = False  # now simulated: the layer leaves the compiled op
+    assert fused_layer.i8weights(layer) is None

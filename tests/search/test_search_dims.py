@@ -240,3 +240,55 @@ def test_native_and_simulated_mixed_models_agree(model):
     a, b = nat.raw_logits(ts), sim.raw_logits(ts)
     assert np.abs(a - b).max() <= 1e-3 * max(1.0, np.abs(b).max())
     assert np.abs(b - model.raw_logits(ts)).max() > 0
+
+
+def test_method_sensitivity_quantizes_each_linear_as_its_build_does(model, tmp_path,
+                                                                    monkeypatch):
+    """A learned method's sensitivity row is the KL of the model with that one Linear replaced
+    by the weight the method's build gives it (learned once, through the per-layer cache);
+    a round trip that is round-to-nearest's reproduces round-to-nearest's table exactly."""
+    from types import SimpleNamespace
+
+    from metrics.divergence import kl_divergence_from_logits
+    from variants.datasets import bundled as data
+    from variants.families.quant import learned
+    from variants.models import sentiment
+    from variants.arch import activations
+    from variants.search import dims, sensitivity
+
+    frame = data.split_frame(data.load_vader(), "fit")
+    fit = sentiment.make_taskset(data.sample(frame, 16, seed=0))
+    rows = sentiment.make_taskset(data.sample(frame, 8, seed=1))
+    q = "encoder.layers.0.attention.query"
+
+    def rtn(path, bits, gs):
+        w = dict(model.module.named_modules())[path].weight
+        return mx.dequantize(*mx.quantize(w, group_size=gs, bits=bits), group_size=gs, bits=bits)
+    plain = sensitivity.measure(model, rows, bits=(4,), paths=[q])
+    same = sensitivity.measure(model, rows, bits=(4,), paths=[q], round_trip=rtn)
+    assert plain.equals(same)
+
+    monkeypatch.setattr(activations, "target_linears", lambda module, **_: [q])  # one Linear
+    state = {"reference": model, "tasksets": {"fit": fit}}
+    opts = SimpleNamespace(results_dir=str(tmp_path), bits=(4,), group_size=64)
+    table = dims.method_sensitivity(state, "gptq", rows, [q, "encoder.embeddings.word_embeddings"],
+                                    opts)
+    assert set(table) == {(q, 4)}  # the embedding table keeps round-to-nearest's row
+    got, _, facts = learned.learned_layers(
+        model, QuantConfig(bits=4, method="gptq", bits_map=r"^encoder\.layers\.0\.attention\."
+                           r"query$=4"), fit, cache_dir=tmp_path / ".cache")
+    assert [(r["path"], r["reused"]) for r in facts["layers"]] == [(q, True)]  # learned once
+    import copy
+
+    work = model.replace_module(copy.deepcopy(model.module))
+    ref = model.raw_logits(rows, model.prepare(rows, 32)[0]).astype(np.float64)
+    from variants.families.quant import affine_codes
+
+    dict(work.module.named_modules())[q].weight = mx.array(
+        affine_codes.dequantize(*got[q][:3], 64))
+    out = work.raw_logits(rows, work.prepare(rows, 32)[0])
+    mask = np.asarray(rows.option_mask, bool)
+    kl = float(kl_divergence_from_logits(ref, out, mask).mean())
+    assert table[q, 4] == pytest.approx(kl, rel=1e-4, abs=1e-9)
+    assert table[q, 4] != plain["kl_mean"].iloc[0]  # GPTQ's weight is not RTN's
+    assert dims.method_sensitivity(state, "dwq", rows, [q], opts) == {}

@@ -59,8 +59,21 @@ def test_not_profiled_reference_records_one_line_reason():
 
 def test_rough_timing_skips_profile():
     from variants.arch.encoder import BertEncoder
-    bert = SimpleNamespace(module=SimpleNamespace(encoder=BertEncoder.__new__(BertEncoder)))
+    bert = SimpleNamespace(module=SimpleNamespace(encoder=BertEncoder.__new__(BertEncoder),
+                                                  head=None))
     assert skip_reason(bert, MIN_TIMING_ROUNDS) is None
     reason = skip_reason(bert, MIN_TIMING_ROUNDS - 1)
     assert "--timing-rounds" in reason
     assert reference_profile(bert, {1: None}, "quant", MIN_TIMING_ROUNDS - 1) == {"skipped": reason}
+
+
+def test_marker_reference_records_one_line_reason():
+    # a marker model reads its logits at the option markers: no module head, no option cosine
+    from variants.arch.encoder import BertEncoder
+
+    class MarkerModel:
+        module = SimpleNamespace(encoder=BertEncoder.__new__(BertEncoder))
+
+    reason = skip_reason(MarkerModel(), 50)
+    assert reason is not None and "MarkerModel" in reason and "\n" not in reason
+    assert reference_profile(MarkerModel(), {1: None}, "quant", 50) == {"skipped": reason}

@@ -24,6 +24,9 @@ identity), the activation is in :data:`variants.arch.modernbert_fused.ACTS`, and
 attention mode is not ``masked``. Low-rank or pruned Linears and quantized Linears on another
 kernel (``quantized_matmul``, ``unpack+gemm``, ``dequant+gemm``) take the plain path. Timing
 records name it :data:`NAME` (:func:`used_by`).
+
+W8A8 layers (every projection a native :class:`variants.runtime.int8_linear.Int8Linear`) run in the
+same stack as :mod:`variants.arch.modernbert_fused_i8`'s op (``fused-mbert-int8layer-cpp``).
 """
 
 import os
@@ -32,6 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from variants.arch import modernbert_fused as mf
+from variants.arch import modernbert_fused_i8 as mi8
 from variants.runtime import parallel, qlinear
 from variants.arch.encoder import MASK_BIAS
 
@@ -85,11 +89,15 @@ def qlayer_args(layer):
 
 
 def _layer_args(layer):
-    """("q", :func:`qlayer_args`) or ("f", :func:`variants.arch.modernbert_fused.layer_args`), or
-    None."""
+    """("q", :func:`qlayer_args`), ("i8", :func:`variants.arch.modernbert_fused_i8.i8layer_args`;
+    where the op is built with oneDNN) or ("f", :func:`variants.arch.modernbert_fused.layer_args`),
+    or None."""
     q = qlayer_args(layer)
     if q is not None:
         return "q", q
+    i8 = mi8.i8layer_args(layer) if mi8.kernel() is not None else None
+    if i8 is not None:
+        return "i8", i8
     f = mf.layer_args(layer)
     return None if f is None else ("f", f)
 
@@ -106,6 +114,9 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
     for layer, (kind, a) in zip(encoder.layers, all_args):
         cos, sin = tabs[layer.is_global]
         hw = -1 if layer.is_global else half
+        if kind == "i8":
+            h = mi8.run(kernel, layer, a, h, [L] * b, kb, cos, sin, hw, threads)
+            continue
         if kind == "q":
             proj, gs, bits, norms, eps1, eps2, act = a
             h = kernel.fused_mbert_qlayer(
@@ -149,20 +160,24 @@ def forward(encoder, x, mask, mode):
 
 
 def applies(encoder):
-    """Whether :func:`forward` runs the op for ``encoder``'s layers here (auto / windowed local
-    attention): at least one quantized layer, every layer quantized or fused fp32."""
+    """Whether :func:`forward` runs the ops for ``encoder``'s layers here (auto / windowed local
+    attention): at least one quantized or W8A8 layer, every layer quantized, W8A8 or fused
+    fp32."""
     if _kernel() is None:
         return False
     kinds = [_layer_args(layer) for layer in encoder.layers]
-    return all(k is not None for k in kinds) and any(k[0] == "q" for k in kinds)
+    return all(k is not None for k in kinds) and any(k[0] != "f" for k in kinds)
 
 
 def used_by(encoder):
-    """:data:`NAME` (with :data:`variants.arch.modernbert_fused.NAME` when some layers stayed fp32,
-    comma-joined) when ``encoder`` (a ModernBERT encoder on its fast path, windowed local
-    attention) runs its quantized layers through the op here, else None: for timing records
-    (:func:`variants.arch.modernbert.compiled_paths` finds the encoders of a module)."""
+    """The ops ``encoder`` (a ModernBERT encoder on its fast path, windowed local attention) runs
+    its layers through here, comma-joined: :data:`variants.arch.modernbert_fused.NAME` for fp32
+    layers, :data:`NAME` for quantized ones,
+    :data:`variants.arch.modernbert_fused_i8.NAME` for W8A8 ones; None when :func:`applies` is
+    False. For timing records (:func:`variants.arch.modernbert.compiled_paths` finds the
+    encoders of a module)."""
     if not applies(encoder):
         return None
-    fp32 = any(qlayer_args(layer) is None for layer in encoder.layers)
-    return f"{mf.NAME}, {NAME}" if fp32 else NAME
+    kinds = {_layer_args(layer)[0] for layer in encoder.layers}
+    names = {"f": mf.NAME, "q": NAME, "i8": mi8.NAME}
+    return ", ".join(names[k] for k in ("f", "q", "i8") if k in kinds)

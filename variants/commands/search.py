@@ -54,6 +54,10 @@ def configure(sub):
                         "awq, gptq, dwq; the strategy is walked once per method, each with "
                         "its own --max-candidates; learned methods read the fit split; dwq "
                         "trains per candidate and is slow)")
+    p.add_argument("--method-sensitivity", action="store_true",
+                   help="awq and gptq walk on their own per-layer sensitivity (each encoder "
+                        "Linear quantized alone by the method) instead of round-to-nearest's "
+                        "(default: every method walks on round-to-nearest's; dwq always does)")
     p.add_argument("--w8a8", action="store_true",
                    help="each Linear may also run as W8A8 (int8 weights and per-token int8 "
                         "activations on oneDNN's integer GEMM), priced by --cost; meant for "
@@ -157,6 +161,7 @@ def run(args):
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
         quant_methods=tuple(args.quant_methods), w8a8=args.w8a8,
+        method_sensitivity=args.method_sensitivity,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,
         n_search=args.n_search,

@@ -104,6 +104,14 @@ def configure(sub):
     p.add_argument("--dtype", default=d.dtype, metavar="float32|float16|bfloat16",
                    help="parameter dtype; float16/bfloat16 only with --device gpu (MLX's CPU "
                         "backend has no BLAS path for them)")
+    from variants.commands import executor_flags
+
+    executor_flags.add(p, "the variants' quality passes (build, outputs on both splits)",
+                       note=". With process or ray the speed columns still come from this "
+                            "process: after every quality pass, the workers stopped, each "
+                            "variant is built in the speed mode and timed here against the "
+                            "reference (strict A/B alternation) and cold-started, one at a "
+                            "time, as with local")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (shown by default)")
     p.add_argument("--fail-on-violation", action="store_true",
@@ -158,7 +166,8 @@ def config_from_args(args):
 
     check_family_flags(args)
     kwargs = {k: v for k, v in vars(args).items()
-              if k not in ("func", "command", "fail_on_violation", _GIVEN)}
+              if k not in ("func", "command", "fail_on_violation", _GIVEN, "executor", "workers",
+                           "ray_address")}
     family_params = {p for f in FAMILIES for p in get_family(f).params}
     own = get_family(args.family).params
     kwargs["params"] = {k: kwargs[k] for k in own}
@@ -171,11 +180,14 @@ def config_from_args(args):
 def run(args):
     """``variants sweep``: run it, print the summary table and where report.md is."""
     from runs.report import format_table
+    from variants.commands import executor_flags
     from variants.sweep.run import Sweep, VariantsFailed
 
     cfg = config_from_args(args)
+    log = (lambda m: print(m, file=sys.stderr))
+    executor = executor_flags.make(args, log)
     try:
-        summary = Sweep(cfg, log=lambda m: print(m, file=sys.stderr)).run()
+        summary = Sweep(cfg, log=log, executor=executor).run()
     except VariantsFailed as e:  # some variants failed to build; the others are written
         if e.summary is not None and not e.summary.empty:
             print(format_table(e.summary).to_string(index=False))

@@ -25,12 +25,15 @@ their biases), named ``fused-qlayer-cpp`` in timing records; bit widths and grou
 differ per projection (mixed-precision maps).
 
 A W8A8 layer whose six projections all run :mod:`variants.runtime.int8_linear`'s compiled
-``int8-gemm-dnnl`` (:func:`i8weights`) runs as ``fused_bert_int8layer``
+op (:func:`i8weights`) runs as ``fused_bert_int8layer``
 (``fused_int8_layer.cpp``): each projection's per-token quantization, oneDNN integer GEMM and
 fp32 epilogue as ``int8_linear`` computes them (the same codes and values for the same input),
 q, k and v on one quantization of x and one GEMM on their int8 weights stacked once per weight
 set (when their SmoothQuant factors are equal or absent), the activation fused into the
-intermediate epilogue; named ``fused-int8layer-cpp`` in timing records.
+intermediate epilogue; each whole-weight GEMM on the weight's blob reordered once for oneDNN's
+matmul primitive (:func:`variants.runtime.int8_linear.prepacked`; the stacked q|k|v packed
+once per weight set, the others the Linears' own); named ``fused-int8layer-cpp`` in timing
+records.
 """
 
 import os
@@ -162,7 +165,7 @@ def _int8_linear(m):
     """Whether ``m`` is a biased :class:`variants.runtime.int8_linear.Int8Linear` whose calls run
     the compiled integer GEMM now."""
     return (type(m) is int8_linear.Int8Linear and "bias" in m
-            and m.kernel == int8_linear.NAMES["native"]
+            and m.kernel in (int8_linear.NAMES["native"], int8_linear.NAMES["prepacked"])
             and m["wq"].dtype == mx.int8 and m["w_scale"].dtype == mx.float32
             and m["colsum"].dtype == mx.int32 and m["bias"].dtype == mx.float32
             and ("inv_smooth" not in m or m["inv_smooth"].dtype == mx.float32))
@@ -181,11 +184,13 @@ def _same_smooth(mods):
 
 def i8weights(layer):
     """The W8A8 layer's arrays for ``fused_bert_int8layer``: ``(proj, smooth, qkv_shared,
-    norms)`` with ``proj`` the 16 arrays ``(wq int8 (N, K), w_scale float32 (N,), colsum int32
+    norms, packed)`` with ``proj`` the 16 arrays ``(wq int8 (N, K), w_scale float32 (N,), colsum int32
     (N,), bias float32 (N,))`` of q|k|v stacked (N = 3D), out, intermediate, output;
     ``smooth`` the six projections' SmoothQuant 1/s (K,) float32 or None; ``qkv_shared`` True
-    when q, k and v quantize x alike (:func:`_same_smooth`); ``norms`` ``(g1, b1, g2, b2)``.
-    The stacked arrays are built once per weight set (cached on the layer like :func:`panels`).
+    when q, k and v quantize x alike (:func:`_same_smooth`); ``norms`` ``(g1, b1, g2, b2)``;
+    ``packed`` the four weights' prepacked uint8 blobs (each None where oneDNN has no matmul
+    primitive: that GEMM runs ``dnnl_gemm_u8s8s32``).
+    The stacked arrays and their blob are built once per weight set (cached on the layer like :func:`panels`).
     None unless every projection is a compiled-kernel Int8Linear (:func:`_int8_linear`) and the
     layer is otherwise a reference layer (affine norms, an ``ACTS`` activation, full-width
     heads)."""
@@ -195,9 +200,23 @@ def i8weights(layer):
     mods = tuple(getattr(o, n, None) for o, n in (
         (att, "query"), (att, "key"), (att, "value"), (att, "out"), (layer, "intermediate"),
         (layer, "output")))
+    n1, n2 = getattr(layer, "attention_norm", None), getattr(layer, "output_norm", None)
+    parts = mods + (n1, n2)
+    if not all(isinstance(m, nn.Module) for m in parts):
+        return None
+    # the answer for these modules, their arrays and flags as they are now (the checks below
+    # cost ~0.1 ms a layer, paid on every forward of a few tokens otherwise)
+    key = parts + tuple(v for m in parts for v in m.values()) + tuple(
+        getattr(m, "_native", None) for m in mods)
+    memo = layer.__dict__.get("_i8memo")
+    if memo is None:
+        memo = layer.__dict__["_i8memo"] = DerivedWeights()
+    return memo.get(key, lambda: _i8weights(layer, att, mods, n1, n2))
+
+
+def _i8weights(layer, att, mods, n1, n2):
     if not all(_int8_linear(m) for m in mods):
         return None
-    n1, n2 = getattr(layer, "attention_norm", None), getattr(layer, "output_norm", None)
     if not (_affine_norm(n1) and _affine_norm(n2)):
         return None
     D, F = mods[3]["wq"].shape[0], mods[4]["wq"].shape[0]
@@ -205,19 +224,20 @@ def i8weights(layer):
             or att.n_heads * att.head_dim != D):
         return None
     keys = ("wq", "w_scale", "colsum", "bias")
-    sources = tuple(m[k] for m in mods for k in keys + ("inv_smooth",) if k in m)
+    sources = tuple(m[k] for m in mods[:3] for k in keys + ("inv_smooth",) if k in m)
     cache = getattr(layer, "_fused_int8", None)
     if cache is None:
         cache = layer._fused_int8 = DerivedWeights()
 
     def build():
         qkv = [mx.concatenate([m[k] for m in mods[:3]]) for k in keys]
-        return qkv, _same_smooth(mods[:3])
+        return qkv, _same_smooth(mods[:3]), int8_linear.prepacked(layer.attention, qkv[0])
 
-    qkv, shared = cache.get(sources, build)
+    qkv, shared, qkv_packed = cache.get(sources, build)
     proj = list(qkv) + [m[k] for m in mods[3:] for k in keys]
     smooth = [m["inv_smooth"] if "inv_smooth" in m else None for m in mods]
-    return proj, smooth, shared, [n1.weight, n1.bias, n2.weight, n2.bias]
+    packed = [qkv_packed] + [int8_linear.prepacked(m, m["wq"]) for m in mods[3:]]
+    return proj, smooth, shared, [n1.weight, n1.bias, n2.weight, n2.bias], packed
 
 
 def panels(layer, w):
@@ -242,9 +262,10 @@ def _run(kernel, layer, w, rows, lens, key_bias, threads, kind="fp32"):
                   threads=int(threads))
     lens = [int(n) for n in lens]
     if kind == "int8":
-        proj, smooth, shared, norms = w
+        proj, smooth, shared, norms, packed = w
         return kernel.fused_bert_int8layer(rows, lens, key_bias, proj, smooth, shared, norms,
-                                           q_scale=float(layer.attention.scale), **common)
+                                           q_scale=float(layer.attention.scale), packed=packed,
+                                           **common)
     if kind == "q":
         proj, gs, bits, norms = w
         return kernel.fused_bert_qlayer(rows, lens, key_bias, proj, gs, bits, norms,

@@ -9,9 +9,13 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.runtime import qkernel
+from variants.runtime.derived import DerivedWeights
 
-#: the kernel names timing records give a W8A8 Linear's calls
-NAMES = {"native": "int8-gemm-dnnl", "simulated": "w8a8-simulated"}
+#: the kernel names timing records give a W8A8 Linear's calls: oneDNN's matmul primitive on
+#: weights reordered once (:func:`prepacked`), oneDNN's ``dnnl_gemm_u8s8s32`` (re-packs the
+#: weight every call; where the build has no matmul primitive for it), or simulated in MLX
+NAMES = {"prepacked": "int8-matmul-dnnl-prepacked", "native": "int8-gemm-dnnl",
+         "simulated": "w8a8-simulated"}
 
 
 def quantize_weight(w):
@@ -40,6 +44,26 @@ def _kernel():
     return k if k is not None and k.has_dnnl() else None
 
 
+def can_prepack(wq):
+    """Whether the compiled op can reorder ``wq`` (N, K) for oneDNN's matmul primitive."""
+    k = _kernel()
+    return (k is not None and hasattr(k, "int8_prepack_bytes")
+            and k.int8_prepack_bytes(*wq.shape) > 0)
+
+
+def prepacked(module, wq):
+    """``wq`` int8 (N, K) reordered once into the layout of oneDNN's matmul primitive (a uint8
+    blob, ``qkernel.int8_prepack``), made on the first native call and cached on ``module``
+    until ``wq`` is replaced (a plain object: not a parameter, not saved; a deep copy makes its
+    own); None where :func:`can_prepack` is False."""
+    if not can_prepack(wq):
+        return None
+    cache = module.__dict__.get("_prepack")
+    if cache is None:
+        cache = module.__dict__["_prepack"] = DerivedWeights()
+    return cache.get((wq,), lambda: _kernel().int8_prepack(wq))
+
+
 class Int8Linear(nn.Module):
     """A W8A8 Linear: ``x`` (..., in) float32 -> (..., out) float32 (module docstring).
 
@@ -62,8 +86,12 @@ class Int8Linear(nn.Module):
 
     @property
     def kernel(self):
-        """``int8-gemm-dnnl`` when calls run the compiled integer GEMM, else ``w8a8-simulated``."""
-        return NAMES["native"] if self._native and _kernel() is not None else NAMES["simulated"]
+        """``int8-matmul-dnnl-prepacked`` when calls run oneDNN's matmul primitive on the
+        prepacked weight, ``int8-gemm-dnnl`` when they run ``dnnl_gemm_u8s8s32``, else
+        ``w8a8-simulated``."""
+        if not (self._native and _kernel() is not None):
+            return NAMES["simulated"]
+        return NAMES["prepacked"] if can_prepack(self["wq"]) else NAMES["native"]
 
     def simulated(self, x):
         """The same quantization in MLX, dequantized values multiplied in fp32."""
@@ -80,4 +108,5 @@ class Int8Linear(nn.Module):
             return self.simulated(x)
         return k.int8_linear(x, self["wq"], self["w_scale"], self["colsum"],
                              self["bias"] if "bias" in self else None,
-                             self["inv_smooth"] if "inv_smooth" in self else None)
+                             self["inv_smooth"] if "inv_smooth" in self else None,
+                             prepacked(self, self["wq"]))

@@ -115,10 +115,13 @@ class CostTable:
 
         batch = int(cost.split("-b")[1])
         key = compute_path.key_part()
-        if INT8 in bits:  # the int8 op's times: oneDNN's, or the simulated path's without it
+        if INT8 in bits:  # the int8 op's times: oneDNN's (prepacked or not), or simulated
             from variants.runtime.int8_linear import NAMES, _kernel
 
-            key = [key, NAMES["native"] if _kernel() is not None else NAMES["simulated"]]
+            k = _kernel()
+            name = ("simulated" if k is None else "prepacked"
+                    if getattr(k, "has_prepack", lambda: False)() else "native")
+            key = [key, NAMES[name]]
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"
                                              f"{digest(key)}.json")
         table = json.loads(path.read_text()) if path.exists() else {}

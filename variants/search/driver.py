@@ -119,15 +119,21 @@ class Search:
         return dict(self.payload, sweep=sweep)
 
     def sensitivity(self):
-        from variants.search import sensitivity
+        """{(unit, bits): mean KL} of every unit, from the cache shared with ``variants
+        sensitivity`` (:mod:`variants.search.sens_cache`); the missing units run on the
+        search's executor."""
+        from variants.search import sens_cache
 
-        cal = self.state["parts"]["search-calibration"]
-        sub = cal.subset(list(range(min(self.opts.n_sensitivity, len(cal)))))
-        frame, path, cached = sensitivity.cached_measure(
-            self.state["reference"], sub, Path(self.opts.results_dir) / ".cache",
-            bits=self.opts.bits, group_size=self.opts.group_size, log=self.log,
-            paths=self.layers)
-        self.sens_path = path
+        o = self.opts
+        sub = sens_cache.rows_of(self.state["parts"], o.n_sensitivity)
+        remote = {"sweep": self.remote_payload()["sweep"], "n_search": o.n_search,
+                  "n_rows": o.n_sensitivity}
+        table = sens_cache.measure_cached(
+            self.state["reference"], sub, Path(o.results_dir) / ".cache", paths=self.layers,
+            bits=o.bits, group_size=o.group_size, executor=getattr(self, "executor", None),
+            remote=remote, log=self.log)
+        frame, self.sens_path = table.frame, table.folder
+        self.sens_rows = {"read": table.cached, "measured": table.measured}
         sens = {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
         if self.opts.w8a8:
             from variants.search.dims import int8_sensitivity
@@ -137,6 +143,15 @@ class Search:
                                          Path(self.opts.results_dir) / ".cache"))
             for p in self.costs.lookup:  # becomes 8 bits (variants.search.dims.sanitise)
                 sens[p, costs_mod.INT8] = sens[p, max(self.opts.bits)]
+        self.method_sens = {}
+        if self.opts.method_sensitivity:
+            from variants.search.dims import method_sensitivity
+
+            for method in self.opts.quant_methods:
+                table = method_sensitivity(self.state, method, sub, self.layers, self.opts,
+                                           self.log)
+                if table:
+                    self.method_sens[method] = {**sens, **table}
         return sens
 
     # -- candidates ----------------------------------------------------------------------------
@@ -235,14 +250,15 @@ class Search:
 
     def walk(self, sens):
         """Run the strategy once per ``--quant-method`` (:mod:`variants.search.dims`; each
-        walk has its own ``--max-candidates``); returns every record in evaluation order
-        (distinct candidates)."""
+        walk has its own ``--max-candidates``, and a learned method's walk its own sensitivity
+        table when there is one); returns every record in evaluation order (distinct
+        candidates)."""
         order = []
         for method in self.opts.quant_methods:
             self.method = method
             if len(self.opts.quant_methods) > 1:
                 self.log(f"search: quantizer {method}")
-            order += self.walk_one(sens)
+            order += self.walk_one(getattr(self, "method_sens", {}).get(method, sens))
         return order
 
     def walk_one(self, sens):

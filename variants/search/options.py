@@ -31,6 +31,9 @@ class SearchOptions:
     group_size: int = D.GROUP_SIZE
     #: quantizers searched, one global choice per candidate (variants.search.dims)
     quant_methods: tuple = ("rtn",)
+    #: AWQ's and GPTQ's walks read their own per-Linear sensitivity (variants.search.dims);
+    #: False: every method walks on round-to-nearest's table
+    method_sensitivity: bool = False
     #: Linears may also run as W8A8 on integer GEMMs (variants.search.dims)
     w8a8: bool = False
     #: the embedding tables are units of the search (quantized embeddings); the head only when
@@ -155,7 +158,8 @@ class SearchOptions:
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
         d["quant_methods"] = list(self.quant_methods)
-        for k, plain in (("quant_methods", ["rtn"]), ("w8a8", False)):
+        for k, plain in (("quant_methods", ["rtn"]), ("w8a8", False),
+                         ("method_sensitivity", False)):
             if d[k] == plain:  # the folder of a search from before these dimensions resumes
                 del d[k]
         if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)

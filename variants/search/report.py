@@ -97,6 +97,11 @@ def markdown(frame, result, png):
         lines += [f"| {k} | {v:.1f} | {v / t['wall_s']:.0%} |" for k, v in parts.items()]
         rest = t["wall_s"] - sum(parts.values())
         lines += [f"| other (writing, judging) | {rest:.1f} | {rest / t['wall_s']:.0%} |", ""]
+    rows = t.get("sensitivity_rows") or {}
+    if rows:  # the cache shared with variants sensitivity (variants.search.sens_cache)
+        lines += [f"Per-layer sensitivity: {rows['read']} rows read from the shared cache, "
+                  f"{rows['measured']} measured on executor {result['executor']['kind']} x "
+                  f"{result['executor']['workers']}.", ""]
     if result.get("kept"):
         lines += ["Kept as they are (not units of the search): "
                   + "; ".join(f"`{p}` ({why})" for p, why in result["kept"]), ""]

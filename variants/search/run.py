@@ -136,6 +136,7 @@ def _conclude(s, opts, records, t0, log):
                    "evaluated": sum(1 for r in records if not r["reused"]),
                    "reused": sum(1 for r in records if r["reused"]),
                    "lost": sum(1 for r in records if "error" in r),
+                   "sensitivity_rows": dict(getattr(s, "sens_rows", {})),
                    "n_search_calibration": len(s.state["parts"]["search-calibration"]),
                    "n_search_eval": len(s.state["parts"]["search-eval"]),
                    "examples_used": n_used, "examples_full": n_full,

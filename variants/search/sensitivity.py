@@ -13,10 +13,8 @@ and the split's raw option logits are compared with the reference's:
 
 This is the measured ("leave-one-in") sensitivity that mlx-lm's ``dynamic_quant`` estimates
 from gradients, and that Intel Neural Compressor / NNCF measure before falling layers back to
-high precision. Results are cached in ``cache_dir/sensitivity/<model>-<key>.csv``, the key over
-the reference's weights (:func:`variants.arch.activations.module_fingerprint`), the split's
-fingerprint, the candidates and the layers (through
-:meth:`variants.models.decision.DecisionModel.cache_key`, so tokenizer and device settings join).
+high precision. Rows are cached one unit at a time, shared by ``variants sensitivity`` and
+``variants search``, and the missing units run on an executor: :mod:`variants.search.sens_cache`.
 
 Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 36 Linears x
 (2, 3, 4, 6, 8) bits, g64): 7 min 10 s wall for the 180 passes on the shared 2-core machine
@@ -25,15 +23,16 @@ Measured (``variants sensitivity``, minilm-sentiment, 200 calibration examples, 
 (``intermediate``) lead at 2-3 bits and ``4.intermediate`` at 4 bits, ahead of the value and
 down projections that mlx-lm's recipes raise (:mod:`variants.layer_maps.bits_map`).
 
-A Linear of layer ``i`` of a plain BERT encoder runs only layers ``i``.. and the readout from
-the reference's recorded input of layer ``i`` (:mod:`variants.search.suffix`), to float
-round-off the whole model's numbers: on 60 calibration examples the 180 passes took 67 / 75 s
-wall (44 / 45 s CPU) instead of 97 / 88 s (72 / 70 s CPU), alternated, loaded 2-core machine.
+A Linear of layer ``i`` of a plain BERT or ModernBERT encoder runs only layers ``i``.. and the
+readout from the reference's recorded input of layer ``i`` (:mod:`variants.search.suffix`), to
+float round-off the whole model's numbers: on 60 calibration examples the 180 passes took 67 /
+75 s wall (44 / 45 s CPU) instead of 97 / 88 s (72 / 70 s CPU), alternated, loaded 2-core
+machine. ModernBERT-base width (hidden 768), 100 rows, one Linear at one width: 0.03 + 0.75 ·
+(L - i) CPU-s from layer ``i`` of L instead of 0.04 + 0.75 · L (2 and 4 layers, alternated).
 """
 
 import copy
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,7 +45,6 @@ from variants.search import suffix as _suffix
 
 COLUMNS = ["layer", "bits", "group_size", "max_abs_dlogit", "kl_mean", "flip_rate", "n"]
 DEFAULT_BITS = (2, 3, 4, 6, 8)
-VERSION = 1  # bump when what a row means changes (it is in the cache key)
 
 
 def quantizable_layers(module, layers=None, prefix="encoder.layers."):
@@ -76,7 +74,7 @@ def _compare(ref, out, mask):
 
 
 def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
-            progress=None, paths=None, suffix_forward=True):
+            progress=None, paths=None, suffix_forward=True, round_trip=None):
     """The sensitivity table (module docstring) of ``reference`` on ``taskset``.
 
     Parameters
@@ -99,9 +97,13 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         tables as well as Linears; an embedding's round trip is over its rows, as
         ``nn.QuantizedEmbedding`` stores them).
     suffix_forward : bool
-        For a Linear of layer ``i`` of a plain BERT encoder, run only layers ``i``.. from the
-        reference's recorded layer inputs (:mod:`variants.search.suffix`; equal to the full
-        forward to float round-off); False runs the whole model for every unit.
+        For a Linear of layer ``i`` of a plain BERT or ModernBERT encoder, run only layers
+        ``i``.. from the reference's recorded layer inputs (:mod:`variants.search.suffix`;
+        equal to the full forward to float round-off); False runs the whole model for every
+        unit.
+    round_trip : callable(path, bits, group_size) -> (o, n) array, optional
+        The unit's quantized-then-dequantized weight by another quantizer (a learned one:
+        :func:`variants.families.quant.learned.round_trip`); None: round-to-nearest.
 
     Returns
     -------
@@ -119,11 +121,29 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         check_bits(int(b), group_size, prefix="--")
     if taskset is None or len(taskset) == 0:
         raise ValueError("no examples to measure sensitivity on; pass --n-examples >= 10")
+    state = prepare(reference, taskset, batch_size, suffix_forward=suffix_forward)
+    rows = []
+    for path in paths or quantizable_layers(state["work"].module, layers):
+        for row in measure_unit(state, {"path": path, "bits": list(bits),
+                                        "group_size": group_size}, round_trip):
+            rows.append(row)
+            if progress is not None:
+                progress(1)
+    if not rows:
+        raise ValueError(f"no layer's input size is divisible by --group-size {group_size}; "
+                         "choose 32")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def prepare(reference, taskset, batch_size=32, suffix_forward=True):
+    """What every unit's measurement shares: a copy of the reference's module, the split's
+    prepared batches, the reference's raw logits (float64, N x K) and option mask, and (plain
+    BERT or ModernBERT encoder, ``suffix_forward``) the recorded layer inputs
+    (:mod:`variants.search.suffix`).
+    ``reference`` is not modified. Returns a dict, the ``state`` of :func:`measure_unit`."""
     work = reference.replace_module(copy.deepcopy(reference.module))
     batches, _ = work.prepare(taskset, batch_size)
     ref = work.raw_logits(taskset, batches).astype(np.float64)
-    mask = np.asarray(taskset.option_mask, bool)
-    mods = dict(work.module.named_modules())
     suffix = None
     if suffix_forward and _suffix.applies(work.module):
         suffix = _suffix.SuffixCache(work.module)
@@ -131,15 +151,32 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
         with suffix.record():
             work.raw_logits(taskset, batches)
         work._reset_caches()
+    return {"work": work, "taskset": taskset, "batches": batches, "ref": ref,
+            "mask": np.asarray(taskset.option_mask, bool), "suffix": suffix,
+            "mods": dict(work.module.named_modules())}
+
+
+def measure_unit(state, spec, round_trip=None):
+    """The rows (tuples in :data:`COLUMNS` order) of one unit: ``spec["path"]`` (a Linear or
+    an embedding table) round-tripped alone at each of ``spec["bits"]`` with
+    ``spec["group_size"]``, the others as they are. [] when the group size does not divide
+    the unit's input size. The unit's weight is restored before returning, so units measured
+    in any order on one ``state`` (:func:`prepare`) give the same rows."""
+    work, taskset, batches, suffix = (state[k] for k in ("work", "taskset", "batches", "suffix"))
+    path, group_size = spec["path"], int(spec["group_size"])
+    m = state["mods"][path]
+    w = m.weight
+    if type(m) not in (nn.Linear, nn.Embedding) or w.shape[1] % group_size:
+        return []
     rows = []
-    for path in paths or quantizable_layers(work.module, layers):
-        m = mods[path]
-        w = m.weight
-        if type(m) not in (nn.Linear, nn.Embedding) or w.shape[1] % group_size:
-            continue
-        for b in bits:
-            q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
-            m.weight = mx.dequantize(q, s, z, group_size=group_size, bits=int(b)).astype(w.dtype)
+    try:
+        for b in spec["bits"]:
+            if round_trip is not None:  # another quantizer's weight (measure's round_trip)
+                m.weight = mx.array(round_trip(path, int(b), group_size)).astype(w.dtype)
+            else:
+                q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
+                m.weight = mx.dequantize(q, s, z, group_size=group_size,
+                                         bits=int(b)).astype(w.dtype)
             work._reset_caches()  # e.g. the choice model's cached option embeddings
             at = None if suffix is None else _suffix.layer_of(path)
             if at is None:
@@ -147,48 +184,12 @@ def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None
             else:
                 with suffix.start_at(at):
                     out = work.raw_logits(taskset, batches)
-            rows.append((path, int(b), group_size, *_compare(ref, out, mask), len(taskset)))
-            if progress is not None:
-                progress(1)
+            rows.append((path, int(b), group_size, *_compare(state["ref"], out, state["mask"]),
+                         len(taskset)))
+    finally:
         m.weight = w
         work._reset_caches()
-    if not rows:
-        raise ValueError(f"no layer's input size is divisible by --group-size {group_size}; "
-                         "choose 32")
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def cache_key(reference, taskset, bits, group_size, layers=None, paths=None):
-    """16 hex digits: weights, split, candidates, layers (or units), :data:`VERSION`, model
-    settings."""
-    from variants.arch.activations import module_fingerprint
-
-    return reference.cache_key(module_fingerprint(reference.module), taskset.fingerprint(),
-                               sorted(int(b) for b in bits), int(group_size), layers or "",
-                               "sensitivity", VERSION, *([list(paths)] if paths else []))
-
-
-def cached_measure(reference, taskset, cache_dir, *, bits=DEFAULT_BITS, group_size=64,
-                   layers=None, batch_size=32, progress=None, log=None, paths=None):
-    """:func:`measure`, read from / written (atomically) to
-    ``cache_dir/sensitivity/<model>-<key>.csv``. Returns ``(frame, path, cached)``."""
-    from runs.io import write_csv
-
-    key = cache_key(reference, taskset, bits, group_size, layers, paths)
-    path = Path(cache_dir) / "sensitivity" / f"{reference.name}-{key}.csv"
-    if path.exists():
-        frame = pd.read_csv(path)
-        if list(frame.columns) == COLUMNS and len(frame):
-            if log:
-                log(f"sensitivity loaded from {path}")
-            return frame, path, True
-    frame = measure(reference, taskset, bits=bits, group_size=group_size, layers=layers,
-                    batch_size=batch_size, progress=progress, paths=paths)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(path, frame)
-    if log:
-        log(f"sensitivity cached in {path}")
-    return frame, path, False
+    return rows
 
 
 def short_name(path):

@@ -77,4 +77,10 @@ def run_metadata(sweep):
         "sweep_time": breakdown,
         # the reference forward's segments and Amdahl ceilings (variants.sweep.ref_profile)
         "segment_profile": getattr(sweep, "segment_profile", None),
+        # --executor process|ray only (variants.sweep.quality): a local run.json is unchanged
+        **({"executor": {"kind": ex.kind, "workers": ex.workers,
+                         "ray_address": getattr(ex, "address", None),
+                         "ran": "quality passes; timing and cold starts in the sweep's process"}}
+           if (ex := getattr(sweep, "executor", None)) is not None and ex.kind != "local"
+           else {}),
     }

@@ -31,6 +31,9 @@ def skip_reason(ref_model, timing_rounds):
     if not isinstance(encoder, BertEncoder):
         return (f"not profiled: the segment profile times BERT-style encoders only, the "
                 f"reference's is {type(encoder).__name__}")
+    if not hasattr(ref_model.module, "head") and not hasattr(ref_model, "_options"):
+        return (f"not profiled: the segment profile times a module head or the option-cosine "
+                f"step, and a {type(ref_model).__name__} reads its logits otherwise")
     if timing_rounds < MIN_TIMING_ROUNDS:
         return (f"not profiled: --timing-rounds {timing_rounds} < {MIN_TIMING_ROUNDS} asks for a "
                 "rough timing")

@@ -11,7 +11,6 @@ variant's missing timing (``sweep_resume``), timing (``sweep_timing``), its own 
 
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -40,15 +39,15 @@ from variants.sweep.meta import run_metadata
 from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
                                    read_json)
 from variants.sweep.inputs import cache_parts, load_inputs
+from variants.sweep.quality import premeasure, quality_outputs
 from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
 
 
 class Sweep:
     """Runs a validated :class:`SweepConfig`. ``log`` receives one-line progress messages."""
 
-    def __init__(self, cfg, log=print):
-        self.cfg = cfg
-        self.log = log
+    def __init__(self, cfg, log=print, executor=None):
+        self.cfg, self.log, self.executor = cfg, log, executor  # quality passes: sweep.quality
         self.root = Path(cfg.results_dir)
         self.out = self.root / cfg.run
         self.cache = self.root / ".cache"
@@ -207,22 +206,7 @@ class Sweep:
     def _build_variant(self, family, vcfg, timing_sets, files):
         """Build, run, time, save and judge one variant (no usable folder yet)."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        with self.clock("variant_build"):
-            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
-                                           mode=cfg.quality_mode)
-        self.clock.counts["variants_built"] += 1
-        info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
-                    speed_mode=cfg.speed_mode)
-        with self.clock("variant_forward"):
-            outs = {split: self._outputs(var_model, split, vcfg.name)
-                    for split in ("calibration", "eval")}
-        self.clock.counts["variant_output_batches"] += sum(
-            len(self.batches[s]) for s in ("calibration", "eval"))
-        info["quality_wall_s"] = time.perf_counter() - t0
-        if family.outputs_info is not None:  # e.g. the student's eval fallback rate
-            info.update(family.outputs_info(info, outs))
-        del var_model
+        outs, info = quality_outputs(self, family, vcfg)  # here, or its executor's results
         t1 = time.perf_counter()
         timing, timed = self._time_variant(family, vcfg, timing_sets, keep_model=True)
         timing["wall_s"] = time.perf_counter() - t1
@@ -314,6 +298,7 @@ class Sweep:
                                                      cfg.timing_rounds)
         rows, details, extras = [], {}, {}
         self.failed = {}
+        premeasure(self)  # --executor process|ray: every quality pass first, on the workers
         for vcfg in tqdm(cfg.variants, desc="variants", unit="variant",
                          disable=not cfg.progress):
             try:

@@ -25,7 +25,8 @@ def kernel(model):
     ``quantized_matmul``) and ``fused-layer-cpp`` when fp32 layers run as one compiled op
     (:mod:`variants.runtime.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
     :mod:`variants.arch.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
-    :mod:`variants.arch.modernbert_fused_q`), comma-joined when mixed, else ``fp32 gemm``."""
+    :mod:`variants.arch.modernbert_fused_q`; its W8A8 layers': ``fused-mbert-int8layer-cpp``,
+    :mod:`variants.arch.modernbert_fused_i8`), comma-joined when mixed, else ``fp32 gemm``."""
     fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
     from variants.families.w8a8 import build as w8a8
 

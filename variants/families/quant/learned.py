@@ -11,8 +11,11 @@ input times 1/s, then the packed Linear), which the fused whole-layer CPU kernel
 Only the encoder's Linears (:func:`variants.arch.activations.target_linears`) are learned; a head or
 embedding table the config also quantizes stays round-to-nearest. The statistics come from the
 **fit** split (:func:`variants.arch.activations.cached_collect`): never calibration or eval rows.
-Results are cached under ``cache_dir/quant/<model>-<key>.npz``, keyed by the reference's
-weights, the fit split's fingerprint, the method, its settings, the widths and the version.
+AWQ and GPTQ results are cached per Linear (:mod:`variants.families.quant.layer_cache`, keyed by
+the layer's weight, its width and group size, the method and its settings, and its input
+site's fit statistics), DWQ's under ``cache_dir/quant/<model>-<key>.npz``, keyed by the
+reference's weights, the fit split's fingerprint, the method, its settings, the widths and the
+version.
 """
 
 import copy
@@ -26,7 +29,7 @@ import numpy as np
 from mlx.utils import tree_unflatten
 
 from variants.arch import activations
-from variants.families.quant import affine_codes, awq, dwq, gptq
+from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
 VERSION = 1
@@ -72,18 +75,33 @@ def _rel(err, W, G):
     return float(err / base) if base > 0 else 0.0
 
 
-def _learn(reference, cfg, paths, settings, stats):
+def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True):
     """AWQ or GPTQ of ``paths``: {path: (codes, scales, biases, input_scale|None)} and the
-    per-layer rows (relative output errors of RTN and of the method on the fit statistics)."""
+    per-layer rows (relative output errors of RTN and of the method on the fit statistics,
+    ``learn_s``: the layer's learning seconds, ``reused``: read from the per-layer cache,
+    :mod:`variants.families.quant.layer_cache`, when ``cache_dir``)."""
     from tqdm import tqdm
 
     mods = dict(reference.module.named_modules())
-    out, rows = {}, []
+    out, rows, sites = {}, [], {}
     for path in tqdm(paths, desc=f"{cfg.method} layers", unit="layer", leave=False,
-                     disable=None):
+                     disable=None if progress else True):
         bits, gs = settings[path]
         W = np.array(mods[path].weight, np.float32)
-        s = stats[activations.input_site(path)]
+        site = activations.input_site(path)
+        s = stats[site]
+        key = None
+        if cache_dir is not None:
+            if site not in sites:
+                sites[site] = layer_cache.site_fingerprint(s)
+            key = layer_cache.layer_key(W, sites[site], cfg.method, SETTINGS[cfg.method], bits,
+                                        gs)
+            hit = layer_cache.load(cache_dir, cfg.method, key)
+            if hit is not None:
+                out[path] = hit[0]
+                rows.append(dict(hit[1], path=path, reused=True))
+                continue
+        t0 = time.perf_counter()
         G = s.gram
         rtn = affine_codes.quantize(W, bits, gs)
         err_rtn = gptq.output_error(W, affine_codes.dequantize(*rtn, gs), G)
@@ -97,9 +115,12 @@ def _learn(reference, cfg, paths, settings, stats):
             inv = None if facts["alpha"] == 0 else inv
         deq = affine_codes.dequantize(codes, scales, biases, gs)
         err = gptq.output_error(W, deq if inv is None else deq * inv, G)
-        row.update(rtn_rel_error=_rel(err_rtn, W, G), rel_error=_rel(err, W, G))
+        row.update(rtn_rel_error=_rel(err_rtn, W, G), rel_error=_rel(err, W, G),
+                   learn_s=time.perf_counter() - t0)
         out[path] = (codes, scales, biases, inv)
-        rows.append(row)
+        if key is not None:
+            layer_cache.save(cache_dir, cfg.method, key, out[path], row)
+        rows.append(dict(row, reused=False))
     return out, rows
 
 
@@ -140,16 +161,25 @@ def _cache_path(reference, cfg, fit, cache_dir):
 def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     """The learned layers of ``cfg`` (read from / written to the cache when ``cache_dir``).
 
+    AWQ and GPTQ are cached per Linear (:mod:`variants.families.quant.layer_cache`: a layer
+    learned for one bit map is re-used by every map that gives it the same width); DWQ, which
+    trains all layers together, per whole config.
+
     Returns ``(layers, norms, facts)``: layers {path: (codes (o, n) uint8, scales, biases
     (o, n/g) float32, input_scale (n,) float32 or None)}; norms {parameter name: (D,) float32}
-    (DWQ's trained LayerNorm weights and biases; empty for the other methods); facts (JSON-able) with ``layers`` (per-layer
+    (DWQ's trained LayerNorm weights and biases; empty for the other methods); facts
+    (JSON-able) with ``layers`` (per-layer
     rows: bits, group size, relative output error of RTN and of the method on the fit
-    statistics), ``build_s`` and the method's own facts. Raises ValueError on bad input."""
+    statistics, ``learn_s``, ``reused``), ``layers_reused`` (Linears read from the per-layer
+    cache), ``build_s`` (this build's seconds plus the first learning's seconds of every
+    re-used layer: the method's cost from scratch), ``cached`` (nothing learned now) and the
+    method's own facts. Raises ValueError on bad input."""
     check_inputs(cfg, fit)
-    path = None if cache_dir is None else _cache_path(reference, cfg, fit, cache_dir)
-    if path is not None and path.exists():
+    whole = None if cache_dir is None or cfg.method != "dwq" else \
+        _cache_path(reference, cfg, fit, cache_dir)
+    if whole is not None and whole.exists():
         try:
-            with np.load(path) as z:
+            with np.load(whole) as z:
                 facts = json.loads(str(z["facts"]))
                 layers = {p: (z[f"{p}|codes"], z[f"{p}|scales"], z[f"{p}|biases"],
                               z[f"{p}|input_scale"] if f"{p}|input_scale" in z else None)
@@ -167,20 +197,24 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     paths = [p for p in activations.target_linears(reference.module) if predicate(p, mods[p])]
     settings = {p: tuple(settings.get(p, (cfg.bits, cfg.group_size))) for p in paths}
     stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
-    if cfg.method == "dwq":  # from GPTQ's layers (its cache entry when there is one)
+    if cfg.method == "dwq":  # from GPTQ's layers (its cache entries when there are some)
         start, _, sfacts = learned_layers(reference, replace(cfg, method="gptq"), fit,
                                           cache_dir, log)
         layers, rows, norms, extra = _distill(reference, start, sfacts["layers"], stats, fit,
                                               log)
         extra["gptq_build_s"] = sfacts["build_s"]
+        reused_s = 0.0
     else:
-        layers, rows = _learn(reference, cfg, paths, settings, stats)
+        layers, rows = _learn(reference, cfg, paths, settings, stats, cache_dir)
         extra, norms = {}, {}
-    facts = {"paths": paths, "layers": rows, "norms": sorted(norms), "build_s": time.perf_counter() - t0,
-             "fit_rows": len(fit), **extra}
-    if cfg.method == "dwq" and sfacts.get("cached"):  # the whole method's time: GPTQ's too
-        facts["build_s"] += sfacts["build_s"]
-    if path is not None:
+        reused_s = sum(r.get("learn_s", 0.0) for r in rows if r.get("reused"))
+    n_reused = sum(bool(r.get("reused")) for r in rows)
+    facts = {"paths": paths, "layers": rows, "build_s": time.perf_counter() - t0 + reused_s,
+             "fit_rows": len(fit), "layers_reused": n_reused, "norms": sorted(norms), **extra}
+    if cfg.method == "dwq":  # the whole method's time: the re-used GPTQ layers' too
+        facts["build_s"] += sum(r.get("learn_s", 0.0) for r in sfacts["layers"]
+                                if r.get("reused"))
+    if whole is not None:
         from runs.io import write_npz
 
         arrays = {"facts": np.array(json.dumps(facts))}
@@ -189,9 +223,33 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
             if inv is not None:
                 arrays[f"{p}|input_scale"] = inv
         arrays.update({f"norm|{k}": v for k, v in norms.items()})
-        write_npz(path, arrays)
-    facts["cached"] = False
+        write_npz(whole, arrays)
+    facts["cached"] = bool(rows) and n_reused == len(rows)
     return layers, norms, facts
+
+
+def round_trip(reference, method, fit, cache_dir=None, log=None):
+    """``(path, bits, group_size) -> (o, n) float32 array``: one encoder Linear of the reference
+    quantized alone by ``method`` (``awq`` or ``gptq``, learned on ``fit`` exactly as a build
+    learns it, through the per-layer cache) and dequantized (times AWQ's input scale): the
+    weight the simulated build uses for that Linear. Raises ValueError on bad input (as
+    :func:`build`)."""
+    from variants.families.quant.config import QuantConfig
+
+    if method not in ("awq", "gptq"):
+        raise ValueError(f"round_trip: {method!r} is not learned per Linear; use awq or gptq")
+    check_inputs(QuantConfig(method=method), fit)
+    stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
+
+    def weight(path, bits, group_size):
+        cfg = QuantConfig(bits=bits, group_size=group_size, method=method)
+        layers, _ = _learn(reference, cfg, [path], {path: (bits, group_size)}, stats, cache_dir,
+                           progress=False)
+        codes, scales, biases, inv = layers[path]
+        deq = affine_codes.dequantize(codes, scales, biases, group_size)
+        return (deq if inv is None else deq * inv).astype(np.float32)
+
+    return weight
 
 
 def _dense(module):

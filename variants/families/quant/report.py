@@ -15,7 +15,10 @@ def method_lines(info):
         return None
     rows = info.get("layers", [])
     settings = ", ".join(f"{k} {v}" for k, v in info.get("method_settings", {}).items())
-    cached = " (read from the cache; the first build's time)" if info.get("cached") else ""
+    n_reused = info.get("layers_reused", 0)
+    cached = (" (read from the cache; the first build's time)" if info.get("cached") else
+              f" ({n_reused} Linears read from the per-layer cache, their first learning's "
+              "seconds included)" if n_reused else "")
     lines = [f"- quantizer: **{method}** ({settings}); learned from {info.get('calibration_rows')} "
              f"fit-split rows (no calibration or eval row); build {info.get('build_s', 0):.1f} "
              f"s{cached}"]

@@ -8,8 +8,11 @@ Per Linear W (out, in) with bias b:
   s_i = (hi - lo) / 255, zp_i = round(-lo / s_i), q = clip(round(x / s_i) + zp_i, 0, 255);
 - y_ij = s_i s_w,j Σ_k (q_ik - zp_i) Wq_jk + b_j (int32 accumulation).
 
-``native`` runs the compiled op ``int8_linear`` of :mod:`variants.runtime.qkernel` (oneDNN's
-``dnnl_gemm_u8s8s32``, VNNI / AVX-512 / AVX2 kernels chosen by oneDNN at run time); ``simulated``
+``native`` runs the compiled op ``int8_linear`` of :mod:`variants.runtime.qkernel`: oneDNN's
+u8 x s8 matmul primitive on each weight reordered once when the variant is built (kernel
+``int8-matmul-dnnl-prepacked``), or, where oneDNN has no such primitive, its
+``dnnl_gemm_u8s8s32`` (``int8-gemm-dnnl``; the same int32 sums), VNNI / AVX-512 / AVX2 kernels
+chosen by oneDNN at run time; ``simulated``
 computes the same quantization in MLX and multiplies the dequantized values in fp32. For the same
 input the two agree to fp32 round-off (the codes are identical: same divisions, round half to
 even), so quality figures do not depend on the kernel. Without oneDNN, native runs simulated
@@ -208,6 +211,7 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
 
 
 def kernel_name(module):
-    """The kernel of the module's Int8Linears (``int8-gemm-dnnl`` / ``w8a8-simulated``), or None."""
+    """The kernel of the module's Int8Linears (``int8-matmul-dnnl-prepacked`` /
+    ``int8-gemm-dnnl`` / ``w8a8-simulated``, comma-joined when mixed), or None."""
     names = sorted({m.kernel for _, m in module.named_modules() if isinstance(m, Int8Linear)})
     return ", ".join(names) or None

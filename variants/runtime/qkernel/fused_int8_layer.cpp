@@ -6,7 +6,9 @@
 // SmoothQuant's 1/s per input channel when given) quantized per row to uint8 (scale =
 // (hi - lo) / 255 over [min(x, 0), max(x, 0)], zero point round(-lo / scale), codes
 // clamp(round(x / scale) + zp, 0, 255), round half to even), multiplied by the int8 weight rows
-// with oneDNN's dnnl_gemm_u8s8s32, then the fp32 epilogue
+// with oneDNN's integer GEMM (int8_prepack.h: the matmul primitive on the weight's prepacked
+// blob when the caller passes one, else dnnl_gemm_u8s8s32; the same int32 sums), then the fp32
+// epilogue
 //   y_ij = (scale_i * w_scale_j) * (C_ij - zp_i * colsum_j) + bias_j
 // (the same expression, compiled without FMA contraction: the same float32 values as
 // int8_linear for the same codes). The layer's algebra is the MLX path's for a W8A8 layer:
@@ -20,8 +22,9 @@
 // int32 product is written in place of its float32 result (same size) and the epilogue (with
 // q's scale, the activation) runs on it row by row, and no MLX op runs in between.
 // `threads` >= 2: each phase split in two parts (heads, output columns, rows) over
-// fused_common.h's helper thread; each part quantizes the whole input of its GEMM (a few
-// microseconds at the few rows where two parts run) so the phases stay six.
+// fused_common.h's helper thread (the GEMMs then run on column slices of the weights:
+// dnnl_gemm_u8s8s32, the blobs cover whole weights only); each part quantizes the whole input
+// of its GEMM (a few microseconds at the few rows where two parts run) so the phases stay six.
 // Scratch (activations, codes, row scales) comes from MLX's allocator (counts in
 // mx.get_peak_memory()).
 
@@ -47,29 +50,16 @@
 #include "mlx/utils.h"
 
 #include "fused_common.h"  // row loops, attention, the helper thread
+#include "fused_int8.h"    // the quantizer, the epilogue's value, the integer GEMM
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace mlx::core {
 
-bool int8_has_dnnl();  // int8_linear.cpp
-void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
-                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc);  // int8_linear.cpp
-
 namespace {
 
 constexpr int kGemms = 4;  // q|k|v stacked, out, intermediate, output
-
-// the int32 product is written over its float32 result and the epilogue converts it in place
-// (the file compiles with -fno-strict-aliasing; a may_alias type would not vectorize)
-typedef int32_t i32a;
-
-struct I8Proj {
-  const int8_t* w;  // (n, k) row-major
-  const float *ws, *bias;
-  const int32_t* colsum;
-};
 
 struct I8Args {
   const float *x, *kb, *g1, *be1, *g2, *be2;
@@ -86,46 +76,11 @@ struct I8Args {
   float eps1, eps2, q_scale;
 };
 
-// int8_linear.cpp's quantize_row: same operations in the same order. round(t) for |t| <= 255
-// as (t + 1.5 * 2^23) - 1.5 * 2^23: round half to even, as std::nearbyint in the default mode,
-// and vectorizable
-FL_INLINE float round_small(float t) { return (t + 12582912.0f) - 12582912.0f; }
-
-// (GCC 12 vectorizes the code loop without `omp simd`, not with it)
-FL_INLINE void quantize_row8(const float* x, const float* sm, int k, float* tmp,
-                             uint8_t* __restrict q, float& scale, int32_t& zp) {
-  const float* src = x;
-  if (sm) {
-    for (int j = 0; j < k; ++j) tmp[j] = x[j] * sm[j];
-    src = tmp;
-  }
-  float lo = 0.0f, hi = 0.0f;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-  for (int j = 0; j < k; ++j) {
-    lo = std::min(lo, src[j]);
-    hi = std::max(hi, src[j]);
-  }
-  float s = (hi - lo) / 255.0f;
-  if (!(s > 0.0f)) s = 1.0f;
-  float z = round_small(-lo / s);
-  z = std::min(255.0f, std::max(0.0f, z));
-  for (int j = 0; j < k; ++j) {
-    float v = round_small(src[j] / s) + z;
-    v = std::min(255.0f, std::max(0.0f, v));
-    q[j] = uint8_t(int32_t(v));
-  }
-  scale = s;
-  zp = int32_t(z);
-}
-
 // every row of x (rows, k) of part p into its codes, scales and zero points
-FL_INLINE void quantize_rows8(const I8Args& a, const float* x, int k, const float* sm, int p) {
-  float* rs = a.rs + int64_t(p) * a.rows;
-  int32_t* zp = a.zp + int64_t(p) * a.rows;
-  uint8_t* q = a.codes + int64_t(p) * a.rows * a.wmax;
-  float* tmp = a.tmp + int64_t(p) * a.wmax;
-  for (int i = 0; i < a.rows; ++i)
-    quantize_row8(x + int64_t(i) * k, sm, k, tmp, q + int64_t(i) * k, rs[i], zp[i]);
+FL_INLINE void quantize_part(const I8Args& a, const float* x, int k, const float* sm, int p) {
+  quantize_rows8(x, k, a.rows, k, sm, a.tmp + int64_t(p) * a.wmax,
+                 a.codes + int64_t(p) * a.rows * a.wmax, a.rs + int64_t(p) * a.rows,
+                 a.zp + int64_t(p) * a.rows);
 }
 
 // columns [c0, c1) of c (rows, ldc), as int32: part p's codes times rows [w0 + c0, w0 + c1)
@@ -133,10 +88,10 @@ FL_INLINE void quantize_rows8(const I8Args& a, const float* x, int k, const floa
 FL_INLINE void gemm_cols(const I8Args& a, int g, int k, int w0, int c0, int c1, float* c,
                          int ldc, int p) {
   if (c1 <= c0 || a.rows == 0) return;
-  const uint8_t* q = a.codes + int64_t(p) * a.rows * a.wmax;
-  i32a* ci = reinterpret_cast<i32a*>(c) + c0;
-  int8_gemm_u8s8(a.rows, c1 - c0, k, q, k, a.pr[g].w + int64_t(w0 + c0) * k, k, (int32_t*)ci,
-                 ldc);
+  const bool whole = w0 == 0 && c0 == 0 && c1 == a.pr[g].n;  // the blob covers whole weights
+  int8_gemm_rows(a.rows, c1 - c0, k, a.codes + int64_t(p) * a.rows * a.wmax,
+                 a.pr[g].w + int64_t(w0 + c0) * k, c + c0, ldc,
+                 whole ? a.pr[g].packed : nullptr);
 }
 
 // the fp32 epilogue of one row, in place over columns [c0, c1); POST: -1 none, 0 erf GELU,
@@ -146,7 +101,7 @@ FL_INLINE void epilogue_row(const i32a* src, float* dst, int c0, int c1, float s
                             const float* ws, const int32_t* cs, const float* b, float q_scale) {
 #pragma omp simd
   for (int j = c0; j < c1; ++j) {
-    float v = (si * ws[j]) * float(src[j] - zi * cs[j]);
+    float v = int8_value(src[j], si, zi, ws[j], cs[j]);
     v = v + b[j];
     if (POST == 2) v = v * q_scale;
     if (POST == 0) v = gelu_erf(v);
@@ -192,7 +147,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     cut(a.heads, 1, p, n, h0, h1);
     lo = h0 * hd, hi = h1 * hd;
     if (a.qkv_shared) {
-      quantize_rows8(a, a.x, D, a.smooth[0], p);
+      quantize_part(a, a.x, D, a.smooth[0], p);
       if (lo == 0 && hi == D) {  // all heads: one GEMM on the stacked weight, then epilogues
         gemm_cols(a, 0, D, 0, 0, D3, a.qkv, D3, p);
         epilogue(a, 0, 0, 0, D, a.qkv, D3, p, 2);
@@ -203,7 +158,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
       }
     } else {
       for (int j = 0; j < 3; ++j) {
-        quantize_rows8(a, a.x, D, a.smooth[j], p);
+        quantize_part(a, a.x, D, a.smooth[j], p);
         int8_gemm_cols(a, 0, D, j * D, lo, hi, a.qkv + j * D, D3, p, j == 0 ? 2 : -1);
       }
     }
@@ -211,7 +166,7 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
       attend_heads(a.qkv, a.ctx, a.scores + int64_t(p) * a.lmax * a.lmax, a.lens, a.n_seqs, a.kb,
                    D, hd, h0, h1, a.lmax);
   } else if (k == 1) {  // h = out(ctx), this part's columns
-    quantize_rows8(a, a.ctx, D, a.smooth[3], p);
+    quantize_part(a, a.ctx, D, a.smooth[3], p);
     cut(D, 16, p, n, lo, hi);
     int8_gemm_cols(a, 1, D, 0, lo, hi, a.h, D, p, -1);
   } else if (k == 2) {  // h = LN1(x + h), this part's rows
@@ -219,11 +174,11 @@ FL_INLINE void phase(const I8Args& a, int k, int p, int n) {
     for (int64_t i = lo; i < hi; ++i)
       add_layer_norm_row(a.x + i * D, a.h + i * D, a.g1, a.be1, a.eps1, a.h + i * D, D);
   } else if (k == 3) {  // inter = act(intermediate(h)), this part's columns
-    quantize_rows8(a, a.h, D, a.smooth[4], p);
+    quantize_part(a, a.h, D, a.smooth[4], p);
     cut(F, 16, p, n, lo, hi);
     int8_gemm_cols(a, 2, D, 0, lo, hi, a.inter, F, p, a.act);
   } else if (k == 4) {  // y = output(inter), this part's columns
-    quantize_rows8(a, a.inter, F, a.smooth[5], p);
+    quantize_part(a, a.inter, F, a.smooth[5], p);
     cut(D, 16, p, n, lo, hi);
     int8_gemm_cols(a, 3, F, 0, lo, hi, a.y, D, p, -1);
   } else {  // y = LN2(h + y), this part's rows
@@ -257,10 +212,10 @@ void run_phase(const void* v, int k, int p, int n) {
 class FusedBertInt8LayerCpu : public UnaryPrimitive {
  public:
   FusedBertInt8LayerCpu(Stream s, std::vector<int> lens, bool has_kb, std::vector<bool> has_sm,
-                        bool qkv_shared, int heads, float q_scale, float eps1, float eps2,
-                        int act, int threads, bool qkv_only)
+                        std::vector<bool> has_pk, bool qkv_shared, int heads, float q_scale,
+                        float eps1, float eps2, int act, int threads, bool qkv_only)
       : UnaryPrimitive(s), lens_(std::move(lens)), has_kb_(has_kb), has_sm_(std::move(has_sm)),
-        qkv_shared_(qkv_shared), heads_(heads), q_scale_(q_scale), eps1_(eps1), eps2_(eps2),
+        has_pk_(std::move(has_pk)), qkv_shared_(qkv_shared), heads_(heads), q_scale_(q_scale), eps1_(eps1), eps2_(eps2),
         act_(act), threads_(threads), qkv_only_(qkv_only) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
@@ -271,7 +226,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
     std::vector<array> ins;
     for (auto& a : inputs) ins.push_back(array::unsafe_weak_copy(a));
     enc.dispatch([ins = std::move(ins), o = array::unsafe_weak_copy(out), lens = lens_,
-                  has_kb = has_kb_, has_sm = has_sm_, shared = qkv_shared_, heads = heads_,
+                  has_kb = has_kb_, has_sm = has_sm_, has_pk = has_pk_, shared = qkv_shared_, heads = heads_,
                   q_scale = q_scale_, eps1 = eps1_, eps2 = eps2_, act = act_,
                   threads = threads_, qkv_only = qkv_only_]() mutable {
       const int N = ins[0].shape(0), D = ins[0].shape(1);
@@ -281,11 +236,14 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
       a.x = f(0);
       a.kb = has_kb ? f(1) : nullptr;
       for (int g = 0; g < kGemms; ++g, i += 4)
-        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), f(i + 3), ins[i + 2].data<int32_t>()};
+        a.pr[g] = I8Proj{ins[i].data<int8_t>(), f(i + 1), f(i + 3), ins[i + 2].data<int32_t>(),
+                         nullptr, int(ins[i].shape(0))};
       const int F = ins[i - 8].shape(0);  // the intermediate weight (F, D)
       a.g1 = f(i), a.be1 = f(i + 1), a.g2 = f(i + 2), a.be2 = f(i + 3);
       i += 4;
       for (int j = 0; j < 6; ++j) a.smooth[j] = has_sm[j] ? f(i++) : nullptr;
+      for (int g = 0; g < kGemms; ++g)
+        if (has_pk[g]) a.pr[g].packed = ins[i++].data<uint8_t>();
       if (shared) a.smooth[1] = a.smooth[2] = a.smooth[0];
       a.qkv_shared = shared;
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
@@ -325,6 +283,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const FusedBertInt8LayerCpu&>(other);
     return lens_ == o.lens_ && has_kb_ == o.has_kb_ && has_sm_ == o.has_sm_ &&
+           has_pk_ == o.has_pk_ &&
            qkv_shared_ == o.qkv_shared_ && heads_ == o.heads_ && q_scale_ == o.q_scale_ &&
            eps1_ == o.eps1_ && eps2_ == o.eps2_ && act_ == o.act_ && threads_ == o.threads_ &&
            qkv_only_ == o.qkv_only_;
@@ -333,7 +292,7 @@ class FusedBertInt8LayerCpu : public UnaryPrimitive {
  private:
   std::vector<int> lens_;
   bool has_kb_;
-  std::vector<bool> has_sm_;
+  std::vector<bool> has_sm_, has_pk_;
   bool qkv_shared_;
   int heads_;
   float q_scale_, eps1_, eps2_;
@@ -363,7 +322,8 @@ array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
                                const std::vector<array>& proj,
                                const std::vector<std::optional<array>>& smooth, bool qkv_shared,
                                const std::vector<array>& norms, int heads, float q_scale,
-                               float eps1, float eps2, int act, int threads, bool qkv_only) {
+                               float eps1, float eps2, int act, int threads, bool qkv_only,
+                               const std::vector<std::optional<array>>& packed) {
   if (!int8_has_dnnl()) throw std::runtime_error("fused_int8layer: built without oneDNN");
   auto s = to_stream({});
   need(s.device == Device::cpu, "CPU stream only");
@@ -408,9 +368,21 @@ array fused_bert_int8layer_cpu(const array& x, const std::vector<int>& lens,
   for (auto& a : norms) in.push_back(contig(a, s));
   for (int j = 0; j < 6; ++j)
     if (has_sm[j]) in.push_back(contig(*smooth[j], s));
+  need(packed.empty() || packed.size() == kGemms,
+       "packed: none or 4 entries (int8_prepack of q|k|v stacked, out, intermediate, output)");
+  std::vector<bool> has_pk(kGemms, false);
+  for (size_t g = 0; g < packed.size(); ++g) {
+    if (!packed[g]) continue;
+    const array& p = *packed[g];
+    need(p.dtype() == uint8 && p.ndim() == 1 &&
+             p.shape(0) == int8_prepack_bytes(outs[g], ins_[g]),
+         "each packed entry int8_prepack(wq) of its weight (uint8) or None");
+    has_pk[g] = true;
+    in.push_back(contig(p, s));
+  }
   const int cols = qkv_only ? 3 * D : D;
   return array({N, cols}, float32,
-               std::make_shared<FusedBertInt8LayerCpu>(s, lens, bool(key_bias), has_sm,
+               std::make_shared<FusedBertInt8LayerCpu>(s, lens, bool(key_bias), has_sm, has_pk,
                                                        qkv_shared, heads, q_scale, eps1, eps2,
                                                        act, threads, qkv_only),
                in);
@@ -420,8 +392,10 @@ void register_fused_int8_layer(nb::module_& m) {
   m.def("fused_bert_int8layer", &fused_bert_int8layer_cpu, "x"_a, "lens"_a,
         "key_bias"_a = nb::none(), "proj"_a, "smooth"_a, "qkv_shared"_a, "norms"_a, "heads"_a,
         "q_scale"_a, "eps1"_a, "eps2"_a, "act"_a = 0, "threads"_a = 0, "qkv_only"_a = false,
+        "packed"_a = std::vector<std::optional<array>>{},
         "One post-norm BERT layer on rows x (N, D) float32 with W8A8 projections on oneDNN's "
-        "integer GEMM (see fused_int8_layer.cpp); qkv_only: return the (N, 3D) projections "
+        "integer GEMM (see fused_int8_layer.cpp; packed: [] or int8_prepack's blobs of the 4 "
+        "weights, entries may be None); qkv_only: return the (N, 3D) projections "
         "q * q_scale | k | v instead; CPU stream. -> (N, D).");
 }
 

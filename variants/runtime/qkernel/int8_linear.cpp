@@ -1,9 +1,14 @@
 // 8-bit weights and 8-bit activations on integer GEMMs (mlx-variants, variants/qkernel).
 //
-// Two MLX primitives (CPU eval only):
-//   Int8GemmCpu   (a uint8 (M, K), b int8 (N, K))           -> a @ b.T, int32 (M, N)
-//   Int8LinearCpu (x float32 (M, K), wq int8 (N, K), w_scale float32 (N,), colsum int32 (N,)
-//                  [, bias float32 (N,)] [, inv_smooth float32 (K,)]) -> y float32 (M, N)
+// Three MLX primitives (CPU eval only):
+//   Int8GemmCpu    (a uint8 (M, K), b int8 (N, K) [, packed uint8])  -> a @ b.T, int32 (M, N)
+//   Int8LinearCpu  (x float32 (M, K), wq int8 (N, K), w_scale float32 (N,), colsum int32 (N,)
+//                   [, bias float32 (N,)] [, inv_smooth float32 (K,)] [, packed uint8])
+//                   -> y float32 (M, N)
+//   Int8PrepackCpu (wq int8 (N, K)) -> packed uint8: int8_prepack.h's blob of wq
+// With `packed` (wq's blob, made once per weight set) the GEMM is int8_prepack.h's prepacked
+// matmul primitive; without it, or when the blob does not fit, dnnl_gemm_u8s8s32 (the same
+// int32 sums).
 // Int8LinearCpu quantizes each row (token) of x at run time, asymmetric uint8 (the range
 // [min(x, 0), max(x, 0)] in 255 steps, zero point rounded to an integer in [0, 255]):
 //   scale_i = (hi_i - lo_i) / 255 (1 when the row is all zero), zp_i = round(-lo_i / scale_i),
@@ -25,6 +30,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -32,6 +38,8 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
+
+#include "int8_prepack.h"
 
 #ifdef QK_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -46,8 +54,7 @@ using namespace nb::literals;
 
 namespace mlx::core {
 
-// C (m, n; row stride ldc) = A B^T in int32 for uint8 A (m, k; lda) and int8 B (n, k; ldb):
-// oneDNN's dnnl_gemm_u8s8s32 on one OpenMP thread (also used by fused_int8_layer.cpp)
+// int8_prepack.h's plain GEMM: oneDNN's dnnl_gemm_u8s8s32 on one OpenMP thread
 #ifdef QK_HAVE_DNNL
 void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
                     const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
@@ -67,8 +74,9 @@ void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const in
 
 namespace {
 
-void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b, int32_t* c) {
-  int8_gemm_u8s8(m, n, k, a, k, b, k, c, n);
+void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b,
+               const uint8_t* packed, int32_t* c) {
+  int8_gemm_any(m, n, k, a, k, packed, b, k, c, n);
 }
 
 // one row: its scale and zero point, and the row's uint8 codes
@@ -108,29 +116,55 @@ bool int8_has_dnnl() {
 
 class Int8GemmCpu : public UnaryPrimitive {
  public:
-  explicit Int8GemmCpu(Stream s) : UnaryPrimitive(s) {}
+  explicit Int8GemmCpu(Stream s, bool has_packed) : UnaryPrimitive(s), has_packed_(has_packed) {}
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& enc = cpu::get_command_encoder(stream());
     out.set_data(allocator::malloc(out.nbytes()));
     for (auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
     enc.dispatch([a = array::unsafe_weak_copy(inputs[0]), b = array::unsafe_weak_copy(inputs[1]),
+                  pk = array::unsafe_weak_copy(inputs.back()), hp = has_packed_,
                   o = array::unsafe_weak_copy(out)]() mutable {
       gemm_u8s8(a.shape(0), b.shape(0), a.shape(1), a.data<uint8_t>(), b.data<int8_t>(),
-                o.data<int32_t>());
+                hp ? pk.data<uint8_t>() : nullptr, o.data<int32_t>());
     });
   }
   void eval_gpu(const std::vector<array>&, array&) override {
     throw std::runtime_error("Int8GemmCpu has no GPU implementation");
   }
   DEFINE_NAME(Int8GemmCpu)
+  bool is_equivalent(const Primitive& other) const override {
+    return has_packed_ == static_cast<const Int8GemmCpu&>(other).has_packed_;
+  }
+
+ private:
+  bool has_packed_;
+};
+
+class Int8PrepackCpu : public UnaryPrimitive {
+ public:
+  explicit Int8PrepackCpu(Stream s) : UnaryPrimitive(s) {}
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& enc = cpu::get_command_encoder(stream());
+    out.set_data(allocator::malloc(out.nbytes()));
+    enc.set_input_array(inputs[0]);
+    enc.set_output_array(out);
+    enc.dispatch([w = array::unsafe_weak_copy(inputs[0]), o = array::unsafe_weak_copy(out)]() mutable {
+      if (!int8_prepack(w.data<int8_t>(), w.shape(0), w.shape(1), w.shape(1), o.data<uint8_t>()))
+        throw std::runtime_error("int8_prepack: oneDNN could not reorder the weight");
+    });
+  }
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("Int8PrepackCpu has no GPU implementation");
+  }
+  DEFINE_NAME(Int8PrepackCpu)
   bool is_equivalent(const Primitive&) const override { return true; }
 };
 
 class Int8LinearCpu : public UnaryPrimitive {
  public:
-  Int8LinearCpu(Stream s, bool has_bias, bool has_smooth)
-      : UnaryPrimitive(s), has_bias_(has_bias), has_smooth_(has_smooth) {}
+  Int8LinearCpu(Stream s, bool has_bias, bool has_smooth, bool has_packed)
+      : UnaryPrimitive(s), has_bias_(has_bias), has_smooth_(has_smooth), has_packed_(has_packed) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& enc = cpu::get_command_encoder(stream());
@@ -142,6 +176,7 @@ class Int8LinearCpu : public UnaryPrimitive {
                   ws = array::unsafe_weak_copy(inputs[2]), cs = array::unsafe_weak_copy(inputs[3]),
                   bias = array::unsafe_weak_copy(inputs[ib]),
                   sm = array::unsafe_weak_copy(inputs[is]), hb = has_bias_, hs = has_smooth_,
+                  pk = array::unsafe_weak_copy(inputs.back()), hp = has_packed_,
                   o = array::unsafe_weak_copy(out)]() mutable {
       const int64_t m = x.shape(0), k = x.shape(1), n = w.shape(0);
       // scratch from MLX's allocator (counts in mx.get_peak_memory()): codes, int32 product,
@@ -157,7 +192,7 @@ class Int8LinearCpu : public UnaryPrimitive {
       const float* xp = x.data<float>();
       const float* smp = hs ? sm.data<float>() : nullptr;
       for (int64_t i = 0; i < m; ++i) quantize_row(xp + i * k, smp, k, tmp, q + i * k, rs[i], zp[i]);
-      gemm_u8s8(m, n, k, q, w.data<int8_t>(), c);
+      gemm_u8s8(m, n, k, q, w.data<int8_t>(), hp ? pk.data<uint8_t>() : nullptr, c);
       const float* wsp = ws.data<float>();
       const int32_t* csp = cs.data<int32_t>();
       const float* bp = hb ? bias.data<float>() : nullptr;
@@ -181,11 +216,12 @@ class Int8LinearCpu : public UnaryPrimitive {
   DEFINE_NAME(Int8LinearCpu)
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const Int8LinearCpu&>(other);
-    return has_bias_ == o.has_bias_ && has_smooth_ == o.has_smooth_;
+    return has_bias_ == o.has_bias_ && has_smooth_ == o.has_smooth_ &&
+           has_packed_ == o.has_packed_;
   }
 
  private:
-  bool has_bias_, has_smooth_;
+  bool has_bias_, has_smooth_, has_packed_;
 };
 
 namespace {
@@ -206,20 +242,39 @@ void check_vec(const std::optional<array>& v, int64_t n, Dtype dt, const char* w
     throw std::invalid_argument(std::string("int8_linear: ") + what + " has the wrong dtype or shape");
 }
 
+// a blob of int8_prepack's size for a weight (n, k), as a row-major uint8 vector
+void check_packed(const std::optional<array>& p, int64_t n, int64_t k) {
+  if (p && (p->dtype() != uint8 || p->ndim() != 1 || p->shape(0) != int8_prepack_bytes(n, k)))
+    throw std::invalid_argument("int8: packed must be int8_prepack(wq) of this weight (uint8)");
+}
+
 }  // namespace
 
-array int8_gemm_cpu(const array& a, const array& b) {
+array int8_gemm_cpu(const array& a, const array& b, const std::optional<array>& packed) {
   if (!int8_has_dnnl()) throw std::runtime_error("int8_gemm: built without oneDNN");
   if (a.dtype() != uint8 || b.dtype() != int8 || a.ndim() != 2 || b.ndim() != 2 ||
       a.shape(1) != b.shape(1))
     throw std::invalid_argument("int8_gemm: a must be uint8 (M, K) and b int8 (N, K)");
+  check_packed(packed, b.shape(0), b.shape(1));
   auto s = cpu_stream();
-  return array({a.shape(0), b.shape(0)}, int32, std::make_shared<Int8GemmCpu>(s),
-               {rowmajor(a, s), rowmajor(b, s)});
+  std::vector<array> in = {rowmajor(a, s), rowmajor(b, s)};
+  if (packed) in.push_back(rowmajor(*packed, s));
+  return array({a.shape(0), b.shape(0)}, int32, std::make_shared<Int8GemmCpu>(s, bool(packed)),
+               in);
+}
+
+std::optional<array> int8_prepack_cpu(const array& wq) {
+  if (wq.dtype() != int8 || wq.ndim() != 2)
+    throw std::invalid_argument("int8_prepack: wq must be int8 (out, in)");
+  const int64_t bytes = int8_prepack_bytes(wq.shape(0), wq.shape(1));
+  if (bytes == 0) return std::nullopt;
+  auto s = cpu_stream();
+  return array({int(bytes)}, uint8, std::make_shared<Int8PrepackCpu>(s), {rowmajor(wq, s)});
 }
 
 array int8_linear_cpu(const array& x, const array& wq, const array& w_scale, const array& colsum,
-                      const std::optional<array>& bias, const std::optional<array>& inv_smooth) {
+                      const std::optional<array>& bias, const std::optional<array>& inv_smooth,
+                      const std::optional<array>& packed) {
   if (!int8_has_dnnl()) throw std::runtime_error("int8_linear: built without oneDNN");
   if (wq.dtype() != int8 || wq.ndim() != 2)
     throw std::invalid_argument("int8_linear: wq must be int8 (out, in)");
@@ -230,14 +285,17 @@ array int8_linear_cpu(const array& x, const array& wq, const array& w_scale, con
   check_vec(colsum, n, int32, "colsum");
   check_vec(bias, n, float32, "bias");
   check_vec(inv_smooth, k, float32, "inv_smooth");
+  check_packed(packed, n, k);
   auto s = cpu_stream();
   const int m = x.size() / k;
   std::vector<array> in = {contiguous(reshape(x, {m, k}, s), false, s), rowmajor(wq, s),
                            rowmajor(w_scale, s), rowmajor(colsum, s)};
   if (bias) in.push_back(rowmajor(*bias, s));
   if (inv_smooth) in.push_back(rowmajor(*inv_smooth, s));
+  if (packed) in.push_back(rowmajor(*packed, s));
   auto y = array({m, n}, float32,
-                 std::make_shared<Int8LinearCpu>(s, bool(bias), bool(inv_smooth)), in);
+                 std::make_shared<Int8LinearCpu>(s, bool(bias), bool(inv_smooth), bool(packed)),
+                 in);
   Shape shape = x.shape();
   shape.back() = n;
   return reshape(y, shape, s);
@@ -245,12 +303,25 @@ array int8_linear_cpu(const array& x, const array& wq, const array& w_scale, con
 
 void register_int8_linear(nb::module_& m) {
   m.def("has_dnnl", &int8_has_dnnl, "Whether the int8 ops were built with oneDNN.");
-  m.def("int8_gemm", &int8_gemm_cpu, "a"_a, "b"_a,
-        "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K): dnnl_gemm_u8s8s32.");
+  m.def("has_prepack", [] { return int8_prepack_bytes(64, 64) > 0; },
+        "Whether oneDNN's u8 x s8 matmul primitive takes prepacked weights here.");
+  m.def("int8_prepack", &int8_prepack_cpu, "wq"_a,
+        "wq int8 (N, K) reordered once for oneDNN's matmul primitive: a uint8 blob to pass as "
+        "`packed` (int8_prepack.h), or None where no such primitive exists.");
+  m.def("int8_prepack_bytes", &int8_prepack_bytes, "n"_a, "k"_a,
+        "Bytes of int8_prepack's blob of an int8 weight (n, k); 0 where none can be made.");
+  m.def("int8_prepack_impl", &int8_prepack_impl, "m"_a, "n"_a, "k"_a,
+        "oneDNN's implementation of the prepacked matmul for (M, N, K) ('' when none).");
+  m.def("int8_prepack_refusals", &int8_prepack_refusals,
+        "Calls whose blob did not fit (they ran dnnl_gemm_u8s8s32) since the process started.");
+  m.def("int8_gemm", &int8_gemm_cpu, "a"_a, "b"_a, "packed"_a = nb::none(),
+        "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K): the prepacked matmul "
+        "with packed = int8_prepack(b) up to 512 rows, else dnnl_gemm_u8s8s32.");
   m.def("int8_linear", &int8_linear_cpu, "x"_a, "wq"_a, "w_scale"_a, "colsum"_a,
-        "bias"_a = nb::none(), "inv_smooth"_a = nb::none(),
+        "bias"_a = nb::none(), "inv_smooth"_a = nb::none(), "packed"_a = nb::none(),
         "W8A8 Linear: x (..., in) float32 quantized per row to uint8, times int8 wq (out, in) "
-        "on integer GEMMs, fp32 epilogue with w_scale (out,), colsum (out,) int32, bias.");
+        "on integer GEMMs (prepacked with packed = int8_prepack(wq)), fp32 epilogue with "
+        "w_scale (out,), colsum (out,) int32, bias.");
 }
 
 }  // namespace mlx::core

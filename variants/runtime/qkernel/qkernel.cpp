@@ -328,6 +328,7 @@ void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
 void register_fused_mbert_qlayer(nb::module_& m);  // fused_mbert_qlayer.cpp
 void register_int8_linear(nb::module_& m);  // int8_linear.cpp
 void register_fused_int8_layer(nb::module_& m);  // fused_int8_layer.cpp
+void register_fused_mbert_int8layer(nb::module_& m);  // fused_mbert_int8layer.cpp
 
 }  // namespace mlx::core
 
@@ -349,4 +350,5 @@ NB_MODULE(_qkernel, m) {
   mlx::core::register_fused_mbert_qlayer(m);
   mlx::core::register_int8_linear(m);
   mlx::core::register_fused_int8_layer(m);
+  mlx::core::register_fused_mbert_int8layer(m);
 }
