@@ -332,3 +332,26 @@ def test_sweep_runs_on_a_low_rank_export(exported, tmp_path):
     assert ref_bytes < 80e6  # fp32 MiniLM: 90.3 MB
     assert timing["model_bytes"]["variant"] < ref_bytes
     assert (run / "q8-g64" / "verdict.json").exists()
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "eval_rows.npz", "verdict.json",
+                                  "outputs.npz", "judged/reference_outputs.npz"])
+def test_unreadable_file_with_a_matching_hash_is_named_in_one_line(exported, tmp_path, capsys,
+                                                                   name):
+    """A file written unreadable but listed with its own hash (the hash check passes): one
+    line naming the file and the fix, exit 2, no traceback."""
+    import hashlib
+
+    from variants.cli import main
+
+    copy = tmp_path / "c"
+    shutil.copytree(exported["q"], copy)
+    (copy / name).write_text("garbage\n")
+    m = json.loads((copy / "manifest.json").read_text())
+    m["files"][name] = hashlib.sha256(b"garbage\n").hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(m))
+    assert main(["verify", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{name} cannot" in err, err
+    assert "rerun" not in err, err  # the results folder's advice does not fit an export
+    assert err.endswith("export the variant again"), err

@@ -6,6 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from variants.arch import activations
 from variants.datasets import bundled as data
@@ -195,20 +196,20 @@ def test_layers_learned_for_one_map_are_reused_by_another(model, fit, monkeypatc
     q = r"^encoder\.layers\.0\.attention\.query$=4"
     first = QuantConfig(bits=6, group_size=64, method="gptq", bits_map=q)  # Q 4, DOWN 6
     second = QuantConfig(bits=8, group_size=64, method="gptq", bits_map=q)  # Q 4, DOWN 8
-    _, f1 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
+    _, _, f1 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
     assert f1["layers_reused"] == 0 and f1["cached"] is False
-    got, f2 = quant_learned.learned_layers(model, second, fit, cache_dir=tmp_path)
+    got, _, f2 = quant_learned.learned_layers(model, second, fit, cache_dir=tmp_path)
     assert f2["layers_reused"] == 1 and f2["cached"] is False
     assert [r["reused"] for r in f2["layers"]] == [True, False]  # Q read, DOWN learned
-    fresh, _ = quant_learned.learned_layers(model, second, fit, cache_dir=None)
+    fresh, _, _ = quant_learned.learned_layers(model, second, fit, cache_dir=None)
     for path in (Q, DOWN):  # the cache gives exactly what learning from scratch gives
         for a, b in zip(got[path][:3], fresh[path][:3]):
             assert np.array_equal(a, b)
-    _, f3 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
+    _, _, f3 = quant_learned.learned_layers(model, first, fit, cache_dir=tmp_path)
     assert f3["layers_reused"] == 2 and f3["cached"] is True
     # other fit texts: other statistics, other keys: nothing is reused
     other = fit.subset(np.arange(12))
-    _, f4 = quant_learned.learned_layers(model, first, other, cache_dir=tmp_path)
+    _, _, f4 = quant_learned.learned_layers(model, first, other, cache_dir=tmp_path)
     assert f4["layers_reused"] == 0
 
 
@@ -238,11 +239,20 @@ def test_dwq_loss_falls_and_scales_stay_in_range(choice_model):
     for p in paths:
         c, s, b = affine_codes.quantize(np.array(mods[p].weight), 3, 64)
         layers[p] = (c, s, b, 64, None)
-    trained, facts = dwq.distill(choice_model, layers, fit, epochs=3, learning_rate=3e-6,
-                                 batch_size=8)
-    # measured: 0.0110 -> 0.0029 (KL over the 16 texts, 6 steps)
-    assert facts["loss_after"] < 0.5 * facts["loss_before"] and facts["steps"] == 6
+    trained, norms, facts = dwq.distill(choice_model, layers, fit, epochs=3, batch_size=4,
+                                        learning_rate=3e-5)
+    # 12 texts train (3 batches x 3 epochs), the last 4 are held out; measured: held-out loss
+    # 0.0209 -> 0.0185 (KL 0.0100 -> 0.0076), the mean step loss 0.0214 -> 0.0145
+    assert facts["texts"] == 12 and facts["valid_texts"] == 4 and facts["steps"] == 9
+    assert facts["loss_after"] < 0.95 * facts["loss_before"]
+    assert facts["kl_after"] < 0.9 * facts["kl_before"]
+    assert facts["step_means"][-1] < 0.8 * facts["step_means"][0]
     assert facts["trained_scales_kept"]
+    # every encoder layer's two LayerNorms train too (weight and bias): 6 x 2 x 2
+    assert len(norms) == 6 * 2 * 2 and all(v.shape == (384,) for v in norms.values())
+    assert any(not np.array_equal(v, np.array(choice_model.module.parameters()["encoder"][
+        "layers"][5]["output_norm"]["weight"])) for k, v in norms.items()
+        if k == "encoder.layers.5.output_norm.weight")
     for p, (c, s, b, _, _) in layers.items():
         s2, b2 = trained[p]
         assert s2.dtype == np.float32 and s2.shape == s.shape and b2.shape == b.shape
@@ -254,6 +264,27 @@ def test_dwq_loss_falls_and_scales_stay_in_range(choice_model):
         w = mx.dequantize(mx.array(packed), mx.array(s2), mx.array(b2), group_size=64, bits=3)
         lin = dwq.AffineLinear(c, s2, b2, 64)
         assert np.array_equal(np.array(w), np.array(lin.weight()))
+
+
+def test_relative_scales_start_exactly_at_the_codes_weights():
+    """θ = β = 0 is the start's ``scale · q + bias`` bit for bit; θ, β move a scale by a fraction
+    of itself and a bias by a fraction of one code step (s0 · β)."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((6, 128)) * 0.05).astype(np.float32)
+    c, s, b = affine_codes.quantize(w, 4, 64)
+    lin = dwq.RelativeAffineLinear(c, s, b, 64)
+    assert np.array_equal(np.array(lin.weight()), affine_codes.dequantize(c, s, b, 64))
+    assert sorted(k for k, _ in tree_flatten(lin.trainable_parameters())) == [
+        "bias_delta", "scale_delta"]
+    lin.scale_delta = mx.full(s.shape, 0.25)
+    lin.bias_delta = mx.full(b.shape, -2.0)
+    np.testing.assert_allclose(np.array(lin.group_scales()), s * 1.25, rtol=1e-6)
+    np.testing.assert_allclose(np.array(lin.group_biases()), b - 2 * s, rtol=1e-6, atol=1e-8)
+    # the exported tensors are what the packed layer dequantizes to
+    packed = affine_codes.pack(c, 4)
+    deq = mx.dequantize(mx.array(packed), lin.group_scales(), lin.group_biases(),
+                        group_size=64, bits=4)
+    assert np.array_equal(np.array(deq), np.array(lin.weight()))
 
 
 def test_dwq_refuses_a_model_it_cannot_differentiate(choice_model):

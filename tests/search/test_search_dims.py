@@ -274,7 +274,7 @@ def test_method_sensitivity_quantizes_each_linear_as_its_build_does(model, tmp_p
     table = dims.method_sensitivity(state, "gptq", rows, [q, "encoder.embeddings.word_embeddings"],
                                     opts)
     assert set(table) == {(q, 4)}  # the embedding table keeps round-to-nearest's row
-    got, facts = learned.learned_layers(
+    got, _, facts = learned.learned_layers(
         model, QuantConfig(bits=4, method="gptq", bits_map=r"^encoder\.layers\.0\.attention\."
                            r"query$=4"), fit, cache_dir=tmp_path / ".cache")
     assert [(r["path"], r["reused"]) for r in facts["layers"]] == [(q, True)]  # learned once

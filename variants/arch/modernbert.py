@@ -137,16 +137,28 @@ class ModernBertEncoder(nn.Module):
         """``final_norm``."""
         return self.final_norm(x)
 
+    def layers_from(self, start, x, attention_mask):
+        """Layers ``start``..N-1 on ``x`` (B, L, D) float32, the input of layer ``start``, with
+        ``attention_mask`` (B, L) 0/1 and positions 0..L-1 -> (B, L, D) before ``final_norm``:
+        on the fast path where :meth:`__call__` takes it (:func:`fast_forward` on those layers),
+        else layer by layer. ``start`` = 0 is :meth:`__call__`'s stack."""
+        if self.fast and not parallel.whole_batches():
+            tail = _Tail(self.args, self.layers[start:])
+            y = fast_forward(tail, x, np.array(attention_mask),
+                             window.resolve_mode(self.local_attention_impl))
+            if y is not None:
+                return y
+        ctx = self.context(attention_mask)
+        for i in range(start, len(self.layers)):
+            x = self.apply_layer(i, x, ctx)[0]
+        return x
+
     def __call__(self, input_ids, attention_mask, token_type_ids=None, *,
                  output_hidden_states=False, output_attentions=False):
         x = self.embed(input_ids)
         check_mask(input_ids, attention_mask)
-        if self.fast and not (output_hidden_states or output_attentions
-                              or parallel.whole_batches()):
-            y = fast_forward(self, x, np.array(attention_mask),
-                                        window.resolve_mode(self.local_attention_impl))
-            if y is not None:
-                return EncoderOutput(self.finish(y))
+        if not (output_hidden_states or output_attentions):
+            return EncoderOutput(self.finish(self.layers_from(0, x, attention_mask)))
         ctx = self.context(attention_mask)
         hidden = [x] if output_hidden_states else None
         attns = [] if output_attentions else None
@@ -157,6 +169,15 @@ class ModernBertEncoder(nn.Module):
             if output_attentions:
                 attns.append(probs)
         return EncoderOutput(self.finish(x), hidden, attns)
+
+
+class _Tail:
+    """Layers ``layers`` (a slice of the stack, each keeping its own global / local kind) with
+    the encoder's ``args``: what :func:`fast_forward` reads of an encoder."""
+
+    def __init__(self, args, layers):
+        self.args = args
+        self.layers = layers
 
 
 _HEAD_PREFIXES = ("head.", "classifier.", "decoder.", "drop.")

@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from metrics._checks import short_path
+from metrics._checks import short_path, short_repr
 from variants.checkpoints import files as files_
 from variants.checkpoints.files import CheckpointError
 
@@ -66,7 +66,11 @@ def skeleton(path, config, kinds, max_length=None):
     classifier = load_head(mt, {k: mx.array(np.zeros(s, np.float32)) for k, s in head.items()},
                            args) if head else None
     tok_file = path / "tokenizer.json"
-    raw_tok = Tokenizer.from_file(str(tok_file))
+    try:
+        raw_tok = Tokenizer.from_file(str(tok_file))
+    except Exception as e:  # tokenizers raises its own Exception type
+        raise CheckpointError(f"{short_path(tok_file)} cannot be read as a tokenizer "
+                              f"({short_repr(str(e))}); export the variant again") from None
     max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config,
                                                                 max_length)
     tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,

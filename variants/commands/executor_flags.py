@@ -18,9 +18,13 @@ def add(p, units, note=""):
 
 
 def make(args, log=None):
-    """The executor of parsed ``args`` (not started). Raises ValueError (one line naming the
-    flag) or ExecutorError (Ray missing)."""
+    """The executor of parsed ``args`` (not started, but a Ray address is probed: the command
+    refuses before it loads or writes anything). Raises ValueError (one line naming the flag) or
+    ExecutorError (Ray missing, a Ray address that does not answer)."""
     from variants.executors.factory import make_executor
 
     kw = {} if log is None else {"log": log}
-    return make_executor(args.executor, workers=args.workers, ray_address=args.ray_address, **kw)
+    executor = make_executor(args.executor, workers=args.workers, ray_address=args.ray_address,
+                             **kw)
+    executor.check()
+    return executor

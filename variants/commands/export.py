@@ -46,7 +46,8 @@ def configure_verify(sub):
                    help=f"largest accepted max |Δlogit| (default: {TOLERANCE:g})")
     p.add_argument("--cold-start", action="store_true",
                    help="also time a cold start from the folder (packed, nothing built) against "
-                        "one from the fp32 checkpoint building the variant, in fresh processes")
+                        "one from the fp32 checkpoint building the variant (quant exports; a "
+                        "low-rank one times the folder alone), in fresh processes")
     p.set_defaults(func=run_verify)
     return p
 
@@ -73,9 +74,15 @@ def run_verify(args):
 
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise ValueError(f"--tolerance {args.tolerance} must be a finite number >= 0, e.g. 1e-5")
+    if args.cold_start:  # a moved fp32 checkpoint is refused before anything runs
+        from variants.export import coldstart
+        from variants.export.verify import check_files
+
+        check_files(args.folder)
+        modes, note = coldstart.plan(args.folder)
     res = verify(args.folder, tolerance=args.tolerance, log=print)
     if args.cold_start:
-        from variants.export import coldstart
-
-        print(coldstart.table(coldstart.measure(args.folder)))
+        if note:
+            print(note)
+        print(coldstart.table(coldstart.measure(args.folder, modes)))
     return EXIT_OK if res["ok"] else EXIT_FAILURE

@@ -118,6 +118,7 @@ def run(args):
     from variants.families.quant.family import check_bits
     from variants.search import sens_cache, sensitivity
     from variants.search.units import search_units
+    from variants.sweep.config import SweepConfig
 
     for b in args.bits:  # bad input: before anything is loaded or written
         check_bits(b, args.group_size, prefix="--")
@@ -126,10 +127,11 @@ def run(args):
     log = (lambda m: print(m, file=sys.stderr))
     executor = executor_flags.make(args, log)
     o, model = options(args)
+    sweep = o.sweep_kwargs()
+    SweepConfig(**sweep).validate()  # the shared flags (e.g. --max-length), before any folder
     out = args.out if args.out is not None else Path(args.results_dir) / "sensitivity" / model
     make_out_dir(out, "--out" if args.out is not None else "--results-dir")  # before the work
     out = Path(out)
-    sweep = o.sweep_kwargs()
     for k in ("results_dir", "contract", "model_config", "checkpoint", "data"):
         if sweep.get(k) is not None and Path(sweep[k]).exists():  # a Ray worker's cwd differs
             sweep[k] = str(Path(sweep[k]).resolve())

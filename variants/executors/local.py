@@ -135,6 +135,9 @@ class LocalExecutor:
         self.workers = 1
         self.log = log
 
+    def check(self):
+        """Nothing to reach (the Ray executor's :meth:`~variants.executors.ray.RayExecutor.check`)."""
+
     def open(self):
         """Nothing to start (the process executors' :meth:`SlotExecutor.open`)."""
         return self
@@ -177,6 +180,9 @@ class SlotExecutor:
         self.workers = workers
         self.log = log
         self._kept = None  # open(): the slots kept across run() calls, and their init
+
+    def check(self):
+        """Nothing to reach for spawned processes (Ray: its address answers)."""
 
     def open(self):
         """Connect now (Ray: ``ray.init`` and the CPU check; raises :class:`ExecutorError`) and

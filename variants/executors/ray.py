@@ -85,6 +85,14 @@ class RayExecutor(ex.SlotExecutor):
         self._started = False
         self._count = 0
 
+    def check(self):
+        """Raise :class:`~variants.executors.local.ExecutorError` now when the Ray address (from
+        ``--ray-address`` or ``RAY_ADDRESS``) does not answer (:func:`probe`), so that a command
+        refuses before it loads or writes anything; a Ray already initialised here is not
+        probed."""
+        if self.address and not self.ray.is_initialized():
+            probe(self.address)
+
     def _open(self, n):
         ray = self.ray
         if not ray.is_initialized():

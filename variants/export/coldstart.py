@@ -92,6 +92,29 @@ def _fp32(folder):
     return variant, time.perf_counter() - t
 
 
+def plan(folder):
+    """``(modes, note)`` for ``variants verify DIR --cold-start``, checked before any work: the
+    fp32 side builds quant variants only (a low-rank build reads calibration activations), so
+    other families time the exported folder alone (``note`` says so; else None). Raises
+    ExportError (one line) when the fp32 reference checkpoint the folder names is not a folder
+    any more."""
+    from pathlib import Path
+
+    from metrics._checks import short_path
+    from variants.export.source import ExportError
+
+    block = json.loads((Path(folder) / "config.json").read_text())["mlx_variants"]
+    if block.get("family") != "quant":
+        return ("exported",), (f"fp32 + build side left out: it builds quant variants only, "
+                               f"not {block.get('family')}")
+    ref = block.get("reference_checkpoint")
+    if ref is not None and not Path(ref).is_dir():
+        raise ExportError(f"--cold-start builds the variant from its fp32 checkpoint {short_path(ref)}"
+                          ", which is not a folder any more; put it back there, or drop "
+                          "--cold-start")
+    return MODES, None
+
+
 def measure(folder, modes=MODES, timeout=900):
     """``{mode: result}``: each mode's cold start in a fresh interpreter (module docstring)."""
     out = {}

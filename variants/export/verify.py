@@ -1,7 +1,9 @@
 """``variants verify DIR``: prove an exported folder is the model that was judged.
 
 1. Every file the manifest lists is hashed again (SHA-256); a missing or changed file is bad
-   input (exit 2), named with the expected and found hash.
+   input (exit 2), named with the expected and found hash. A file in the folder that the
+   manifest does not list (an emptied ``files`` would otherwise check nothing), or a listed
+   path outside the folder, is bad input too.
 2. The folder is loaded packed (:func:`variants.export.load.load_variant`) and run on the judged
    eval rows (``eval_rows.npz``, same batch size and order as the sweep); its logits are
    compared with the judged ``outputs.npz`` (max |Δlogit| over valid options), and the
@@ -13,19 +15,21 @@ or a verdict differ; 2: bad input (not an exported folder, a file missing or tam
 """
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from metrics._checks import short_path
+from metrics._checks import short_path, short_repr
 from variants.export.source import ExportError
 
 TOLERANCE = 1e-5
 
 
 def check_files(folder):
-    """The manifest (dict) after checking every listed file's SHA-256. Raises ExportError
-    naming the first missing or changed file (expected and found hash)."""
+    """The manifest (dict) after checking every listed file's SHA-256 and that every file in
+    ``folder`` (but manifest.json) is listed. Raises ExportError naming the first missing,
+    changed (expected and found hash) or unlisted file, or a listed path outside ``folder``."""
     from variants.export.write import sha256
 
     folder = Path(folder)
@@ -39,6 +43,10 @@ def check_files(folder):
     except (ValueError, KeyError, TypeError):
         raise ExportError(f"{short_path(mpath)} is not a manifest written by variants export; "
                           "export the variant again") from None
+    for name in files:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ExportError(f"{short_path(mpath)} names {short_repr(name)}, outside the "
+                              "folder; export the variant again")
     for name, want in files.items():
         p = folder / name
         if not p.is_file():
@@ -48,7 +56,27 @@ def check_files(folder):
         if got != want:
             raise ExportError(f"{short_path(p)} was changed: manifest.json expects sha256 "
                               f"{want}, found {got}; restore the file or export again")
+    for p in sorted(folder.rglob("*")):
+        name = p.relative_to(folder).as_posix()
+        if p.is_file() and name != "manifest.json" and name not in files:
+            raise ExportError(f"{short_path(p)} is not listed in manifest.json, so it is not "
+                              "the judged model's; remove it or export the variant again")
     return manifest
+
+
+def _dict(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object was expected, found {type(value).__name__}")
+    return value
+
+
+def _read(path, what, read):
+    """``read()``; an unreadable file is ExportError naming ``path`` and the fix."""
+    try:
+        return read()
+    except (ValueError, KeyError, TypeError, OSError, zipfile.BadZipFile) as e:
+        raise ExportError(f"{short_path(path)} cannot be read as {what} ({type(e).__name__}: "
+                          f"{short_repr(str(e))}); export the variant again") from None
 
 
 def verify(folder, tolerance=TOLERANCE, log=print):
@@ -70,13 +98,15 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     except CheckpointError as e:
         raise ExportError(str(e)) from None
     config = json.loads((folder / "config.json").read_text())
-    ts = load_taskset(folder / "eval_rows.npz")
+    ts = _read(folder / "eval_rows.npz", "the judged eval rows",
+               lambda: load_taskset(folder / "eval_rows.npz"))
     if ts.fingerprint() != manifest.get("data_fingerprint"):
         raise ExportError(f"{short_path(folder / 'eval_rows.npz')} is not the judged rows "
                           "(data fingerprint differs); export the variant again")
     batches, _ = model.prepare(ts, config["mlx_variants"].get("batch_size", 32))
     now = model.outputs(ts, batches)
-    judged = DecisionOutputs.load(folder / "outputs.npz", "judged outputs")
+    judged = _read(folder / "outputs.npz", "judged outputs",
+                   lambda: DecisionOutputs.load(folder / "outputs.npz", "judged outputs"))
     mask = np.asarray(judged.option_mask, bool)
     a, b = np.asarray(now.logits, np.float64), np.asarray(judged.logits, np.float64)
     if a.shape != b.shape or not np.array_equal(np.asarray(now.ids), np.asarray(judged.ids)):
@@ -88,11 +118,15 @@ def verify(folder, tolerance=TOLERANCE, log=print):
         return {k: np.asarray(getattr(o, k)) for k in OUTPUT_FIELDS}
 
     j = folder / "judged"
-    ref_cal = fields(DecisionOutputs.load(j / "reference_calibration_outputs.npz", "outputs"))
-    ref_eval = fields(DecisionOutputs.load(j / "reference_outputs.npz", "outputs"))
-    var_cal = fields(DecisionOutputs.load(j / "calibration_outputs.npz", "outputs"))
+    def judged_file(name):
+        return fields(_read(j / name, "outputs", lambda: DecisionOutputs.load(j / name, "outputs")))
+
+    ref_cal = judged_file("reference_calibration_outputs.npz")
+    ref_eval = judged_file("reference_outputs.npz")
+    var_cal = judged_file("calibration_outputs.npz")
     contract = load_contract(str(folder / "contract.toml"))
-    saved = json.loads((folder / "verdict.json").read_text())
+    saved = _read(folder / "verdict.json", "a verdict",
+                  lambda: _dict(json.loads((folder / "verdict.json").read_text())))
     from runs.settings import resolve_settings
 
     settings = resolve_settings(contract, near_tie_margin=config["mlx_variants"].get(

@@ -6,6 +6,7 @@ place at the end, so a failed export leaves nothing behind.
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +31,25 @@ def sha256(path):
 
 
 def check_out(out):
-    """Raise ExportError unless ``out`` is absent or an empty folder."""
+    """Raise ExportError unless ``out`` is absent or an empty folder, and a folder can be made
+    where it goes (tried with a temporary folder in its nearest existing parent, removed at
+    once: a read-only or virtual file system such as /proc or /sys, a parent that is a file),
+    so that a bad ``--out`` is refused before the variant is built."""
     out = Path(out)
+    if out.is_file():
+        raise ExportError(f"--out {short_path(out)} is a file; pass a new folder (export never "
+                          "overwrites)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {short_path(out)} is not empty; pass a new folder (export "
                           "never overwrites)")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".export-check-", dir=parent))
+    except OSError as e:
+        raise ExportError(f"--out {short_path(out)}: cannot create the folder in {parent} "
+                          f"({e.strerror or type(e).__name__}); pass a writable folder") from None
 
 
 def save_taskset(ts, path):

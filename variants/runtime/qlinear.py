@@ -165,6 +165,20 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
         return mx.concatenate(parts, axis=-1)
 
 
+def refuse_packed(module, family):
+    """Raise ValueError (one line naming the first such layer and the fix) when ``module``
+    holds a layer already quantized (``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding``, as
+    :func:`variants.checkpoints.load.load_checkpoint` gives for a folder written by ``variants
+    export``): ``family`` (its name) builds from fp32 weights, not from packed ones."""
+    done = [p for p, m in module.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    if done:
+        raise ValueError(f"the checkpoint's layer {min(done)} is already quantized (a folder "
+                         f"written by variants export?), and --family {family} builds from "
+                         "fp32 weights; pass the fp32 checkpoint it was exported from, or "
+                         "another --family")
+
+
 def use_cpu_path(module):
     """Turn every ``nn.QuantizedLinear`` inside ``module`` into a :class:`CpuQuantizedLinear`
     in place (the same parameter arrays: nothing is copied or added). Returns ``module``.

@@ -9,12 +9,18 @@ bytes of its ``input_ids``, ``attention_mask`` and ``token_type_ids``), the inpu
 layer; inside :meth:`SuffixCache.start_at` the encoder's call on a recorded batch runs from
 layer ``i``; a batch it has not recorded runs the whole stack as before.
 
-Applies only to a plain :class:`variants.arch.encoder.BertEncoder` whose layers are all
-:class:`variants.arch.encoder.TransformerLayer` (:func:`applies`); embedding tables and any
-other unit keep the full forward. The suffix runs each layer as
+Applies to a plain :class:`variants.arch.encoder.BertEncoder` whose layers are all
+:class:`variants.arch.encoder.TransformerLayer` and to a
+:class:`variants.arch.modernbert.ModernBertEncoder` whose layers are all
+:class:`variants.arch.modernbert_layers.ModernBertLayer` (:func:`applies`); embedding tables
+and any other unit keep the full forward. On BERT the suffix runs each layer as
 :meth:`BertEncoder.apply_layer` does, so logits equal the full forward's to float round-off
 (measured on MiniLM, 60 rows, 36 Linears x 5 widths: mean KL within 2.7e-8 nats, max
-|dlogit| within 2.7e-6, flip rates equal).
+|dlogit| within 2.7e-6, flip rates equal). On ModernBERT it runs
+:meth:`ModernBertEncoder.layers_from` (the pre-norm layers from ``i`` with their own rotary
+θ and global / sliding-window masks, on the fast path where the full call takes it), then
+``final_norm``; the recorded layer inputs come from the layer-by-layer path, so logits equal
+the full forward's to float32 round-off.
 """
 
 import hashlib
@@ -25,16 +31,23 @@ import mlx.core as mx
 import numpy as np
 
 from variants.arch.encoder import BertEncoder, EncoderOutput, TransformerLayer
+from variants.arch.modernbert import ModernBertEncoder
+from variants.arch.modernbert_layers import ModernBertLayer
 
 _UNIT = re.compile(r"^encoder\.layers\.(\d+)\.")
 
 
+#: encoder class -> the class of its layers that the suffix forward knows
+_STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer}
+
+
 def applies(module):
     """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder`, every layer a
-    :class:`TransformerLayer`)."""
+    :class:`TransformerLayer`) or a ModernBERT stack (:class:`ModernBertEncoder`, every layer
+    a :class:`ModernBertLayer`)."""
     enc = getattr(module, "encoder", None)
-    return (type(enc) is BertEncoder
-            and all(type(layer) is TransformerLayer for layer in enc.layers))
+    kind = _STACKS.get(type(enc))
+    return kind is not None and all(type(layer) is kind for layer in enc.layers)
 
 
 def layer_of(path):
@@ -52,13 +65,15 @@ def _key(input_ids, attention_mask, token_type_ids):
     return h.hexdigest()
 
 
-class _Suffixed(BertEncoder):
-    """A :class:`BertEncoder` whose call reads its :class:`SuffixCache` (set while the cache's
-    context is open; the instance's class is swapped back on exit)."""
+def _suffixed_call(self, input_ids, attention_mask, token_type_ids=None, **kw):
+    cache = self.__dict__["_suffix_cache"]
+    return cache._call(self, input_ids, attention_mask, token_type_ids, **kw)
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, **kw):
-        cache = self.__dict__["_suffix_cache"]
-        return cache._call(self, input_ids, attention_mask, token_type_ids, **kw)
+
+#: encoder class -> a subclass whose call reads its :class:`SuffixCache` (set while the
+#: cache's context is open; the instance's class is swapped back on exit)
+_SUFFIXED = {cls: type(f"_Suffixed{cls.__name__}", (cls,), {"__call__": _suffixed_call})
+             for cls in _STACKS}
 
 
 class SuffixCache:
@@ -67,19 +82,22 @@ class SuffixCache:
     Parameters
     ----------
     module : mlx.nn.Module
-        A decision model's module with a plain ``.encoder`` (:func:`applies` must be True).
+        A decision model's module with a plain BERT or ModernBERT ``.encoder`` (:func:`applies`
+        must be True, else ValueError).
     """
 
     def __init__(self, module):
         if not applies(module):
-            raise ValueError("suffix forwards need a plain BertEncoder (module.encoder)")
+            raise ValueError("suffix forwards need a plain BertEncoder or ModernBertEncoder "
+                             "(module.encoder)")
         self.encoder = module.encoder
+        self.cls = type(module.encoder)
         self.states = {}  # key -> [input of layer 0, ..., input of layer N-1]
         self.mode = None  # "record" or an int start layer
         self.hits = 0
 
     def _call(self, enc, input_ids, attention_mask, token_type_ids=None, **kw):
-        full = BertEncoder.__call__
+        full = self.cls.__call__
         if kw.get("output_hidden_states") or kw.get("output_attentions"):
             return full(enc, input_ids, attention_mask, token_type_ids, **kw)
         key = _key(input_ids, attention_mask, token_type_ids)
@@ -93,6 +111,8 @@ class SuffixCache:
             return full(enc, input_ids, attention_mask, token_type_ids, **kw)
         self.hits += 1
         i = int(self.mode)
+        if self.cls is ModernBertEncoder:
+            return EncoderOutput(enc.finish(enc.layers_from(i, xs[i], attention_mask)))
         x, ctx = xs[i], enc.context(attention_mask)
         for j in range(i, len(enc.layers)):
             x = enc.apply_layer(j, x, ctx)[0]
@@ -104,7 +124,7 @@ class SuffixCache:
         cls = type(enc)
         self.mode = mode
         enc.__dict__["_suffix_cache"] = self
-        enc.__class__ = _Suffixed
+        enc.__class__ = _SUFFIXED[cls]
         try:
             yield self
         finally:

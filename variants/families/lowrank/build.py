@@ -31,6 +31,7 @@ from threadpoolctl import threadpool_limits
 
 from variants.arch import activations
 from variants.arch.lowrank import LowRankLinear
+from variants.runtime import qlinear
 from variants.layer_maps import ratio_map
 from variants.families.lowrank.factorise import (ABS_FLOOR, LAMBDA_MAX, LAMBDA_START, Decomposition,
                                                  _weighted_norm, break_even, choose_rank,
@@ -136,6 +137,7 @@ def check_model(module, cfgs):
     ValueError
         If a config's ``rank`` exceeds min(m, n) of the smallest factorised weight.
     """
+    qlinear.refuse_packed(module, "lowrank")
     prefix = "layers." if hasattr(module, "layers") else "encoder.layers."
     mods = dict(module.named_modules())
     paths = activations.target_linears(module, prefix=prefix)

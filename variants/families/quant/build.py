@@ -83,7 +83,10 @@ def layer_settings(module, cfg, heads=("head",)):
 
 
 def check_model(module, cfgs, model=None):
-    """Raise ValueError, before anything is written, for a map pattern no layer matches."""
+    """Raise ValueError, before anything is written, for a layer already quantized (a
+    checkpoint folder written by ``variants export``: its packed weights cannot be quantized
+    again) or a map pattern no layer matches."""
+    qlinear.refuse_packed(module, "quant")
     heads, _ = heads_mod.head_paths(module, model)
     for cfg in cfgs:
         layer_settings(module, cfg, heads)

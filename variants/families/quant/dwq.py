@@ -1,19 +1,31 @@
-"""Distilled weight quantization (DWQ): train only the scales and biases of the packed layers.
+"""Distilled weight quantization (DWQ): train the scales and biases of the packed layers.
 
 The idea of mlx-lm's ``mlx_lm.quant.dwq`` (distil a quantized model into its own fp32 teacher by
 training the quantization parameters with the integer codes fixed): the codes q of every
-quantized Linear stay as its initial quantizer chose them (GPTQ by default), and only its group
-scales and biases train, so that the quantized model's temperature-scaled option
-probabilities match the fp32 reference's on unlabelled fit-split texts:
+quantized Linear stay as its initial quantizer chose them (GPTQ by default), and only the group
+scales and biases train (with ``train_norms`` also the LayerNorms' weights and biases), so that
+the quantized model matches the fp32 reference on unlabelled fit-split texts:
 
     loss = mean over rows of KL(p_ref ‖ softmax(logits_q / T_K))
+           + hidden_weight · mean over layers l of |h_q^l − h_ref^l|² / |h_ref^l|²
 
 with T_K the reference's temperature for the row's option count (the loss of
-:func:`variants.families.student.train.kl_to_teacher`; Hinton et al. 2015). Each layer computes
-its weight as ``scales * q + biases`` per group (MLX's affine dequantization, differentiable in
-the scales and biases) so ``mlx.nn.value_and_grad`` reaches them; Adam (Kingma & Ba 2015,
-``mlx.optimizers.Adam``) over batches of ``batch_size`` texts, batch order shuffled per epoch
-(seed 0). The texts are the fit split's only: never calibration or eval rows, no label is read.
+:func:`variants.families.student.train.kl_to_teacher`; Hinton et al. 2015) and the second term
+each encoder layer's output error over the real tokens, relative to the reference's (mlx-lm's
+DWQ adds such an activation term at every quarter of the layers; a sentence classifier's one
+distribution per text is too little signal for 330 k parameters on its own).
+
+Relative parametrisation (:class:`RelativeAffineLinear`): each group's scale is s0 · (1 + θ)
+and its bias b0 + s0 · β, with (s0, b0) the starting quantizer's and θ, β trained from 0, so one
+learning rate fits every layer (a step moves a scale by a fraction of itself and a bias by a
+fraction of one code step; mlx-lm trains the raw values at 1e-6 to 1e-7 for LLM scales ~1e-3).
+At θ = β = 0 the weight is exactly the start's ``scale · q + bias``. Adam (Kingma & Ba 2015,
+``mlx.optimizers.Adam``) with a linear warm-up and a cosine decay to 0 over ``epochs`` passes of
+``batch_size`` texts (batch order shuffled per epoch, seed 0).
+
+The texts are the fit split's only (its first ``max_texts`` train; its last ``valid_texts``,
+disjoint from them, are held out): never calibration or eval rows, no label is read. The trained
+parameters are kept only when the held-out loss falls; otherwise the start is returned.
 
 The inference forward's fast kernels (compiled layers, the polynomial exp) have no vjp, so the
 quantized model is trained through the student family's plain differentiable BERT layer
@@ -34,19 +46,26 @@ from metrics.softmax import masked_softmax
 from variants.runtime import parallel
 from variants.arch.activations import set_module
 
-EPOCHS = 1
-#: Adam moves every scale by about the learning rate per step, all layers at once: on MiniLM at
-#: 4 bits (GPTQ start, 400 fit texts, one epoch) 1e-7 lowered a held-out fit KL by 10%, 3e-7
-#: left it where it was and 2e-6 raised it
-LEARNING_RATE = 1e-7
-BATCH_SIZE = 32
-#: at most this many fit texts (the first ones of the split's order): the build's cost
+EPOCHS = 2
+#: Adam's step on θ (relative scale) and β (bias in code steps), at the peak of the schedule:
+#: every scale of the model moves by about this share of itself per step, all at once. MiniLM
+#: sentiment, 4 bits, GPTQ start (held-out fit KL 0.00534): 1e-4 over 2 epochs -> 0.00406;
+#: over 4 epochs -> 0.00439; 3e-4 over 3 epochs raised it to 0.00747 (the start was kept);
+#: 1e-3 diverged within a few steps
+LEARNING_RATE = 1e-4
+WARMUP_SHARE = 0.05
+BATCH_SIZE = 16
+HIDDEN_WEIGHT = 1.0
+TRAIN_NORMS = True
+#: at most this many fit texts train (the first ones of the split's order): the build's cost
 MAX_TEXTS = 1024
+#: the last fit texts, held out from training: the keep-or-return-the-start decision
+VALID_TEXTS = 256
 
 
 class AffineLinear(nn.Module):
     """A Linear whose weight is ``scales * q + biases`` per group of ``group_size`` inputs, with
-    fixed integer codes q (o, n) and trainable ``scales``/``biases`` (o, n / group_size);
+    fixed integer codes q (o, n) and ``scales``/``biases`` (o, n / group_size);
     ``input_scale`` (n,) (AWQ) multiplies the input first. ``x`` (..., n) -> (..., o)."""
 
     def __init__(self, codes, scales, biases, group_size, bias=None, input_scale=None):
@@ -61,10 +80,16 @@ class AffineLinear(nn.Module):
         if bias is not None:
             self.bias = bias
 
+    def group_scales(self):
+        return self.scales
+
+    def group_biases(self):
+        return self.biases
+
     def weight(self):
         """(o, n) float32 dequantized weight (what ``mx.dequantize`` gives for these tensors)."""
-        return (self._codes * self.scales[..., None] + self.biases[..., None]).reshape(
-            self._shape)
+        return (self._codes * self.group_scales()[..., None]
+                + self.group_biases()[..., None]).reshape(self._shape)
 
     def __call__(self, x):
         if self._input_scale is not None:
@@ -73,7 +98,26 @@ class AffineLinear(nn.Module):
         return y + self.bias if "bias" in self else y
 
 
-def _teacher(reference, fit, batches):
+class RelativeAffineLinear(AffineLinear):
+    """:class:`AffineLinear` whose trainable parameters are relative to a start (s0, b0):
+    scales = s0 · (1 + ``scale_delta``), biases = b0 + s0 · ``bias_delta`` (both (o, n / g),
+    zeros at the start: then exactly s0 and b0)."""
+
+    def __init__(self, codes, scales, biases, group_size, bias=None, input_scale=None):
+        super().__init__(codes, scales, biases, group_size, bias, input_scale)
+        self._s0, self._b0 = self.scales, self.biases
+        del self.scales, self.biases
+        self.scale_delta = mx.zeros(self._s0.shape)
+        self.bias_delta = mx.zeros(self._b0.shape)
+
+    def group_scales(self):
+        return self._s0 * (1 + self.scale_delta)
+
+    def group_biases(self):
+        return self._b0 + self._s0 * self.bias_delta
+
+
+def _teacher(reference, fit, batches, hidden):
     logits = reference.raw_logits(fit, batches)
     try:
         temp = reference.temperature_of(fit).astype(np.float32)
@@ -82,27 +126,52 @@ def _teacher(reference, fit, batches):
                         np.float32)
     valid = np.asarray(fit.option_mask, bool)
     p = masked_softmax(logits, valid, temp).astype(np.float32)
-    return [(mx.array(p[b.index]), mx.array(temp[b.index]), mx.array(valid[b.index]))
-            for b in batches]
+    out = []
+    for b in batches:
+        h = None
+        if hidden:
+            h = [mx.stop_gradient(x) for x in hidden(b)]
+            mx.eval(h)
+        out.append((mx.array(p[b.index]), mx.array(temp[b.index]), mx.array(valid[b.index]), h))
+    return out
+
+
+def _relative_hidden_error(hq, hr, mask):
+    """mean over layers of Σ_tokens |h_q − h_ref|² / Σ_tokens |h_ref|² (real tokens only)."""
+    m = mask.astype(mx.float32)[..., None]
+    return sum(mx.sum(((a - b) ** 2) * m) / mx.sum((b ** 2) * m)
+               for a, b in zip(hq, hr)) / len(hq)
+
+
+def _norm_keys(module):
+    return [path for path, m in module.named_modules() if isinstance(m, nn.LayerNorm)
+            and path.startswith("encoder.layers.")]
 
 
 def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RATE,
-            batch_size=BATCH_SIZE, max_texts=MAX_TEXTS, seed=0, progress=None):
-    """Train the scales and biases of ``layers`` against the reference on ``fit``.
+            batch_size=BATCH_SIZE, max_texts=MAX_TEXTS, valid_texts=VALID_TEXTS,
+            hidden_weight=HIDDEN_WEIGHT, train_norms=TRAIN_NORMS, seed=0, progress=None):
+    """Train the scales and biases of ``layers`` (and the encoder's LayerNorms) against the
+    reference on ``fit``.
 
     Parameters
     ----------
     reference : variants.models.decision.DecisionModel — the fp32 teacher (not modified)
     layers : dict {path: (codes (o, n) uint8, scales, biases (o, n/g) float32, group_size,
         input_scale (n,) float32 or None)} — the quantized Linears of ``reference.module``
-    fit : variants.datasets.tasks.TaskSet — the fit split (unlabelled use; its first ``max_texts``)
+    fit : variants.datasets.tasks.TaskSet — the fit split (unlabelled use): its first
+        ``max_texts`` train, its last ``valid_texts`` are held out (fewer when the split is
+        small: a quarter of it, at least one text, when it has 2 or more)
 
     Returns
     -------
-    trained : dict {path: (scales, biases)} float32 NumPy, shapes as given: the trained ones,
-        or the given ones when the KL over ``fit`` did not fall
-    facts : dict — ``loss_before``, ``loss_after`` (mean KL over ``fit``), ``step_means`` (the
-        mean step loss of each epoch), ``steps``, ``trained_scales_kept``
+    trained : dict {path: (scales, biases)} float32 NumPy, shapes as given — the trained ones,
+        or the given ones when the held-out loss did not fall
+    norms : dict {name: (D,) float32 NumPy} — trained LayerNorm weights and biases (named as in
+        ``reference.module.parameters()``), empty when not trained or not kept
+    facts : dict — ``loss_before``, ``loss_after`` (mean held-out loss), ``kl_before``,
+        ``kl_after`` (its KL part), ``step_means`` (mean step loss per epoch), ``steps``,
+        ``texts``, ``valid_texts``, ``trained_scales_kept``
 
     Raises
     ------
@@ -122,33 +191,54 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
         raise ValueError(f"distilled scales need a model they can differentiate, and "
                          f"{reference.name} is not one ({str(e).splitlines()[0]}); use "
                          "--quant-method gptq or awq") from None
-    if len(fit) > max_texts:
-        fit = fit.subset(np.arange(max_texts))
+    n_valid = min(valid_texts, len(fit) // 4) if len(fit) >= 2 else 0
+    n_valid = max(n_valid, 1) if len(fit) >= 2 else 0
+    train = fit.subset(np.arange(min(max_texts, len(fit) - n_valid)))
+    held = fit.subset(np.arange(len(fit) - n_valid, len(fit))) if n_valid else train
     module = copy.deepcopy(reference.module)
     mods = dict(module.named_modules())
     for path, (codes, scales, biases, gs, inv) in layers.items():
-        set_module(module, path, AffineLinear(codes, scales, biases, gs,
-                                              mods[path].get("bias"), inv))
+        set_module(module, path, RelativeAffineLinear(codes, scales, biases, gs,
+                                                      mods[path].get("bias"), inv))
     module.freeze()
-    for _, m in module.named_modules():
-        if isinstance(m, AffineLinear):
-            m.unfreeze(keys=["scales", "biases"], recurse=False)
-    batches, _ = reference.prepare(fit, batch_size)
+    for path, m in module.named_modules():
+        if isinstance(m, RelativeAffineLinear):
+            m.unfreeze(keys=["scale_delta", "bias_delta"], recurse=False)
+    norm_paths = _norm_keys(module) if train_norms else []
+    for path in norm_paths:
+        dict(module.named_modules())[path].unfreeze(keys=["weight", "bias"], recurse=False)
+
+    def ref_hidden(b):
+        return forward_hidden(reference.module, b.input_ids, b.attention_mask,
+                              b.token_type_ids)[1]
+
+    hidden = ref_hidden if hidden_weight > 0 else None
     with parallel.single_stream():
-        targets = _teacher(reference, fit, batches)
+        batches, _ = reference.prepare(train, batch_size)
+        vbatches, _ = reference.prepare(held, batch_size)
+        targets = _teacher(reference, train, batches, hidden)
+        vtargets = _teacher(reference, held, vbatches, hidden)
         options = reference._options() if kind == "cosine" else None
 
-        def loss_fn(b, p, temp, valid):
-            last, _ = forward_hidden(module, b.input_ids, b.attention_mask, b.token_type_ids)
+        def losses(b, p, temp, valid, h_ref):
+            last, hq = forward_hidden(module, b.input_ids, b.attention_mask, b.token_type_ids)
             opts = None if options is None else options[mx.maximum(b.option_index, 0)]
-            return kl_to_teacher(p, student_logits(module, kind, last, b.attention_mask, opts,
-                                                   valid), temp, valid)
+            kl = kl_to_teacher(p, student_logits(module, kind, last, b.attention_mask, opts,
+                                                 valid), temp, valid)
+            if h_ref is None:
+                return kl, kl
+            return kl + hidden_weight * _relative_hidden_error(hq, h_ref, b.attention_mask), kl
 
-        def mean_loss():
-            tot = 0.0
-            for b, (p, temp, valid) in zip(batches, targets):
-                tot += float(loss_fn(b, p, temp, valid).item()) * len(b.index)
-            return tot / len(fit)
+        def loss_fn(*args):
+            return losses(*args)[0]
+
+        def held_out():
+            tot = kl_tot = 0.0
+            for b, t in zip(vbatches, vtargets):
+                loss, kl = losses(b, *t)
+                tot += float(loss.item()) * len(b.index)
+                kl_tot += float(kl.item()) * len(b.index)
+            return tot / len(held), kl_tot / len(held)
 
         step = nn.value_and_grad(module, loss_fn)
         try:
@@ -161,8 +251,13 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
         if why:
             raise ValueError(f"distilled scales need a differentiable model forward, and "
                              f"{reference.name}'s is not ({why}); use --quant-method gptq or awq")
-        before = mean_loss()
-        opt = optim.Adam(learning_rate=learning_rate)
+        before, kl_before = held_out()
+        total = epochs * len(batches)
+        warm = max(1, int(round(WARMUP_SHARE * total)))
+        schedule = optim.join_schedules(
+            [optim.linear_schedule(learning_rate / warm, learning_rate, warm),
+             optim.cosine_decay(learning_rate, max(total - warm, 1))], [warm])
+        opt = optim.Adam(learning_rate=schedule)
         rng = np.random.default_rng(seed)
         step_means = []
         for _ in range(epochs):
@@ -174,15 +269,23 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
                 tot += float(loss.item()) * len(batches[j].index)
                 if progress is not None:
                     progress(len(batches[j].index))
-            step_means.append(tot / len(fit))
-        after = mean_loss()
-    kept = after < before  # a rise (too large a step): the starting scales are kept
+            step_means.append(tot / len(train))
+        after, kl_after = held_out()
+    kept = after < before  # a rise (too large a step): the start is returned
+    mods = dict(module.named_modules())
     trained = {}
     for path, (_, scales, biases, _, _) in layers.items():
-        m = dict(module.named_modules())[path]
-        trained[path] = ((np.array(m.scales, np.float32), np.array(m.biases, np.float32))
+        m = mods[path]
+        trained[path] = ((np.array(m.group_scales(), np.float32),
+                          np.array(m.group_biases(), np.float32))
                          if kept else (np.asarray(scales, np.float32),
                                        np.asarray(biases, np.float32)))
-    return trained, {"loss_before": before, "loss_after": after, "step_means": step_means,
-                     "steps": epochs * len(batches), "texts": len(fit),
-                     "trained_scales_kept": bool(kept)}
+    norms = {}
+    if kept:
+        for path in norm_paths:
+            norms[f"{path}.weight"] = np.array(mods[path].weight, np.float32)
+            norms[f"{path}.bias"] = np.array(mods[path].bias, np.float32)
+    return trained, norms, {"loss_before": before, "loss_after": after, "kl_before": kl_before,
+                            "kl_after": kl_after, "step_means": step_means, "steps": total,
+                            "texts": len(train), "valid_texts": n_valid,
+                            "trained_scales_kept": bool(kept)}

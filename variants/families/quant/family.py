@@ -38,7 +38,7 @@ def add_arguments(parser):
                    help=f"quantizers, one variant per method and width, from {' '.join(METHODS)}"
                         ": rtn = round to nearest; awq = activation-aware channel scales and "
                         "clipping; gptq = Hessian error compensation; dwq = GPTQ codes with "
-                        "scales and biases distilled on the fit split (default: the model "
+                        "scales, biases and LayerNorms distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
     g.add_argument("--int8-layers", default="", metavar="REGEX",
                    help="Linears whose path matches run as W8A8 (int8 weights and per-token "

@@ -26,6 +26,7 @@ from dataclasses import replace
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_unflatten
 
 from variants.arch import activations
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
@@ -38,9 +39,14 @@ SETTINGS = {
             "statistic": "mean |x| per input channel"},
     "gptq": {"damping": gptq.DAMPING, "block_size": gptq.BLOCK_SIZE, "act_order": False},
     "dwq": {"init": "gptq", "epochs": dwq.EPOCHS, "learning_rate": dwq.LEARNING_RATE,
-            "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS, "optimizer": "Adam",
-            "trains": "scales, biases",
-            "loss": "KL(p_ref || p_q) at the reference's temperatures"},
+            "warmup_share": dwq.WARMUP_SHARE, "schedule": "linear warm-up, cosine decay",
+            "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS,
+            "valid_texts": dwq.VALID_TEXTS, "optimizer": "Adam",
+            "parametrisation": "scale = s0 (1 + theta), bias = b0 + s0 beta",
+            "trains": "scales, biases" + (", encoder LayerNorms" if dwq.TRAIN_NORMS else ""),
+            "loss": "KL(p_ref || p_q) at the reference's temperatures + hidden_weight x mean "
+                    "relative squared error of each layer's output",
+            "hidden_weight": dwq.HIDDEN_WEIGHT},
 }
 
 
@@ -125,7 +131,7 @@ def _distill(reference, start, rows, stats, fit, log):
     rows = [dict(r) for r in rows]
     layers = {r["path"]: (*start[r["path"]][:3], r["group_size"], start[r["path"]][3])
               for r in rows}
-    trained, facts = dwq.distill(reference, layers, fit)
+    trained, norms, facts = dwq.distill(reference, layers, fit)
     out = {}
     for row in rows:
         p = row["path"]
@@ -138,8 +144,8 @@ def _distill(reference, start, rows, stats, fit, log):
         row["rel_error"] = _rel(gptq.output_error(W, deq if inv is None else deq * inv, G), W, G)
         out[p] = (c, s, b, inv)
     if log:
-        log(f"distilled scales: KL {facts['loss_before']:.4g} -> {facts['loss_after']:.4g}")
-    return out, rows, facts
+        log(f"distilled scales: held-out KL {facts['kl_before']:.4g} -> {facts['kl_after']:.4g}")
+    return out, rows, norms, facts
 
 
 def _cache_path(reference, cfg, fit, cache_dir):
@@ -159,8 +165,10 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     learned for one bit map is re-used by every map that gives it the same width); DWQ, which
     trains all layers together, per whole config.
 
-    Returns ``(layers, facts)``: layers {path: (codes (o, n) uint8, scales, biases (o, n/g)
-    float32, input_scale (n,) float32 or None)}; facts (JSON-able) with ``layers`` (per-layer
+    Returns ``(layers, norms, facts)``: layers {path: (codes (o, n) uint8, scales, biases
+    (o, n/g) float32, input_scale (n,) float32 or None)}; norms {parameter name: (D,) float32}
+    (DWQ's trained LayerNorm weights and biases; empty for the other methods); facts
+    (JSON-able) with ``layers`` (per-layer
     rows: bits, group size, relative output error of RTN and of the method on the fit
     statistics, ``learn_s``, ``reused``), ``layers_reused`` (Linears read from the per-layer
     cache), ``build_s`` (this build's seconds plus the first learning's seconds of every
@@ -176,8 +184,9 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
                 layers = {p: (z[f"{p}|codes"], z[f"{p}|scales"], z[f"{p}|biases"],
                               z[f"{p}|input_scale"] if f"{p}|input_scale" in z else None)
                           for p in facts["paths"]}
+                norms = {k: z[f"norm|{k}"] for k in facts.get("norms", [])}
             facts["cached"] = True
-            return layers, facts
+            return layers, norms, facts
         except (OSError, KeyError, ValueError):
             pass  # unreadable: learn again and overwrite
     t0 = time.perf_counter()
@@ -189,18 +198,19 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     settings = {p: tuple(settings.get(p, (cfg.bits, cfg.group_size))) for p in paths}
     stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
     if cfg.method == "dwq":  # from GPTQ's layers (its cache entries when there are some)
-        start, sfacts = learned_layers(reference, replace(cfg, method="gptq"), fit, cache_dir,
-                                       log)
-        layers, rows, extra = _distill(reference, start, sfacts["layers"], stats, fit, log)
+        start, _, sfacts = learned_layers(reference, replace(cfg, method="gptq"), fit,
+                                          cache_dir, log)
+        layers, rows, norms, extra = _distill(reference, start, sfacts["layers"], stats, fit,
+                                              log)
         extra["gptq_build_s"] = sfacts["build_s"]
         reused_s = 0.0
     else:
         layers, rows = _learn(reference, cfg, paths, settings, stats, cache_dir)
-        extra = {}
+        extra, norms = {}, {}
         reused_s = sum(r.get("learn_s", 0.0) for r in rows if r.get("reused"))
     n_reused = sum(bool(r.get("reused")) for r in rows)
     facts = {"paths": paths, "layers": rows, "build_s": time.perf_counter() - t0 + reused_s,
-             "fit_rows": len(fit), "layers_reused": n_reused, **extra}
+             "fit_rows": len(fit), "layers_reused": n_reused, "norms": sorted(norms), **extra}
     if cfg.method == "dwq":  # the whole method's time: the re-used GPTQ layers' too
         facts["build_s"] += sum(r.get("learn_s", 0.0) for r in sfacts["layers"]
                                 if r.get("reused"))
@@ -212,9 +222,10 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
             arrays.update({f"{p}|codes": c, f"{p}|scales": s, f"{p}|biases": b})
             if inv is not None:
                 arrays[f"{p}|input_scale"] = inv
+        arrays.update({f"norm|{k}": v for k, v in norms.items()})
         write_npz(whole, arrays)
     facts["cached"] = bool(rows) and n_reused == len(rows)
-    return layers, facts
+    return layers, norms, facts
 
 
 def round_trip(reference, method, fit, cache_dir=None, log=None):
@@ -276,8 +287,10 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
     (per-layer relative output error, RTN and method), ``build_s`` (learning seconds; the
     first build's when read from the cache) and the method's own facts. Raises ValueError on
     bad input (no fit rows, a singular GPTQ Hessian, a forward DWQ cannot differentiate)."""
-    layers, facts = learned_layers(reference, cfg, fit, cache_dir, log)
+    layers, norms, facts = learned_layers(reference, cfg, fit, cache_dir, log)
     native, info = quantize.quantize_module(reference.module, cfg, "native")
+    if norms:  # DWQ's trained LayerNorms (same shapes and bytes as the reference's)
+        native.update(tree_unflatten([(k, mx.array(v)) for k, v in norms.items()]))
     extra_bytes = 0
     for path, (codes, scales, biases, inv) in layers.items():
         m = dict(native.named_modules())[path]
@@ -291,7 +304,8 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
                 calibration_split="fit", calibration_rows=facts["fit_rows"],
                 learned_layers=len(layers), input_scaled_layers=sum(
                     v[3] is not None for v in layers.values()),
-                **{k: v for k, v in facts.items() if k not in ("paths", "fit_rows")})
+                trained_norms=len(norms),
+                **{k: v for k, v in facts.items() if k not in ("paths", "fit_rows", "norms")})
     module = native if mode == "native" else _dense(native)
     mx.eval(module.parameters())
     return reference.replace_module(module), info

@@ -33,9 +33,13 @@ def method_lines(info):
                      "input by 1/s before the packed matmul (not foldable into a post-LN "
                      "LayerNorm; these layers leave the fused whole-layer CPU kernel)")
     if "loss_before" in info:
-        lines.append(f"- distilled scales: KL to the reference on the fit split "
-                     f"{info['loss_before']:.4g} -> {info['loss_after']:.4g} in "
-                     f"{info.get('steps')} steps")
+        kl = (f" (its KL part {info['kl_before']:.4g} -> {info['kl_after']:.4g})"
+              if "kl_before" in info else "")
+        lines.append(f"- distilled scales: loss to the reference on {info.get('valid_texts')} "
+                     f"held-out fit texts {info['loss_before']:.4g} -> {info['loss_after']:.4g}"
+                     f"{kl} in {info.get('steps')} steps on {info.get('texts')} fit texts; "
+                     f"{info.get('trained_norms', 0)} LayerNorm tensors trained; kept: "
+                     f"{info.get('trained_scales_kept')}")
     if rows:
         extra = "init_rel_error" in rows[0]
         lines += ["", "| layer | bits | RTN rel. err | " + ("GPTQ start | " if extra else "")
