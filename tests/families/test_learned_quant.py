@@ -152,6 +152,25 @@ def test_gptq_with_identity_hessian_is_round_to_nearest(model, bits, act_order):
     assert np.array_equal(scales, np.array(s)) and np.array_equal(biases, np.array(b))
 
 
+def test_awq_scales_then_gptq_codes(model, stats):
+    """DWQ's start: GPTQ of W·diag(s) on the scaled inputs, s from AWQ's own search; equal
+    activations (s = 1) leave plain GPTQ."""
+    W = _weight(model, UP)[:48]
+    st = stats[activations.input_site(UP)]
+    codes, scales, biases, inv, facts = awq.quantize_gptq(W, st.gram, st.mean_abs, 4, 64)
+    *_, inv_awq, f_awq = awq.quantize(W, st.gram, st.mean_abs, 4, 64)
+    assert facts["alpha"] == f_awq["alpha"] > 0 and np.array_equal(inv, inv_awq)
+    s = (1 / inv).astype(np.float32)
+    want = gptq.quantize((W * s).astype(np.float32), st.gram / np.outer(s, s), 4, 64)
+    for a, b in zip((codes, scales, biases), want):
+        assert np.array_equal(a, b)
+    deq = affine_codes.dequantize(codes, scales, biases, 64) * inv
+    assert facts["error"] == pytest.approx(gptq.output_error(W, deq, st.gram), rel=1e-12)
+    flat = awq.quantize_gptq(W, st.gram, np.ones(W.shape[1]), 4, 64)
+    plain = gptq.quantize(W, st.gram, 4, 64)
+    assert np.all(flat[3] == 1) and all(np.array_equal(a, b) for a, b in zip(flat[:3], plain))
+
+
 @pytest.mark.parametrize("H", [-np.eye(64), np.full((64, 64), np.nan)])
 def test_gptq_singular_hessian_names_layer_and_damping(H):
     with pytest.raises(gptq.SingularHessianError,
