@@ -266,6 +266,15 @@ def test_report_says_how_many_linears_came_from_the_layer_cache():
     assert "read from the cache;" in method_lines(dict(info, cached=True))
 
 
+def test_report_of_dwq_rows_from_the_awq_scaled_start():
+    from variants.families.quant.report import method_lines
+
+    row = {"path": "encoder.layers.0.attention.query", "bits": 4, "group_size": 64,
+           "rtn_rel_error": 0.01, "init_rel_error": 0.005, "rel_error": 0.004, "alpha": 0.35}
+    text = method_lines({"method": "dwq", "calibration_rows": 24, "layers": [row]})
+    assert "| 0.attention.query | 4 | 0.01 | 0.005 | 0.004 | 0.35 | — |" in text
+
+
 # ---- distilled scales ----
 
 @pytest.fixture(scope="module")
