@@ -19,6 +19,7 @@ from variants.arch import modernbert, modernbert_fast, modernbert_fused_i8, mode
 from variants.arch.encoder import MASK_BIAS
 from variants.checkpoints.load import load_checkpoint
 from variants.families.w8a8.build import smooth_factors
+from variants.runtime import parallel
 from variants.runtime.int8_linear import Int8Linear
 from variants.sweep import timing as sweep_timing
 
@@ -179,6 +180,43 @@ def test_layers_it_must_leave_to_the_plain_path_and_the_names(mk, models, runs):
     assert modernbert.compiled_paths(kept) is None
     plain, fused, real = _plain_and_fused(kept, 1, 13, False)
     assert runs[0] == 0 and np.abs(fused - plain).max() == 0.0
+
+
+@pytest.mark.parametrize("L,forced,want", [(13, "", 1), (31, "", 1), (32, "", 2), (13, "2", 2)])
+def test_b1_splits_w8a8_layers_in_two_parts_from_32_tokens(mk, models, monkeypatch, L, forced,
+                                                           want):
+    """B = 1: W8A8 layers run in one part below SPLIT_ROWS_B1 = 32 real tokens (fp32 layers
+    split from 8), two from there; VARIANTS_FUSED_THREADS forces it."""
+    monkeypatch.setenv("VARIANTS_STREAMS", "2")
+    monkeypatch.setenv("VARIANTS_FUSED_THREADS", forced)
+    monkeypatch.setitem(parallel._state, "streams", None)
+    seen = []
+    run = modernbert_fused_i8.run
+    monkeypatch.setattr(modernbert_fused_i8, "run",
+                        lambda *a: seen.append(a[-1]) or run(*a))
+    enc = models["modernbert", "native"]
+    ids = mx.array(np.arange(5, 5 + L, dtype=np.int32)[None])
+    mx.eval(enc(ids, mx.ones((1, L), mx.int32)).last_hidden)
+    monkeypatch.undo()
+    parallel._state["streams"] = None
+    assert seen == [want] * len(enc.layers)
+
+
+def test_layer_arguments_are_kept_until_a_module_or_array_changes(mk, models):
+    enc = _w8a8(models["modernbert_g2", "fp32"])
+    layer = enc.layers[1]
+    args = modernbert_fused_i8.i8layer_args(layer)
+    assert args is not None and modernbert_fused_i8.i8layer_args(layer) is args  # kept
+    wo = layer.attn.Wo
+    wo._native = False  # the same module, now simulated: not the compiled GEMM
+    assert modernbert_fused_i8.i8layer_args(layer) is None
+    wo._native = True
+    again = modernbert_fused_i8.i8layer_args(layer)
+    assert again is not args and again[0][4] is wo["wq"]
+    wo.bias = wo.bias + 1.0  # a replaced array: the op gets the new one
+    assert modernbert_fused_i8.i8layer_args(layer)[0][7] is wo["bias"]
+    layer.mlp.Wi = models["modernbert_g2", "fp32"].layers[1].mlp.Wi  # an fp32 Linear
+    assert modernbert_fused_i8.i8layer_args(layer) is None
 
 
 def test_bad_arguments_name_the_problem(mk, models):

@@ -23,9 +23,17 @@ import mlx.core as mx
 
 from variants.arch import modernbert_fused as mf
 from variants.runtime import int8_linear
+from variants.runtime.derived import DerivedWeights
 
 #: the W8A8 layers' path name in timing records
 NAME = "fused-mbert-int8layer-cpp"
+#: B = 1 runs each W8A8 layer in two parts over the kernel's helper thread from this many real
+#: tokens (fp32 layers from :data:`variants.arch.modernbert_fused.SPLIT_ROWS_B1` = 8; the BERT
+#: layers from :data:`variants.runtime.parallel.MIN_ROWS`): the integer GEMMs of a few dozen rows
+#: take ~0.5 ms a layer, less than the helper's four hand-offs cost on a shared machine.
+#: Measured (3 ModernBERT-base layers, one process, alternated rounds, 2-core machine at load
+#: 4-5; p10 ms one part / two parts): L=24 2.6 / 7.0, 64 11.9 / 14.8, 128 20.3 / 22.7.
+SPLIT_ROWS_B1 = 32
 
 
 def kernel():
@@ -52,9 +60,35 @@ def i8layer_args(layer):
     w_scale float32 (N,), colsum int32 (N,), bias float32 (N,) or None)`` of ``Wqkv`` (3D, D),
     ``Wo`` (D, D), ``Wi`` (2F, D), the MLP's ``Wo`` (D, F), ``smooth`` their SmoothQuant 1/s
     (K,) float32 or None, ``norms`` ``(g1, b1, g2, b2)`` (D,) or None where absent; or None
-    unless every projection is a compiled-kernel Int8Linear (:func:`_native_int8`), the norms
-    float32 LayerNorms (or layer 0's identity) and the activation in
-    :data:`variants.arch.modernbert_fused.ACTS`."""
+    unless the op applies here (:func:`kernel`), every projection is a compiled-kernel
+    Int8Linear (:func:`_native_int8`), the norms float32 LayerNorms (or layer 0's identity) and
+    the activation in :data:`variants.arch.modernbert_fused.ACTS`."""
+    return _memo(layer)[0]
+
+
+def _memo(layer):
+    """(:func:`i8layer_args`, the four weights' prepacked blobs or None) of ``layer``, kept on
+    the layer until its modules, their arrays, their ``native`` flags or the loaded extension
+    change (the checks cost ~0.1 ms a layer, paid on every forward of a few tokens otherwise)."""
+    att, mlp = layer.attn, layer.mlp
+    parts = (att.Wqkv, att.Wo, mlp.Wi, mlp.Wo, layer.attn_norm, layer.mlp_norm)
+    key = (kernel(), mlp.hidden_activation, att.n_heads, att.head_dim) + parts + tuple(
+        v for m in parts for v in m.values()) + tuple(m.__dict__.get("_native") for m in parts)
+    memo = layer.__dict__.get("_i8memo")
+    if memo is None:
+        memo = layer.__dict__["_i8memo"] = DerivedWeights()
+    return memo.get(key, lambda: _build(layer))
+
+
+def _build(layer):
+    args = _args(layer) if kernel() is not None else None
+    if args is None:
+        return None, None
+    mods = (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)
+    return args, [int8_linear.prepacked(m, m["wq"]) for m in mods]
+
+
+def _args(layer):
     att, mlp = layer.attn, layer.mlp
     mods = (att.Wqkv, att.Wo, mlp.Wi, mlp.Wo)
     if not all(_native_int8(m) for m in mods):
@@ -77,8 +111,10 @@ def run(kernel, layer, args, h, lens, kb, cos, sin, half, threads):
     projection's whole-weight GEMM on its prepacked blob
     (:func:`variants.runtime.int8_linear.prepacked`, made on the first call, kept on the Linear)."""
     proj, smooth, norms, eps1, eps2, act = args
-    mods = (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)
-    packed = [int8_linear.prepacked(m, m["wq"]) for m in mods]
+    memo = _memo(layer)
+    packed = memo[1] if args is memo[0] else [
+        int8_linear.prepacked(m, m["wq"])
+        for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)]
     return kernel.fused_mbert_int8layer(h, lens, kb, cos, sin, proj, smooth, norms,
                                         heads=layer.attn.n_heads, q_scale=float(layer.attn.scale),
                                         eps1=eps1, eps2=eps2, act=act, half=half, threads=threads,

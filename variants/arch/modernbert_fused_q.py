@@ -95,15 +95,17 @@ def _layer_args(layer):
     q = qlayer_args(layer)
     if q is not None:
         return "q", q
-    i8 = mi8.i8layer_args(layer) if mi8.kernel() is not None else None
+    i8 = mi8.i8layer_args(layer)
     if i8 is not None:
         return "i8", i8
     f = mf.layer_args(layer)
     return None if f is None else ("f", f)
 
 
-def _stack(kernel, encoder, all_args, x, mask, threads):
-    """The layers on ``x`` (b, L, D) with ``mask`` (b, L) NumPy 0/1 -> (b, L, D)."""
+def _stack(kernel, encoder, all_args, x, mask, threads, i8_threads=None):
+    """The layers on ``x`` (b, L, D) with ``mask`` (b, L) NumPy 0/1 -> (b, L, D); W8A8 layers
+    in ``i8_threads`` parts (None: ``threads``), the others in ``threads``."""
+    i8_threads = threads if i8_threads is None else i8_threads
     b, L, D = x.shape
     tabs = mf._tables(encoder.args, L)
     half = encoder.args.local_attention // 2
@@ -115,7 +117,7 @@ def _stack(kernel, encoder, all_args, x, mask, threads):
         cos, sin = tabs[layer.is_global]
         hw = -1 if layer.is_global else half
         if kind == "i8":
-            h = mi8.run(kernel, layer, a, h, [L] * b, kb, cos, sin, hw, threads)
+            h = mi8.run(kernel, layer, a, h, [L] * b, kb, cos, sin, hw, i8_threads)
             continue
         if kind == "q":
             proj, gs, bits, norms, eps1, eps2, act = a
@@ -138,7 +140,9 @@ def forward(encoder, x, mask, mode):
     """The layer stack of a :class:`variants.arch.modernbert.ModernBertEncoder` with at least one
     quantized layer on embeddings ``x`` (B, L, D) float32 with ``mask`` (B, L) NumPy 0/1,
     positions 0..L-1, before ``final_norm`` -> (B, L, D); None when the op does not apply (see
-    the module docstring). Work split as :func:`variants.arch.modernbert_fused.forward`."""
+    the module docstring). Work split as :func:`variants.arch.modernbert_fused.forward`, but
+    at B = 1 W8A8 layers run in two parts only from
+    :data:`variants.arch.modernbert_fused_i8.SPLIT_ROWS_B1` real tokens."""
     kernel = _kernel()
     if kernel is None or mode == "masked" or x.dtype != mx.float32 or x.ndim != 3:
         return None
@@ -153,10 +157,13 @@ def forward(encoder, x, mask, mode):
             with mx.stream(s):
                 outs.append(_stack(kernel, encoder, all_args, x[a:b], mask[a:b], 1))
         return mx.concatenate(outs, axis=0)
-    threads = 2 if len(ss) > 1 and (B >= 2 or mask.sum() >= mf.SPLIT_ROWS_B1) else 1
+    tokens = int(mask.sum())
+    threads = 2 if len(ss) > 1 and (B >= 2 or tokens >= mf.SPLIT_ROWS_B1) else 1
+    i8_threads = 2 if len(ss) > 1 and (B >= 2 or tokens >= mi8.SPLIT_ROWS_B1) else 1
     forced = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()  # as modernbert_fused
-    threads = int(forced) if forced in ("1", "2") and len(ss) > 1 else threads
-    return _stack(kernel, encoder, all_args, x, mask, threads)
+    if forced in ("1", "2") and len(ss) > 1:
+        threads = i8_threads = int(forced)
+    return _stack(kernel, encoder, all_args, x, mask, threads, i8_threads)
 
 
 def applies(encoder):
