@@ -71,24 +71,31 @@ def test_affine_rule_hand_computed():
 
 # ---- GPTQ ----
 
-def gptq_transcription(W, H, bits, group_size, damping=0.01):
+def gptq_transcription(W, H, bits, group_size, damping=0.01, act_order=False):
     """Algorithm 1 of Frantar et al. 2023 written out in float64 NumPy without lazy batching:
     H⁻¹ = Cholesky(H⁻¹)ᵀ (upper), then for each column j: group parameters at a group's first
     column from the current weights, q_j = quant(w_j), e = (w_j − q_j) / [H⁻¹]_jj,
-    W[:, j:] −= e [H⁻¹]_{j, j:}."""
+    W[:, j:] −= e [H⁻¹]_{j, j:}. ``act_order`` (the authors' ``act_order`` with
+    ``static_groups``): W and H permuted by descending diag(H), each column's group parameters
+    those of its original input group in the original weights, Q permuted back."""
     W = np.array(W, np.float64)
     H = np.array(H, np.float64)
     dead = np.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
+    n = W.shape[1]
+    perm = np.argsort(-np.diag(H), kind="stable") if act_order else np.arange(n)
+    W0 = W.copy()
+    W, H = W[:, perm], H[np.ix_(perm, perm)]
     H = H + damping * np.mean(np.diag(H)) * np.eye(len(H))
     Hinv = np.linalg.cholesky(np.linalg.inv(H)).T  # upper factor of H⁻¹
-    n = W.shape[1]
     n_bins = 2 ** bits - 1
     Q = np.zeros_like(W)
     for j in range(n):
-        if j % group_size == 0:
-            grp = W[:, j:j + group_size].astype(np.float32)
+        if act_order or j % group_size == 0:
+            start = perm[j] // group_size * group_size
+            grp = (W0[:, start:start + group_size] if act_order
+                   else W[:, j:j + group_size]).astype(np.float32)
             lo, hi = grp.min(1), grp.max(1)
             # MLX's rule written again: the larger-magnitude edge on an integer code
             mask = np.abs(lo) > np.abs(hi)
@@ -102,7 +109,9 @@ def gptq_transcription(W, H, bits, group_size, damping=0.01):
         Q[:, j] = (scale * q.astype(np.float32) + bias).astype(np.float64)
         e = (W[:, j] - Q[:, j]) / Hinv[j, j]
         W[:, j:] -= np.outer(e, Hinv[j, j:])
-    return Q
+    out = np.zeros_like(Q)
+    out[:, perm] = Q
+    return out
 
 
 @pytest.mark.parametrize("bits, group_size, block", [(4, 64, 128), (3, 32, 48), (8, 128, 128)])
@@ -118,13 +127,48 @@ def test_gptq_equals_the_paper_transcription(model, stats, bits, group_size, blo
     assert gptq.output_error(W, got, G) < gptq.output_error(W, rtn, G)
 
 
+@pytest.mark.parametrize("bits, group_size, block", [(4, 64, 128), (3, 32, 48)])
+def test_gptq_act_order_equals_the_permuted_transcription(model, stats, bits, group_size, block):
+    W = _weight(model, Q)[:48]
+    G = stats[activations.input_site(Q)].gram
+    assert not np.all(np.diff(np.diag(G)) <= 0)  # the order really changes
+    codes, scales, biases = gptq.quantize(W, G, bits, group_size, block_size=block,
+                                          act_order=True)
+    got = affine_codes.dequantize(codes, scales, biases, group_size)
+    want = gptq_transcription(W, G, bits, group_size, act_order=True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    # static groups: the packed format's scales are round-to-nearest's of the original weights
+    _, s_rtn, b_rtn = affine_codes.quantize(W, bits, group_size)
+    assert np.array_equal(scales, s_rtn) and np.array_equal(biases, b_rtn)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("bits", [2, 4, 6])
-def test_gptq_with_identity_hessian_is_round_to_nearest(model, bits):
+def test_gptq_with_identity_hessian_is_round_to_nearest(model, bits, act_order):
     W = _weight(model, UP)[:64]
-    codes, scales, biases = gptq.quantize(W, np.eye(W.shape[1]), bits, 64)
+    codes, scales, biases = gptq.quantize(W, np.eye(W.shape[1]), bits, 64, act_order=act_order)
     q, s, b = mx.quantize(mx.array(W), group_size=64, bits=bits)
     assert np.array_equal(affine_codes.pack(codes, bits), np.array(q))
     assert np.array_equal(scales, np.array(s)) and np.array_equal(biases, np.array(b))
+
+
+def test_awq_scales_then_gptq_codes(model, stats):
+    """DWQ's start: GPTQ of W·diag(s) on the scaled inputs, s from AWQ's own search; equal
+    activations (s = 1) leave plain GPTQ."""
+    W = _weight(model, UP)[:48]
+    st = stats[activations.input_site(UP)]
+    codes, scales, biases, inv, facts = awq.quantize_gptq(W, st.gram, st.mean_abs, 4, 64)
+    *_, inv_awq, f_awq = awq.quantize(W, st.gram, st.mean_abs, 4, 64)
+    assert facts["alpha"] == f_awq["alpha"] > 0 and np.array_equal(inv, inv_awq)
+    s = (1 / inv).astype(np.float32)
+    want = gptq.quantize((W * s).astype(np.float32), st.gram / np.outer(s, s), 4, 64)
+    for a, b in zip((codes, scales, biases), want):
+        assert np.array_equal(a, b)
+    deq = affine_codes.dequantize(codes, scales, biases, 64) * inv
+    assert facts["error"] == pytest.approx(gptq.output_error(W, deq, st.gram), rel=1e-12)
+    flat = awq.quantize_gptq(W, st.gram, np.ones(W.shape[1]), 4, 64)
+    plain = gptq.quantize(W, st.gram, 4, 64)
+    assert np.all(flat[3] == 1) and all(np.array_equal(a, b) for a, b in zip(flat[:3], plain))
 
 
 @pytest.mark.parametrize("H", [-np.eye(64), np.full((64, 64), np.nan)])
@@ -220,6 +264,15 @@ def test_report_says_how_many_linears_came_from_the_layer_cache():
     assert "2 Linears read from the per-layer cache" in method_lines(info)
     assert "per-layer cache" not in method_lines(dict(info, layers_reused=0))
     assert "read from the cache;" in method_lines(dict(info, cached=True))
+
+
+def test_report_of_dwq_rows_from_the_awq_scaled_start():
+    from variants.families.quant.report import method_lines
+
+    row = {"path": "encoder.layers.0.attention.query", "bits": 4, "group_size": 64,
+           "rtn_rel_error": 0.01, "init_rel_error": 0.005, "rel_error": 0.004, "alpha": 0.35}
+    text = method_lines({"method": "dwq", "calibration_rows": 24, "layers": [row]})
+    assert "| 0.attention.query | 4 | 0.01 | 0.005 | 0.004 | 0.35 | — |" in text
 
 
 # ---- distilled scales ----

@@ -110,3 +110,24 @@ def quantize(W, G, mean_abs, bits, group_size, *, grid=GRID, clip_grid=CLIP_GRID
         clipped = float(np.mean((best_lo != lo) | (best_hi != hi)))
     facts = {"alpha": alpha, "clipped_groups": clipped, "error_rtn": err_rtn, "error": err}
     return codes, scales, biases, inv, facts
+
+
+def quantize_gptq(W, G, mean_abs, bits, group_size, **gptq_settings):
+    """AWQ's channel scales, then GPTQ's codes: the exponent α of :func:`quantize` (its scale
+    search against round-to-nearest), then :func:`variants.families.quant.gptq.quantize` of
+    W diag(s) on the scaled inputs' Gram matrix G / (s sᵀ) (no clipping search: GPTQ's error
+    compensation replaces it). Shapes and returns as :func:`quantize` (``facts``: ``alpha``);
+    ``gptq_settings`` go to GPTQ (``damping``, ``block_size``, ``act_order``, ``where``)."""
+    from variants.families.quant import gptq
+
+    W = np.asarray(W, np.float32)
+    _, _, _, inv, facts = quantize(W, G, mean_abs, bits, group_size)
+    if not facts["alpha"]:
+        inv = np.ones(W.shape[1], np.float32)
+    s32 = (1 / inv).astype(np.float32)
+    Gs = np.asarray(G, np.float64) / np.outer(s32, s32)
+    codes, scales, biases = gptq.quantize((W * s32).astype(np.float32), Gs, bits, group_size,
+                                          **gptq_settings)
+    deq = affine_codes.dequantize(codes, scales, biases, group_size) * inv
+    return codes, scales, biases, inv, {"alpha": facts["alpha"],
+                                        "error": output_error(W, deq, G)}

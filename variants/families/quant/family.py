@@ -37,8 +37,8 @@ def add_arguments(parser):
     g.add_argument("--quant-method", nargs="+", default=None, metavar="METHOD",
                    help=f"quantizers, one variant per method and width, from {' '.join(METHODS)}"
                         ": rtn = round to nearest; awq = activation-aware channel scales and "
-                        "clipping; gptq = Hessian error compensation; dwq = GPTQ codes with "
-                        "scales, biases and LayerNorms distilled on the fit split (default: the model "
+                        "clipping; gptq = Hessian error compensation; dwq = AWQ-scaled GPTQ "
+                        "codes with scales, biases and LayerNorms distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
     g.add_argument("--int8-layers", default="", metavar="REGEX",
                    help="Linears whose path matches run as W8A8 (int8 weights and per-token "

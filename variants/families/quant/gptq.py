@@ -9,8 +9,13 @@ to right, each column's error (w - q) / U_jj pushed onto the columns to its righ
 of U, lazily per block of ``block_size`` columns (one GEMM per block for the columns beyond it).
 Each group's scale and bias are taken, by MLX's affine rule (:mod:`variants.families.quant.affine_codes`),
 from the group's weights as updated when its first column is reached. Inputs that never
-activate (diag(H) = 0) get H_jj = 1 and zero weights, as in the reference code. No activation
-reordering ("act-order": it would permute the groups the packed format stores in input order).
+activate (diag(H) = 0) get H_jj = 1 and zero weights, as in the reference code.
+
+``act_order``: the columns are quantized in order of descending diag(H) (the most active inputs
+first, while the most error can still be compensated), with the reference code's "static
+groups": every group's scale and bias are taken from the original weights before any update, so
+the groups stay the packed format's contiguous input ranges and the codes are written back in
+input order.
 
 Pure NumPy/SciPy in float64 (MLX on the CPU has no Cholesky in float64); no MLX import.
 """
@@ -51,7 +56,8 @@ def inverse_cholesky(H, damping=DAMPING, where="layer"):
     return U, dead
 
 
-def quantize(W, H, bits, group_size, *, damping=DAMPING, block_size=BLOCK_SIZE, where="layer"):
+def quantize(W, H, bits, group_size, *, damping=DAMPING, block_size=BLOCK_SIZE, act_order=False,
+             where="layer"):
     """GPTQ of one Linear weight.
 
     Parameters
@@ -61,6 +67,7 @@ def quantize(W, H, bits, group_size, *, damping=DAMPING, block_size=BLOCK_SIZE, 
     bits, group_size : int — MLX affine format (n a multiple of group_size)
     damping : float — relative damping λ / mean diag(H)
     block_size : int — columns per lazy batch update (rounded up to whole groups)
+    act_order : bool — columns by descending diag(H), group parameters from the original weights
     where : str — the layer's name in errors
 
     Returns
@@ -76,21 +83,29 @@ def quantize(W, H, bits, group_size, *, damping=DAMPING, block_size=BLOCK_SIZE, 
     W = np.array(W, np.float64, copy=True)
     o, n = W.shape
     affine_codes.grouped(W, group_size)  # ValueError when n is not a multiple
-    U, dead = inverse_cholesky(H, damping, where)
-    block_size = -(-block_size // group_size) * group_size  # whole groups per block
+    H = np.asarray(H, np.float64)
+    dead = np.diag(H) == 0
     W[:, dead] = 0.0
     n_bins = 2 ** bits - 1
     codes = np.zeros((o, n), np.uint8)
     scales = np.zeros((o, n // group_size), np.float32)
     biases = np.zeros((o, n // group_size), np.float32)
+    perm = np.arange(n)
+    if act_order:
+        perm = np.argsort(-np.where(dead, 1.0, np.diag(H)), kind="stable")
+        G = affine_codes.grouped(W, group_size)  # static groups: the original weights' ranges
+        scales[:], biases[:] = affine_codes.group_params(G.min(axis=-1), G.max(axis=-1), bits)
+        W, H = W[:, perm], H[np.ix_(perm, perm)]
+    U, _ = inverse_cholesky(H, damping, where)
+    block_size = -(-block_size // group_size) * group_size  # whole groups per block
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
         W1 = W[:, i1:i2].copy()
         Err1 = np.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
-            col = i1 + i
-            if col % group_size == 0:
+            col = perm[i1 + i]  # the input this column is
+            if col % group_size == 0 and not act_order:
                 g = col // group_size
                 cur = W1[:, i:i + group_size]  # the group's weights as updated so far
                 scales[:, g], biases[:, g] = affine_codes.group_params(

@@ -21,7 +21,6 @@ version.
 import copy
 import json
 import time
-from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -38,7 +37,9 @@ SETTINGS = {
     "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
             "statistic": "mean |x| per input channel"},
     "gptq": {"damping": gptq.DAMPING, "block_size": gptq.BLOCK_SIZE, "act_order": False},
-    "dwq": {"init": "gptq", "epochs": dwq.EPOCHS, "learning_rate": dwq.LEARNING_RATE,
+    "awq-gptq": {"awq_grid": awq.GRID, "damping": gptq.DAMPING, "block_size": gptq.BLOCK_SIZE,
+                 "act_order": False},
+    "dwq": {"init": dwq.INIT, "epochs": dwq.EPOCHS, "learning_rate": dwq.LEARNING_RATE,
             "warmup_share": dwq.WARMUP_SHARE, "schedule": "linear warm-up, cosine decay",
             "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS,
             "valid_texts": dwq.VALID_TEXTS, "optimizer": "Adam",
@@ -75,16 +76,18 @@ def _rel(err, W, G):
     return float(err / base) if base > 0 else 0.0
 
 
-def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True):
-    """AWQ or GPTQ of ``paths``: {path: (codes, scales, biases, input_scale|None)} and the
+def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True, method=None):
+    """AWQ, GPTQ or (``method`` "awq-gptq", DWQ's start) AWQ's scales with GPTQ's codes of
+    ``paths``: {path: (codes, scales, biases, input_scale|None)} and the
     per-layer rows (relative output errors of RTN and of the method on the fit statistics,
     ``learn_s``: the layer's learning seconds, ``reused``: read from the per-layer cache,
     :mod:`variants.families.quant.layer_cache`, when ``cache_dir``)."""
     from tqdm import tqdm
 
+    method = method or cfg.method
     mods = dict(reference.module.named_modules())
     out, rows, sites = {}, [], {}
-    for path in tqdm(paths, desc=f"{cfg.method} layers", unit="layer", leave=False,
+    for path in tqdm(paths, desc=f"{method} layers", unit="layer", leave=False,
                      disable=None if progress else True):
         bits, gs = settings[path]
         W = np.array(mods[path].weight, np.float32)
@@ -94,9 +97,8 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True
         if cache_dir is not None:
             if site not in sites:
                 sites[site] = layer_cache.site_fingerprint(s)
-            key = layer_cache.layer_key(W, sites[site], cfg.method, SETTINGS[cfg.method], bits,
-                                        gs)
-            hit = layer_cache.load(cache_dir, cfg.method, key)
+            key = layer_cache.layer_key(W, sites[site], method, SETTINGS[method], bits, gs)
+            hit = layer_cache.load(cache_dir, method, key)
             if hit is not None:
                 out[path] = hit[0]
                 rows.append(dict(hit[1], path=path, reused=True))
@@ -107,8 +109,13 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True
         err_rtn = gptq.output_error(W, affine_codes.dequantize(*rtn, gs), G)
         row = {"path": path, "bits": bits, "group_size": gs}
         inv = None
-        if cfg.method == "gptq":
+        if method == "gptq":
             codes, scales, biases = gptq.quantize(W, G, bits, gs, where=path)
+        elif method == "awq-gptq":
+            codes, scales, biases, inv, facts = awq.quantize_gptq(W, G, s.mean_abs, bits, gs,
+                                                                  where=path)
+            row.update(alpha=facts["alpha"])
+            inv = None if facts["alpha"] == 0 else inv
         else:
             codes, scales, biases, inv, facts = awq.quantize(W, G, s.mean_abs, bits, gs)
             row.update(alpha=facts["alpha"], clipped_groups=facts["clipped_groups"])
@@ -119,14 +126,15 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True
                    learn_s=time.perf_counter() - t0)
         out[path] = (codes, scales, biases, inv)
         if key is not None:
-            layer_cache.save(cache_dir, cfg.method, key, out[path], row)
+            layer_cache.save(cache_dir, method, key, out[path], row)
         rows.append(dict(row, reused=False))
     return out, rows
 
 
 def _distill(reference, start, rows, stats, fit, log):
-    """DWQ from the GPTQ ``start`` layers: the trained layers, rows with ``init_rel_error``
-    (GPTQ's) and ``rel_error`` (after training), and the training facts."""
+    """DWQ from the ``start`` layers (:data:`dwq.INIT`'s): the trained layers, rows with
+    ``init_rel_error`` (the start's) and ``rel_error`` (after training), and the training
+    facts."""
     mods = dict(reference.module.named_modules())
     rows = [dict(r) for r in rows]
     layers = {r["path"]: (*start[r["path"]][:3], r["group_size"], start[r["path"]][3])
@@ -197,23 +205,20 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     paths = [p for p in activations.target_linears(reference.module) if predicate(p, mods[p])]
     settings = {p: tuple(settings.get(p, (cfg.bits, cfg.group_size))) for p in paths}
     stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
-    if cfg.method == "dwq":  # from GPTQ's layers (its cache entries when there are some)
-        start, _, sfacts = learned_layers(reference, replace(cfg, method="gptq"), fit,
-                                          cache_dir, log)
-        layers, rows, norms, extra = _distill(reference, start, sfacts["layers"], stats, fit,
-                                              log)
-        extra["gptq_build_s"] = sfacts["build_s"]
-        reused_s = 0.0
+    if cfg.method == "dwq":  # from its start's layers (their per-Linear cache entries too)
+        start, srows = _learn(reference, cfg, paths, settings, stats, cache_dir,
+                              method=dwq.INIT)
+        layers, rows, norms, extra = _distill(reference, start, srows, stats, fit, log)
+        extra["start_build_s"] = sum(r.get("learn_s", 0.0) for r in srows)
+        reused_s = sum(r.get("learn_s", 0.0) for r in srows if r.get("reused"))
+        n_reused = sum(bool(r.get("reused")) for r in srows)
     else:
         layers, rows = _learn(reference, cfg, paths, settings, stats, cache_dir)
         extra, norms = {}, {}
         reused_s = sum(r.get("learn_s", 0.0) for r in rows if r.get("reused"))
-    n_reused = sum(bool(r.get("reused")) for r in rows)
+        n_reused = sum(bool(r.get("reused")) for r in rows)
     facts = {"paths": paths, "layers": rows, "build_s": time.perf_counter() - t0 + reused_s,
              "fit_rows": len(fit), "layers_reused": n_reused, "norms": sorted(norms), **extra}
-    if cfg.method == "dwq":  # the whole method's time: the re-used GPTQ layers' too
-        facts["build_s"] += sum(r.get("learn_s", 0.0) for r in sfacts["layers"]
-                                if r.get("reused"))
     if whole is not None:
         from runs.io import write_npz
 

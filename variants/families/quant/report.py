@@ -9,7 +9,7 @@ def method_lines(info):
     """Markdown for ``info`` (a build.json dict) of a learned method: the method, its settings,
     the fit rows it learned from, its build time, and per Linear the relative output error
     tr(ΔW G ΔWᵀ) / tr(W G Wᵀ) on the fit split's activations of round-to-nearest and of the
-    method (DWQ: also the GPTQ start). None for round-to-nearest (no ``method`` or "rtn")."""
+    method (DWQ: also its start, AWQ scales with GPTQ codes by default). None for round-to-nearest (no ``method`` or "rtn")."""
     method = info.get("method", "rtn")
     if method == "rtn":
         return None
@@ -42,7 +42,7 @@ def method_lines(info):
                      f"{info.get('trained_scales_kept')}")
     if rows:
         extra = "init_rel_error" in rows[0]
-        lines += ["", "| layer | bits | RTN rel. err | " + ("GPTQ start | " if extra else "")
+        lines += ["", "| layer | bits | RTN rel. err | " + ("start | " if extra else "")
                   + f"{method} rel. err |" + (" α | clipped |" if "alpha" in rows[0] else ""),
                   "|---|---:|---:|" + ("---:|" if extra else "") + "---:|"
                   + ("---:|---:|" if "alpha" in rows[0] else "")]
@@ -52,6 +52,7 @@ def method_lines(info):
                 cells.append(f"{r['init_rel_error']:.4g}")
             cells.append(f"{r['rel_error']:.4g}")
             if "alpha" in r:
-                cells += [f"{r['alpha']:.2f}", f"{r['clipped_groups']:.0%}"]
+                clipped = r.get("clipped_groups")  # AWQ's; the AWQ-scaled GPTQ start clips none
+                cells += [f"{r['alpha']:.2f}", "—" if clipped is None else f"{clipped:.0%}"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
