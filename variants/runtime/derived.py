@@ -8,7 +8,12 @@ import mlx.nn as nn
 
 class DerivedWeights:
     """Holds weights derived from a module's own (folded or sharded copies) and the arrays they
-    were built from (a plain object, so nn.Module does not treat it as parameters)."""
+    were built from (a plain object, so nn.Module does not treat it as parameters).
+
+    A source is recognised by its array object, not its contents: replacing a weight
+    (``load_weights``, ``update``, assigning a new array) rebuilds, but writing into an array in
+    place (``w[...] = v``, which keeps the object) does not — call :meth:`clear` after such an
+    edit, or assign a new array instead."""
 
     def __init__(self):
         self.sources, self.arrays = None, None
