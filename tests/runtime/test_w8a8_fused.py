@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_fused_layer import calls  # noqa: F401  (fixture)
 
-from variants.runtime import fused_layer
+from variants.runtime import fused_layer, int8_linear
 from variants.sweep import timing as sweep_timing
 from variants.families.w8a8 import build as w8a8
 from variants.families.w8a8.family import W8A8Config
@@ -27,12 +27,17 @@ def model(checkpoint):
     return sentiment.build(checkpoint)
 
 
+def _gemm(qk):
+    """The GEMM's kernel name: the prepacked matmul where this CPU's oneDNN has it, else its GEMM."""
+    return int8_linear.NAMES["prepacked" if qk.int8_prepack_bytes(384, 384) > 0 else "native"]
+
+
 @pytest.fixture(scope="module")
 def variant(qk, model):
     if not qk.has_dnnl():
         pytest.skip("W8A8 integer GEMM unavailable here (apt-get install libdnnl-dev)")
     v, info = w8a8.build(model, W8A8Config(), mode="native")
-    assert info["kernel"] == "int8-matmul-dnnl-prepacked"
+    assert info["kernel"] == _gemm(qk)
     return v
 
 
@@ -166,7 +171,7 @@ def test_encoder_equals_the_mlx_path(qk, monkeypatch, variant, model, calls):  #
 def test_layers_it_leaves_to_the_mlx_path_and_the_names(qk, model, variant):
     assert compiled_paths(variant.module) == fused_layer.I8NAME
     assert fused_layer.path_name(variant.module.encoder.layers) == fused_layer.I8NAME
-    assert sweep_timing.kernel(variant) == "fused-int8layer-cpp, int8-matmul-dnnl-prepacked"
+    assert sweep_timing.kernel(variant) == f"fused-int8layer-cpp, {_gemm(qk)}"
     sim, _ = w8a8.build(model, W8A8Config(), mode="simulated")  # not the compiled GEMM
     assert fused_layer.i8weights(sim.module.encoder.layers[0]) is None
     assert compiled_paths(sim.module) is None
