@@ -319,6 +319,31 @@ def test_dwq_loss_falls_and_scales_stay_in_range(choice_model):
         assert np.array_equal(np.array(w), np.array(lin.weight()))
 
 
+def test_dwq_student_carries_the_tables_it_does_not_learn(choice_model):
+    """The student DWQ trains is the one the variant ships: with a 3-bit round-to-nearest word
+    embedding table in the given ``module``, the held-out KL before training is that table's
+    (the reference's own module: ~0, the differentiable forward against the inference one)."""
+    from variants.families.quant import build as quantize
+
+    frame = data.split_frame(data.load_vader(), "fit")
+    fit = choice.make_taskset(data.sample(frame, 8, seed=2))
+    choice_model.temperatures = {}
+    cfg = QuantConfig(bits=3, group_size=64, quantize_embeddings=True)
+    student = quant_learned._dense(quantize.quantize_module(choice_model.module, cfg,
+                                                            "native")[0])
+    kept = {}
+    for p in activations.target_linears(student):  # only the tables stay quantized
+        kept[p] = dict(choice_model.module.named_modules())[p]
+        activations.set_module(student, p, kept[p])
+    _, _, plain = dwq.distill(choice_model, {}, fit, epochs=1, batch_size=4, learning_rate=0.0)
+    _, _, emb = dwq.distill(choice_model, {}, fit, epochs=1, batch_size=4, learning_rate=0.0,
+                            module=student)
+    # measured: 4e-11 and 0.0063
+    assert abs(plain["kl_before"]) < 1e-6
+    assert emb["kl_before"] > 1e-3, emb["kl_before"]
+    assert not emb["trained_scales_kept"]  # a zero step changes nothing: the start returns
+
+
 def test_relative_scales_start_exactly_at_the_codes_weights():
     """θ = β = 0 is the start's ``scale · q + bias`` bit for bit; θ, β move a scale by a fraction
     of itself and a bias by a fraction of one code step (s0 · β)."""

@@ -31,7 +31,7 @@ from variants.arch import activations
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
-VERSION = 1
+VERSION = 2
 
 SETTINGS = {
     "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
@@ -131,15 +131,19 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True
     return out, rows
 
 
-def _distill(reference, start, rows, stats, fit, log):
+def _distill(reference, cfg, start, rows, stats, fit, log):
     """DWQ from the ``start`` layers (:data:`dwq.INIT`'s): the trained layers, rows with
     ``init_rel_error`` (the start's) and ``rel_error`` (after training), and the training
-    facts."""
+    facts. The student carries the embedding table and head ``cfg`` quantizes by
+    round-to-nearest (dequantized), so the training compensates for them too."""
     mods = dict(reference.module.named_modules())
     rows = [dict(r) for r in rows]
     layers = {r["path"]: (*start[r["path"]][:3], r["group_size"], start[r["path"]][3])
               for r in rows}
-    trained, norms, facts = dwq.distill(reference, layers, fit)
+    student = None
+    if cfg.quantize_embeddings or cfg.quantize_head:
+        student = _dense(quantize.quantize_module(reference.module, cfg, "native")[0])
+    trained, norms, facts = dwq.distill(reference, layers, fit, module=student)
     out = {}
     for row in rows:
         p = row["path"]
@@ -208,7 +212,7 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     if cfg.method == "dwq":  # from its start's layers (their per-Linear cache entries too)
         start, srows = _learn(reference, cfg, paths, settings, stats, cache_dir,
                               method=dwq.INIT)
-        layers, rows, norms, extra = _distill(reference, start, srows, stats, fit, log)
+        layers, rows, norms, extra = _distill(reference, cfg, start, srows, stats, fit, log)
         extra["start_build_s"] = sum(r.get("learn_s", 0.0) for r in srows)
         reused_s = sum(r.get("learn_s", 0.0) for r in srows if r.get("reused"))
         n_reused = sum(bool(r.get("reused")) for r in srows)
