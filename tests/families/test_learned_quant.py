@@ -416,3 +416,19 @@ def test_model_toml_quant_method(tmp_path):
     with pytest.raises(ModelConfigError, match=r"\[quant\] method: \['optq'\] is not a list of "
                                                "quantizers from rtn awq gptq dwq"):
         load(bad)
+
+
+def test_relative_scale_unit_follows_the_width():
+    """θ's unit is 15 / (2^bits − 1): one step moves the largest code's weight by the same
+    number of code steps at every width (exactly 1 at 4 bits)."""
+    assert dwq.scale_unit(4) == 1.0
+    assert dwq.scale_unit(6) == 15 / 63 and dwq.scale_unit(8) == 15 / 255
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((4, 64)) * 0.05).astype(np.float32)
+    for bits in (4, 6, 8):
+        c, s, b = affine_codes.quantize(w, bits, 64)
+        lin = dwq.RelativeAffineLinear(c, s, b, 64, scale_unit=dwq.scale_unit(bits))
+        lin.scale_delta = mx.full(s.shape, 0.01)
+        moved = (np.array(lin.weight()) - affine_codes.dequantize(c, s, b, 64)) / s
+        # the largest code (2^bits − 1) moves by 15 × 0.01 code steps, whatever the width
+        np.testing.assert_allclose(np.abs(moved).max(), 0.15, rtol=1e-3)

@@ -31,7 +31,7 @@ from variants.arch import activations
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
-VERSION = 2
+VERSION = 3
 
 SETTINGS = {
     "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
@@ -43,7 +43,7 @@ SETTINGS = {
             "warmup_share": dwq.WARMUP_SHARE, "schedule": "linear warm-up, cosine decay",
             "batch_size": dwq.BATCH_SIZE, "max_texts": dwq.MAX_TEXTS,
             "valid_texts": dwq.VALID_TEXTS, "optimizer": "Adam",
-            "parametrisation": "scale = s0 (1 + theta), bias = b0 + s0 beta",
+            "parametrisation": "scale = s0 (1 + 15 theta / (2^bits - 1)), bias = b0 + s0 beta",
             "trains": "scales, biases" + (", encoder LayerNorms" if dwq.TRAIN_NORMS else ""),
             "loss": "KL(p_ref || p_q) at the reference's temperatures + hidden_weight x mean "
                     "relative squared error of each layer's output",
@@ -143,7 +143,8 @@ def _distill(reference, cfg, start, rows, stats, fit, log):
     student = None
     if cfg.quantize_embeddings or cfg.quantize_head:
         student = _dense(quantize.quantize_module(reference.module, cfg, "native")[0])
-    trained, norms, facts = dwq.distill(reference, layers, fit, module=student)
+    trained, norms, facts = dwq.distill(reference, layers, fit, module=student,
+                                        widths={r["path"]: r["bits"] for r in rows})
     out = {}
     for row in rows:
         p = row["path"]
