@@ -590,3 +590,22 @@ def test_a_second_search_on_the_same_out_exits_2_and_touches_nothing(tmp_path, c
                                                f"{holder.pid}")
     assert err[0].endswith("wait for it to finish, or pass another --out")
     assert sorted(p.name for p in out.iterdir()) == before  # the holder's .lock, the temp file
+
+
+def test_bisect_also_tries_the_uniform_interior_widths():
+    """Every layer at 6 (of 4, 6, 8) is no threshold map of this table (l0's KL at 4 bits is
+    below others' at 6), yet it is the cheapest passing map here: bisect tries it after the
+    ends, once, and the search's winner is the cheapest passing over every round."""
+    maps = [m for _, m in strategies.threshold_maps(LAYERS, W, SENS)]
+    six = {p: 6 for p in LAYERS}
+    assert six not in maps
+
+    def oracle(m):  # passes iff every layer is at 6 or wider
+        return all(b >= 6 for b in m.values())
+    tried = _run(strategies.bisect(LAYERS, W, SENS, 1), oracle)
+    assert tried[:3] == [maps[-1], maps[0], six] or tried[:3] == [maps[0], maps[-1], six]
+    assert tried.count(six) == 1
+    assert _cheapest(tried, oracle) == six
+    # not tried when an end decides: the cheapest passes, or the most expensive fails
+    assert six not in _run(strategies.bisect(LAYERS, W, SENS, 1), lambda m: True)
+    assert six not in _run(strategies.bisect(LAYERS, W, SENS, 1), lambda m: False)

@@ -15,7 +15,13 @@ The generator returns when it has nothing more to try. Sensitivity is the per-la
   <= t (the highest when none is); cost falls as t grows. The distinct maps over all t are
   ordered from the most to the least expensive; the search checks both ends, then evaluates
   ``batch`` evenly spaced interior maps per round (``batch = 1``: plain bisection) and keeps the
-  cheapest passing map bracketed by a failing cheaper one.
+  cheapest passing map bracketed by a failing cheaper one. After the two ends it also tries
+  every layer at each interior width (one round, when the cheapest end fails and the most
+  expensive passes): no threshold gives every layer the same interior width while a lower
+  width is on offer (a layer whose kl_mean at 4 bits is below another's at 6 gets 4 before the
+  other gets 6), yet the uniform map is often the cheapest that passes (a model with a large
+  embedding table at 6 bits, every Linear at 6, say). The driver's winner is the cheapest
+  passing candidate over every round.
 """
 
 STRATEGIES = ("greedy", "bisect", "optuna")  # optuna: variants.search.optuna_search
@@ -97,6 +103,11 @@ def bisect(layers, widths, sens, batch=1):
     ok_hi, ok_lo = (yield [maps[hi], maps[lo]])
     if ok_hi or not ok_lo:  # the cheapest passes, or not even the most expensive does
         return
+    keys = {tuple(m[p] for p in layers) for m in maps}
+    uniform = [{p: b for p in layers} for b in widths[1:-1]
+               if tuple(b for _ in layers) not in keys]
+    if uniform:
+        yield uniform
     while hi - lo > 1:
         k = min(batch, hi - lo - 1)
         idx = sorted({lo + round((j + 1) * (hi - lo) / (k + 1)) for j in range(k)} - {lo, hi})
