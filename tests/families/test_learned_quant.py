@@ -432,3 +432,25 @@ def test_relative_scale_unit_follows_the_width():
         moved = (np.array(lin.weight()) - affine_codes.dequantize(c, s, b, 64)) / s
         # the largest code (2^bits − 1) moves by 15 × 0.01 code steps, whatever the width
         np.testing.assert_allclose(np.abs(moved).max(), 0.15, rtol=1e-3)
+
+
+def test_dwq_student_carries_a_table_the_bits_map_names(model, fit, monkeypatch):
+    """A ``--bits-map`` entry naming the word embedding table quantizes it by round-to-nearest
+    (without ``--quantize-embeddings``): DWQ's student carries that table, dequantized, as it
+    does for ``--quantize-embeddings``."""
+    seen = {}
+
+    def spy(reference, layers, fit, **kw):
+        seen["module"] = kw["module"]
+        return {}, {}, {"kl_before": 0.0, "kl_after": 0.0}
+
+    monkeypatch.setattr(dwq, "distill", spy)
+    emb = "encoder.embeddings.word_embeddings"
+    w = dict(model.module.named_modules())[emb].weight
+    want = np.array(mx.dequantize(*mx.quantize(w, group_size=64, bits=3), group_size=64, bits=3))
+    cfg = QuantConfig(bits=4, method="dwq", bits_map="word_embeddings=3")
+    quant_learned._distill(model, cfg, {}, [], {}, fit, None)
+    assert seen["module"] is not None
+    got = np.array(dict(seen["module"].named_modules())[emb].weight)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+    assert np.abs(got - np.array(w)).max() > 1e-3  # really quantized (3 bits)

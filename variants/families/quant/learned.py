@@ -31,7 +31,7 @@ from variants.arch import activations
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
-VERSION = 3
+VERSION = 4  # 4: a --bits-map naming a table puts it in DWQ's student
 
 SETTINGS = {
     "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
@@ -134,15 +134,19 @@ def _learn(reference, cfg, paths, settings, stats, cache_dir=None, progress=True
 def _distill(reference, cfg, start, rows, stats, fit, log):
     """DWQ from the ``start`` layers (:data:`dwq.INIT`'s): the trained layers, rows with
     ``init_rel_error`` (the start's) and ``rel_error`` (after training), and the training
-    facts. The student carries the embedding table and head ``cfg`` quantizes by
-    round-to-nearest (dequantized), so the training compensates for them too."""
+    facts. The student carries the embedding tables and head ``cfg`` quantizes by
+    round-to-nearest (``--quantize-embeddings``, ``--quantize-head``, or a ``--bits-map`` entry
+    naming a table; dequantized), so the training compensates for them too."""
     mods = dict(reference.module.named_modules())
     rows = [dict(r) for r in rows]
     layers = {r["path"]: (*start[r["path"]][:3], r["group_size"], start[r["path"]][3])
               for r in rows}
     student = None
-    if cfg.quantize_embeddings or cfg.quantize_head:
-        student = _dense(quantize.quantize_module(reference.module, cfg, "native")[0])
+    if cfg.quantize_embeddings or cfg.quantize_head or cfg.bits_map:  # (a map may name a table)
+        native = quantize.quantize_module(reference.module, cfg, "native")[0]
+        if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and p not in layers
+               for p, m in native.named_modules()):
+            student = _dense(native)
     trained, norms, facts = dwq.distill(reference, layers, fit, module=student,
                                         widths={r["path"]: r["bits"] for r in rows})
     out = {}
