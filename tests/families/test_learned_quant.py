@@ -294,11 +294,12 @@ def test_dwq_loss_falls_and_scales_stay_in_range(choice_model):
         layers[p] = (c, s, b, 64, None)
     trained, norms, facts = dwq.distill(choice_model, layers, fit, epochs=3, batch_size=4,
                                         learning_rate=3e-5)
-    # 12 texts train (3 batches x 3 epochs), the last 4 are held out; measured: held-out loss
-    # 0.0209 -> 0.0185 (KL 0.0100 -> 0.0076), the mean step loss 0.0214 -> 0.0145
+    # 12 texts train (3 batches x 3 epochs), the last 4 are held out; measured (the options
+    # embedded by the quantized model, as the variant does): held-out loss 0.0232 -> 0.0229
+    # (KL 0.01228 -> 0.01194), the mean step loss 0.0297 -> 0.0171
     assert facts["texts"] == 12 and facts["valid_texts"] == 4 and facts["steps"] == 9
-    assert facts["loss_after"] < 0.95 * facts["loss_before"]
-    assert facts["kl_after"] < 0.9 * facts["kl_before"]
+    assert facts["loss_after"] < 0.995 * facts["loss_before"]
+    assert facts["kl_after"] < 0.98 * facts["kl_before"]
     assert facts["step_means"][-1] < 0.8 * facts["step_means"][0]
     assert facts["trained_scales_kept"]
     # every encoder layer's two LayerNorms train too (weight and bias): 6 x 2 x 2
@@ -454,3 +455,34 @@ def test_dwq_student_carries_a_table_the_bits_map_names(model, fit, monkeypatch)
     got = np.array(dict(seen["module"].named_modules())[emb].weight)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
     assert np.abs(got - np.array(w)).max() > 1e-3  # really quantized (3 bits)
+
+
+def test_dwq_cosine_readout_scores_against_the_students_own_options(choice_model):
+    """The variant embeds the option texts with its own (quantized) module, so DWQ's held-out KL
+    is the variant's: with a 3-bit word embedding table and a zero step it equals the KL of the
+    inference forward of that module against the reference (measured: 0.0135; against the
+    reference's option embeddings it was 0.0039)."""
+    from metrics.softmax import masked_softmax
+    from variants.families.quant import build as quantize
+
+    frame = data.split_frame(data.load_vader(), "fit")
+    fit = choice.make_taskset(data.sample(frame, 16, seed=2))
+    choice_model.temperatures = {}
+    cfg = QuantConfig(bits=3, group_size=64, quantize_embeddings=True)
+    student = quant_learned._dense(quantize.quantize_module(choice_model.module, cfg,
+                                                            "native")[0])
+    for p in activations.target_linears(student):  # only the tables stay quantized
+        activations.set_module(student, p, dict(choice_model.module.named_modules())[p])
+    _, _, f = dwq.distill(choice_model, {}, fit, epochs=1, batch_size=4, learning_rate=0.0,
+                          hidden_weight=0.0, module=student)
+    held = fit.subset(np.arange(len(fit) - f["valid_texts"], len(fit)))
+    batches, _ = choice_model.prepare(held, 4)
+    valid = np.asarray(held.option_mask, bool)
+    ones = np.ones(len(held), np.float32)
+    p = masked_softmax(choice_model.raw_logits(held, batches), valid, ones).astype(np.float64)
+    q = masked_softmax(choice_model.replace_module(student).raw_logits(held, batches), valid,
+                       ones).astype(np.float64)
+    kl = np.where(valid, p * (np.log(np.maximum(p, 1e-30)) - np.log(np.maximum(q, 1e-30))),
+                  0.0).sum(axis=1).mean()
+    assert kl > 1e-3
+    np.testing.assert_allclose(f["kl_before"], kl, rtol=1e-3)

@@ -32,8 +32,9 @@ parameters are kept only when the held-out loss falls; otherwise the start is re
 The inference forward's fast kernels (compiled layers, the polynomial exp) have no vjp, so the
 quantized model is trained through the student family's plain differentiable BERT layer
 (:func:`variants.families.student.train.forward_hidden`) and the model's own readout: a linear
-readout's logits, or (ChoiceModel) 20·cos against the reference's option embeddings, held
-fixed. Models without such a readout, or with non-BERT layers (ModernBERT), are refused.
+readout's logits, or (ChoiceModel) 20·cos against the option embeddings of the quantized
+model itself (recomputed at every step, as the variant computes them: its option texts go
+through its own quantized module). Models without such a readout, or with non-BERT layers (ModernBERT), are refused.
 """
 
 import copy
@@ -249,11 +250,18 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
         vbatches, _ = reference.prepare(held, batch_size)
         targets = _teacher(reference, train, batches, hidden)
         vtargets = _teacher(reference, held, vbatches, hidden)
-        options = reference._options() if kind == "cosine" else None
+        if kind == "cosine":  # the variant embeds the option texts with its own module
+            encs, _ = reference.tokenizer.encode(reference.option_texts)
+            option_batch = [mx.array(a) for a in reference.tokenizer.batch(encs)]
+
+        def student_options():
+            last, _ = forward_hidden(module, *option_batch)
+            return module.readout(last, option_batch[1])
 
         def losses(b, p, temp, valid, h_ref):
             last, hq = forward_hidden(module, b.input_ids, b.attention_mask, b.token_type_ids)
-            opts = None if options is None else options[mx.maximum(b.option_index, 0)]
+            opts = None if kind != "cosine" else \
+                student_options()[mx.maximum(b.option_index, 0)]
             kl = kl_to_teacher(p, student_logits(module, kind, last, b.attention_mask, opts,
                                                  valid), temp, valid)
             if h_ref is None:

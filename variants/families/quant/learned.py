@@ -31,7 +31,7 @@ from variants.arch import activations
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
-VERSION = 4  # 4: a --bits-map naming a table puts it in DWQ's student
+VERSION = 5  # 5: a cosine readout's options embedded by DWQ's student itself
 
 SETTINGS = {
     "awq": {"grid": awq.GRID, "clip_grid": awq.CLIP_GRID, "min_clip": awq.MIN_CLIP,
