@@ -32,12 +32,14 @@ parameters are kept only when the held-out loss falls; otherwise the start is re
 The inference forward's fast kernels (compiled layers, the polynomial exp) have no vjp, so the
 quantized model is trained through the student family's plain differentiable BERT layer
 (:func:`variants.families.student.train.forward_hidden`) and the model's own readout: a linear
-readout's logits, or (ChoiceModel) 20·cos against the option embeddings of the quantized
+readout's logits, a marker model's scorer at the batch's marker positions, or (ChoiceModel)
+20·cos against the option embeddings of the quantized
 model itself (recomputed at every step, as the variant computes them: its option texts go
 through its own quantized module). Models without such a readout, or with non-BERT layers (ModernBERT), are refused.
 """
 
 import copy
+import inspect
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -142,6 +144,34 @@ def scale_unit(bits):
     return 15.0 / (2 ** int(bits) - 1)
 
 
+def check_model(module, name="this model"):
+    """ValueError (one line naming the fix) unless DWQ can train ``module``: BERT / RoBERTa
+    post-norm encoder layers (:class:`variants.arch.encoder.TransformerLayer`, the plain
+    differentiable layer's) and a ``readout`` from the last hidden states. Run before anything
+    is built or written (the quant family's model check)."""
+    from variants.arch.encoder import TransformerLayer
+
+    layers = list(getattr(getattr(module, "encoder", None), "layers", None) or [])
+    if not layers or not all(isinstance(layer, TransformerLayer) for layer in layers):
+        kind = type(layers[0]).__name__ if layers else "no encoder layers"
+        raise ValueError(f"--quant-method dwq trains through BERT / RoBERTa encoder layers and "
+                         f"{name} has {kind}; use --quant-method gptq or awq for it")
+    if not callable(getattr(module, "readout", None)):
+        raise ValueError(f"--quant-method dwq needs the model's readout (its logits from the last "
+                         f"hidden states) and {name} has none; use --quant-method gptq or awq")
+
+
+def _readout_kind(reference):
+    """'marker' (a readout of the hidden states at the batch's ``marker_pos``), else the exit
+    family's 'linear' / 'cosine' (:func:`variants.families.exit.build._head_kind`)."""
+    from variants.families.exit.build import _head_kind
+
+    readout = getattr(reference.module, "readout", None)
+    if callable(readout) and "marker_pos" in inspect.signature(readout).parameters:
+        return "marker"
+    return _head_kind(reference)
+
+
 def _teacher(reference, fit, batches, hidden):
     logits = reference.raw_logits(fit, batches)
     try:
@@ -209,14 +239,13 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
     ValueError
         Empty ``fit``; a model whose forward cannot be differentiated (one line, naming it).
     """
-    from variants.families.exit.build import _head_kind
     from variants.families.student.train import (forward_hidden, kl_to_teacher, student_logits,
                                                  trainable_encoder)
 
     if fit is None or len(fit) == 0:
         raise ValueError("distilled scales need fit-split texts; pass --n-fit > 0")
     try:
-        kind = _head_kind(reference)
+        kind = _readout_kind(reference)
         trainable_encoder(reference.module.encoder)
     except (ValueError, AttributeError) as e:
         raise ValueError(f"distilled scales need a model they can differentiate, and "
@@ -260,10 +289,13 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
 
         def losses(b, p, temp, valid, h_ref):
             last, hq = forward_hidden(module, b.input_ids, b.attention_mask, b.token_type_ids)
-            opts = None if kind != "cosine" else \
-                student_options()[mx.maximum(b.option_index, 0)]
-            kl = kl_to_teacher(p, student_logits(module, kind, last, b.attention_mask, opts,
-                                                 valid), temp, valid)
+            if kind == "marker":  # the hidden states at the option markers, scored
+                logits = module.readout(last, b.attention_mask, b.extra["marker_pos"])
+            else:
+                opts = None if kind != "cosine" else \
+                    student_options()[mx.maximum(b.option_index, 0)]
+                logits = student_logits(module, kind, last, b.attention_mask, opts, valid)
+            kl = kl_to_teacher(p, logits, temp, valid)
             if h_ref is None:
                 return kl, kl
             return kl + hidden_weight * _relative_hidden_error(hq, h_ref, b.attention_mask), kl

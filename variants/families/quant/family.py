@@ -97,10 +97,15 @@ def build(reference, config, inputs=BuildInputs(), mode="simulated"):
 
 def check_model(encoder, configs, model=None):
     """The family's model check: a ``--bits-map`` pattern that matches no layer
-    (:func:`variants.families.quant.build.check_model`)."""
+    (:func:`variants.families.quant.build.check_model`); DWQ on a model it cannot train
+    (:func:`variants.families.quant.dwq.check_model`)."""
     from variants.families.quant import build as quantize
 
     quantize.check_model(encoder, configs)
+    if any(cfg.method == "dwq" for cfg in configs):
+        from variants.families.quant import dwq
+
+        dwq.check_model(encoder)
     for cfg in configs:
         if cfg.int8:
             from variants.families.quant.int8 import int8_paths
