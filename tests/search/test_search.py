@@ -609,3 +609,27 @@ def test_bisect_also_tries_the_uniform_interior_widths():
     # not tried when an end decides: the cheapest passes, or the most expensive fails
     assert six not in _run(strategies.bisect(LAYERS, W, SENS, 1), lambda m: True)
     assert six not in _run(strategies.bisect(LAYERS, W, SENS, 1), lambda m: False)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bisect_walks_the_wider_widths_when_the_uniform_map_fails(batch):
+    """Every layer at 6 fails, every layer at 6 but the most sensitive (l3) at 8 passes: no
+    threshold map over 4, 6, 8 is that map, the 6-and-8 walk after the main one finds it."""
+    six_l3 = {p: (8 if p == "l3" else 6) for p in LAYERS}
+    assert six_l3 not in [m for _, m in strategies.threshold_maps(LAYERS, W, SENS)]
+
+    def oracle(m):
+        return all(b >= 6 for b in m.values()) and m["l3"] == 8
+    tried = _run(strategies.bisect(LAYERS, W, SENS, batch), oracle)
+    assert _cheapest(tried, oracle) == six_l3
+    sub = [m for _, m in strategies.threshold_maps(LAYERS, [6, 8], SENS)]
+    assert len(sub) == 7 and sub[1] == {p: (6 if p == "l0" else 8) for p in LAYERS}
+    # the ends, the uniform map, the main bisection, then between the sub-walk's ends (all at
+    # 8: passed, all at 6: failed) at most ceil(log2(7)) = 3 rounds
+    n_maps = len(strategies.threshold_maps(LAYERS, W, SENS))
+    assert len(tried) <= 3 + int(np.ceil(np.log2(n_maps))) * batch + 3 * batch
+    # not walked when the uniform map passes: every map tried is a main-walk one or uniform
+    main = [m for _, m in strategies.threshold_maps(LAYERS, W, SENS)] + [{p: 6 for p in LAYERS}]
+    assert all(m in main for m in _run(strategies.bisect(LAYERS, W, SENS, batch),
+                                       lambda m: all(b >= 6 for b in m.values())))
+    assert any(m not in main for m in tried)

@@ -20,8 +20,12 @@ The generator returns when it has nothing more to try. Sensitivity is the per-la
   expensive passes): no threshold gives every layer the same interior width while a lower
   width is on offer (a layer whose kl_mean at 4 bits is below another's at 6 gets 4 before the
   other gets 6), yet it is the map a user tries first (on minilm-sentiment, every unit at 6 bits
-  was the cheapest map measured to pass on eval). The driver's winner is the cheapest passing
-  candidate over every round.
+  was the cheapest map measured to pass on eval). When that uniform map fails, the threshold
+  maps over that width and the wider ones (e.g. 6 and 8: every unit at 6 but the most sensitive
+  at 8) are bisected after the main walk, between the all-widest map (passed) and the uniform
+  one (failed): the maps that keep every unit at least that wide, which the main walk (with 4
+  bits on offer) never reaches. The driver's winner is the cheapest passing candidate over every
+  round.
 """
 
 STRATEGIES = ("greedy", "bisect", "optuna")  # optuna: variants.search.optuna_search
@@ -93,6 +97,18 @@ def threshold_maps(layers, widths, sens):
     return out
 
 
+def _bisect_between(maps, batch, lo, hi):
+    """Generator: bisect ``maps`` (most to least expensive) between ``maps[lo]`` (passes) and
+    ``maps[hi]`` (fails), ``batch`` evenly spaced maps per round."""
+    while hi - lo > 1:
+        k = min(batch, hi - lo - 1)
+        idx = sorted({lo + round((j + 1) * (hi - lo) / (k + 1)) for j in range(k)} - {lo, hi})
+        passed = yield [maps[i] for i in idx]
+        last = max((i for i, ok in zip(idx, passed) if ok), default=lo)
+        nxt = min((i for i in idx if i > last), default=hi)
+        lo, hi = last, nxt
+
+
 def bisect(layers, widths, sens, batch=1):
     """Generator (module docstring)."""
     maps = [m for _, m in threshold_maps(layers, widths, sens)]
@@ -104,14 +120,14 @@ def bisect(layers, widths, sens, batch=1):
     if ok_hi or not ok_lo:  # the cheapest passes, or not even the most expensive does
         return
     keys = {tuple(m[p] for p in layers) for m in maps}
-    uniform = [{p: b for p in layers} for b in widths[1:-1]
-               if tuple(b for _ in layers) not in keys]
+    uniform = [b for b in widths[1:-1] if tuple(b for _ in layers) not in keys]
+    failed = []
     if uniform:
-        yield uniform
-    while hi - lo > 1:
-        k = min(batch, hi - lo - 1)
-        idx = sorted({lo + round((j + 1) * (hi - lo) / (k + 1)) for j in range(k)} - {lo, hi})
-        passed = yield [maps[i] for i in idx]
-        last = max((i for i, ok in zip(idx, passed) if ok), default=lo)
-        nxt = min((i for i in idx if i > last), default=hi)
-        lo, hi = last, nxt
+        passed = yield [{p: b for p in layers} for b in uniform]
+        failed = [b for b, ok in zip(uniform, passed) if not ok]
+    yield from _bisect_between(maps, batch, lo, hi)
+    if failed:  # the widest failing uniform width: its threshold maps with the wider widths
+        above = [b for b in widths if b >= max(failed)]
+        sub = [m for _, m in threshold_maps(layers, above, sens)]
+        if len(sub) > 2:
+            yield from _bisect_between(sub, batch, 0, len(sub) - 1)
