@@ -308,7 +308,7 @@ def test_dwq_loss_falls_and_scales_stay_in_range(choice_model):
         "layers"][5]["output_norm"]["weight"])) for k, v in norms.items()
         if k == "encoder.layers.5.output_norm.weight")
     for p, (c, s, b, _, _) in layers.items():
-        s2, b2 = trained[p]
+        _, s2, b2 = trained[p]
         assert s2.dtype == np.float32 and s2.shape == s.shape and b2.shape == b.shape
         assert np.isfinite(s2).all() and np.isfinite(b2).all()
         assert (np.sign(s2) == np.sign(s)).all()  # the same codes still map in the same order

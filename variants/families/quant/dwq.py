@@ -25,6 +25,10 @@ At θ = β = 0 the weight is exactly the start's ``scale · q + bias``. Adam (Ki
 ``mlx.optimizers.Adam``) with a linear warm-up and a cosine decay to 0 over ``epochs`` passes of
 ``batch_size`` texts (batch order shuffled per epoch, seed 0).
 
+With ``learn_codes`` the codes train too (:class:`LearnedCodeAffineLinear`: learned rounding
+through the straight-through estimator); off by default, as on MiniLM it bought 2-5% of the
+held-out KL at a stable step and diverged at five times that step (docs/quantizers.md).
+
 The texts are the fit split's only (its first ``max_texts`` train; its last ``valid_texts``,
 disjoint from them, are held out): never calibration or eval rows, no label is read. The trained
 parameters are kept only when the held-out loss falls; otherwise the start is returned.
@@ -50,6 +54,8 @@ from mlx.utils import tree_flatten
 from metrics.softmax import masked_softmax
 from variants.runtime import parallel
 from variants.arch.activations import set_module
+from variants.families.quant.dwq_layers import (  # noqa: F401 - dwq.AffineLinear etc.
+    AffineLinear, LearnedCodeAffineLinear, RelativeAffineLinear, scale_unit)
 
 #: the start's codes, scales and biases (a per-Linear method of
 #: :mod:`variants.families.quant.learned`): "gptq", or "awq-gptq" (AWQ's channel scales, then
@@ -75,73 +81,15 @@ TRAIN_NORMS = True
 MAX_TEXTS = 4096
 #: the last fit texts, held out from training: the keep-or-return-the-start decision
 VALID_TEXTS = 256
-
-
-class AffineLinear(nn.Module):
-    """A Linear whose weight is ``scales * q + biases`` per group of ``group_size`` inputs, with
-    fixed integer codes q (o, n) and ``scales``/``biases`` (o, n / group_size);
-    ``input_scale`` (n,) (AWQ) multiplies the input first. ``x`` (..., n) -> (..., o)."""
-
-    def __init__(self, codes, scales, biases, group_size, bias=None, input_scale=None):
-        super().__init__()
-        o, n = codes.shape
-        self._codes = mx.array(np.asarray(codes, np.float32).reshape(o, n // group_size,
-                                                                      group_size))
-        self._shape = (o, n)
-        self._input_scale = None if input_scale is None else mx.array(input_scale)
-        self.scales = mx.array(np.asarray(scales, np.float32))
-        self.biases = mx.array(np.asarray(biases, np.float32))
-        if bias is not None:
-            self.bias = bias
-
-    def group_scales(self):
-        return self.scales
-
-    def group_biases(self):
-        return self.biases
-
-    def weight(self):
-        """(o, n) float32 dequantized weight (what ``mx.dequantize`` gives for these tensors)."""
-        return (self._codes * self.group_scales()[..., None]
-                + self.group_biases()[..., None]).reshape(self._shape)
-
-    def __call__(self, x):
-        if self._input_scale is not None:
-            x = x * self._input_scale
-        y = x @ self.weight().T
-        return y + self.bias if "bias" in self else y
-
-
-class RelativeAffineLinear(AffineLinear):
-    """:class:`AffineLinear` whose trainable parameters are relative to a start (s0, b0):
-    scales = s0 · (1 + ``scale_unit`` · ``scale_delta``), biases = b0 + s0 · ``bias_delta``
-    (both (o, n / g), zeros at the start: then exactly s0 and b0). ``scale_unit``
-    (:func:`scale_unit`) makes one step of θ move a weight by the same share of its code step
-    at every width."""
-
-    def __init__(self, codes, scales, biases, group_size, bias=None, input_scale=None,
-                 scale_unit=1.0):
-        super().__init__(codes, scales, biases, group_size, bias, input_scale)
-        self._s0, self._b0 = self.scales, self.biases
-        self._unit = float(scale_unit)
-        del self.scales, self.biases
-        self.scale_delta = mx.zeros(self._s0.shape)
-        self.bias_delta = mx.zeros(self._b0.shape)
-
-    def group_scales(self):
-        return self._s0 * (1 + self._unit * self.scale_delta)
-
-    def group_biases(self):
-        return self._b0 + self._s0 * self.bias_delta
-
-
-def scale_unit(bits):
-    """θ's unit for a ``bits``-wide layer: 15 / (2^bits − 1) (1 at 4 bits). A relative change θ
-    of a group's scale moves its largest code's weight by θ · (2^bits − 1) code steps, so the
-    same step is four times as large against the rounding noise at 6 bits as at 4 (MiniLM
-    sentiment, 6 bits with 6-bit embeddings: at unit 1 the held-out KL rose 0.000238 ->
-    0.000245 and only the hidden-state term fell)."""
-    return 15.0 / (2 ** int(bits) - 1)
+#: learned rounding: the codes train too (:class:`LearnedCodeAffineLinear`). MiniLM sentiment,
+#: 4 bits: held-out fit KL 2.83e-3 (codes fixed) -> 2.77e-3 at CODE_STEP 4e-3; at 2e-2 the loss
+#: rose thirtyfold (the start kept); 6 bits: 2.03e-4 -> 1.97e-4. Off: not worth its risk
+LEARN_CODES = False
+#: a code moves by about this many code steps per Adam step at the schedule's peak
+CODE_STEP = 4e-3
+#: > 0: each code's offset starts at the fp32 weight's place between the start's codes,
+#: clipped to ± this share of a step (AdaRound's start); 0: at the start's codes exactly
+CODE_START = 0.0
 
 
 def check_model(module, name="this model"):
@@ -206,7 +154,8 @@ def _norm_keys(module):
 def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RATE,
             batch_size=BATCH_SIZE, max_texts=MAX_TEXTS, valid_texts=VALID_TEXTS,
             hidden_weight=HIDDEN_WEIGHT, train_norms=TRAIN_NORMS, seed=0, progress=None,
-            module=None, widths=None):
+            module=None, widths=None, learn_codes=LEARN_CODES, code_step=CODE_STEP,
+            code_start=CODE_START):
     """Train the scales and biases of ``layers`` (and the encoder's LayerNorms) against the
     reference on ``fit``.
 
@@ -223,11 +172,14 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
         embedding table, a head: round-to-nearest, dequantized) already in place, so the
         trained scales and norms compensate for them too; None: the reference's own
     widths : dict {path: bits} or None — each layer's width (:func:`scale_unit`); None: 4
+    learn_codes, code_step, code_start — learned rounding (:data:`LEARN_CODES`,
+        :data:`CODE_STEP`, :data:`CODE_START`): the codes train too, then are rounded
 
     Returns
     -------
-    trained : dict {path: (scales, biases)} float32 NumPy, shapes as given — the trained ones,
-        or the given ones when the held-out loss did not fall
+    trained : dict {path: (codes (o, n) uint8, scales, biases (o, n/g) float32)} NumPy — the
+        trained ones (the codes as given unless ``learn_codes``), or the given ones when the
+        held-out loss did not fall
     norms : dict {name: (D,) float32 NumPy} — trained LayerNorm weights and biases (named as in
         ``reference.module.parameters()``), empty when not trained or not kept
     facts : dict — ``loss_before``, ``loss_after`` (mean held-out loss), ``kl_before``,
@@ -257,14 +209,30 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
     held = fit.subset(np.arange(len(fit) - n_valid, len(fit))) if n_valid else train
     module = copy.deepcopy(reference.module if module is None else module)
     mods = dict(module.named_modules())
+    code_unit = code_step / learning_rate if learning_rate > 0 else 1.0
     for path, (codes, scales, biases, gs, inv) in layers.items():
-        unit = scale_unit((widths or {}).get(path, 4))
-        set_module(module, path, RelativeAffineLinear(codes, scales, biases, gs,
-                                                      mods[path].get("bias"), inv, unit))
+        bits = (widths or {}).get(path, 4)
+        unit = scale_unit(bits)
+        if learn_codes:
+            start = None
+            if code_start > 0:  # the fp32 weight's place between the codes, in code steps
+                W = np.array(mods[path].weight, np.float32)
+                W = W if inv is None else W / np.asarray(inv, np.float32)
+                o, n = W.shape
+                r = ((W.reshape(o, n // gs, gs) - np.asarray(biases)[..., None])
+                     / np.asarray(scales)[..., None] - np.asarray(codes).reshape(o, n // gs, gs))
+                start = np.clip(r, -code_start, code_start)
+            layer = LearnedCodeAffineLinear(codes, scales, biases, gs, mods[path].get("bias"),
+                                            inv, unit, bits, start, code_unit)
+        else:
+            layer = RelativeAffineLinear(codes, scales, biases, gs, mods[path].get("bias"), inv,
+                                         unit)
+        set_module(module, path, layer)
     module.freeze()
     for path, m in module.named_modules():
         if isinstance(m, RelativeAffineLinear):
-            m.unfreeze(keys=["scale_delta", "bias_delta"], recurse=False)
+            keys = ["scale_delta", "bias_delta"] + (["code_delta"] if learn_codes else [])
+            m.unfreeze(keys=keys, recurse=False)
     norm_paths = _norm_keys(module) if train_norms else []
     for path in norm_paths:
         dict(module.named_modules())[path].unfreeze(keys=["weight", "bias"], recurse=False)
@@ -345,11 +313,12 @@ def distill(reference, layers, fit, *, epochs=EPOCHS, learning_rate=LEARNING_RAT
     kept = after < before  # a rise (too large a step): the start is returned
     mods = dict(module.named_modules())
     trained = {}
-    for path, (_, scales, biases, _, _) in layers.items():
+    for path, (codes, scales, biases, _, _) in layers.items():
         m = mods[path]
-        trained[path] = ((np.array(m.group_scales(), np.float32),
+        trained[path] = ((m.codes() if learn_codes else np.asarray(codes, np.uint8),
+                          np.array(m.group_scales(), np.float32),
                           np.array(m.group_biases(), np.float32))
-                         if kept else (np.asarray(scales, np.float32),
+                         if kept else (np.asarray(codes, np.uint8), np.asarray(scales, np.float32),
                                        np.asarray(biases, np.float32)))
     norms = {}
     if kept:

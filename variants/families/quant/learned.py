@@ -47,7 +47,7 @@ SETTINGS = {
             "trains": "scales, biases" + (", encoder LayerNorms" if dwq.TRAIN_NORMS else ""),
             "loss": "KL(p_ref || p_q) at the reference's temperatures + hidden_weight x mean "
                     "relative squared error of each layer's output",
-            "hidden_weight": dwq.HIDDEN_WEIGHT},
+            "hidden_weight": dwq.HIDDEN_WEIGHT, "learn_codes": dwq.LEARN_CODES},
 }
 
 
@@ -152,8 +152,8 @@ def _distill(reference, cfg, start, rows, stats, fit, log):
     out = {}
     for row in rows:
         p = row["path"]
-        c, _, _, inv = start[p]
-        s, b = trained[p]
+        _, _, _, inv = start[p]
+        c, s, b = trained[p]
         W = np.array(mods[p].weight, np.float32)
         G = stats[activations.input_site(p)].gram
         deq = affine_codes.dequantize(c, s, b, row["group_size"])
