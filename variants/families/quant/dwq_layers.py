@@ -31,9 +31,13 @@ class AffineLinear(nn.Module):
     def group_biases(self):
         return self.biases
 
+    def group_codes(self):
+        """(o, n / g, g) float32: the integer codes (fixed here)."""
+        return self._codes
+
     def weight(self):
         """(o, n) float32 dequantized weight (what ``mx.dequantize`` gives for these tensors)."""
-        return (self._codes * self.group_scales()[..., None]
+        return (self.group_codes() * self.group_scales()[..., None]
                 + self.group_biases()[..., None]).reshape(self._shape)
 
     def __call__(self, x):
@@ -89,17 +93,15 @@ class LearnedCodeAffineLinear(RelativeAffineLinear):
         """(o, n / g, g) float32: the integer codes of the current ``code_delta`` in the forward,
         the continuous ``codes + code_delta`` in the backward."""
         u = self._codes + self._code_unit * self.code_delta
-        q = mx.clip(mx.round(u), 0.0, self._qmax)
-        return u + mx.stop_gradient(q - u)
+        return u + mx.stop_gradient(self._rounded(u) - u)
+
+    def _rounded(self, u):
+        return mx.clip(mx.round(u), 0.0, self._qmax)
 
     def codes(self):
         """(o, n) uint8: the integer codes the layer holds now."""
-        q = mx.clip(mx.round(self._codes + self._code_unit * self.code_delta), 0.0, self._qmax)
+        q = self._rounded(self._codes + self._code_unit * self.code_delta)
         return np.array(q, np.float32).reshape(self._shape).astype(np.uint8)
-
-    def weight(self):
-        return (self.group_codes() * self.group_scales()[..., None]
-                + self.group_biases()[..., None]).reshape(self._shape)
 
 
 def scale_unit(bits):
