@@ -182,11 +182,12 @@ def test_cli_bad_dimension_flags_exit_2_and_write_nothing(tmp_path, capsys, argv
 
 @pytest.mark.slow
 def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     """Synthetic sensitivity and kernel times (int8 the fastest Linear): bisect under
     --cost latency-b32 --w8a8 --quant-method rtn gptq. The rtn walk checks its two ends first:
     every Linear at its cheapest option (int8), then at its most expensive (8 bits); the gptq
-    walk repeats the maps with the method in the id and the name."""
+    walk repeats the maps with the method in the id and the name. The learned quantizers'
+    version is part of what a resume must match."""
     from variants.cli import main
     from variants.search import costs, driver
 
@@ -222,6 +223,13 @@ def test_tiny_search_walks_each_method_and_picks_int8_where_latency_is_cheapest(
     assert f"`variants sweep --bits 8 --quant-method gptq --int8-layers '{recs[2]['int8']}'`" in md
     settings = json.loads((tmp_path / "s" / "search_settings.json").read_text())
     assert settings["quant_methods"] == ["rtn", "gptq"] and settings["w8a8"] is True
+    from variants.families.quant import learned
+
+    assert settings["quantizer_version"] == learned.VERSION
+    # verdicts stored by another version of the learned quantizers are not resumed
+    monkeypatch.setattr(learned, "VERSION", learned.VERSION + 1)
+    assert main(argv) == 2
+    assert "quantizer_version" in capsys.readouterr().err
 
 
 def test_native_and_simulated_mixed_models_agree(model):

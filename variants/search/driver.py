@@ -86,6 +86,10 @@ class Search:
         self.store = Store(self.out)
         self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
                              contract_sha256=_contract_digest(o.contract))
+        if any(m != "rtn" for m in o.quant_methods):  # stored verdicts of learned candidates
+            from variants.families.quant import learned  # hold for this quantizer code only
+
+            self.settings["quantizer_version"] = learned.VERSION
         self.store.check_settings(self.settings)
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(
