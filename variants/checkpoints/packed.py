@@ -90,6 +90,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     CheckpointError
         A dtype other than float32, weights that do not match the config.
     """
+    from variants.arch.input_scaled import place_input_scales
     from variants.arch.lowrank import place_lowrank
     from variants.runtime import qlinear
 
@@ -109,6 +110,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
             if module is None:
                 continue
             place_lowrank(module, factored, f"{name}.")
+            place_input_scales(module, config[BLOCK].get("input_scaled") or [], f"{name}.")
             if q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                             class_predicate=quant_predicate(q, weights, f"{name}."))

@@ -124,6 +124,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    from variants.arch.input_scaled import input_scaled_paths
     from variants.arch.lowrank import factor_shapes
 
     out = Path(out)
@@ -144,7 +145,8 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "factory": source.factory,
         "temperatures": {str(k): float(v) for k, v in model.temperatures.items()},
         "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
-        "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module), "hf_head": head,
+        "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
+        "input_scaled": input_scaled_paths(module), "hf_head": head,
         "weights_sha256": file_sha256(out / "model.safetensors")}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
@@ -180,6 +182,7 @@ def load_variant(path, max_length=None):
     import mlx.core as mx
     import mlx.nn as nn
 
+    from variants.arch.input_scaled import place_input_scales
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
@@ -200,6 +203,11 @@ def load_variant(path, max_length=None):
     model = source.build(ck)
     module = model.module
     place_lowrank(module, block.get("lowrank", {}))
+    try:
+        place_input_scales(module, block.get("input_scaled", []))
+    except KeyError as e:
+        raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
+                              f"({e.args[0]}); export the variant again") from None
     wfile = path / "model.safetensors"
     try:
         weights = mx.load(str(wfile))

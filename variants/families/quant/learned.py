@@ -28,6 +28,7 @@ import numpy as np
 from mlx.utils import tree_unflatten
 
 from variants.arch import activations
+from variants.arch.input_scaled import InputScaledLinear  # noqa: F401  (learned.InputScaledLinear)
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
 
@@ -49,19 +50,6 @@ SETTINGS = {
                     "relative squared error of each layer's output",
             "hidden_weight": dwq.HIDDEN_WEIGHT, "learn_codes": dwq.LEARN_CODES},
 }
-
-
-class InputScaledLinear(nn.Module):
-    """AWQ's layer: ``linear(x * input_scale)``, ``input_scale`` (n,) float32 = 1/s, ``linear``
-    the packed ``nn.QuantizedLinear`` of W diag(s). ``x`` (..., n) -> (..., o)."""
-
-    def __init__(self, linear, input_scale):
-        super().__init__()
-        self.linear = linear
-        self.input_scale = mx.array(input_scale)
-
-    def __call__(self, x):
-        return self.linear(x * self.input_scale)
 
 
 def check_inputs(cfg, fit):

@@ -1,0 +1,68 @@
+"""Export of learned quantizers whose layers carry AWQ's input scale (``awq``, and ``dwq``
+started from AWQ's scales): the folder lists those layers, the packed load puts them in place
+(nothing re-quantized), verify recomputes the judged outputs, and the sweep's cold start loads
+the same files."""
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+TINY = ["--model-config", "examples/model-bert-classifier.toml", "--n-fit", "40",
+        "--n-calibration", "40", "--n-eval", "30", "--timing-rounds", "1", "--timing-warmup",
+        "0", "--timing-budget-s", "0.5", "--cold-start", "all", "--timing-batch-sizes", "1",
+        "--no-progress", "--contract", "lenient", "--bits", "4", "--group-size", "32"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny judged run of the committed random-init BERT classifier, AWQ and DWQ at 4 bits
+    (cold starts measured: they load the packed files), each variant exported."""
+    from variants.cli import main
+
+    root = tmp_path_factory.mktemp("learned")
+    assert main(["sweep", *TINY, "--results-dir", str(root), "--run", "m",
+                 "--quant-method", "awq", "dwq"]) == 0
+    out = {}
+    for name in ("q4-g32-awq", "q4-g32-dwq"):
+        out[name] = root / "exports" / name
+        assert main(["export", str(root / "m"), "--variant", name, "--out", str(out[name]),
+                     "--allow-fail"]) == 0
+    return root, out
+
+
+@pytest.mark.parametrize("name", ["q4-g32-awq", "q4-g32-dwq"])
+def test_input_scaled_layers_load_packed_and_verify(exported, name):
+    from variants.arch.input_scaled import InputScaledLinear
+    from variants.export.load import load_variant
+    from variants.export.verify import verify
+
+    root, out = exported
+    folder = out[name]
+    listed = json.loads((folder / "config.json").read_text())["mlx_variants"]["input_scaled"]
+    assert listed and all(p.startswith("encoder.layers.") for p in listed)
+    build = json.loads((root / "m" / name / "build.json").read_text())
+    assert len(listed) == build["input_scaled_layers"]
+    model, _ = load_variant(folder)
+    file = mx.load(str(folder / "model.safetensors"))
+    mods = dict(model.module.named_modules())
+    for path in listed:
+        layer = mods[path]
+        assert isinstance(layer, InputScaledLinear)
+        assert isinstance(layer.linear, nn.QuantizedLinear) and layer.linear.bits == 4
+        assert mx.array_equal(layer.input_scale, file[f"{path}.input_scale"])
+        assert mx.array_equal(layer.linear.weight, file[f"{path}.linear.weight"])
+        assert not np.allclose(np.asarray(layer.input_scale), 1.0)  # AWQ's 1/s, not the default
+    res = verify(folder, log=lambda m: None)
+    assert res["ok"] and res["changed"] == [] and res["max_abs_dlogit"] <= 1e-5
+    assert res["n_rows"] == 30
+
+
+def test_cold_start_loaded_the_input_scaled_files(exported):
+    root, _ = exported
+    for name in ("q4-g32-awq", "q4-g32-dwq"):
+        cold = json.loads((root / "m" / name / "timing.json").read_text())["cold_start"]
+        assert cold["source"] == "exported artifact" and cold["first_forward_ms"] > 0
+        assert [p.rsplit("/", 1)[1] for p in cold["weight_files_read"]] == ["model.safetensors"]
