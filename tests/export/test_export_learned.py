@@ -66,3 +66,25 @@ def test_cold_start_loaded_the_input_scaled_files(exported):
         cold = json.loads((root / "m" / name / "timing.json").read_text())["cold_start"]
         assert cold["source"] == "exported artifact" and cold["first_forward_ms"] > 0
         assert [p.rsplit("/", 1)[1] for p in cold["weight_files_read"]] == ["model.safetensors"]
+
+
+def test_a_folder_without_its_input_scaled_list_is_named_in_one_line(exported, tmp_path):
+    """The weights then hold parameters the skeleton lacks: MLX lists each on a line of its
+    own; the error is one line naming the file and the fix."""
+    import shutil
+
+    from variants.checkpoints.files import CheckpointError
+    from variants.export.load import load_variant
+
+    _, out = exported
+    folder = tmp_path / "awq"
+    shutil.copytree(out["q4-g32-awq"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["mlx_variants"]["input_scaled"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as e:
+        load_variant(folder)
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 500
+    assert "does not match its config.json" in msg and "input_scale" in msg
+    assert msg.endswith("export the variant again")

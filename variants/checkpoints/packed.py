@@ -34,6 +34,13 @@ def is_export(path):
         return False
 
 
+def one_line(error, limit=240):
+    """``error``'s text on one line, cut to ``limit`` characters (MLX's strict ``load_weights``
+    lists every unmatched parameter on lines of its own)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def quant_predicate(quantization, weights, prefix=""):
     """mlx-lm's class predicate (``mlx_lm.utils.load_model``) for ``nn.quantize`` from a
     ``quantization`` block and the file's array names ``weights``; ``prefix`` is prepended to
@@ -120,7 +127,8 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
             mx.eval(module.parameters())
             qlinear.use_cpu_path(module)
     except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{short_path(wfile)} does not match its config.json ({e}); "
+        raise CheckpointError(f"{short_path(wfile)} does not match its config.json "
+                              f"({one_line(e)}); "
                               "export the variant again") from None
     ck.encoder.eval()
     return ck

@@ -186,7 +186,7 @@ def load_variant(path, max_length=None):
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
-    from variants.checkpoints.packed import is_export, quant_predicate, skeleton
+    from variants.checkpoints.packed import is_export, one_line, quant_predicate, skeleton
     from variants.models import resolve
     from variants.runtime import qlinear
 
@@ -221,7 +221,8 @@ def load_variant(path, max_length=None):
     try:
         module.load_weights(list(weights.items()), strict=True)
     except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{short_path(wfile)} does not match its config.json ({e}); "
+        raise CheckpointError(f"{short_path(wfile)} does not match its config.json "
+                              f"({one_line(e)}); "
                               "export the variant again") from None
     mx.eval(module.parameters())
     module.eval()
