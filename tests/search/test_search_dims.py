@@ -169,6 +169,8 @@ SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-searc
 @pytest.mark.parametrize("argv,message", [
     (["--quant-method", "rtn", "nope"], "--quant-method nope: not known"),
     (["--w8a8", "--strategy", "optuna"], "--w8a8 and --quant-method other than rtn"),
+    (["--quant-method", "rtn", "gptq", "--n-fit", "0"],
+     "--quant-method gptq learns from the fit rows, but --n-fit is 0"),
 ])
 def test_cli_bad_dimension_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
     from variants.cli import main

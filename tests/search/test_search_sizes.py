@@ -35,6 +35,16 @@ def test_nothing_to_fit_takes_every_fit_row():
     assert "the model fits nothing" in said[0]
 
 
+def test_a_learned_quantizer_takes_fit_rows_where_the_model_fits_nothing():
+    opts, said = _resolve(model_config="examples/model-cosine.toml", data=DATA,
+                          quant_methods=("rtn", "gptq"))
+    assert (opts.n_search, opts.n_fit) == (81, 82)
+    assert said[0].endswith("--n-search 81, --n-fit 82 for the learned quantizers")
+    opts, said = _resolve(model_config="examples/model-marker.toml", data=DATA,
+                          quant_methods=("dwq",))
+    assert said[0].endswith("--n-fit 82 for the head and the learned quantizers")
+
+
 def test_given_sizes_and_bundled_defaults():
     opts, _ = _resolve(model_config="examples/model-linear-head.toml", data=DATA, n_fit=100)
     assert (opts.n_search, opts.n_fit) == (63, 100)

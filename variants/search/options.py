@@ -123,6 +123,11 @@ class SearchOptions:
         if bad or not self.quant_methods:
             raise ValueError(f"--quant-method {' '.join(bad) or '(none)'}: not known; choose "
                              f"from {' '.join(METHODS)}")
+        learned = [m for m in self.quant_methods if m != "rtn"]
+        if learned and self.n_fit == 0:
+            raise ValueError(f"--quant-method {learned[0]} learns from the fit rows, but --n-fit "
+                             "is 0; pass --n-fit 100 or more (fit-split rows outside the search "
+                             "split), or --quant-method rtn")
         if self.strategy == "optuna" and (self.w8a8 or self.quant_methods != ("rtn",)):
             raise ValueError("--w8a8 and --quant-method other than rtn are searched by the "
                              "bisect and greedy strategies only; drop them or pass --strategy "

@@ -9,7 +9,9 @@ from VADER's 5,000-odd fit-split rows). With a data file of F fit-split rows:
   ``scorer = "fit"``, a factory's model: it may) gets half of them for the search split, at least
   :data:`MIN_SEARCH`, and the rest (at least :data:`MIN_FIT`) for the fit;
 - a model with nothing to fit (``classifier``, ``cosine``, a ``marker`` reading its scorer from
-  the checkpoint) gets every fit-split row for the search split (``n_fit = 0``).
+  the checkpoint) gets every fit-split row for the search split (``n_fit = 0``), unless a
+  learned ``--quant-method`` (AWQ, GPTQ, DWQ) is searched: those learn from the fit rows, so the
+  file is halved as for a fitted head.
 
 The choice is said in one line. Too few rows: one line naming the count and a command that
 works on this file (a sweep needs no search split). No MLX.
@@ -54,7 +56,9 @@ def resolve(opts, source, log=print):
             setattr(opts, k, v)
         return ""
     n = fit_rows(opts.data, source)
-    fits = fits_on_fit_split(source)
+    head = fits_on_fit_split(source)
+    learned = any(m != "rtn" for m in getattr(opts, "quant_methods", ("rtn",)))
+    fits = head or learned
     if not fits:
         n_fit = 0 if opts.n_fit is None else opts.n_fit
         n_search = n - n_fit if opts.n_search is None else opts.n_search
@@ -68,13 +72,14 @@ def resolve(opts, source, log=print):
         need = MIN_SEARCH + (MIN_FIT if fits else 0)
         raise SweepError(
             f"data file {opts.data} has {n} fit-split rows; the search needs {need} or more "
-            f"({MIN_SEARCH} for its split" + (f", {MIN_FIT} for the head's fit" if fits else "")
+            f"({MIN_SEARCH} for its split" + (f", {MIN_FIT} for the fit" if fits else "")
             + f"); add rows with split = \"fit\", or judge fixed variants on it with: variants "
             f"sweep --data {opts.data}" + (f" --model-config {opts.model_config}"
                                           if opts.model_config else ""))
     opts.n_fit, opts.n_search = n_fit, n_search
     line = (f"sizes from {opts.data}: {n} fit-split rows -> --n-search {n_search}"
-            + (f", --n-fit {n_fit} for the head" if fits else
+            + (f", --n-fit {n_fit} for " + " and ".join(
+                ["the head"] * head + ["the learned quantizers"] * learned) if fits else
                " (the model fits nothing: no fit rows)"))
     log(line)
     return line
