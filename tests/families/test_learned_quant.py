@@ -380,6 +380,16 @@ def test_cli_unknown_method_exits_2_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_cli_learned_method_without_fit_rows_names_n_fit(tmp_path, capsys):
+    code = main(["sweep", "--quant-method", "rtn", "gptq", "--n-fit", "0", "--n-calibration",
+                 "40", "--n-eval", "40", "--no-progress", "--results-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert ("--quant-method gptq learns from fit-split activations, but the fit split is "
+            "empty; pass --n-fit 100 or more, or use --quant-method rtn") in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_model_toml_quant_method(tmp_path):
     from variants.models.model_config import ModelConfigError, load_model_config as load
 

@@ -68,6 +68,10 @@ def test_pattern_matching_no_layer_is_an_error(model):
         quantize_module(model.module, QuantConfig(4, bits_map="value=8,nowhere=8"))
     with pytest.raises(ValueError, match="'head' matches no quantizable layer"):  # head kept fp32
         quantize_module(model.module, QuantConfig(4, bits_map="head=8"))
+    with pytest.raises(ValueError) as e:  # echoed as typed, the head's flag named
+        quantize_module(model.module, QuantConfig(4, bits_map=r"^head\.x$=8"))
+    assert "pattern '^head\\.x$' matches no quantizable layer" in str(e.value)
+    assert "--quantize-head" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_recipe_layers_for_six_and_24_layers():

@@ -226,6 +226,10 @@ def test_store_refuses_other_settings_and_rereads_records(tmp_path):
     s.check_settings({"seed": 0, "cost": "bytes"})
     with pytest.raises(ValueError, match="cost='bytes', not 'bits'"):
         s.check_settings({"seed": 0, "cost": "bits"})
+    # a setting left out at its plain value is said as that value, not None
+    with pytest.raises(ValueError, match=r"quant_methods=\['rtn'\], not \['gptq'\]"):
+        s.check_settings({"seed": 0, "cost": "bytes", "quant_methods": ["gptq"]},
+                         plain={"quant_methods": ["rtn"]})
     s.put({"id": "abc", "passed": True})
     assert s.get("abc")["passed"] is True and s.get("nope") is None
     (tmp_path / "candidates" / "abc.json").write_text("{half")

@@ -68,6 +68,11 @@ def _bad(what, fix):
     return ValueError(f"{FLAG} {what}; {fix}")
 
 
+def _show(pattern):
+    """A pattern quoted as the user typed it (no doubled backslashes), cut when long."""
+    return f"'{pattern}'" if len(pattern) <= 120 else short_repr(pattern)
+
+
 def parse(spec, bits_choices=(2, 3, 4, 6, 8), group_choices=(32, 64, 128)):
     """``(recipe, rules)`` of a ``--bits-map`` value: ``(name, ())`` for a recipe, ``(None,
     tuple of Rule)`` for patterns, ``(None, ())`` for an empty spec. Raises ValueError (one line
@@ -172,14 +177,15 @@ def resolve(spec, paths, default_bits, default_group):
             (default_bits, default_group)
     for r in rules:
         if not any(re.search(r.pattern, p) for p in paths):
-            raise _bad(f"pattern {short_repr(r.pattern)} matches no quantizable layer",
-                       f"layer paths look like {short_repr(paths[0] if paths else '')}; fix "
-                       "the pattern or drop the entry")
+            raise _bad(f"pattern {_show(r.pattern)} matches no quantizable layer",
+                       f"layer paths look like {short_repr(paths[0] if paths else '')} (the "
+                       "head and the embedding tables are layers with --quantize-head and "
+                       "--quantize-embeddings); fix the pattern or drop the entry")
     first = {p: next((r.pattern for r in rules if re.search(r.pattern, p)), None) for p in paths}
     for r in rules:  # matches, but every layer it matches is taken by an earlier pattern
         if r.pattern not in first.values():
             earlier = first[next(p for p in paths if re.search(r.pattern, p))]
-            raise _bad(f"pattern {short_repr(r.pattern)} sets no layer: each layer it matches "
-                       f"is matched first by an earlier pattern (e.g. {short_repr(earlier)})",
+            raise _bad(f"pattern {_show(r.pattern)} sets no layer: each layer it matches "
+                       f"is matched first by an earlier pattern (e.g. {_show(earlier)})",
                        "put the narrower pattern first, or drop it")
     return out

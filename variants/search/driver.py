@@ -14,7 +14,7 @@ from pathlib import Path
 
 from variants.search import costs as costs_mod
 from variants.search import strategies
-from variants.search.options import (FAMILIES, MAX_CANDIDATES, MAX_SEED,  # noqa: F401
+from variants.search.options import (FAMILIES, MAX_CANDIDATES, MAX_SEED, PLAIN,  # noqa: F401
                                      N_FINALISTS, SearchOptions)
 from variants.search.store import Store, candidate_id
 
@@ -90,7 +90,7 @@ class Search:
             from variants.families.quant import learned  # hold for this quantizer code only
 
             self.settings["quantizer_version"] = learned.VERSION
-        self.store.check_settings(self.settings)
+        self.store.check_settings(self.settings, plain=PLAIN)
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(
                 o.cost, list(o.bits) + ([costs_mod.INT8] if o.w8a8 else []),

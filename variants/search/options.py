@@ -16,6 +16,11 @@ MAX_SEED = 2**32 - 1
 N_FINALISTS = 3
 
 
+#: settings left out of search_settings.json at these values (a folder written before these
+#: dimensions resumes); what an absent one means when a resume is refused
+PLAIN = {"quant_methods": ["rtn"], "w8a8": False, "method_sensitivity": False}
+
+
 @dataclass
 class SearchOptions:
     """One field per ``variants search`` flag."""
@@ -163,8 +168,7 @@ class SearchOptions:
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
         d["quant_methods"] = list(self.quant_methods)
-        for k, plain in (("quant_methods", ["rtn"]), ("w8a8", False),
-                         ("method_sensitivity", False)):
+        for k, plain in PLAIN.items():
             if d[k] == plain:  # the folder of a search from before these dimensions resumes
                 del d[k]
         if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)

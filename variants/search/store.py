@@ -31,9 +31,10 @@ class Store:
         self.out = Path(out)
         self.dir = self.out / "candidates"
 
-    def check_settings(self, settings):
+    def check_settings(self, settings, plain=None):
         """Raise ValueError naming the first setting that differs from an earlier search in
-        this folder (none there: fine). Writes nothing."""
+        this folder (none there: fine). ``plain``: {setting: value} an absent setting stands
+        for (said as that value). Writes nothing."""
         path = self.out / "search_settings.json"
         if not path.exists():
             return
@@ -42,10 +43,12 @@ class Store:
         except (OSError, ValueError) as e:
             raise ValueError(f"{path} is unreadable ({e}); delete it or pass another --out") \
                 from None
+        plain = plain or {}
         for k in sorted(set(old) | set(settings)):
             if old.get(k) != settings.get(k):
+                was, now = (d[k] if k in d else plain.get(k) for d in (old, settings))
                 raise ValueError(f"--out {self.out} holds a search with {k}="
-                                 f"{short_repr(old.get(k))}, not {short_repr(settings.get(k))}; "
+                                 f"{short_repr(was)}, not {short_repr(now)}; "
                                  "rerun with the same settings to resume, or pass another --out")
 
     def write_settings(self, settings):

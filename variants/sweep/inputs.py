@@ -129,9 +129,12 @@ def _checked(cfg, contract, checkpoint, tasksets):
                              f"{e}; or add calibration rows (a 'split' column)") from None
     learned = sorted({v.method for v in cfg.variants if getattr(v, "method", "rtn") != "rtn"})
     if learned and len(tasksets["fit"]) == 0:
+        fix = ("pass --n-fit 100 or more" if cfg.n_fit == 0 else
+               f"add rows with split = \"fit\" to {cfg.data}" if cfg.data else
+               "pass --n-fit 100 or more")
         raise SweepError(f"--quant-method {' '.join(learned)} learns from fit-split "
-                         "activations, but the fit split is empty; add fit rows (a 'split' "
-                         "column) or use --quant-method rtn")
+                         f"activations, but the fit split is empty; {fix}, or use "
+                         "--quant-method rtn")
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets
