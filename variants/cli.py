@@ -8,6 +8,7 @@ run is configured (the others get a bare placeholder), so ``variants check``, ``
 import argparse
 import importlib
 import sys
+import warnings
 import zipfile
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
@@ -61,6 +62,10 @@ def _loaded(module, name):
     return (getattr(m, name),) if m is not None else ()
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"variants: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def main(argv=None):
     """Entry point of the ``variants`` console script. Returns the exit code."""
     from contracts.checker import ContractError
@@ -71,7 +76,9 @@ def main(argv=None):
         print(f"variants: error: {variants.BLAS_INFO['error']}", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
-        return args.func(args)
+        with warnings.catch_warnings():  # a warning is one line, as errors are (no source line)
+            warnings.showwarning = _one_line_warning
+            return args.func(args)
     except WriteError as e:  # disk full, permissions: a runtime failure, not bad input
         print(f"variants: error: {e}; free space or fix permissions, then rerun the same "
               "command to finish", file=sys.stderr)

@@ -229,3 +229,21 @@ def test_interrupted_run_refuses_other_settings_and_corrupt_files(
                 "calibration": True, "eval": rebuilt != "reference"}, bad
         assert bad.exists()
     assert (run / "q8-g64" / "outputs.npz").stat().st_mode & 0o044  # readable by others (umask)
+
+
+def test_a_warning_during_a_command_is_one_line(monkeypatch, capsys):
+    """Python prints a warning with its file, line number and source line; the CLI prints it as
+    it prints errors: one line, ``variants: warning: ...``, its whitespace collapsed."""
+    import argparse
+    import warnings
+
+    from variants import cli
+
+    def parser(argv):
+        p = argparse.ArgumentParser()
+        p.set_defaults(func=lambda a: warnings.warn("temperature fit at bound\n  (T=1000)",
+                                                    UserWarning) or 0)
+        return p
+    monkeypatch.setattr(cli, "build_parser", parser)
+    assert cli.main([]) == 0
+    assert capsys.readouterr().err == "variants: warning: temperature fit at bound (T=1000)\n"
