@@ -8,11 +8,13 @@ import json
 import pytest
 
 
-def _folder(tmp_path, family, ref):
+def _folder(tmp_path, family, ref, method=None):
     d = tmp_path / "exp"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"mlx_variants": {
-        "family": family, "reference_checkpoint": ref}}))
+    block = {"family": family, "reference_checkpoint": ref}
+    if method:
+        block["variant_config"] = {"bits": 4, "method": method}
+    (d / "config.json").write_text(json.dumps({"mlx_variants": block}))
     return d
 
 
@@ -28,6 +30,16 @@ def test_lowrank_times_the_folder_alone_and_says_so(tmp_path):
 
     modes, note = plan(_folder(tmp_path, "lowrank", str(tmp_path / "gone")))
     assert modes == ("exported",) and "quant variants only, not lowrank" in note
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq", "dwq"])
+def test_a_learned_quantizer_times_the_folder_alone_and_says_so(tmp_path, method):
+    """Its fp32 build would learn again from a fit split the folder does not ship."""
+    from variants.export.coldstart import plan
+
+    modes, note = plan(_folder(tmp_path, "quant", str(tmp_path), method))
+    assert modes == ("exported",) and f"--quant-method {method} learns from the fit" in note
+    assert plan(_folder(tmp_path / "r", "quant", str(tmp_path), "rtn"))[0] == ("exported", "fp32")
 
 
 def test_quant_with_a_moved_fp32_checkpoint_is_refused(tmp_path):

@@ -94,8 +94,8 @@ def _fp32(folder):
 
 def plan(folder):
     """``(modes, note)`` for ``variants verify DIR --cold-start``, checked before any work: the
-    fp32 side builds quant variants only (a low-rank build reads calibration activations), so
-    other families time the exported folder alone (``note`` says so; else None). Raises
+    fp32 side builds round-to-nearest quant variants only (a low-rank build reads calibration
+    activations, a learned quantizer the fit split), so the others time the exported folder alone (``note`` says so; else None). Raises
     ExportError (one line) when the fp32 reference checkpoint the folder names is not a folder
     any more."""
     from pathlib import Path
@@ -107,6 +107,10 @@ def plan(folder):
     if block.get("family") != "quant":
         return ("exported",), (f"fp32 + build side left out: it builds quant variants only, "
                                f"not {block.get('family')}")
+    method = (block.get("variant_config") or {}).get("method", "rtn")
+    if method != "rtn":
+        return ("exported",), (f"fp32 + build side left out: --quant-method {method} learns "
+                               "from the fit split, which the folder does not hold")
     ref = block.get("reference_checkpoint")
     if ref is not None and not Path(ref).is_dir():
         raise ExportError(f"--cold-start builds the variant from its fp32 checkpoint {short_path(ref)}"
