@@ -88,3 +88,44 @@ def test_a_folder_without_its_input_scaled_list_is_named_in_one_line(exported, t
     assert "\n" not in msg and len(msg) < 500
     assert "does not match its config.json" in msg and "input_scale" in msg
     assert msg.endswith("export the variant again")
+
+
+@pytest.mark.parametrize("listed,says", [
+    ("encoder.layers.0.attention.query", "input_scaled is str, not a list of layer paths"),
+    (["bogus"], "input_scaled names 'bogus', not an encoder Linear"),
+    (["encoder.layers.0.attention.query"] * 2, "input_scaled names a layer twice"),
+    (["encoder.layers.9.bogus"], "encoder.layers.9.bogus is not a Linear of the model"),
+])
+def test_a_bad_input_scaled_list_is_refused_by_both_loaders(exported, tmp_path, listed, says):
+    import shutil
+
+    from variants.checkpoints.files import CheckpointError
+    from variants.checkpoints.load import load_checkpoint
+    from variants.export.load import load_variant
+
+    _, out = exported
+    folder = tmp_path / "awq"
+    shutil.copytree(out["q4-g32-awq"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["mlx_variants"]["input_scaled"] = listed
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for load in (load_variant, load_checkpoint):
+        with pytest.raises(CheckpointError) as e:
+            load(folder)
+        msg = str(e.value)
+        assert says in msg and "\n" not in msg and msg.endswith("export the variant again")
+
+
+def test_a_truncated_weights_file_is_named_by_load_checkpoint(exported, tmp_path):
+    import shutil
+
+    from variants.checkpoints.files import CheckpointError
+    from variants.checkpoints.load import load_checkpoint
+
+    _, out = exported
+    folder = tmp_path / "awq"
+    shutil.copytree(out["q4-g32-awq"], folder)
+    w = folder / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
+        load_checkpoint(folder)

@@ -171,6 +171,9 @@ SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-searc
     (["--w8a8", "--strategy", "optuna"], "--w8a8 and --quant-method other than rtn"),
     (["--quant-method", "rtn", "gptq", "--n-fit", "0"],
      "--quant-method gptq learns from the fit rows, but --n-fit is 0"),
+    (["--quant-method", "awq", "--n-fit", "0", "--data", "examples/vader_raters.jsonl",
+      "--model-config", "examples/model-cosine.toml"],
+     "--quant-method awq learns from the fit rows, but --n-fit is 0; pass --n-fit 10 or more"),
 ])
 def test_cli_bad_dimension_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
     from variants.cli import main

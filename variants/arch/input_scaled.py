@@ -33,6 +33,21 @@ def input_scaled_paths(module):
     return sorted(p for p, m in module.named_modules() if isinstance(m, InputScaledLinear))
 
 
+def check_paths(value):
+    """``value`` (a folder's ``mlx_variants.input_scaled``; None = none) as a list of encoder
+    Linear paths. Raises ValueError (naming what it is) unless it is a list of distinct
+    ``encoder.`` paths: the learned quantizers scale encoder Linears only."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise ValueError(f"input_scaled is {type(value).__name__}, not a list of layer paths")
+    bad = [p for p in value if not p.startswith("encoder.")]
+    if bad or len(set(value)) != len(value):
+        raise ValueError(f"input_scaled names {bad[0]!r}, not an encoder Linear" if bad else
+                         "input_scaled names a layer twice")
+    return value
+
+
 def place_input_scales(module, paths, prefix=""):
     """Wrap the Linear at each of ``paths`` in an :class:`InputScaledLinear` (scale 1, the
     file's ``input_scale`` loads over it), in place, ready for ``mlx.nn.quantize`` (its Linear

@@ -97,7 +97,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     CheckpointError
         A dtype other than float32, weights that do not match the config.
     """
-    from variants.arch.input_scaled import place_input_scales
+    from variants.arch.input_scaled import check_paths, place_input_scales
     from variants.arch.lowrank import place_lowrank
     from variants.runtime import qlinear
 
@@ -108,7 +108,16 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
                               "judged; load it with dtype float32")
     ck = skeleton(path, config, kinds, max_length)
     wfile = path / "model.safetensors"
-    weights = mx.load(str(wfile))
+    try:
+        weights = mx.load(str(wfile))
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{short_path(wfile)} cannot be read ({one_line(e)}); export the "
+                              "variant again") from None
+    try:
+        scaled = check_paths(config[BLOCK].get("input_scaled"))
+    except ValueError as e:
+        raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
+                              f"({e}); export the variant again") from None
     q = config.get("quantization") or {}
     factored = config[BLOCK].get("lowrank") or {}
     parts = {"encoder": ck.encoder, "classifier": ck.classifier}
@@ -117,7 +126,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
             if module is None:
                 continue
             place_lowrank(module, factored, f"{name}.")
-            place_input_scales(module, config[BLOCK].get("input_scaled") or [], f"{name}.")
+            place_input_scales(module, scaled, f"{name}.")
             if q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                             class_predicate=quant_predicate(q, weights, f"{name}."))
@@ -127,8 +136,9 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
             mx.eval(module.parameters())
             qlinear.use_cpu_path(module)
     except (ValueError, KeyError) as e:
+        why = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise CheckpointError(f"{short_path(wfile)} does not match its config.json "
-                              f"({one_line(e)}); "
+                              f"({one_line(why)}); "
                               "export the variant again") from None
     ck.encoder.eval()
     return ck

@@ -182,7 +182,7 @@ def load_variant(path, max_length=None):
     import mlx.core as mx
     import mlx.nn as nn
 
-    from variants.arch.input_scaled import place_input_scales
+    from variants.arch.input_scaled import check_paths, place_input_scales
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
@@ -204,8 +204,8 @@ def load_variant(path, max_length=None):
     module = model.module
     place_lowrank(module, block.get("lowrank", {}))
     try:
-        place_input_scales(module, block.get("input_scaled", []))
-    except KeyError as e:
+        place_input_scales(module, check_paths(block.get("input_scaled")))
+    except (KeyError, ValueError) as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e.args[0]}); export the variant again") from None
     wfile = path / "model.safetensors"

@@ -85,6 +85,12 @@ class SearchOptions:
         from variants.search import sizes
         from variants.sweep.config import SweepConfig
 
+        learned = [m for m in self.quant_methods if m != "rtn"]
+        if learned and self.n_fit == 0:  # before the sizes: they would blame the data file
+            raise ValueError(f"--quant-method {learned[0]} learns from the fit rows, but --n-fit "
+                             f"is 0; pass --n-fit {sizes.MIN_FIT} or more (with --data, leave "
+                             "it out: half the fit-split rows then go to the fit), or "
+                             "--quant-method rtn")
         if self.n_fit is None or self.n_search is None:
             source = SweepConfig(model=self.model, model_config=self.model_config).resolve_model()
             sizes.resolve(self, source, log=log or (lambda m: None))
@@ -128,11 +134,6 @@ class SearchOptions:
         if bad or not self.quant_methods:
             raise ValueError(f"--quant-method {' '.join(bad) or '(none)'}: not known; choose "
                              f"from {' '.join(METHODS)}")
-        learned = [m for m in self.quant_methods if m != "rtn"]
-        if learned and self.n_fit == 0:
-            raise ValueError(f"--quant-method {learned[0]} learns from the fit rows, but --n-fit "
-                             "is 0; pass --n-fit 100 or more (fit-split rows outside the search "
-                             "split), or --quant-method rtn")
         if self.strategy == "optuna" and (self.w8a8 or self.quant_methods != ("rtn",)):
             raise ValueError("--w8a8 and --quant-method other than rtn are searched by the "
                              "bisect and greedy strategies only; drop them or pass --strategy "
