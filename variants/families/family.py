@@ -89,6 +89,13 @@ class Family:
         What the common alternated timing calls instead of ``variant`` (e.g. the exact
         family's cache emptied before every call: the timing repeats one request, which would
         otherwise time cache hits only). None: the variant itself.
+    judged_in_speed_mode : callable(vcfg) -> bool, or None
+        True when a variant must be judged on the model the speed mode builds (its quality
+        build then runs in the sweep's ``--speed-mode``, not ``--quality-mode``): W8A8 Linears
+        quantize activations at run time, so two paths that differ by float round-off round
+        some codes differently and their outputs differ by code steps, not round-off; the
+        simulated model is not the model that runs. None: never (the sweep checks the timed
+        model against the judged one instead, :mod:`variants.sweep.timed_check`).
     extra_stale : callable(timing, cfg, vcfg) -> str or None, or None
         On resume: why a saved timing.json's ``time_extra`` part no longer fits the sweep's
         settings (e.g. the exact family's workloads timed with another --zipf-exponent), so
@@ -109,3 +116,12 @@ class Family:
     time_extra: Callable | None = None
     timed_variant: Callable | None = None
     extra_stale: Callable | None = None
+    judged_in_speed_mode: Callable | None = None
+
+
+def judged_mode(family, cfg, vcfg):
+    """The mode ``vcfg``'s quality build runs in: ``cfg.speed_mode`` (the sweep's) when the
+    family's ``judged_in_speed_mode`` says so for it, else ``cfg.quality_mode``."""
+    if family.judged_in_speed_mode is not None and family.judged_in_speed_mode(vcfg):
+        return cfg.speed_mode
+    return cfg.quality_mode

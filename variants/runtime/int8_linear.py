@@ -44,6 +44,32 @@ def _kernel():
     return k if k is not None and k.has_dnnl() else None
 
 
+def scheme():
+    """How the compiled int8 GEMM gets exact int32 sums on this CPU (``qkernel.int8_scheme``):
+    ``"u8s8"`` (one oneDNN u8 x s8 GEMM: VNNI or AMX) or ``"u8s8-split7"`` (the uint8 codes
+    split into two 7-bit halves, two GEMMs summed in int32: CPUs without VNNI, whose u8 x s8
+    kernels saturate 16-bit pair sums; oneDNN developer guide, "Nuances of int8
+    computations"). None where the compiled int8 GEMM is not available (simulated)."""
+    k = _kernel()
+    return k.int8_scheme() if k is not None and hasattr(k, "int8_scheme") else None
+
+
+def cpu_isa():
+    """oneDNN's effective CPU ISA (``"avx2"``, ``"avx512_core"``, ``"avx512_core_vnni"``,
+    ``"avx512_core_amx"``, ...; it honours ``ONEDNN_MAX_CPU_ISA``), or None without oneDNN."""
+    k = _kernel()
+    return k.int8_cpu_isa() if k is not None and hasattr(k, "int8_cpu_isa") else None
+
+
+def int8_record(kernel_names):
+    """The int8 fields of a timing or build record: ``{"scheme": scheme(), "isa": cpu_isa()}``
+    when ``kernel_names`` (a kernel string, e.g. timing's ``kernel.variant``) runs the compiled
+    int8 GEMM (a name with ``dnnl``), else None."""
+    if not kernel_names or "dnnl" not in kernel_names:
+        return None
+    return {"scheme": scheme(), "isa": cpu_isa()}
+
+
 def can_prepack(wq):
     """Whether the compiled op can reorder ``wq`` (N, K) for oneDNN's matmul primitive."""
     k = _kernel()

@@ -26,18 +26,21 @@ def quality_outputs(sweep, family, vcfg):
     dict with the config, modes, ``quality_wall_s`` and the family's ``outputs_info`` (the
     keys in build.json's order). From :func:`premeasure`'s results when there, else built and
     run here. Raises the builder's ValueError (a variant that cannot be built)."""
+    from variants.families.family import judged_mode
+
     cfg = sweep.cfg
+    mode = judged_mode(family, cfg, vcfg)
     done = getattr(sweep, "premeasured", {}).pop(vcfg.name, None)
     t0 = time.perf_counter()
     if done is None:
         with sweep.clock("variant_build"):
             var_model, info = family.build(sweep.ref_model, vcfg, sweep._inputs(family),
-                                           mode=cfg.quality_mode)
+                                           mode=mode)
     else:
         _raise(done)
         info = done["info"]
     sweep.clock.counts["variants_built"] += 1
-    info.update(config=asdict(vcfg), family=cfg.family, quality_mode=cfg.quality_mode,
+    info.update(config=asdict(vcfg), family=cfg.family, quality_mode=mode,
                 speed_mode=cfg.speed_mode)
     if done is None:
         with sweep.clock("variant_forward"):
@@ -110,14 +113,15 @@ def run_variant(state, spec):
     "wall_s"}``, or ``{"value_error": message, "corrupt": (path, kind, problem) or None}`` when
     its build raises ValueError (the sweep re-raises it at the variant's turn)."""
     from runs.readers import CorruptFileError
-    from variants.families.family import BuildInputs
+    from variants.families.family import BuildInputs, judged_mode
 
     cfg, family, ts = state["cfg"], state["family"], state["tasksets"]
     t0 = time.perf_counter()
     inputs = BuildInputs(calibration=ts["calibration"], fit=ts["fit"],
                          cache_dir=state["cache"]).only(family.inputs)
     try:
-        model, info = family.build(state["ref"], spec["vcfg"], inputs, mode=cfg.quality_mode)
+        model, info = family.build(state["ref"], spec["vcfg"], inputs,
+                                   mode=judged_mode(family, cfg, spec["vcfg"]))
     except CorruptFileError as e:
         return {"value_error": str(e), "corrupt": (str(e.path), e.kind, e.problem)}
     except ValueError as e:

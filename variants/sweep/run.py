@@ -24,6 +24,7 @@ from runs.family_text import family_extras
 from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
 from runs.judge import judge_variant
 from runs.outputs import DecisionOutputs
+from variants.sweep import timed_check
 from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.families import get_family
@@ -210,6 +211,8 @@ class Sweep:
         t1 = time.perf_counter()
         timing, timed = self._time_variant(family, vcfg, timing_sets, keep_model=True)
         timing["wall_s"] = time.perf_counter() - t1
+        # the judged model is the model that runs (or the variant is refused: ValueError)
+        info["timed_check"] = timed_check.check(self, vcfg.name, info, outs["eval"], timed)
         if cfg.cold_start == "all":  # from its exported weights where the family exports
             timing["cold_start"] = variant_cold_start(self, family, vcfg, timing_sets, timed)
         del timed

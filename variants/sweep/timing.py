@@ -10,6 +10,7 @@ from variants.runtime import device
 from variants.arch import encoder, modernbert
 from variants.sweep import plausible
 from variants.runtime import qlinear
+from variants.runtime.int8_linear import int8_record
 from variants.runtime.memory import model_bytes  # noqa: F401
 from variants.runtime.timing import (TIMED_REGIONS, end_to_end_call, rotating, split_regions,
                                      time_alternating)
@@ -123,6 +124,8 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
               "model_bytes": {"reference": model_bytes(reference),
                               "variant": model_bytes(variant)},
               "kernel": {"reference": kernel(reference), "variant": kernel(variant)},
+              # the int8 GEMM's exact scheme and oneDNN's ISA where the variant runs one
+              "int8": int8_record(kernel(variant)),
               "batches": {}, "end_to_end": {}}
     for b, (ts, seq_len) in timing_sets.items():
         calls = timed_batches(ts, b)

@@ -148,4 +148,6 @@ def describe(info, timing=None):
 
 FAMILY = Family(name="quant", config=QuantConfig, params=PARAMS, add_arguments=add_arguments,
                 ladder=ladder, run_name=run_name, build=build, check_model=check_model,
-                describe=describe, inputs=("calibration", "fit", "cache_dir"))
+                describe=describe, inputs=("calibration", "fit", "cache_dir"),
+                # --int8-layers: W8A8 Linears are judged on the model that runs (family.py)
+                judged_in_speed_mode=lambda vcfg: bool(vcfg.int8))

@@ -38,7 +38,7 @@ import numpy as np
 from variants.arch import activations
 from variants.runtime import parallel, qkernel
 from variants.families.w8a8.config import ALPHAS
-from variants.runtime.int8_linear import (NAMES, Int8Linear, _kernel, quantize_rows,  # noqa: F401
+from variants.runtime.int8_linear import (NAMES, Int8Linear, _kernel, int8_record, quantize_rows,  # noqa: F401
                                          quantize_weight)
 
 #: token rows per Linear input kept for the α search (sampled evenly from the fit split)
@@ -204,6 +204,8 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
                 # INT8_GAIN times an fp32 lane's; the plausibility alarm's ceiling, not a claim
                 ideal_speedup=1.0 / ((1.0 - share) + share / INT8_GAIN),
                 kernel=kernel_name(module) or NAMES["simulated"],
+                # how the integer GEMM is exact on this CPU (int8_linear.scheme), None simulated
+                int8=int8_record(kernel_name(module)),
                 simulated_speed=not (native and _kernel() is not None),
                 model_bytes=model_bytes(variant), build_seconds=time.perf_counter() - t0,
                 mode=mode)

@@ -65,9 +65,23 @@ void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t l
                               &co);
   if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
 }
+
+void int8_gemm_u8s8_acc(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                        const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  const int32_t co = 0;
+  thread_local bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, c, ldc,
+                              &co);
+  if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
+}
 #else
 void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const int8_t*, int64_t,
                     int32_t*, int64_t) {
+  throw std::runtime_error("int8_linear: built without oneDNN (install libdnnl-dev and rebuild)");
+}
+void int8_gemm_u8s8_acc(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const int8_t*,
+                        int64_t, int32_t*, int64_t) {
   throw std::runtime_error("int8_linear: built without oneDNN (install libdnnl-dev and rebuild)");
 }
 #endif
@@ -75,8 +89,11 @@ void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const in
 namespace {
 
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, const int8_t* b,
-               const uint8_t* packed, int32_t* c) {
-  int8_gemm_any(m, n, k, a, k, packed, b, k, c, n);
+               const uint8_t* packed, int32_t* c, bool one = false) {
+  if (one)
+    int8_gemm_one(m, n, k, a, k, packed, b, k, c, n);
+  else
+    int8_gemm_any(m, n, k, a, k, packed, b, k, c, n);
 }
 
 // one row: its scale and zero point, and the row's uint8 codes
@@ -116,17 +133,18 @@ bool int8_has_dnnl() {
 
 class Int8GemmCpu : public UnaryPrimitive {
  public:
-  explicit Int8GemmCpu(Stream s, bool has_packed) : UnaryPrimitive(s), has_packed_(has_packed) {}
+  Int8GemmCpu(Stream s, bool has_packed, bool one)
+      : UnaryPrimitive(s), has_packed_(has_packed), one_(one) {}
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& enc = cpu::get_command_encoder(stream());
     out.set_data(allocator::malloc(out.nbytes()));
     for (auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
     enc.dispatch([a = array::unsafe_weak_copy(inputs[0]), b = array::unsafe_weak_copy(inputs[1]),
-                  pk = array::unsafe_weak_copy(inputs.back()), hp = has_packed_,
+                  pk = array::unsafe_weak_copy(inputs.back()), hp = has_packed_, one = one_,
                   o = array::unsafe_weak_copy(out)]() mutable {
       gemm_u8s8(a.shape(0), b.shape(0), a.shape(1), a.data<uint8_t>(), b.data<int8_t>(),
-                hp ? pk.data<uint8_t>() : nullptr, o.data<int32_t>());
+                hp ? pk.data<uint8_t>() : nullptr, o.data<int32_t>(), one);
     });
   }
   void eval_gpu(const std::vector<array>&, array&) override {
@@ -134,11 +152,12 @@ class Int8GemmCpu : public UnaryPrimitive {
   }
   DEFINE_NAME(Int8GemmCpu)
   bool is_equivalent(const Primitive& other) const override {
-    return has_packed_ == static_cast<const Int8GemmCpu&>(other).has_packed_;
+    auto& o = static_cast<const Int8GemmCpu&>(other);
+    return has_packed_ == o.has_packed_ && one_ == o.one_;
   }
 
  private:
-  bool has_packed_;
+  bool has_packed_, one_;
 };
 
 class Int8PrepackCpu : public UnaryPrimitive {
@@ -250,7 +269,8 @@ void check_packed(const std::optional<array>& p, int64_t n, int64_t k) {
 
 }  // namespace
 
-array int8_gemm_cpu(const array& a, const array& b, const std::optional<array>& packed) {
+array int8_gemm_cpu(const array& a, const array& b, const std::optional<array>& packed,
+                    bool one_gemm) {
   if (!int8_has_dnnl()) throw std::runtime_error("int8_gemm: built without oneDNN");
   if (a.dtype() != uint8 || b.dtype() != int8 || a.ndim() != 2 || b.ndim() != 2 ||
       a.shape(1) != b.shape(1))
@@ -259,7 +279,7 @@ array int8_gemm_cpu(const array& a, const array& b, const std::optional<array>& 
   auto s = cpu_stream();
   std::vector<array> in = {rowmajor(a, s), rowmajor(b, s)};
   if (packed) in.push_back(rowmajor(*packed, s));
-  return array({a.shape(0), b.shape(0)}, int32, std::make_shared<Int8GemmCpu>(s, bool(packed)),
+  return array({a.shape(0), b.shape(0)}, int32, std::make_shared<Int8GemmCpu>(s, bool(packed), one_gemm),
                in);
 }
 
@@ -305,6 +325,12 @@ void register_int8_linear(nb::module_& m) {
   m.def("has_dnnl", &int8_has_dnnl, "Whether the int8 ops were built with oneDNN.");
   m.def("has_prepack", [] { return int8_prepack_bytes(64, 64) > 0; },
         "Whether oneDNN's u8 x s8 matmul primitive takes prepacked weights here.");
+  m.def("int8_scheme", &int8_scheme,
+        "How the int8 GEMMs get exact int32 sums here: 'u8s8' (one oneDNN u8 x s8 GEMM: VNNI or "
+        "AMX) or 'u8s8-split7' (codes split into two 7-bit halves, two GEMMs: CPUs without VNNI, "
+        "whose u8 x s8 kernels saturate 16-bit pair sums); '' without oneDNN.");
+  m.def("int8_cpu_isa", &int8_cpu_isa,
+        "oneDNN's effective CPU ISA (honours ONEDNN_MAX_CPU_ISA), e.g. 'avx2', 'avx512_core_amx'.");
   m.def("int8_prepack", &int8_prepack_cpu, "wq"_a,
         "wq int8 (N, K) reordered once for oneDNN's matmul primitive: a uint8 blob to pass as "
         "`packed` (int8_prepack.h), or None where no such primitive exists.");
@@ -315,8 +341,11 @@ void register_int8_linear(nb::module_& m) {
   m.def("int8_prepack_refusals", &int8_prepack_refusals,
         "Calls whose blob did not fit (they ran dnnl_gemm_u8s8s32) since the process started.");
   m.def("int8_gemm", &int8_gemm_cpu, "a"_a, "b"_a, "packed"_a = nb::none(),
-        "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K): the prepacked matmul "
-        "with packed = int8_prepack(b) up to 512 rows, else dnnl_gemm_u8s8s32.");
+        "one_gemm"_a = false,
+        "a @ b.T as int32 (M, N) for uint8 a (M, K) and int8 b (N, K), exact on every ISA "
+        "(int8_scheme()): the prepacked matmul with packed = int8_prepack(b) up to 512 rows, "
+        "else dnnl_gemm_u8s8s32. one_gemm=True: one oneDNN GEMM without the split, which "
+        "saturates where int8_scheme() is 'u8s8-split7' (benchmarks, tests).");
   m.def("int8_linear", &int8_linear_cpu, "x"_a, "wq"_a, "w_scale"_a, "colsum"_a,
         "bias"_a = nb::none(), "inv_smooth"_a = nb::none(), "packed"_a = nb::none(),
         "W8A8 Linear: x (..., in) float32 quantized per row to uint8, times int8 wq (out, in) "

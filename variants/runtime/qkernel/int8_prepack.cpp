@@ -3,6 +3,7 @@
 #include "int8_prepack.h"
 
 #ifdef QK_HAVE_DNNL
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 extern "C" void omp_set_num_threads(int);  // as int8_linear.cpp: one OpenMP thread per caller
 #endif
@@ -177,6 +179,108 @@ std::string int8_prepack_impl(int64_t m, int64_t n, int64_t k) {
 
 int64_t int8_prepack_refusals() { return refusals.load(); }
 
+// the one-GEMM path: the prepacked matmul where the blob fits, else dnnl_gemm_u8s8s32
+bool int8_gemm_one(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                 const uint8_t* packed, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  if (packed && m <= kInt8PrepackMaxRows && int8_gemm_prepacked(m, n, k, a, lda, packed, c, ldc))
+    return true;
+  int8_gemm_u8s8(m, n, k, a, lda, b, ldb, c, ldc);
+  return false;
+}
+
+namespace {
+
+// whether the effective ISA has VNNI or AMX (dnnl_cpu_isa_t: avx512_core_vnni 0x67 and the ISAs
+// above it carry bit 0x40, avx2_vnni 0x407 bit 0x400)
+bool isa_has_vnni() {
+  const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+  return (isa & 0x440u) != 0;
+}
+
+// one saturating case through both one-GEMM paths: all codes 255 times all weights 127
+// (every 16-bit pair sum 64770 would saturate to 32767) at a few row counts
+bool probe_exact() {
+  const int64_t n = 64, k = 64;
+  std::vector<int8_t> w(size_t(n * k), int8_t(127));
+  std::vector<uint8_t> blob;
+  const int64_t bytes = int8_prepack_bytes(n, k);
+  if (bytes > 0) {
+    blob.resize(size_t(bytes));
+    if (!int8_prepack(w.data(), n, k, k, blob.data())) blob.clear();
+  }
+  for (int64_t m : {1, 24, 600}) {
+    std::vector<uint8_t> a(size_t(m * k), uint8_t(255));
+    std::vector<int32_t> c(size_t(m * n), 0);
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1 && blob.empty()) break;
+      std::fill(c.begin(), c.end(), 0);
+      int8_gemm_one(m, n, k, a.data(), k, pass ? blob.data() : nullptr, w.data(), k, c.data(), n);
+      for (int32_t v : c)
+        if (v != 255 * 127 * int32_t(k)) return false;
+    }
+  }
+  return true;
+}
+
+bool exact_u8s8() {
+  static const bool ok = isa_has_vnni() && probe_exact();
+  return ok;
+}
+
+}  // namespace
+
+bool int8_gemm_any(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                   const uint8_t* packed, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return false;
+  if (exact_u8s8()) return int8_gemm_one(m, n, k, a, lda, packed, b, ldb, c, ldc);
+  // split: lo = min(a, 127), hi = a - lo; C = lo B^T + hi B^T (int8_prepack.h). Per-thread
+  // buffers (kept between calls; not from MLX's allocator, so not in mx.get_peak_memory())
+  thread_local std::vector<uint8_t> lo, hi;
+  thread_local std::vector<int32_t> t;
+  const size_t mk = size_t(m * k), mn = size_t(m * n);
+  if (lo.size() < mk) lo.resize(mk), hi.resize(mk);
+  if (packed && m <= kInt8PrepackMaxRows && t.size() < mn) t.resize(mn);
+  uint8_t* __restrict pl = lo.data();
+  uint8_t* __restrict ph = hi.data();
+  for (int64_t i = 0; i < m; ++i) {
+    const uint8_t* ai = a + i * lda;
+    for (int64_t j = 0; j < k; ++j) {
+      const uint8_t v = ai[j], l = v < 127 ? v : uint8_t(127);
+      pl[i * k + j] = l;
+      ph[i * k + j] = uint8_t(v - l);
+    }
+  }
+  const bool prepacked = int8_gemm_one(m, n, k, pl, k, packed, b, ldb, c, ldc);
+  if (!prepacked) {  // the plain GEMM adds the second half into C itself
+    int8_gemm_u8s8_acc(m, n, k, ph, k, b, ldb, c, ldc);
+    return false;
+  }
+  // the prepacked GEMM takes no beta: the second half into a buffer (either path: exact)
+  int8_gemm_one(m, n, k, ph, k, packed, b, ldb, t.data(), n);
+  for (int64_t i = 0; i < m; ++i) {
+    int32_t* __restrict ci = c + i * ldc;
+    const int32_t* ti = t.data() + i * n;
+    for (int64_t j = 0; j < n; ++j) ci[j] += ti[j];
+  }
+  return prepacked;
+}
+
+std::string int8_scheme() { return exact_u8s8() ? "u8s8" : "u8s8-split7"; }
+
+std::string int8_cpu_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "isa-" + std::to_string(int(dnnl_get_effective_cpu_isa()));
+  }
+}
+
 #else  // built without oneDNN: nothing is packed, every caller runs its plain path
 
 int64_t int8_prepack_bytes(int64_t, int64_t) { return 0; }
@@ -187,6 +291,18 @@ bool int8_gemm_prepacked(int64_t, int64_t, int64_t, const uint8_t*, int64_t, con
 }
 std::string int8_prepack_impl(int64_t, int64_t, int64_t) { return ""; }
 int64_t int8_prepack_refusals() { return 0; }
+bool int8_gemm_one(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const uint8_t*,
+                   const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  int8_gemm_u8s8(m, n, k, a, lda, b, ldb, c, ldc);  // throws: built without oneDNN
+  return false;
+}
+bool int8_gemm_any(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const uint8_t*,
+                   const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  int8_gemm_u8s8(m, n, k, a, lda, b, ldb, c, ldc);  // throws: built without oneDNN
+  return false;
+}
+std::string int8_scheme() { return ""; }
+std::string int8_cpu_isa() { return ""; }
 
 #endif
 

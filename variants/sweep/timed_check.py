@@ -1,0 +1,67 @@
+"""The judged model is the model that runs: a variant judged in one mode and timed in another is
+checked equal on every eval row, or refused.
+
+A sweep judges a variant on the outputs of its quality build (``--quality-mode``, default
+``simulated``: weights dequantized to fp32, MLX's ops) and times its speed build
+(``--speed-mode``, default ``native``: packed weights, compiled layers, integer GEMMs). Where
+the two modes differ, :func:`check` runs the timed model on every eval row, in the sweep's eval
+batches, and compares its logits with the judged ones over each row's valid options. Within
+:data:`TOLERANCE` (max |Δlogit|) the verdict belongs to the timed model too: a label can then
+change only on a row whose margin is under 2 × the difference, the 2ε margin rule, and no
+contract bound is within reach of a difference that size. Beyond it the variant is refused in
+one line (:class:`TimedModelDiffers`, a ValueError: the sweep lists it as failed and writes
+nothing of it), naming the difference and the fix (``--quality-mode native``).
+
+Families whose simulated and native models cannot agree to round-off (W8A8 Linears round their
+activation codes on whichever path computes them) are judged in the speed mode instead
+(:func:`variants.families.family.judged_mode`); for them, and wherever both modes are the same,
+nothing is run twice and the record says so.
+"""
+
+import numpy as np
+
+#: the largest |Δlogit| between judged and timed outputs on an eval row's valid options that
+#: still lets the verdict stand for the timed model (float32 round-off between MLX's ops and the
+#: compiled kernels is ~1e-6 on these logits; the contracts' smallest bound is 1e-2)
+TOLERANCE = 1e-4
+
+
+class TimedModelDiffers(ValueError):
+    """The timed model's eval outputs differ from the judged ones beyond :data:`TOLERANCE`."""
+
+
+def compare(judged, timed):
+    """{``rows``, ``max_abs_dlogit``, ``label_changes``} of two DecisionOutputs of the same
+    rows: max |Δlogit| over valid options (float64), rows whose top option differs.
+    Raises ValueError when they do not hold the same rows."""
+    if not np.array_equal(np.asarray(judged.ids), np.asarray(timed.ids)):
+        raise ValueError("the timed model's eval outputs are not the judged rows")
+    mask = np.asarray(judged.option_mask, bool)
+    a = np.asarray(judged.logits, np.float64)
+    b = np.asarray(timed.logits, np.float64)
+    d = float(np.abs(a - b)[mask].max()) if mask.any() else 0.0
+    lo = np.where(mask, a, -np.inf).argmax(axis=1)
+    lt = np.where(mask, b, -np.inf).argmax(axis=1)
+    return {"rows": int(len(a)), "max_abs_dlogit": d, "label_changes": int((lo != lt).sum())}
+
+
+def check(sweep, name, info, judged_eval, timed):
+    """build.json's ``timed_check`` for variant ``name``: ``{"same_model": True, ...}`` when
+    ``info["quality_mode"]`` is the sweep's speed mode (the judged build is the timed build's
+    mode; nothing run twice), else :func:`compare` of the judged eval outputs with ``timed``'s
+    on the same batches, with ``tolerance`` and ``ok``. Raises :class:`TimedModelDiffers` when
+    not ok."""
+    mode, speed = info.get("quality_mode"), sweep.cfg.speed_mode
+    if mode == speed:
+        return {"same_model": True, "judged_mode": mode, "timed_mode": speed}
+    with sweep.clock("variant_forward"):
+        now = sweep._outputs(timed, "eval", f"{name} (timed build)")
+    res = compare(judged_eval, now)
+    res.update(same_model=False, judged_mode=mode, timed_mode=speed, tolerance=TOLERANCE,
+               ok=res["max_abs_dlogit"] <= TOLERANCE)
+    if not res["ok"]:
+        raise TimedModelDiffers(
+            f"the timed ({speed}) model is not the judged ({mode}) one: max |Δlogit| "
+            f"{res['max_abs_dlogit']:.3g} > {TOLERANCE:g} on {res['rows']} eval rows "
+            f"({res['label_changes']} labels changed); judge what runs with --quality-mode {speed}")
+    return res
