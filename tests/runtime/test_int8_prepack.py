@@ -1,8 +1,12 @@
 """The prepacked integer GEMM (qkernel/int8_prepack.h): oneDNN's matmul primitive on a weight
 reordered once into a blob, against exact NumPy int64 products (bit for bit) over odd shapes,
+the scheme that keeps them exact on CPUs without VNNI (two 7-bit halves; one oneDNN GEMM
+saturates there, checked), 
 row counts changing between calls on the same blob, two MLX streams on one blob at once; the
 W8A8 Linear and the fused BERT int8 layer bit-identical with and without the blobs, and the
 kernel names that say which ran."""
+
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,6 +37,31 @@ def _operands(rng, m, k, n):
 
 def _exact(a, b):
     return a.astype(np.int64) @ b.astype(np.int64).T
+
+
+def test_the_scheme_follows_onednn_s_isa_and_one_gemm_saturates_without_vnni(k8):
+    """oneDNN's u8 x s8 kernels without VNNI (AVX2, AVX-512 without VNNI; ONEDNN_MAX_CPU_ISA
+    caps a newer CPU there: tests/runtime/test_isa_matrix.py) sum product pairs in saturating
+    16-bit lanes: all codes 255 times all weights 127 gives 32 pairs of 64770 clipped to 32767
+    per row element of K = 64 (1,048,544 against the exact 2,072,640). The W8A8 ops' GEMM is
+    exact on every ISA; one GEMM without the split is wrong exactly where the scheme splits."""
+    isa, scheme = k8.int8_cpu_isa(), k8.int8_scheme()
+    vnni = isa in ("avx2_vnni", "avx512_core_vnni", "avx512_core_bf16", "avx512_core_amx")
+    assert scheme == ("u8s8" if vnni else "u8s8-split7"), (isa, scheme)
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap in ("AVX2", "AVX512_CORE"):  # the cap took effect (an AVX2-only CPU stays AVX2)
+        assert isa in {"AVX2": ("avx2",), "AVX512_CORE": ("avx512_core", "avx2")}[cap]
+        assert scheme == "u8s8-split7"
+    assert int8_linear.scheme() == scheme and int8_linear.cpu_isa() == isa
+    a, b = np.full((24, 64), 255, np.uint8), np.full((64, 64), 127, np.int8)
+    one = np.array(k8.int8_gemm(mx.array(a), mx.array(b), one_gemm=True))
+    if scheme == "u8s8":
+        np.testing.assert_array_equal(one, np.full((24, 64), 2_072_640))
+    else:  # saturated: at most 32 x 32767 (measured: exactly that on AVX2 and AVX-512)
+        assert (one <= 1_048_544).all(), one
+    for packed in (None, k8.int8_prepack(mx.array(b))):
+        np.testing.assert_array_equal(np.array(k8.int8_gemm(mx.array(a), mx.array(b), packed)),
+                                      np.full((24, 64), 2_072_640))
 
 
 @pytest.mark.parametrize("k, n", [(1, 1), (33, 5), (384, 384), (1536, 97), (384, 1536)])

@@ -20,6 +20,10 @@ of the sources, MLX, nanobind and Python versions. When a tool is missing or the
 one line goes to stderr (with the build log's path), the failure is remembered for that digest,
 and callers use the pure-MLX path (:mod:`variants.runtime.qlinear`: the same results).
 ``VARIANTS_QKERNEL=off`` disables the kernel (A/B measurements, tests of the fallback).
+``VARIANTS_KERNEL_ISA=baseline`` makes a whole process run the loops built for the baseline
+x86-64 ISA where the CPU has AVX2 (``allow_avx2(False)`` and ``fused_allow_avx2(False)`` at
+load): the code path of a CPU without AVX2, on any machine (tests run both). The integer GEMMs
+are oneDNN's: ``ONEDNN_MAX_CPU_ISA`` (e.g. ``AVX2``, ``AVX512_CORE``) caps those.
 """
 
 import fcntl
@@ -45,6 +49,8 @@ SOURCES = ("qkernel.cpp", "fused_layer.cpp", "fused_qlayer.cpp", "fused_mbert_la
 #: later rebuilds the kernel with the W8A8 integer GEMMs)
 DNNL_HEADERS = ("/usr/include/oneapi/dnnl/dnnl.h", "/usr/local/include/oneapi/dnnl/dnnl.h")
 ENV_CACHE, ENV_SWITCH = "VARIANTS_KERNEL_CACHE", "VARIANTS_QKERNEL"
+#: ``baseline``: the loops built for the baseline ISA only (module docstring); ``auto`` (default)
+ENV_ISA = "VARIANTS_KERNEL_ISA"
 #: nanobind must match the ABI MLX 0.32.4 was built with (nanobind internals v22)
 NANOBIND = "nanobind==3.1.0"
 
@@ -177,6 +183,13 @@ def load():
     if path is not None:
         mod, why = _import(path)
         if mod is not None:
+            isa = os.environ.get(ENV_ISA, "").strip().lower()
+            if isa == "baseline":
+                mod.allow_avx2(False)
+                mod.fused_allow_avx2(False)
+            elif isa not in ("", "auto"):
+                print(f"variants: warning: {ENV_ISA}={isa!r} is not 'baseline' or 'auto'; "
+                      "using auto", file=sys.stderr)
             _state["module"] = mod
             return mod
     _state["why"] = why
