@@ -27,7 +27,10 @@ def test_two_process_workers_give_the_local_sweep(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(Sweep, "_outputs", lambda self, *a: calls.append(a) or real(self, *a))
     assert main(["sweep", *TINY, "--results-dir", str(root), "--run", "proc",
                  "--executor", "process", "--workers", "2"]) == 0
-    assert calls == []  # both quality passes ran in the workers, none in this process
+    # both quality passes ran in the workers, none in this process; the timed check (the
+    # timed build's eval rows against the judged ones) runs here, with the timing
+    assert [c[1:] for c in calls] == [("eval", "q4-g64 (timed build)"),
+                                      ("eval", "q8-g64 (timed build)")]
     assert "quality pass of 2 variant(s) on 2 process worker(s)" in capsys.readouterr().err
     a, b = (pd.read_csv(root / run / "summary.csv") for run in ("local", "proc"))
     quality_cols = [c for c in a.columns if not c.startswith(TIMING)]
