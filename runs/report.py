@@ -79,7 +79,9 @@ def summary_row(name, build, summary, verdict, timing):
            "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
            "bits_per_weight_note": build.get("bits_per_weight_note", "bits per quantized weight"),
            "ideal_speedup": build.get("ideal_speedup"), "param_ratio": build.get("param_ratio"),
-           "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode")}
+           "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode"),
+           # variants.sweep.timed_check: the timed build's eval logits against the judged ones
+           "timed_check_max_dlogit": (build.get("timed_check") or {}).get("max_abs_dlogit")}
     for k, v in summary.items():
         if not isinstance(v, (list, tuple, dict)):
             row[k] = v
@@ -255,6 +257,27 @@ def _parallel_text(par):
                                          else "as configured (not changed)"))
 
 
+def _judged_text(summary):
+    """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
+    variants judged in the speed mode itself, and those judged in another mode whose timed
+    build was checked equal on every eval row (the largest |Δlogit| seen)."""
+    if summary is None or "quality_mode" not in summary or "speed_mode" not in summary:
+        return []
+    same = summary[summary["quality_mode"] == summary["speed_mode"]]
+    other = summary[summary["quality_mode"] != summary["speed_mode"]]
+    parts = []
+    if len(same):
+        parts.append(f"{len(same)} judged on the timed ({same['speed_mode'].iloc[0]}) model "
+                     "itself")
+    if len(other) and "timed_check_max_dlogit" in other:
+        d = pd.to_numeric(other["timed_check_max_dlogit"], errors="coerce")
+        if d.notna().any():
+            parts.append(f"{len(other)} judged in {other['quality_mode'].iloc[0]} mode, their "
+                         f"timed ({other['speed_mode'].iloc[0]}) build checked equal on every "
+                         f"eval row (max |Δlogit| {d.max():.2g} <= 1e-4)")
+    return [f"- judged model = timed model: {'; '.join(parts)}"] if parts else []
+
+
 def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
@@ -277,6 +300,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
         + _parallel_text(meta.get("parallel")),
+        *_judged_text(summary),
         "- timing: two timed regions, both warm, reference and variant in strict alternation "
         "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
         "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
