@@ -40,7 +40,8 @@ def kernel():
     """The compiled extension when it has the op and oneDNN and the fused layers apply here
     (:func:`variants.arch.modernbert_fused._kernel`), else None."""
     k = mf._kernel()
-    ok = k is not None and hasattr(k, "fused_mbert_int8layer") and k.has_dnnl()
+    ok = (k is not None and hasattr(k, "fused_mbert_int8layer")
+          and int8_linear._kernel() is not None)  # oneDNN, with an exact scheme here
     return k if ok else None
 
 

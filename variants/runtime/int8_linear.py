@@ -40,8 +40,13 @@ def quantize_rows(x):
 
 
 def _kernel():
+    """The compiled module with oneDNN's int8 ops, or None: not built, no oneDNN, or no exact
+    scheme on this CPU (``int8_scheme() == "none"``: its sums were probed wrong, so the W8A8
+    ops run simulated rather than judge a model that computes other sums)."""
     k = qkernel.load()
-    return k if k is not None and k.has_dnnl() else None
+    if k is None or not k.has_dnnl():
+        return None
+    return None if getattr(k, "int8_scheme", lambda: "u8s8")() == "none" else k
 
 
 def scheme():

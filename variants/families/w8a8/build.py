@@ -170,8 +170,11 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None):
     native = mode == "native"
     if native and _kernel() is None and not _warned["done"]:
         _warned["done"] = True
-        why = "oneDNN not found (apt-get install libdnnl-dev, then python -m variants.runtime.qkernel " \
-              "--force)" if qkernel.load() is not None else qkernel.why_unavailable()
+        k = qkernel.load()
+        why = qkernel.why_unavailable() if k is None else (
+            f"oneDNN's int8 GEMM gives no exact sums on this CPU ({k.int8_cpu_isa()})"
+            if k.has_dnnl() else "oneDNN not found (apt-get install libdnnl-dev, then "
+            "python -m variants.runtime.qkernel --force)")
         print(f"variants: w8a8 runs simulated (fake-quantized fp32): {why}", file=sys.stderr)
     info = {"int8_layers": len(run), "kept_fp32": keep, "smooth": cfg.smooth}
     smooth = {}

@@ -328,7 +328,8 @@ void register_int8_linear(nb::module_& m) {
   m.def("int8_scheme", &int8_scheme,
         "How the int8 GEMMs get exact int32 sums here: 'u8s8' (one oneDNN u8 x s8 GEMM: VNNI or "
         "AMX) or 'u8s8-split7' (codes split into two 7-bit halves, two GEMMs: CPUs without VNNI, "
-        "whose u8 x s8 kernels saturate 16-bit pair sums); '' without oneDNN.");
+        "whose u8 x s8 kernels saturate 16-bit pair sums); 'none' where neither probed exact; '' "
+        "without oneDNN.");
   m.def("int8_cpu_isa", &int8_cpu_isa,
         "oneDNN's effective CPU ISA (honours ONEDNN_MAX_CPU_ISA), e.g. 'avx2', 'avx512_core_amx'.");
   m.def("int8_prepack", &int8_prepack_cpu, "wq"_a,

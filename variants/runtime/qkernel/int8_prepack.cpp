@@ -265,7 +265,25 @@ bool int8_gemm_any(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t ld
   return prepacked;
 }
 
-std::string int8_scheme() { return exact_u8s8() ? "u8s8" : "u8s8-split7"; }
+// the split itself on the same saturating extremes and on weights -128 (int8_gemm_any's claim
+// for every int8 b): where even that comes back wrong no scheme here is exact ("none")
+bool split_exact() {
+  const int64_t n = 64, k = 64, m = 24;
+  for (int w8 : {127, -128}) {
+    std::vector<int8_t> w(size_t(n * k), int8_t(w8));
+    std::vector<uint8_t> a(size_t(m * k), uint8_t(255));
+    std::vector<int32_t> c(size_t(m * n), 0);
+    int8_gemm_any(m, n, k, a.data(), k, nullptr, w.data(), k, c.data(), n);
+    for (int32_t v : c)
+      if (v != 255 * w8 * int32_t(k)) return false;
+  }
+  return true;
+}
+
+std::string int8_scheme() {
+  static const std::string s = exact_u8s8() ? "u8s8" : split_exact() ? "u8s8-split7" : "none";
+  return s;
+}
 
 std::string int8_cpu_isa() {
   switch (dnnl_get_effective_cpu_isa()) {

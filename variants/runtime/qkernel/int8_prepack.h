@@ -81,7 +81,9 @@ bool int8_gemm_one(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t ld
 
 // "u8s8" where one oneDNN u8 x s8 GEMM gives exact int32 sums (oneDNN's effective ISA has VNNI
 // or AMX, and a saturating probe through both GEMM paths came back exact), else "u8s8-split7"
-// (int8_gemm_any's split); decided once per process. "" without oneDNN.
+// (int8_gemm_any's split, probed the same way), else "none" (no exact scheme: the Python side
+// then refuses the compiled int8 ops, variants/runtime/int8_linear.py); decided once per
+// process. "" without oneDNN.
 std::string int8_scheme();
 
 // oneDNN's effective CPU ISA (dnnl_get_effective_cpu_isa, which honours ONEDNN_MAX_CPU_ISA),

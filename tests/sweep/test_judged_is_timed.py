@@ -1,0 +1,132 @@
+"""The judged model is the model that runs (variants.sweep.timed_check, families.family.judged_mode):
+W8A8 judged on its native build with the int8 scheme recorded; a variant judged in simulated mode
+checked against its timed native build on every eval row, and refused in one line when they
+differ beyond the tolerance; a CPU with no exact int8 scheme runs W8A8 simulated, saying so."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from variants.cli import main
+from variants.runtime import int8_linear
+from variants.sweep import timed_check
+
+TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
+        "--timing-rounds", "1", "--timing-warmup", "0", "--cold-start", "none", "--no-progress"]
+
+
+class _Out:
+    def __init__(self, logits, ids=None, mask=None):
+        self.logits = np.asarray(logits, np.float32)
+        self.ids = np.asarray(ids if ids is not None else [str(i) for i in range(len(logits))])
+        self.option_mask = (np.ones_like(self.logits, bool) if mask is None
+                            else np.asarray(mask, bool))
+
+
+def test_compare_hand_computed():
+    a = _Out([[1.0, 2.0, 0.0], [0.5, 0.4, 9.0]], mask=[[1, 1, 0], [1, 1, 0]])
+    b = _Out([[1.0, 2.00005, 7.0], [0.4, 0.5, -9.0]], mask=[[1, 1, 0], [1, 1, 0]])
+    res = timed_check.compare(a, b)
+    # masked options ignored (7 vs 0, -9 vs 9); row 1's top option moved: 0.1 apart
+    assert res["rows"] == 2 and res["label_changes"] == 1
+    assert res["max_abs_dlogit"] == pytest.approx(0.1, abs=1e-6)
+    with pytest.raises(ValueError, match="not the judged rows"):
+        timed_check.compare(a, _Out(b.logits, ids=["x", "y"]))
+
+
+@pytest.fixture(scope="module")
+def w8a8_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("w8a8")
+    assert main(["sweep", "--family", "w8a8", "--smooth", "off", *TINY,
+                 "--results-dir", str(root)]) == 0
+    return next(root.glob("minilm-sentiment-w8a8*"))
+
+
+def test_w8a8_is_judged_on_the_model_that_runs_and_records_its_scheme(w8a8_run):
+    build = json.loads((w8a8_run / "w8a8" / "build.json").read_text())
+    timing = json.loads((w8a8_run / "w8a8" / "timing.json").read_text())
+    native = int8_linear._kernel() is not None
+    assert build["quality_mode"] == "native" == timing["mode"]
+    assert build["timed_check"] == {"same_model": True, "judged_mode": "native",
+                                    "timed_mode": "native"}
+    if native:
+        rec = {"scheme": int8_linear.scheme(), "isa": int8_linear.cpu_isa()}
+        assert rec["scheme"] in ("u8s8", "u8s8-split7")
+        assert build["int8"] == rec and timing["int8"] == rec
+        assert "dnnl" in build["kernel"] and "dnnl" in timing["kernel"]["variant"]
+    else:
+        assert build["int8"] is None and build["kernel"] == "w8a8-simulated"
+    summary = pd.read_csv(w8a8_run / "summary.csv")
+    assert summary["quality_mode"].tolist() == ["native"]
+    report = (w8a8_run / "report.md").read_text()
+    assert "- judged model = timed model: 1 judged on the timed (native) model itself" in report
+
+
+def test_simulated_quality_is_checked_against_the_timed_build(tmp_path):
+    assert main(["sweep", "--bits", "4", *TINY, "--results-dir", str(tmp_path)]) == 0
+    run = next(tmp_path.glob("minilm-sentiment-quant*"))
+    check = json.loads((run / "q4-g64" / "build.json").read_text())["timed_check"]
+    assert check["judged_mode"] == "simulated" and check["timed_mode"] == "native"
+    assert check["rows"] == 40 and check["ok"] is True and check["label_changes"] == 0
+    # packed weights dequantized in the kernel against MLX's dequantize: float32 round-off
+    assert 0 <= check["max_abs_dlogit"] <= timed_check.TOLERANCE
+    summary = pd.read_csv(run / "summary.csv")
+    assert summary["timed_check_max_dlogit"].iloc[0] == pytest.approx(check["max_abs_dlogit"])
+    assert "their timed (native) build checked equal on every eval row" in \
+        (run / "report.md").read_text()
+
+
+def test_a_timed_model_that_differs_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """The native build made to differ (its head bias moved by 1e-3): the variant is left out,
+    named in one line with the difference and the fix; nothing of it is written."""
+    from variants.families.quant import dispatch
+
+    real = dispatch.build_weights
+
+    def shifted(reference, config, inputs, mode):
+        model, info = real(reference, config, inputs, mode)
+        if mode == "native":
+            head = model.module.head
+            head.bias = head.bias + 1e-3
+        return model, info
+
+    monkeypatch.setattr(dispatch, "build_weights", shifted)
+    code = main(["sweep", "--bits", "8", *TINY, "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0
+    line = next(ln for ln in err.splitlines() if "q8-g64: FAILED" in ln)
+    assert "the timed (native) model is not the judged (simulated) one: max |Δlogit| 0.001" in line
+    assert "> 0.0001 on 40 eval rows" in line and "--quality-mode native" in line
+    run = next(tmp_path.glob("minilm-sentiment-quant*"))
+    assert not (run / "q8-g64").exists()
+
+
+def test_no_exact_scheme_runs_w8a8_simulated_and_says_so(monkeypatch, capsys, checkpoint):
+    """A CPU whose oneDNN sums came back wrong even split (int8_scheme() == "none"): the compiled
+    int8 ops are refused, so nothing judges or times a model that computes other sums."""
+    from variants.families.w8a8 import build as w8a8
+    from variants.families.w8a8.family import W8A8Config
+    from variants.models import sentiment
+    from variants.runtime import qkernel
+
+    k = qkernel.load()
+    if k is None or not k.has_dnnl():
+        pytest.skip("the compiled int8 GEMM is unavailable here")
+
+    class NoScheme:
+        def __getattr__(self, name):
+            return getattr(k, name)
+
+        def int8_scheme(self):
+            return "none"
+
+    monkeypatch.setattr(qkernel, "load", lambda: NoScheme())
+    monkeypatch.setitem(w8a8._warned, "done", False)
+    assert int8_linear._kernel() is None and int8_linear.scheme() is None
+    v, info = w8a8.build(sentiment.build(checkpoint), W8A8Config(), mode="native")
+    err = capsys.readouterr().err
+    assert info["kernel"] == "w8a8-simulated" and info["simulated_speed"] and info["int8"] is None
+    assert err.strip() == ("variants: w8a8 runs simulated (fake-quantized fp32): oneDNN's int8 "
+                           f"GEMM gives no exact sums on this CPU ({k.int8_cpu_isa()})")
