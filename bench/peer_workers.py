@@ -145,7 +145,15 @@ def _mlx_worker(path, arch, quant_bits=(8, 4), group_size=64, w8a8=False):
     return {"time": time_, "layers": layers, "profile": profile, "evals": evals, "embed": embed,
             "info": lambda: {"mlx": mx.__version__, "layers": len(ck.encoder.layers),
                              "engines": list(encs), "kernels": {e: _kernel_of(m)
-                                                                for e, m in encs.items()}}}
+                                                                for e, m in encs.items()},
+                             # how the int8 GEMMs are exact here (scheme, oneDNN's ISA)
+                             "int8": _int8_record(encs)}}
+
+
+def _int8_record(encs):
+    from variants.runtime.int8_linear import int8_record
+
+    return {e: int8_record(_kernel_of(m)) for e, m in encs.items() if int8_record(_kernel_of(m))}
 
 
 # -- PyTorch / ONNX Runtime --------------------------------------------------------------------

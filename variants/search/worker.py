@@ -108,7 +108,8 @@ def prepare_reference(state, payload):
 
 
 def build_variant(state, spec):
-    """The candidate's DecisionModel (simulated quant) and the builder's info dict; a spec
+    """The candidate's DecisionModel (simulated quant; W8A8 units native, in the sweep's speed
+    mode) and the builder's info dict; a spec
     with ``config`` (a composed cross-family config) is built by
     :func:`variants.search.composed.build` (info: its :func:`~variants.search.composed.summary`)
     on the sweep's calibration and fit splits."""
@@ -140,7 +141,10 @@ def build_variant(state, spec):
     # a learned quantizer reads the fit split the head was fitted on (never a search part)
     inputs = BuildInputs(fit=state["tasksets"].get("fit"),
                          cache_dir=Path(state["cfg"].results_dir) / ".cache")
-    return build(state["reference"], qcfg, inputs, mode="simulated")
+    # W8A8 units are judged on the model that runs, as the sweep judges the winner
+    # (variants.families.family.judged_mode): their codes round on the path that computes them
+    mode = getattr(state["cfg"], "speed_mode", "native") if qcfg.int8 else "simulated"
+    return build(state["reference"], qcfg, inputs, mode=mode)
 
 
 def evaluate_candidate(state, spec):
