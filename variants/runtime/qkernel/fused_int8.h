@@ -106,7 +106,7 @@ FL_INLINE float int8_value(int32_t c, float si, int32_t zi, float wsj, int32_t c
 
 // c (rows, n; stride ldc) as int32 = codes (rows, k) times the weight rows w (n, k)^T; packed:
 // int8_prepack's blob of exactly these n rows of w (oneDNN's matmul primitive on it, up to
-// kInt8PrepackMaxRows rows), or null (dnnl_gemm_u8s8s32): the same int32 sums
+// int8_prepack_max_rows() rows), or null (dnnl_gemm_u8s8s32): the same int32 sums
 FL_INLINE void int8_gemm_rows(int rows, int n, int k, const uint8_t* codes, const int8_t* w,
                               float* c, int64_t ldc, const uint8_t* packed = nullptr) {
   if (rows <= 0 || n <= 0) return;

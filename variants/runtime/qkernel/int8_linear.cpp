@@ -330,6 +330,8 @@ void register_int8_linear(nb::module_& m) {
         "AMX) or 'u8s8-split7' (codes split into two 7-bit halves, two GEMMs: CPUs without VNNI, "
         "whose u8 x s8 kernels saturate 16-bit pair sums); 'none' where neither probed exact; '' "
         "without oneDNN.");
+  m.def("int8_prepack_max_rows", &int8_prepack_max_rows,
+        "Rows above which a call runs dnnl_gemm_u8s8s32 even with a blob (no cut on AMX).");
   m.def("int8_cpu_isa", &int8_cpu_isa,
         "oneDNN's effective CPU ISA (honours ONEDNN_MAX_CPU_ISA), e.g. 'avx2', 'avx512_core_amx'.");
   m.def("int8_prepack", &int8_prepack_cpu, "wq"_a,

@@ -4,6 +4,7 @@
 
 #ifdef QK_HAVE_DNNL
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -182,7 +183,8 @@ int64_t int8_prepack_refusals() { return refusals.load(); }
 // the one-GEMM path: the prepacked matmul where the blob fits, else dnnl_gemm_u8s8s32
 bool int8_gemm_one(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
                  const uint8_t* packed, const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
-  if (packed && m <= kInt8PrepackMaxRows && int8_gemm_prepacked(m, n, k, a, lda, packed, c, ldc))
+  if (packed && m <= int8_prepack_max_rows() &&
+      int8_gemm_prepacked(m, n, k, a, lda, packed, c, ldc))
     return true;
   int8_gemm_u8s8(m, n, k, a, lda, b, ldb, c, ldc);
   return false;
@@ -239,7 +241,7 @@ bool int8_gemm_any(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t ld
   thread_local std::vector<int32_t> t;
   const size_t mk = size_t(m * k), mn = size_t(m * n);
   if (lo.size() < mk) lo.resize(mk), hi.resize(mk);
-  if (packed && m <= kInt8PrepackMaxRows && t.size() < mn) t.resize(mn);
+  if (packed && m <= int8_prepack_max_rows() && t.size() < mn) t.resize(mn);
   uint8_t* __restrict pl = lo.data();
   uint8_t* __restrict ph = hi.data();
   for (int64_t i = 0; i < m; ++i) {
@@ -285,6 +287,12 @@ std::string int8_scheme() {
   return s;
 }
 
+int64_t int8_prepack_max_rows() {
+  static const int64_t rows =
+      dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx ? INT64_MAX : kInt8PrepackMaxRows;
+  return rows;
+}
+
 std::string int8_cpu_isa() {
   switch (dnnl_get_effective_cpu_isa()) {
     case dnnl_cpu_isa_sse41: return "sse41";
@@ -320,6 +328,7 @@ bool int8_gemm_any(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t ld
   return false;
 }
 std::string int8_scheme() { return ""; }
+int64_t int8_prepack_max_rows() { return kInt8PrepackMaxRows; }
 std::string int8_cpu_isa() { return ""; }
 
 #endif

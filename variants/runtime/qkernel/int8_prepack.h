@@ -52,13 +52,19 @@ bool int8_prepack(const int8_t* w, int64_t n, int64_t k, int64_t ldw, uint8_t* d
 bool int8_gemm_prepacked(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
                          const uint8_t* packed, int32_t* c, int64_t ldc);
 
-// Above this many rows int8_gemm_any runs dnnl_gemm_u8s8s32 even with a blob: its per-call
-// packing is then amortised and its kernel measured ~5% faster (M = 2048 rows, MiniLM's
-// shapes, one thread; equal at 512, the prepacked primitive ~20% faster at 24).
+// Above this many rows int8_gemm_any runs dnnl_gemm_u8s8s32 even with a blob, except on AMX
+// (int8_prepack_max_rows): its per-call packing is then amortised and its kernel measured ~5%
+// faster (M = 2048 rows, MiniLM's shapes, one thread, an AMD EPYC with AVX-512 VNNI; equal at
+// 512, the prepacked primitive ~20% faster at 24). Where oneDNN runs AMX, the prepacked
+// primitive (brg:avx512_core_amx_int8) is 4.4x dnnl_gemm_u8s8s32 at 2048 rows (1.9 against
+// 8.3 ms at 2048 x 384 x 1152, an Intel Xeon; bench/int8_scheme.py), so there it has no cut.
 constexpr int64_t kInt8PrepackMaxRows = 512;
 
+// The row cut in force: kInt8PrepackMaxRows, or no cut where oneDNN's effective ISA is AMX.
+int64_t int8_prepack_max_rows();
+
 // The one integer GEMM entry of every W8A8 op: C (m, n; ldc) = A B^T, exact int32 sums on every
-// x86 ISA. The prepacked GEMM when `packed` is not null, m <= kInt8PrepackMaxRows and the blob
+// x86 ISA. The prepacked GEMM when `packed` is not null, m <= int8_prepack_max_rows() and the blob
 // fits, else int8_gemm_u8s8 on the plain weight b (n, k; ldb). Returns whether the prepacked
 // path ran.
 //
