@@ -12,10 +12,42 @@ run-lifecycle invariant tests, one small real sweep in tests/commands/test_cli.p
 was found by running the whole suite with the stub everywhere. Subprocesses (``variants sweep``
 in a child process, the notebooks) always plot.
 """
+import os
+
 import variants  # noqa: F401  (loads OpenBLAS before any test imports mlx)
 import pytest
 
 _REAL = {"plots": False, "html": False}  # does the test being set up / run want the real one
+
+
+def _one_thread_for_numpys_and_scipys_openblas():
+    """NumPy and SciPy each bundle their own OpenBLAS (``libscipy_openblas*``), each with a pool
+    of one thread per core that spins after a call. In this one test process, beside MLX's
+    OpenBLAS (the one :mod:`variants.runtime.blas` loads; untouched here: the product sets it),
+    those pools oversubscribe 2 cores: a float64 Cholesky of a 384 x 384 Hessian (GPTQ) took
+    ~1 s instead of ~10 ms, an sklearn head fit several seconds more. The product pins one
+    BLAS thread for the same reason around its activation statistics and low-rank factoring
+    (``threadpool_limits(1)`` in variants/arch/activations.py and families/lowrank/build.py);
+    the test session does it for the two bundled libraries alone. Results are unchanged (the
+    float64 work splits over output blocks, not reductions) and child processes (CLI runs,
+    cold starts, notebooks) keep their defaults. ``VARIANTS_TEST_BUNDLED_BLAS_THREADS=0`` keeps
+    the libraries' own default (for A/B)."""
+    n = int(os.environ.get("VARIANTS_TEST_BUNDLED_BLAS_THREADS", "1"))
+    if n <= 0:
+        return
+    import numpy  # noqa: F401  (their OpenBLAS loaded, so threadpoolctl sees them)
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import ThreadpoolController
+
+    from variants.runtime.blas import BLAS_INFO
+
+    mlx_blas = os.path.realpath(BLAS_INFO["library"]) if BLAS_INFO.get("library") else None
+    for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers:
+        if os.path.realpath(lib.filepath) != mlx_blas:
+            lib.set_num_threads(n)
+
+
+_one_thread_for_numpys_and_scipys_openblas()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -200,8 +200,12 @@ def test_sensitivity_bad_flags_are_refused_before_loading(tmp_path, capsys, no_l
 
 
 def test_sensitivity_size_beyond_the_split_names_its_own_flag(tmp_path, capsys):
+    # --n-fit / --n-calibration small: the command fits the reference (head and temperatures)
+    # before it counts the rows, and the rows (the search split's calibration half, from
+    # --n-search, left at its default) do not depend on them; the defaults (2000 fit, 800
+    # calibration texts) made this usage error take ~15 s
     assert main(["sensitivity", "--n-examples", "1000000", "--results-dir", str(tmp_path / "r"),
-                 "--no-progress"]) == 2
+                 "--n-fit", "40", "--n-calibration", "40", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--n-examples 1000000 is more than the" in err and "--n-calibration" not in err
 
