@@ -81,7 +81,8 @@ def summary_row(name, build, summary, verdict, timing):
            "ideal_speedup": build.get("ideal_speedup"), "param_ratio": build.get("param_ratio"),
            "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode"),
            # variants.sweep.timed_check: the timed build's eval logits against the judged ones
-           "timed_check_max_dlogit": (build.get("timed_check") or {}).get("max_abs_dlogit")}
+           "timed_check_max_dlogit": (build.get("timed_check") or {}).get("max_abs_dlogit"),
+           "timed_check_tolerance": (build.get("timed_check") or {}).get("tolerance")}
     for k, v in summary.items():
         if not isinstance(v, (list, tuple, dict)):
             row[k] = v
@@ -259,22 +260,33 @@ def _parallel_text(par):
 
 def _judged_text(summary):
     """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
-    variants judged in the speed mode itself, and those judged in another mode whose timed
-    build was checked equal on every eval row (the largest |Δlogit| seen)."""
+    variants judged on the timed model itself; those judged in another mode whose timed build
+    was checked equal on every eval row (the largest |Δlogit| and the tolerance recorded); and
+    those judged in another mode without that check (folders of an earlier version)."""
     if summary is None or "quality_mode" not in summary or "speed_mode" not in summary:
         return []
     same = summary[summary["quality_mode"] == summary["speed_mode"]]
     other = summary[summary["quality_mode"] != summary["speed_mode"]]
+    d = pd.to_numeric(other.get("timed_check_max_dlogit", pd.Series(index=other.index,
+                                                                    dtype=float)),
+                      errors="coerce")
+    tol = pd.to_numeric(other.get("timed_check_tolerance", pd.Series(index=other.index,
+                                                                     dtype=float)),
+                        errors="coerce")
+    checked, unchecked = other[d.notna()], other[d.isna()]
     parts = []
     if len(same):
         parts.append(f"{len(same)} judged on the timed ({same['speed_mode'].iloc[0]}) model "
                      "itself")
-    if len(other) and "timed_check_max_dlogit" in other:
-        d = pd.to_numeric(other["timed_check_max_dlogit"], errors="coerce")
-        if d.notna().any():
-            parts.append(f"{len(other)} judged in {other['quality_mode'].iloc[0]} mode, their "
-                         f"timed ({other['speed_mode'].iloc[0]}) build checked equal on every "
-                         f"eval row (max |Δlogit| {d.max():.2g} <= 1e-4)")
+    if len(checked):
+        bound = f" <= {tol.max():.2g}" if tol.notna().any() else ""
+        parts.append(f"{len(checked)} judged in {checked['quality_mode'].iloc[0]} mode, their "
+                     f"timed ({checked['speed_mode'].iloc[0]}) build checked equal on every "
+                     f"eval row (max |Δlogit| {d.max():.2g}{bound})")
+    if len(unchecked):
+        parts.append(f"{len(unchecked)} judged in {unchecked['quality_mode'].iloc[0]} mode "
+                     f"without a check of their timed build ({', '.join(unchecked['variant'])}: "
+                     "written by an earlier version; rerun the sweep to check them)")
     return [f"- judged model = timed model: {'; '.join(parts)}"] if parts else []
 
 

@@ -151,3 +151,15 @@ def test_linear_is_bit_identical_with_and_without_the_blob(k8, monkeypatch):
         mp.setattr(int8_linear, "can_prepack", lambda wq: False)
         np.testing.assert_array_equal(after, np.array(q(x)))
     assert np.abs(after - before).max() > 0.1
+
+
+def test_a_k_whose_sums_can_leave_int32_is_refused(k8):
+    """255 x 128 x K < 2^31 up to K = 65793: beyond that an int32 sum (or zp x colsum) could
+    wrap, so the ops refuse it rather than return other sums."""
+    a, b = mx.zeros((1, 65794), mx.uint8), mx.zeros((2, 65794), mx.int8)
+    with pytest.raises(ValueError, match="K = 65794 inputs; int32 sums are exact up to 65793"):
+        k8.int8_gemm(a, b)
+    with pytest.raises(ValueError, match="K = 65794 inputs"):
+        k8.int8_linear(mx.zeros((1, 65794)), b, mx.ones((2,)), mx.zeros((2,), mx.int32))
+    ok = k8.int8_gemm(mx.full((1, 65793), 255, mx.uint8), mx.full((1, 65793), -128, mx.int8))
+    assert int(np.array(ok)[0, 0]) == 255 * -128 * 65793  # the last K that fits, exact

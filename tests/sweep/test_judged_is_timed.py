@@ -1,7 +1,9 @@
 """The judged model is the model that runs (variants.sweep.timed_check, families.family.judged_mode):
-W8A8 judged on its native build with the int8 scheme recorded; a variant judged in simulated mode
-checked against its timed native build on every eval row, and refused in one line when they
-differ beyond the tolerance; a CPU with no exact int8 scheme runs W8A8 simulated, saying so."""
+W8A8 judged on its native build with the int8 scheme recorded; a variant judged in simulated
+mode checked against its timed native build on every eval row, and refused in one line when
+they differ beyond the tolerance; folders of an earlier version judged again on resume, a
+timing of another int8 scheme timed again; a CPU with no exact int8 scheme runs W8A8
+simulated, saying so."""
 
 import json
 
@@ -44,6 +46,23 @@ def w8a8_run(tmp_path_factory):
     return next(root.glob("minilm-sentiment-w8a8*"))
 
 
+def test_report_line_counts_checked_unchecked_and_same():
+    from runs.report import _judged_text
+
+    summary = pd.DataFrame({"variant": ["a", "b", "c"], "quality_mode": ["simulated"] * 3,
+                            "speed_mode": ["native"] * 3,
+                            "timed_check_max_dlogit": [2e-6, 4e-6, None],
+                            "timed_check_tolerance": [1e-4, 1e-4, None]})
+    assert _judged_text(summary) == [
+        "- judged model = timed model: 2 judged in simulated mode, their timed (native) build "
+        "checked equal on every eval row (max |Δlogit| 4e-06 <= 0.0001); 1 judged in simulated "
+        "mode without a check of their timed build (c: written by an earlier version; rerun "
+        "the sweep to check them)"]
+    same = summary.assign(quality_mode="native")
+    assert _judged_text(same) == ["- judged model = timed model: 3 judged on the timed (native) "
+                                  "model itself"]
+
+
 def test_w8a8_is_judged_on_the_model_that_runs_and_records_its_scheme(w8a8_run):
     build = json.loads((w8a8_run / "w8a8" / "build.json").read_text())
     timing = json.loads((w8a8_run / "w8a8" / "timing.json").read_text())
@@ -62,6 +81,58 @@ def test_w8a8_is_judged_on_the_model_that_runs_and_records_its_scheme(w8a8_run):
     assert summary["quality_mode"].tolist() == ["native"]
     report = (w8a8_run / "report.md").read_text()
     assert "- judged model = timed model: 1 judged on the timed (native) model itself" in report
+    # the run's own quality mode is the speed mode (every variant judged in it): run.json, the
+    # report's header and the run's identity (an old folder judged simulated is not resumed)
+    meta = json.loads((w8a8_run / "run.json").read_text())
+    assert meta["config"]["quality_mode"] == "native" == meta["identity"]["quality_mode"]
+    assert "- quality numbers: `native` mode; speed numbers: `native` mode" in report
+
+
+def test_a_w8a8_folder_judged_simulated_is_not_resumed(w8a8_run, tmp_path, capsys):
+    """A W8A8 run folder whose identity says quality simulated (an earlier version judged it
+    there) is refused in one line naming why, not resumed on its simulated verdicts."""
+    import shutil
+
+    run = tmp_path / "old"
+    shutil.copytree(w8a8_run.parent, run)
+    folder = next(run.glob("minilm-sentiment-w8a8*"))
+    meta = json.loads((folder / "run.json").read_text())
+    meta["identity"]["quality_mode"] = "simulated"
+    (folder / "run.json").write_text(json.dumps(meta))
+    assert main(["sweep", "--family", "w8a8", "--smooth", "off", *TINY,
+                 "--results-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"variants: error: {folder} holds a sweep with other settings "
+                          "{'quality_mode': ('simulated', 'native')} (old, new) (its variants "
+                          "are judged on the model they time, in native mode: W8A8 Linears; "
+                          "that folder judged them otherwise); choose another --run name")
+    assert len(err.splitlines()) == 1
+
+
+def test_a_timing_of_another_int8_scheme_is_timed_again(w8a8_run, tmp_path, capsys):
+    """A resumed W8A8 folder timed with another scheme / ISA (e.g. made on a CPU without VNNI)
+    that needs one more batch size: every batch size is timed again, on this CPU's scheme."""
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(w8a8_run.parent, run)
+    t = next(run.glob("minilm-sentiment-w8a8*")) / "w8a8" / "timing.json"
+    timing = json.loads(t.read_text())
+    timing["int8"] = {"scheme": "other", "isa": "elsewhere"}
+    t.write_text(json.dumps(timing))
+    args = [a if a != "1" or i != TINY.index("--timing-batch-sizes") + 1 else "1 2"
+            for i, a in enumerate(TINY)]
+    args = " ".join(args).split()  # --timing-batch-sizes 1 2
+    assert main(["sweep", "--family", "w8a8", "--smooth", "off", *args,
+                 "--results-dir", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "w8a8: timed with int8 {'scheme': 'other', 'isa': 'elsewhere'}, now " in err
+    assert "timing every batch size again" in err
+    now = json.loads(t.read_text())
+    want = ({"scheme": int8_linear.scheme(), "isa": int8_linear.cpu_isa()}
+            if int8_linear._kernel() is not None else None)
+    assert now["int8"] == want
+    assert sorted(now["batches"]) == ["1", "2"] and sorted(now["end_to_end"]) == ["1", "2"]
 
 
 def test_simulated_quality_is_checked_against_the_timed_build(tmp_path):
@@ -76,6 +147,23 @@ def test_simulated_quality_is_checked_against_the_timed_build(tmp_path):
     assert summary["timed_check_max_dlogit"].iloc[0] == pytest.approx(check["max_abs_dlogit"])
     assert "their timed (native) build checked equal on every eval row" in \
         (run / "report.md").read_text()
+
+
+def test_a_folder_of_an_earlier_version_is_judged_again(tmp_path, capsys):
+    """A variant folder judged in simulated mode with no timed check (written before the check
+    existed) is built, judged and timed again on resume, not reused."""
+    assert main(["sweep", "--bits", "8", *TINY, "--results-dir", str(tmp_path)]) == 0
+    b = next(tmp_path.glob("minilm-sentiment-quant*")) / "q8-g64" / "build.json"
+    build = json.loads(b.read_text())
+    del build["timed_check"]
+    b.write_text(json.dumps(build))
+    capsys.readouterr()
+    assert main(["sweep", "--bits", "8", *TINY, "--results-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert ("q8-g64: its timed build was never checked against the judged one (an earlier "
+            "version); building, judging and timing it again") in err
+    assert "reusing them (resume)" not in err
+    assert json.loads(b.read_text())["timed_check"]["ok"] is True
 
 
 def test_a_timed_model_that_differs_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
@@ -98,7 +186,8 @@ def test_a_timed_model_that_differs_is_refused_in_one_line(tmp_path, capsys, mon
     assert code != 0
     line = next(ln for ln in err.splitlines() if "q8-g64: FAILED" in ln)
     assert "the timed (native) model is not the judged (simulated) one: max |Δlogit| 0.001" in line
-    assert "> 0.0001 on 40 eval rows" in line and "--quality-mode native" in line
+    assert "> 0.0001 on 40 eval rows" in line
+    assert "--quality-mode native (in a new --run or --results-dir)" in line
     run = next(tmp_path.glob("minilm-sentiment-quant*"))
     assert not (run / "q8-g64").exists()
 

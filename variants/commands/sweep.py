@@ -67,7 +67,11 @@ def configure(sub):
                    help="calibration-split examples (temperatures and ε)")
     p.add_argument("--n-eval", type=int, default=d.n_eval, help="eval-split examples (metrics)")
     p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
-                   help="how quality is evaluated: simulated = dequantized dense weights")
+                   help="how quality is evaluated: simulated = dequantized dense weights; a "
+                        "variant judged in a mode other than --speed-mode has its timed build "
+                        "checked equal on every eval row (max |Δlogit| <= 1e-4) or is refused; "
+                        "W8A8 Linears (--family w8a8, --int8-layers) are always judged in the "
+                        "speed mode, the model that runs")
     p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
                    help="what is timed: native = the packed quantized weights (on the CPU the "
                         "compiled dequant-cpp+gemm kernel and layer ops, else MLX's "

@@ -90,6 +90,8 @@ class Search:
             from variants.families.quant import learned  # hold for this quantizer code only
 
             self.settings["quantizer_version"] = learned.VERSION
+        if o.w8a8:  # stored verdicts of int8 candidates: judged on their native build
+            self.settings["int8_judged"] = "native"
         self.store.check_settings(self.settings, plain=PLAIN)
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(

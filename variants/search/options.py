@@ -18,7 +18,9 @@ N_FINALISTS = 3
 
 #: settings left out of search_settings.json at these values (a folder written before these
 #: dimensions resumes); what an absent one means when a resume is refused
-PLAIN = {"quant_methods": ["rtn"], "w8a8": False, "method_sensitivity": False}
+PLAIN = {"quant_methods": ["rtn"], "w8a8": False, "method_sensitivity": False,
+         # a search with --w8a8 before int8 candidates were judged on their native build
+         "int8_judged": "simulated"}
 
 
 @dataclass

@@ -181,6 +181,13 @@ class SweepConfig:
             self.variants = family.ladder(**self.params)
         except ValueError as e:
             raise SweepError(str(e)) from None
+        if (family.judged_in_speed_mode is not None and self.variants
+                and all(family.judged_in_speed_mode(v) for v in self.variants)):
+            # every variant is judged on the model it times (W8A8: variants.families.family),
+            # so the run's quality mode is the speed mode: run.json, the reports and the
+            # run's identity say so (a folder judged otherwise is not resumed)
+            self.quality_mode = self.speed_mode
+            self._quality_follows_speed = True
         if self.run is None:
             self.run = f"{self.model}-{self.family}-{family.run_name(**self.params)}"
         return self

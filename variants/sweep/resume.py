@@ -70,8 +70,12 @@ def check_run_folder(out, cfg, tasksets):
         new = json.loads(json.dumps(cfg.identity()))
         diff = _diff(old, new)
         if diff:
+            why = ""
+            if "quality_mode" in diff and getattr(cfg, "_quality_follows_speed", False):
+                why = (f" (its variants are judged on the model they time, in {cfg.speed_mode} "
+                       "mode: W8A8 Linears; that folder judged them otherwise)")
             raise SweepError(
-                f"{out} holds a sweep with other settings {diff} (old, new); "
+                f"{out} holds a sweep with other settings {diff} (old, new){why}; "
                 f"choose another --run name or delete {out}")
     check_variant_folders(out, cfg.variants, tasksets)
 
@@ -140,14 +144,26 @@ def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
         t1 = time.perf_counter()
         new = sweep._time_variant(family, vcfg, {b: timing_sets[b] for b in missing},
                                   extra=False)
+        if new.get("int8") != timing.get("int8"):
+            # another int8 scheme or oneDNN ISA (or a timing.json from before the record): one
+            # timing.json holds one kernel's times, so every batch size is timed again
+            sweep.log(f"{vcfg.name}: timed with int8 {timing.get('int8')}, now {new.get('int8')}; "
+                      "timing every batch size again")
+            missing = sizes
+            new = sweep._time_variant(family, vcfg, {b: timing_sets[b] for b in sizes},
+                                      extra=False)
+            for region in ("batches", "end_to_end"):
+                timing[region] = {}
+            timing["int8"] = new.get("int8")
+            timing["kernel"] = new["kernel"]
         timing.setdefault("batches", {})
         timing.setdefault("end_to_end", {})
         for b in missing:
             # keep an earlier forward measurement; add what is missing
             timing["batches"].setdefault(str(b), new["batches"][str(b)])
             timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
-        for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel"):
-            timing.setdefault(k, new[k])
+        for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel", "int8"):
+            timing.setdefault(k, new.get(k))
         timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
         changed = True
     stale = family.extra_stale and family.extra_stale(timing, cfg, vcfg)

@@ -28,7 +28,7 @@ from variants.sweep import timed_check
 from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.families import get_family
-from variants.families.family import BuildInputs
+from variants.families.family import BuildInputs, judged_mode
 from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
@@ -187,6 +187,12 @@ class Sweep:
         files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
                                        "timing.json")}
         reusable = all(f.exists() for f in files.values())  # validated in prepare()
+        if reusable:
+            why = timed_check.stale(read_json(files["build.json"]) or {},
+                                    judged_mode(family, self.cfg, vcfg))
+            if why:
+                self.log(f"{vcfg.name}: {why}; building, judging and timing it again")
+                reusable = False
         if reusable:
             self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
             self.reused.append(vcfg.name)

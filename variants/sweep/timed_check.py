@@ -63,5 +63,22 @@ def check(sweep, name, info, judged_eval, timed):
         raise TimedModelDiffers(
             f"the timed ({speed}) model is not the judged ({mode}) one: max |Δlogit| "
             f"{res['max_abs_dlogit']:.3g} > {TOLERANCE:g} on {res['rows']} eval rows "
-            f"({res['label_changes']} labels changed); judge what runs with --quality-mode {speed}")
+            f"({res['label_changes']} labels changed); judge what runs with --quality-mode {speed} "
+            "(in a new --run or --results-dir)")
     return res
+
+
+def stale(build, mode):
+    """Why a reused variant folder's verdict does not belong to the model this sweep would
+    time (None when it does): ``build`` its build.json, ``mode`` the mode this version judges
+    it in (:func:`variants.families.family.judged_mode`). A folder judged in another mode, or
+    judged in a mode other than the speed mode without a ``timed_check`` (written before the
+    check existed), is stale: the sweep builds, judges and times it again."""
+    was = build.get("quality_mode")
+    if was != mode:
+        return (f"judged in {was} mode by an earlier version; this version judges it in {mode} "
+                "mode, the model it times")
+    if mode != build.get("speed_mode") and "timed_check" not in build:
+        return ("its timed build was never checked against the judged one (an earlier "
+                "version)")
+    return None

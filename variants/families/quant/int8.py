@@ -42,14 +42,14 @@ def _stored_bytes(m):
 def build(reference, cfg, inputs, mode="simulated"):
     """``(variant, info)``: the quant build of ``cfg`` without ``int8``, then the Linears
     ``cfg.int8`` matches replaced by :class:`~variants.runtime.int8_linear.Int8Linear` (native: the
-    compiled oneDNN op where it is available). info gains ``int8_layers`` (paths) and
-    ``int8_kernel``; ``model_bytes`` counts them as stored. Raises ValueError for a pattern
+    compiled oneDNN op where it is available). info gains ``int8_layers`` (paths),
+    ``int8_kernel`` and ``int8`` ({scheme, isa} of the compiled GEMM, None simulated); ``model_bytes`` counts them as stored. Raises ValueError for a pattern
     that matches no Linear."""
     from variants.arch import activations
     from variants.families.quant import build as quantize
     from variants.families.quant.dispatch import build_weights
     from variants.families.w8a8.build import kernel_name
-    from variants.runtime.int8_linear import Int8Linear
+    from variants.runtime.int8_linear import Int8Linear, int8_record
 
     paths = int8_paths(reference.module, cfg.int8)
     base = replace(cfg, int8="")
@@ -74,5 +74,7 @@ def build(reference, cfg, inputs, mode="simulated"):
         activations.set_module(module, p, q)
     mx.eval(module.parameters())
     info = dict(info, int8_layers=paths, int8_kernel=kernel_name(module),
+                # how the integer GEMM is exact on this CPU (int8_linear.scheme), None simulated
+                int8=int8_record(kernel_name(module)),
                 model_bytes=int(info["model_bytes"] + delta))
     return variant, info

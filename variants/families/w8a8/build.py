@@ -57,9 +57,15 @@ def target_paths(module, cfg):
     return [p for p in paths if p not in keep], keep
 
 
+#: the most inputs (K) an int8 Linear may have: its int32 sums, and the zero-point correction
+#: zp x colsum, stay exact while 255 x 128 x K < 2^31 (the compiled ops refuse more too)
+MAX_IN = 65793
+
+
 def check_model(module, cfgs):
-    """Raise ValueError, before anything is written, when the model has no encoder Linear or a
-    config's ``--int8-skip`` keeps every one fp32."""
+    """Raise ValueError, before anything is written, when the model has no encoder Linear, a
+    config's ``--int8-skip`` keeps every one fp32, or a Linear to run in int8 has more than
+    :data:`MAX_IN` inputs."""
     for cfg in cfgs:
         run, keep = target_paths(module, cfg)
         if cfg.skip and not keep:
@@ -70,6 +76,12 @@ def check_model(module, cfgs):
                     if keep else "the model has no nn.Linear under encoder.layers")
             raise ValueError(f"w8a8: no Linear left to run in int8 ({what}); pass a narrower "
                              "--int8-skip, e.g. 'output$'")
+        mods = dict(module.named_modules())
+        wide = [p for p in run if mods[p].weight.shape[1] > MAX_IN]
+        if wide:
+            raise ValueError(f"w8a8: {wide[0]} has {mods[wide[0]].weight.shape[1]} inputs; int8 "
+                             f"sums are exact in int32 up to {MAX_IN} (255 x 128 x K < 2^31); "
+                             "keep it fp32 with --int8-skip")
 
 
 class _SampleSink:

@@ -245,6 +245,13 @@ class Int8LinearCpu : public UnaryPrimitive {
 
 namespace {
 
+// the int32 sums (and zp x colsum) are exact while 255 x 128 x K < 2^31
+void check_k(int64_t k) {
+  if (k > 65793)
+    throw std::invalid_argument("int8: K = " + std::to_string(k) + " inputs; int32 sums are "
+                                "exact up to 65793 (255 x 128 x K < 2^31)");
+}
+
 Stream cpu_stream() {
   auto s = to_stream({});
   if (s.device != Device::cpu) throw std::invalid_argument("int8_linear: CPU stream only");
@@ -276,6 +283,7 @@ array int8_gemm_cpu(const array& a, const array& b, const std::optional<array>& 
       a.shape(1) != b.shape(1))
     throw std::invalid_argument("int8_gemm: a must be uint8 (M, K) and b int8 (N, K)");
   check_packed(packed, b.shape(0), b.shape(1));
+  check_k(a.shape(1));
   auto s = cpu_stream();
   std::vector<array> in = {rowmajor(a, s), rowmajor(b, s)};
   if (packed) in.push_back(rowmajor(*packed, s));
@@ -305,6 +313,7 @@ array int8_linear_cpu(const array& x, const array& wq, const array& w_scale, con
   check_vec(colsum, n, int32, "colsum");
   check_vec(bias, n, float32, "bias");
   check_vec(inv_smooth, k, float32, "inv_smooth");
+  check_k(k);
   check_packed(packed, n, k);
   auto s = cpu_stream();
   const int m = x.size() / k;
