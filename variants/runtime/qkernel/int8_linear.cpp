@@ -56,24 +56,27 @@ namespace mlx::core {
 
 // int8_prepack.h's plain GEMM: oneDNN's dnnl_gemm_u8s8s32 on one OpenMP thread
 #ifdef QK_HAVE_DNNL
-void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
-                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+namespace {
+// C = A B^T + beta C (beta 0 or 1: exact int32) on one OpenMP thread
+void dnnl_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
+               int64_t ldb, int32_t* c, int64_t ldc, float beta) {
   const int32_t co = 0;
   thread_local bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
-  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 0.0f, c, ldc,
+  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, beta, c, ldc,
                               &co);
   if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
+}
+}  // namespace
+
+void int8_gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
+                    const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
+  dnnl_u8s8(m, n, k, a, lda, b, ldb, c, ldc, 0.0f);
 }
 
 void int8_gemm_u8s8_acc(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda,
                         const int8_t* b, int64_t ldb, int32_t* c, int64_t ldc) {
-  const int32_t co = 0;
-  thread_local bool one_thread = (omp_set_num_threads(1), true);
-  (void)one_thread;
-  auto st = dnnl_gemm_u8s8s32('N', 'T', 'F', m, n, k, 1.0f, a, lda, 0, b, ldb, 0, 1.0f, c, ldc,
-                              &co);
-  if (st != dnnl_success) throw std::runtime_error("int8_linear: dnnl_gemm_u8s8s32 failed");
+  dnnl_u8s8(m, n, k, a, lda, b, ldb, c, ldc, 1.0f);
 }
 #else
 void int8_gemm_u8s8(int64_t, int64_t, int64_t, const uint8_t*, int64_t, const int8_t*, int64_t,
