@@ -258,6 +258,19 @@ def _parallel_text(par):
                                          else "as configured (not changed)"))
 
 
+def _cpu_text(info):
+    """``"; CPU <model> (<ISA levels>), oneDNN <isa>, int8 <scheme>"`` of run.json's ``cpu``
+    (variants/runtime/cpu.py), or "" (a run from before it was recorded)."""
+    if not info:
+        return ""
+    text = f"; CPU {info.get('model') or '?'}"
+    if info.get("isa"):
+        text += f" ({', '.join(info['isa'])})"
+    if info.get("onednn_isa"):
+        text += f", oneDNN {info['onednn_isa']}, int8 {info.get('int8_scheme')}"
+    return text
+
+
 def _judged_text(summary):
     """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
     variants judged on the timed model itself; those judged in another mode whose timed build
@@ -309,7 +322,8 @@ def render_report(meta, summary, details, contract, extras=None):
         + ", ".join(f"{k} {v}" for k, v in data["truncated_texts"].items())
         + special_only_text(data),
         f"- quality numbers: `{cfg['quality_mode']}` mode; speed numbers: `{cfg['speed_mode']}` "
-        f"mode; dtype {meta['dtype']}; device {meta['device']}; BLAS: {meta['blas']['status']}"
+        f"mode; dtype {meta['dtype']}; device {meta['device']}{_cpu_text(meta.get('cpu'))}; "
+        f"BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
         + _parallel_text(meta.get("parallel")),
         *_judged_text(summary),

@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from variants import BLAS_INFO, __version__
 from variants.runtime import device, parallel
+from variants.runtime.cpu import cpu_info
 from variants.sweep.timing import model_bytes
 from variants.checkpoints.special_tokens import count_special_only, special_only_ids
 
@@ -43,6 +44,7 @@ def run_metadata(sweep):
         "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.runtime.device.use set
         "dtype": cfg.dtype,
         "device_info": dict(device.key_part(), mlx_device=str(mx.default_device())),
+        "cpu": cpu_info(),  # model, vector ISA, oneDNN's ISA and int8 scheme (runtime/cpu.py)
         "checkpoint": {"path": str(sweep.checkpoint.path), "sha256": sweep.checkpoint.sha256},
         "model": cfg.resolve_model().describe(),
         "data": {
