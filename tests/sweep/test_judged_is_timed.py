@@ -219,3 +219,20 @@ def test_no_exact_scheme_runs_w8a8_simulated_and_says_so(monkeypatch, capsys, ch
     assert info["kernel"] == "w8a8-simulated" and info["simulated_speed"] and info["int8"] is None
     assert err.strip() == ("variants: w8a8 runs simulated (fake-quantized fp32): oneDNN's int8 "
                            f"GEMM gives no exact sums on this CPU ({k.int8_cpu_isa()})")
+
+
+def test_a_w8a8_search_of_an_earlier_version_is_not_resumed(tmp_path):
+    """A --w8a8 search stores its candidates' verdicts; one written before int8 candidates were
+    judged on their native build (no ``int8_judged`` in search_settings.json) is refused, the
+    absent setting said as its plain value."""
+    from variants.search.options import PLAIN, SearchOptions
+    from variants.search.store import Store
+
+    store = Store(tmp_path)
+    old = dict(SearchOptions().settings(), w8a8=True)
+    store.write_settings(old)
+    with pytest.raises(ValueError, match="holds a search with int8_judged='simulated', not "
+                                         "'native'; rerun with the same settings"):
+        store.check_settings(dict(old, int8_judged="native"), plain=PLAIN)
+    store.check_settings(old, plain=PLAIN)  # the same settings resume
+    assert "int8_judged" not in SearchOptions().settings()  # not an option: the driver's

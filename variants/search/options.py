@@ -172,7 +172,7 @@ class SearchOptions:
         d["families"], d["bits"] = list(self.families), list(self.bits)
         d["quant_methods"] = list(self.quant_methods)
         for k, plain in PLAIN.items():
-            if d[k] == plain:  # the folder of a search from before these dimensions resumes
+            if k in d and d[k] == plain:  # a search from before these dimensions resumes
                 del d[k]
         if d["max_length"] is None:  # the tokenizer files' (searches from before the flag)
             del d["max_length"]
