@@ -69,7 +69,8 @@ def configure(sub):
     p.add_argument("--quality-mode", choices=MODES, default=d.quality_mode,
                    help="how quality is evaluated: simulated = dequantized dense weights; a "
                         "variant judged in a mode other than --speed-mode has its timed build "
-                        "checked equal on every eval row (max |Δlogit| <= 1e-4) or is refused; "
+                        "checked equal on every eval row (max |Δlogit| <= 1e-4 x max(1, max |logit|)) "
+                        "or is refused; "
                         "W8A8 Linears (--family w8a8, --int8-layers) are always judged in the "
                         "speed mode, the model that runs")
     p.add_argument("--speed-mode", choices=MODES, default=d.speed_mode,
