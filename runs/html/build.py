@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from runs.html.data import (HTML_REPORT_SCHEMA_VERSION, N_FLIPPED, clause_rows, clean,
+                            judged_text,
                             contract_digest, flipped_examples, num, provenance,
                             refit_reliability, reliability, sweep_time, verdict_word)
 
@@ -159,6 +160,9 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
     cfg = meta.get("config", {})
     settings = [b.pop("settings") for b in blocks]
     timings = {n: run.folder.json(n, "timing.json") for n in names}
+    judged = {n: judged_text(run.folder.json(n, "build.json"),
+                             (timings[n] or {}).get("mode") or cfg.get("speed_mode"))
+              for n in names}
     cold = meta.get("cold_start") or {}
     params = ", ".join(f"{k} {v}" for k, v in (cfg.get("params") or {}).items()
                        if v not in (None, ""))
@@ -173,8 +177,9 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
                                            "near_tie_margin", "timing_rounds", "timing_budget_s",
                                            "n_fit", "n_calibration", "n_eval", "seed")},
         "wall_s": meta.get("wall_s"),
-        "provenance": provenance(meta, timings, blocks[0]["contract"] if blocks else {},
-                                 settings[0].get("seed") if settings else None),
+        "provenance": dict(provenance(meta, timings, blocks[0]["contract"] if blocks else {},
+                                      settings[0].get("seed") if settings else None),
+                           judged=judged),
         "reference": {"model_bytes": meta.get("reference_model_bytes"),
                       "cold_start": cold if "error" not in cold else None},
         "variants": blocks,

@@ -199,5 +199,36 @@ def provenance(meta, timings, contract, bootstrap_seed):
         "blas": meta.get("blas", {}), "parallel": meta.get("parallel"),
         "device": meta.get("device"), "dtype": meta.get("dtype"),
         "kernels": {n: (t.get("kernel") or {}).get("variant") for n, t in timings.items()},
+        "int8": {n: _int8_text(t.get("int8")) for n, t in timings.items() if t.get("int8")},
+        "cpu": _cpu_text(meta.get("cpu")),
         "temperatures": meta.get("temperatures", {}),
     })
+
+
+def _int8_text(rec):
+    return f"{rec.get('scheme')} on oneDNN {rec.get('isa')}"
+
+
+def _cpu_text(info):
+    """run.json's ``cpu`` as one phrase (model, ISA levels, oneDNN's ISA and int8 scheme), or
+    None for a run from before it was recorded."""
+    if not info:
+        return None
+    text = f"{info.get('model') or '?'}"
+    if info.get("isa"):
+        text += f" ({', '.join(info['isa'])})"
+    if info.get("onednn_isa"):
+        text += f"; oneDNN {info['onednn_isa']}, int8 {info.get('int8_scheme')}"
+    return text
+
+
+def judged_text(build, speed_mode):
+    """Which model variant's verdict belongs to (build.json's ``quality_mode`` and
+    ``timed_check``, variants/sweep/timed_check.py): one phrase for the report page."""
+    mode, check = build.get("quality_mode"), build.get("timed_check") or {}
+    if mode == speed_mode or check.get("same_model"):
+        return f"the timed ({speed_mode}) model itself"
+    if "max_abs_dlogit" in check:
+        return (f"{mode} mode; timed {speed_mode} build checked equal on every eval row "
+                f"(max |Δlogit| {check['max_abs_dlogit']:.2g} <= {check.get('tolerance', 0):.2g})")
+    return f"{mode} mode, timed build not checked (an earlier version wrote it)"

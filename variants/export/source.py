@@ -86,6 +86,10 @@ def locate(source, variant=None, allow_fail=False):
         why = NOT_EXPORTABLE.get(family, "an unknown family")
         raise ExportError(f"{variant}: the {family} family does not export ({why}); export a "
                           f"variant of {' or '.join(EXPORTABLE)}")
+    if (build.get("config") or {}).get("int8"):
+        raise ExportError(f"{variant}: a quant variant with --int8-layers does not export (its "
+                          "W8A8 Linears have no layout the folder loaders read); export a "
+                          "variant without --int8-layers")
     verdict = _read(vdir / "verdict.json", "the variant's verdict", "run variants check")
     if not verdict.get("passed") and not allow_fail:
         raise ExportError(f"{variant} FAILED its contract ({', '.join(verdict.get('failed', []))})"

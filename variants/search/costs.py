@@ -116,13 +116,13 @@ class CostTable:
         batch = int(cost.split("-b")[1])
         key = compute_path.key_part()
         if INT8 in bits:  # the int8 op's times: oneDNN's (prepacked or not), or simulated
-            from variants.runtime.int8_linear import NAMES, _kernel, scheme
+            from variants.runtime.int8_linear import NAMES, _kernel, cpu_isa, scheme
 
             k = _kernel()
             name = ("simulated" if k is None else "prepacked"
                     if getattr(k, "has_prepack", lambda: False)() else "native")
-            # the split scheme (CPUs without VNNI) runs two GEMMs: its own times
-            key = [key, NAMES[name]] + ([scheme()] if scheme() not in (None, "u8s8") else [])
+            # oneDNN's ISA and the scheme (two GEMMs without VNNI; AMX 4x VNNI at 2048 rows)
+            key = [key, NAMES[name], scheme(), cpu_isa()]
         path = Path(cache_dir) / "search" / (f"latency-{device}-B{batch}-g{self.group_size}-"
                                              f"{digest(key)}.json")
         table = json.loads(path.read_text()) if path.exists() else {}

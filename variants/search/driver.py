@@ -92,6 +92,10 @@ class Search:
             self.settings["quantizer_version"] = learned.VERSION
         if o.w8a8:  # stored verdicts of int8 candidates: judged on their native build
             self.settings["int8_judged"] = "native"
+            if o.cost.startswith("latency"):  # stored costs: this CPU's int8 kernel times
+                from variants.runtime.int8_linear import cpu_isa, scheme
+
+                self.settings["int8_latency_on"] = f"{cpu_isa()} ({scheme()})"
         self.store.check_settings(self.settings, plain=PLAIN)
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(

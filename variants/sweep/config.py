@@ -186,6 +186,8 @@ class SweepConfig:
             # every variant is judged on the model it times (W8A8: variants.families.family),
             # so the run's quality mode is the speed mode: run.json, the reports and the
             # run's identity say so (a folder judged otherwise is not resumed)
+            if self.quality_mode != self.speed_mode:  # said once by the sweep (Sweep.prepare)
+                self._quality_asked = self.quality_mode
             self.quality_mode = self.speed_mode
             self._quality_follows_speed = True
         if self.run is None:

@@ -137,25 +137,24 @@ def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
     sizes = list(dict.fromkeys(cfg.timing_batch_sizes))
     missing = [b for b in sizes if str(b) not in timing.get("batches", {})
                or str(b) not in timing.get("end_to_end", {})]
-    changed = False
+    changed = retime = False
+    variant_kernel = str((timing.get("kernel") or {}).get("variant", ""))
+    if "dnnl" in variant_kernel:  # timed on the compiled int8 GEMM: this CPU's scheme / ISA?
+        from variants.runtime.int8_linear import int8_record
+
+        now = int8_record(variant_kernel)
+        if timing.get("int8") != now:
+            # one timing.json holds one kernel's times: every batch size is timed again
+            sweep.log(f"{vcfg.name}: timed with int8 {timing.get('int8')}, now {now}; "
+                      "timing every batch size again")
+            missing, retime = sizes, True
+            timing["batches"], timing["end_to_end"] = {}, {}
     if missing:
         sweep.log(f"{vcfg.name}: timing of batch sizes {missing} incomplete (forward or "
                   "end to end missing); timing them")
         t1 = time.perf_counter()
         new = sweep._time_variant(family, vcfg, {b: timing_sets[b] for b in missing},
                                   extra=False)
-        if new.get("int8") != timing.get("int8"):
-            # another int8 scheme or oneDNN ISA (or a timing.json from before the record): one
-            # timing.json holds one kernel's times, so every batch size is timed again
-            sweep.log(f"{vcfg.name}: timed with int8 {timing.get('int8')}, now {new.get('int8')}; "
-                      "timing every batch size again")
-            missing = sizes
-            new = sweep._time_variant(family, vcfg, {b: timing_sets[b] for b in sizes},
-                                      extra=False)
-            for region in ("batches", "end_to_end"):
-                timing[region] = {}
-            timing["int8"] = new.get("int8")
-            timing["kernel"] = new["kernel"]
         timing.setdefault("batches", {})
         timing.setdefault("end_to_end", {})
         for b in missing:
@@ -163,7 +162,10 @@ def complete_reused_timing(sweep, family, vcfg, timing_sets, path):
             timing["batches"].setdefault(str(b), new["batches"][str(b)])
             timing["end_to_end"][str(b)] = new["end_to_end"][str(b)]
         for k in ("schema_version", "timed_regions", "method", "model_bytes", "kernel", "int8"):
-            timing.setdefault(k, new.get(k))
+            if retime:  # every entry is new: so are its kernel and int8 records
+                timing[k] = new.get(k)
+            else:
+                timing.setdefault(k, new.get(k))
         timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t1
         changed = True
     stale = family.extra_stale and family.extra_stale(timing, cfg, vcfg)

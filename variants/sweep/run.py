@@ -63,6 +63,10 @@ class Sweep:
             raise SweepError(f"--results-dir {self.root} is a file; pass a folder")
         self._check_run_folder()
         self._check_run_tokenizer()
+        asked = getattr(self.cfg, "_quality_asked", None)
+        if asked:  # after the checks: a refused sweep says one line
+            self.log(f"quality judged in {self.cfg.speed_mode} mode, not {asked}: every variant "
+                     "here has W8A8 Linears, judged on the model that runs (--speed-mode)")
 
     def _check_run_folder(self):
         check_run_folder(self.out, self.cfg, self.tasksets)

@@ -52,6 +52,14 @@ def build(reference, cfg, inputs, mode="simulated"):
     from variants.runtime.int8_linear import Int8Linear, int8_record
 
     paths = int8_paths(reference.module, cfg.int8)
+    from variants.families.w8a8.build import MAX_IN
+
+    mods0 = dict(reference.module.named_modules())
+    wide = [p for p in paths if mods0[p].weight.shape[1] > MAX_IN]
+    if wide:
+        raise ValueError(f"--int8-layers: {wide[0]} has {mods0[wide[0]].weight.shape[1]} inputs; "
+                         f"int8 sums are exact in int32 up to {MAX_IN}; leave it out of the "
+                         "pattern")
     base = replace(cfg, int8="")
     if set(activations.target_linears(reference.module)) <= set(paths):
         # a learned method learns the encoder Linears only: all in int8, nothing to learn
