@@ -13,8 +13,9 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
-from runs.report_facts import (flagged, implausible_lines, plausibility_cells, special_only_text,
-                               unquantized_cells, unquantized_text)
+from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_lines,
+                               plausibility_cells, special_only_text, unquantized_cells,
+                               unquantized_text)
 from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_cells,
                                 held_columns)
 
@@ -259,48 +260,9 @@ def _parallel_text(par):
 
 
 def _cpu_text(info):
-    """``"; CPU <model> (<ISA levels>), oneDNN <isa>, int8 <scheme>"`` of run.json's ``cpu``
-    (variants/runtime/cpu.py), or "" (a run from before it was recorded)."""
-    if not info:
-        return ""
-    text = f"; CPU {info.get('model') or '?'}"
-    if info.get("isa"):
-        text += f" ({', '.join(info['isa'])})"
-    if info.get("onednn_isa"):
-        text += f", oneDNN {info['onednn_isa']}, int8 {info.get('int8_scheme')}"
-    return text
-
-
-def _judged_text(summary):
-    """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
-    variants judged on the timed model itself; those judged in another mode whose timed build
-    was checked equal on every eval row (the largest |Δlogit| and the tolerance recorded); and
-    those judged in another mode without that check (folders of an earlier version)."""
-    if summary is None or "quality_mode" not in summary or "speed_mode" not in summary:
-        return []
-    same = summary[summary["quality_mode"] == summary["speed_mode"]]
-    other = summary[summary["quality_mode"] != summary["speed_mode"]]
-    d = pd.to_numeric(other.get("timed_check_max_dlogit", pd.Series(index=other.index,
-                                                                    dtype=float)),
-                      errors="coerce")
-    tol = pd.to_numeric(other.get("timed_check_tolerance", pd.Series(index=other.index,
-                                                                     dtype=float)),
-                        errors="coerce")
-    checked, unchecked = other[d.notna()], other[d.isna()]
-    parts = []
-    if len(same):
-        parts.append(f"{len(same)} judged on the timed ({same['speed_mode'].iloc[0]}) model "
-                     "itself")
-    if len(checked):
-        bound = f" <= {tol.max():.2g}" if tol.notna().any() else ""
-        parts.append(f"{len(checked)} judged in {checked['quality_mode'].iloc[0]} mode, their "
-                     f"timed ({checked['speed_mode'].iloc[0]}) build checked equal on every "
-                     f"eval row (max |Δlogit| {d.max():.2g}{bound})")
-    if len(unchecked):
-        parts.append(f"{len(unchecked)} judged in {unchecked['quality_mode'].iloc[0]} mode "
-                     f"without a check of their timed build ({', '.join(unchecked['variant'])}: "
-                     "written by an earlier version; rerun the sweep to check them)")
-    return [f"- judged model = timed model: {'; '.join(parts)}"] if parts else []
+    """``"; CPU <phrase>"`` (:func:`runs.report_facts.cpu_text`), or "" when not recorded."""
+    text = cpu_text(info)
+    return f"; CPU {text}" if text else ""
 
 
 def render_report(meta, summary, details, contract, extras=None):
@@ -326,7 +288,7 @@ def render_report(meta, summary, details, contract, extras=None):
         f"BLAS: {meta['blas']['status']}"
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
         + _parallel_text(meta.get("parallel")),
-        *_judged_text(summary),
+        *judged_lines(summary),
         "- timing: two timed regions, both warm, reference and variant in strict alternation "
         "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
         "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "

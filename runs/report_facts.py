@@ -1,11 +1,13 @@
 """Facts the run report states next to its tables, so that nothing it measured or skipped is
 left only in a JSON file: texts the model read nothing of (with their row ids), layers a
 quantizer left in full precision (with their share of the parameters), timings faster than
-their work allows (``variants.sweep.plausible``). No MLX."""
+their work allows (``variants.sweep.plausible``), the CPU measured on and which model each
+verdict belongs to (``variants.sweep.timed_check``). No MLX."""
 
 import math
 
 import numpy as np
+import pandas as pd
 
 #: The reason prefix of a layer left unquantized because the group size does not divide its input
 #: size (``variants.families.quant.build.INDIVISIBLE``; repeated here: the judging side imports no
@@ -122,3 +124,48 @@ def implausible_lines(summary):
              "logits, an unevaluated graph) than a real one; the verdicts do not use speed, but "
              "do not quote these numbers until it is explained (timing.json `plausibility`).",
              ""] + out + [""])
+
+
+def cpu_text(info):
+    """run.json's ``cpu`` (variants/runtime/cpu.py) as one phrase: ``"<model> (<ISA levels>),
+    oneDNN <isa>, int8 <scheme>"``; None for a run from before it was recorded."""
+    if not info:
+        return None
+    text = f"{info.get('model') or '?'}"
+    if info.get("isa"):
+        text += f" ({', '.join(info['isa'])})"
+    if info.get("onednn_isa"):
+        text += f", oneDNN {info['onednn_isa']}, int8 {info.get('int8_scheme')}"
+    return text
+
+
+def judged_lines(summary):
+    """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
+    variants judged on the timed model itself; those judged in another mode whose timed build
+    was checked equal on every eval row (the largest |Δlogit| and the tolerance recorded); and
+    those judged in another mode without that check (folders of an earlier version)."""
+    if summary is None or "quality_mode" not in summary or "speed_mode" not in summary:
+        return []
+    same = summary[summary["quality_mode"] == summary["speed_mode"]]
+    other = summary[summary["quality_mode"] != summary["speed_mode"]]
+    d = pd.to_numeric(other.get("timed_check_max_dlogit", pd.Series(index=other.index,
+                                                                    dtype=float)),
+                      errors="coerce")
+    tol = pd.to_numeric(other.get("timed_check_tolerance", pd.Series(index=other.index,
+                                                                     dtype=float)),
+                        errors="coerce")
+    checked, unchecked = other[d.notna()], other[d.isna()]
+    parts = []
+    if len(same):
+        parts.append(f"{len(same)} judged on the timed ({same['speed_mode'].iloc[0]}) model "
+                     "itself")
+    if len(checked):
+        bound = f" <= {tol.max():.2g}" if tol.notna().any() else ""
+        parts.append(f"{len(checked)} judged in {checked['quality_mode'].iloc[0]} mode, their "
+                     f"timed ({checked['speed_mode'].iloc[0]}) build checked equal on every "
+                     f"eval row (max |Δlogit| {d.max():.2g}{bound})")
+    if len(unchecked):
+        parts.append(f"{len(unchecked)} judged in {unchecked['quality_mode'].iloc[0]} mode "
+                     f"without a check of their timed build ({', '.join(unchecked['variant'])}: "
+                     "written by an earlier version; rerun the sweep to check them)")
+    return [f"- judged model = timed model: {'; '.join(parts)}"] if parts else []

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from runs.io import digest
+from runs.report_facts import cpu_text
 
 #: Version of the run-level report.json (``kind`` "run-report"); bump on any change of keys or
 #: meaning.
@@ -200,26 +201,13 @@ def provenance(meta, timings, contract, bootstrap_seed):
         "device": meta.get("device"), "dtype": meta.get("dtype"),
         "kernels": {n: (t.get("kernel") or {}).get("variant") for n, t in timings.items()},
         "int8": {n: _int8_text(t.get("int8")) for n, t in timings.items() if t.get("int8")},
-        "cpu": _cpu_text(meta.get("cpu")),
+        "cpu": cpu_text(meta.get("cpu")),
         "temperatures": meta.get("temperatures", {}),
     })
 
 
 def _int8_text(rec):
     return f"{rec.get('scheme')} on oneDNN {rec.get('isa')}"
-
-
-def _cpu_text(info):
-    """run.json's ``cpu`` as one phrase (model, ISA levels, oneDNN's ISA and int8 scheme), or
-    None for a run from before it was recorded."""
-    if not info:
-        return None
-    text = f"{info.get('model') or '?'}"
-    if info.get("isa"):
-        text += f" ({', '.join(info['isa'])})"
-    if info.get("onednn_isa"):
-        text += f"; oneDNN {info['onednn_isa']}, int8 {info.get('int8_scheme')}"
-    return text
 
 
 def judged_text(build, speed_mode):

@@ -72,7 +72,7 @@ def test_the_sweep_says_when_it_judges_in_the_speed_mode(tmp_path):
 
 
 def test_report_line_counts_checked_unchecked_and_same():
-    from runs.report import _judged_text
+    from runs.report_facts import judged_lines as _judged_text
 
     summary = pd.DataFrame({"variant": ["a", "b", "c"], "quality_mode": ["simulated"] * 3,
                             "speed_mode": ["native"] * 3,
