@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from contracts.undecided import rows_needed
+
 from contracts.contract import (  # re-exported (__all__)
     CLAUSE_KEYS,
     COMPARE,
@@ -70,6 +72,14 @@ class ClauseResult:
         Why the value is NaN although the stratum has examples, or why the clause failed
         whatever its value (a variant whose temperature refit ran to a bound where the
         reference's converged); "" otherwise.
+    undecided : bool
+        The point value meets the threshold but the interval's far end does not (``compare =
+        "ci"``): the rows do not decide the clause either way. Not a pass (``passed`` is False)
+        and not a failure (not in :attr:`Verdict.failed`).
+    rows_needed : int or None
+        Undecided clauses only: about how many rows, at the observed rate (or spread), would
+        make the interval's far end meet the threshold (:func:`contracts.undecided.rows_needed`);
+        None otherwise.
     """
 
     id: str
@@ -87,6 +97,8 @@ class ClauseResult:
     compare: str = "value"
     interval: str | None = None
     reason: str = ""
+    undecided: bool = False
+    rows_needed: int | None = None
 
     @property
     def compared_value(self):
@@ -97,7 +109,12 @@ class ClauseResult:
 
     @property
     def status(self):
-        """'pass', 'FAIL', 'FAIL: <reason>', 'no examples' or 'skipped: <reason>'."""
+        """'pass', 'FAIL', 'FAIL: <reason>', 'undecided[: about N more rows would decide it]',
+        'no examples' or 'skipped: <reason>'."""
+        if self.undecided:
+            more = ("" if self.rows_needed is None else
+                    f": about {self.rows_needed - self.n:,} more rows would decide it")
+            return f"undecided{more}"
         if self.passed is None:
             return f"skipped: {self.reason}" if self.reason else "no examples"
         if self.passed:
@@ -109,8 +126,9 @@ class ClauseResult:
 class Verdict:
     """All clause results of one contract on one evaluation.
 
-    ``passed`` is True when no clause failed; clauses with no examples (``passed is None``) are
-    reported but do not fail the verdict.
+    ``passed`` is True when no clause failed and none is undecided; clauses with no examples
+    (``passed is None``) are reported but do not fail the verdict. :attr:`outcome` says which of
+    the three it is.
     """
 
     contract: str
@@ -123,8 +141,25 @@ class Verdict:
 
     @property
     def failed(self):
-        """Ids of the clauses that failed."""
-        return [r.id for r in self.results if r.passed is False]
+        """Ids of the clauses that failed (undecided ones are not among them)."""
+        return [r.id for r in self.results if r.passed is False and not r.undecided]
+
+    @property
+    def word(self):
+        """'PASS', 'FAIL' or 'UNDECIDED' (:attr:`outcome`), as the reports print it."""
+        return self.outcome.upper()
+
+    @property
+    def undecided(self):
+        """Ids of the clauses the rows do not decide (point value passes, bound does not)."""
+        return [r.id for r in self.results if r.undecided]
+
+    @property
+    def outcome(self):
+        """'pass', 'fail' (a clause failed) or 'undecided' (none failed, one or more undecided)."""
+        if self.failed:
+            return "fail"
+        return "undecided" if self.undecided else "pass"
 
     @property
     def untested(self):
@@ -144,7 +179,8 @@ class Verdict:
             d["status"] = r.status
             clauses.append(d)
         return {"schema_version": SCHEMA_VERSION, "contract": self.contract,
-                "passed": self.passed, "failed": self.failed, "untested": self.untested,
+                "passed": self.passed, "outcome": self.outcome, "failed": self.failed,
+                "undecided": self.undecided, "untested": self.untested,
                 "settings": dict(self.settings), "clauses": clauses}
 
     def to_frame(self):
@@ -152,6 +188,10 @@ class Verdict:
         rows = [{**asdict(r), "status": r.status} for r in self.results]
         columns = [*ClauseResult.__dataclass_fields__, "status"]
         return pd.DataFrame(rows, columns=columns)
+
+
+def _meets(value, op, threshold):
+    return not math.isnan(value) and (value >= threshold if op == ">=" else value <= threshold)
 
 
 def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None):
@@ -204,9 +244,13 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
             passed = bool(compared >= c.threshold)
         else:
             passed = bool(compared <= c.threshold)
+        undecided = bool(passed is False and not fails and c.compare != "value"
+                         and _meets(value, c.op, c.threshold))
+        rows = rows_needed(value, compared, c.threshold, n) if undecided else None
         results.append(ClauseResult(id=c.id, metric=c.metric, stratum=c.stratum,
                                     statistic=c.statistic, value=value, op=c.op,
                                     threshold=c.threshold, passed=passed, n=n, why=c.why,
                                     ci_low=low, ci_high=high, compare=c.compare,
-                                    interval=interval, reason=reason))
+                                    interval=interval, reason=reason, undecided=undecided,
+                                    rows_needed=rows))
     return Verdict(contract=contract.name, results=tuple(results), settings=settings)

@@ -214,7 +214,7 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
     seed = st.get("seed", 0) if seed is None else seed
     alpha = epsilons["alpha"]
     s = ev.summary
-    lines = [f"# {name}: {'PASS' if verdict.passed else 'FAIL'} — contract `{contract.name}`", "",
+    lines = [f"# {name}: {verdict.word} — contract `{contract.name}`", "",
              f"{contract.description}", "",
              f"Settings: near-tie margin {ev.near_tie_margin:g}, human tie gap {ev.human_tie_gap:g}, "
              f"α = {alpha:g}, {n_boot} bootstrap resamples, {confidence:.0%} intervals, seed {seed}.",

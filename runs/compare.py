@@ -239,6 +239,14 @@ def worse(rows, margin, relative_margin=0.0):
     return out
 
 
+def _word(verdict):
+    """'fail', 'undecided' (no clause failed, one or more undecided) or 'pass' of a verdict.json
+    dict (files written before undecided clauses existed have no ``undecided`` list)."""
+    if verdict.get("failed"):
+        return "fail"
+    return "undecided" if verdict.get("undecided") else "pass"
+
+
 def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
                  relative_margin=0.0):
     """Everything ``variants compare`` reports about one (A, B) pair, as a JSON-ready dict.
@@ -268,6 +276,5 @@ def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
                       "method": "paired percentile bootstrap over eval rows"},
         "margin": margin, "relative_margin": relative_margin,
         "worse": worse(rows, margin, relative_margin),
-        "verdicts": {"a": "fail" if a.verdict.get("failed") else "pass",
-                     "b": "fail" if b.verdict.get("failed") else "pass"},
+        "verdicts": {"a": _word(a.verdict), "b": _word(b.verdict)},
     })

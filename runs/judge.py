@@ -301,8 +301,9 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
         details[name] = (ev, verdict)
         rows.append(row)
         if log:
-            log(f"{name}: {'PASS' if verdict.passed else 'FAIL'}"
-                + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+            log(f"{name}: {verdict.word}"
+                + (f" ({', '.join(verdict.failed + verdict.undecided)})"
+                   if verdict.failed or verdict.undecided else ""))
     write_json(out_dir / "check.json", {
         "schema_version": REPORT_SCHEMA_VERSION, "run": str(run_dir), "contract": contract.name,
         "passed": all(v.passed for v in verdicts.values()),

@@ -117,8 +117,9 @@ def summary_row(name, build, summary, verdict, timing):
         if cold.get("source"):  # what the fresh process loaded (older runs: fp32 + build)
             row["cold_source"] = cold["source"]
     row.update(unquantized_cells(build))
-    row["verdict"] = "PASS" if verdict.passed else "FAIL"
+    row["verdict"] = verdict.word
     row["failed_clauses"] = ";".join(verdict.failed)
+    row["undecided_clauses"] = ";".join(verdict.undecided)
     return row
 
 
@@ -350,7 +351,7 @@ def render_report(meta, summary, details, contract, extras=None):
             f"(ref {r[f'b{b}_ref_peak_memory_bytes'] / 1e6:.1f} MB), {r[f'b{b}_rounds']:.0f} "
             f"rounds at L={r[f'b{b}_seq_len']:.0f}" for b in _batch_sizes(summary))
         lines += [
-            f"====== {name}: {'PASS' if verdict.passed else 'FAIL'} ======",
+            f"====== {name}: {verdict.word} ======",
             "",
             f"ε = {s['epsilon']:.4g}, certified {s['certified_share']:.1%}, agreement "
             f"{s['agreement']:.4f}, accuracy {s['accuracy_ref']:.4f} → {s['accuracy_variant']:.4f}, "

@@ -39,12 +39,19 @@ def _check_command(args):
     out = Path(args.output_dir or args.run_dir)
     width = max(map(len, verdicts))
     for name, v in verdicts.items():
-        print(f"{name:<{width}}  {'PASS' if v.passed else 'FAIL'}  "
-              f"{len(v.results) - len(v.failed) - len(v.untested)}/{len(v.results)} clauses pass"
+        print(f"{name:<{width}}  {v.word}  "
+              f"{len(v.results) - len(v.failed) - len(v.undecided) - len(v.untested)}/"
+              f"{len(v.results)} clauses pass"
               + (f"; failed: {', '.join(v.failed)}" if v.failed else "")
+              + "".join(f"; {r.id} {r.status}" for r in v.results if r.undecided)
               + "".join(f"; {r.id} {r.status}" for r in v.results if r.reason))
     print(f"\nreports: {out}/<variant>/report.md, {out}/check.json")
     if args.fail_on_violation and not all(v.passed for v in verdicts.values()):
+        undecided = [n for n, v in verdicts.items() if v.outcome == "undecided"]
+        if undecided:  # not a pass: more rows are needed to call it one
+            print(f"--fail-on-violation: {', '.join(undecided)} undecided (the point value meets "
+                  "the bound, its interval does not: judge more rows), which is not a pass",
+                  file=sys.stderr)
         return EXIT_VIOLATION
     return EXIT_OK
 
@@ -62,7 +69,8 @@ def configure_check(sub):
             "summary.csv, report.md and check.json. Without --output-dir it holds the run "
             "folder's lock, so it refuses (exit 2) while a sweep writes that run. Exit 0 = done "
             "(all pass, or failures without --fail-on-violation), 1 = a clause failed with "
-            "--fail-on-violation, or an output could not be written, 2 = usage error or the "
+            "--fail-on-violation (an undecided clause, whose point value meets the bound but its "
+            "interval does not, is not a pass either), or an output could not be written, 2 = usage error or the "
             "run folder in use."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", metavar="RESULTS_DIR", help="run folder, e.g. results/minilm-sentiment-quant-g64")
@@ -86,7 +94,7 @@ def configure_check(sub):
     p.add_argument("--worst", type=number(int, low=0, example=5), default=5,
                    help="worst examples listed per failing clause")
     p.add_argument("--fail-on-violation", action="store_true",
-                   help="exit 1 when any clause of any variant fails")
+                   help="exit 1 when any clause of any variant fails or is undecided")
     p.set_defaults(func=_check_command)
     return p
 

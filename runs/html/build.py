@@ -83,6 +83,7 @@ def _variant(run, name, row, texts_of, judged_dir=None):
         "name": name,
         "verdict": verdict_word(verdict),
         "failed": verdict.get("failed", []), "untested": verdict.get("untested", []),
+        "undecided": verdict.get("undecided", []),
         "settings": verdict.get("settings", {}),
         "contract": {"name": verdict.get("contract"), "digest": contract_digest(verdict)},
         "clauses": clause_rows(verdict, settled=rep.get("settled", ())),

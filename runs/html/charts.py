@@ -17,7 +17,8 @@ PARETO_Y = (("agreement", "agreement", True),
             ("ece_variant", "ECE (top label)", False),
             ("action_max_abs_diff_max", "max action drift |Δp|", False))
 #: Verdict → (marker, face colour) of a variant's point.
-VERDICT_STYLE = {"pass": ("o", "#1a7f37"), "fail": ("X", "#cf222e"), "untested": ("s", "#9a6700")}
+VERDICT_STYLE = {"pass": ("o", "#1a7f37"), "fail": ("X", "#cf222e"), "untested": ("s", "#9a6700"),
+                 "undecided": ("D", "#bc4c00")}
 RC = {"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
       "legend.fontsize": 7, "font.family": "sans-serif"}
 

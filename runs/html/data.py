@@ -27,7 +27,7 @@ TEXT_CHARS = 240
 CLAUSE_KEYS = ("id", "metric", "stratum", "statistic", "value", "op", "threshold", "ci_low",
                "ci_high", "interval", "n", "status", "why", "compare", "reason")
 #: Order of clause statuses in the clause table: failures first, then untested, then passes.
-STATUS_ORDER = {"FAIL": 0, "no examples": 1, "pass": 2}
+STATUS_ORDER = {"FAIL": 0, "undecided": 1, "no examples": 1, "pass": 2}
 
 
 def num(x):
@@ -76,17 +76,20 @@ def clause_rows(verdict, settled=()):
         r["decided_by"] = "sequential stopping" if r["id"] in settled else f"all {r['n']} rows"
         r["order"] = i
         rows.append(r)
-    rows.sort(key=lambda r: (STATUS_ORDER.get(r["status"], 1), r["order"]))
+    rows.sort(key=lambda r: (STATUS_ORDER.get(str(r["status"]).split(":")[0], 1), r["order"]))
     return rows
 
 
 def verdict_word(verdict):
-    """"pass", "fail" or "untested" (no clause failed but some had no examples, or no clause
-    was judged at all: a variant without verdict.json is never shown passing)."""
+    """"pass", "fail", "undecided" (no clause failed, one or more undecided: not a pass) or
+    "untested" (no clause failed or undecided but some had no examples, or no clause was judged
+    at all: a variant without verdict.json is never shown passing)."""
     if not verdict.get("clauses"):
         return "untested"
     if verdict.get("failed"):
         return "fail"
+    if verdict.get("undecided"):
+        return "undecided"
     return "untested" if verdict.get("untested") else "pass"
 
 

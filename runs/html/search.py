@@ -22,7 +22,8 @@ def cost_slack_svg(data):
         fig = _figure(1, 1, 6.5, 3.6)
         ax = fig.subplots()
         for c in pts:
-            m, col = VERDICT_STYLE["pass" if c.get("passed") else "fail"]
+            m, col = VERDICT_STYLE["pass" if c.get("passed") else (
+                "undecided" if c.get("undecided") and not c.get("failed") else "fail")]
             ax.scatter([c["cost"]], [c["slack"]], marker=m, color=col, edgecolor="k", lw=0.4,
                        s=36, alpha=0.5 if c.get("stopped") else 1.0)
         w = data.get("winner")

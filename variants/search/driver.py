@@ -20,6 +20,7 @@ from variants.search.store import Store, candidate_id
 
 
 @dataclass
+
 class SearchResult:
     found: bool
     winner: dict | None
@@ -194,6 +195,9 @@ class Search:
         n_chunks = math.ceil(res["n_total"] / self.opts.chunk_size)
         return self._base(layer_bits, spec, step) | {
             "passed": bool(verdict.passed), "failed": res["settled"] or verdict.failed,
+            "undecided": [] if res["settled"] else verdict.undecided,
+            "rows_needed": {r.id: r.rows_needed for r in verdict.results
+                            if r.undecided and not res["settled"]},
             "stopped": stopped, "tightest": tid, "slack": sl,
             "clauses": {r.id: {"value": _num(r.value), "compared": _num(r.compared_value),
                                "op": r.op, "threshold": r.threshold, "status": r.status,
@@ -240,14 +244,16 @@ class Search:
         ``recs``, logging each as it completes (``what(record)``: the cost part of the line). A
         candidate whose worker was lost twice (``error``) is not stored: a resume retries it."""
         from variants.search import worker
+        from variants.search.report import record_word
 
         def on_result(j, spec, res):
             i, config, _ = todo[j]
             r = recs[i] = self.record(config, spec, res, step)
             if "error" not in r:
                 self.store.put(r)
-            self.log(f"  [{step}] {r['name']}: {what(r)}, {'PASS' if r['passed'] else 'FAIL'}"
-                     + (f" ({', '.join(r['failed'])})" if r["failed"] else "")
+            self.log(f"  [{step}] {r['name']}: {what(r)}, {record_word(r)}"
+                     + (f" ({', '.join(r['failed'] or r.get('undecided') or [])})"
+                        if r["failed"] or r.get("undecided") else "")
                      + f", {r['n_used']}/{r['n_total']} eval rows, {r['wall_s']:.1f} s")
 
         if todo:

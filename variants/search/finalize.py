@@ -11,7 +11,8 @@ import json
 def finalize(search, passing, n=3):
     """Judge up to ``n`` of ``passing`` (records, cheapest first) on the real splits, one more
     at a time until one passes. Returns ``(winner record or None, finalists)``; a finalist is
-    ``{id, name, bits_per_weight, model_bytes, passed_eval, failed_eval, folder}``."""
+    ``{id, name, bits_per_weight, model_bytes, passed_eval, failed_eval, undecided_eval,
+    folder}``."""
     from variants.sweep.run import Sweep
     from variants.sweep.config import SweepConfig
 
@@ -36,7 +37,8 @@ def finalize(search, passing, n=3):
         finalists.append({"id": rec["id"], "name": rec["name"],
                           "bits_per_weight": rec["bits_per_weight"],
                           "model_bytes": rec["model_bytes"], "passed_eval": verdict["passed"],
-                          "failed_eval": verdict["failed"], "folder": str(out / rec["name"]),
+                          "failed_eval": verdict["failed"],
+                          "undecided_eval": verdict.get("undecided", []), "folder": str(out / rec["name"]),
                           "clauses_search": rec.get("clauses", {}),
                           "clauses_eval": {c["id"]: {k: c.get(k) for k in (
                               "value", "ci_low", "ci_high", "op", "threshold", "status")}

@@ -56,7 +56,7 @@ def pareto(frame, cost="cost"):
 def frame_of(records):
     """One row per candidate record, in evaluation order (pandas)."""
     cols = ["step", "id", "name", "cost", "bits_per_weight", "model_bytes", "passed", "failed",
-            "tightest", "slack", "n_used", "n_total", "stopped", "wall_s", "reused"]
+            "undecided", "tightest", "slack", "n_used", "n_total", "stopped", "wall_s", "reused"]
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in records], columns=cols)
 
 
@@ -111,8 +111,8 @@ def markdown(frame, result, png):
                   "failing on eval |", "|---|---|---|---|---|---|"]
         for f in result["finalists"]:
             lines.append(f"| {f['name']} | {f['bits_per_weight']:.3f} | {_mb(f['model_bytes'])} "
-                         f"| PASS | {'PASS' if f['passed_eval'] else 'FAIL'} | "
-                         f"{', '.join(f['failed_eval']) or '-'} |")
+                         f"| PASS | {_eval_word(f)} | "
+                         f"{', '.join(f['failed_eval'] + f.get('undecided_eval', [])) or '-'} |")
         held = sum(bool(f["passed_eval"]) for f in result["finalists"])
         lines += ["", f"{held} of {len(result['finalists'])} search-split passes held on the "
                   f"eval split ({held / len(result['finalists']):.0%}).", ""]
@@ -137,20 +137,43 @@ def markdown(frame, result, png):
               "| step | candidate | cost | bits/weight | verdict | failing | tightest (slack) | "
               "examples | wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for _, r in frame.iterrows():
-        verdict = "PASS" if r["passed"] else ("over budget" if r["n_used"] == 0 else "FAIL")
+        verdict = ("over budget" if not r["passed"] and r["n_used"] == 0
+                   else record_word(r))
         sl = "" if r["slack"] is None or pd.isna(r["slack"]) else f"{r['slack']:+.3f}"
         lines.append(f"| {r['step']} | {r['name']} | {r['cost']:.6g} | {r['bits_per_weight']:.3f}"
                      f" | {verdict}{' (stopped)' if r['stopped'] else ''} | "
-                     f"{', '.join(r['failed'] or []) or '-'} | {r['tightest'] or '-'} ({sl}) | "
+                     f"{', '.join(_ids(r, 'failed') or _ids(r, 'undecided')) or '-'} | "
+                     f"{r['tightest'] or '-'} ({sl}) | "
                      f"{r['n_used']}/{r['n_total']} | {r['wall_s']:.1f} |")
     front = pareto(frame)
     lines += ["", "## Pareto front (cost vs tightest-clause slack)", "",
               "| candidate | cost | slack | verdict |", "|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['cost']:.6g} | {r['slack']:+.3f} | "
-              f"{'PASS' if r['passed'] else 'FAIL'} |" for _, r in front.iterrows()]
+              f"{record_word(r)} |" for _, r in front.iterrows()]
     if png is not None:
         lines += ["", f"![cost vs slack]({png.name})"]
     return "\n".join(lines) + "\n"
+
+
+def _eval_word(finalist):
+    """'PASS', 'FAIL' or 'UNDECIDED' of a finalist on the eval split."""
+    if finalist["passed_eval"]:
+        return "PASS"
+    return "UNDECIDED" if finalist.get("undecided_eval") and not finalist["failed_eval"] else "FAIL"
+
+
+def _ids(rec, key):
+    """The clause ids of a record's ``key`` list (a missing or NaN cell: none)."""
+    v = rec.get(key)
+    return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def record_word(rec):
+    """'PASS', 'FAIL' or 'UNDECIDED' (no clause failed, one or more undecided) of a search
+    record (a dict or a frame row)."""
+    if rec["passed"]:
+        return "PASS"
+    return "UNDECIDED" if _ids(rec, "undecided") and not _ids(rec, "failed") else "FAIL"
 
 
 def _cell(c):
@@ -187,11 +210,11 @@ def plot(frame, result, path):
     from matplotlib.figure import Figure
 
     f = frame.dropna(subset=["slack"]).assign(
-        verdict=lambda d: d["passed"].map({True: "pass", False: "fail"}))
+        verdict=lambda d: [record_word(r).lower() for _, r in d.iterrows()])
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.add_subplot()
     sns.scatterplot(data=f, x="cost", y="slack", hue="verdict", style="stopped", ax=ax,
-                    palette={"pass": "tab:green", "fail": "tab:red"})
+                    palette={"pass": "tab:green", "fail": "tab:red", "undecided": "tab:orange"})
     front = pareto(frame)
     ax.step(front["cost"], front["slack"], where="post", color="0.4", lw=1, label="Pareto front")
     ax.axhline(0, color="0.2", lw=0.8, ls="--")

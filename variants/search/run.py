@@ -67,6 +67,22 @@ def run_search(opts, log=print):
         return _conclude(s, opts, records, t0, log)
 
 
+def _undecided_text(records, n):
+    """One sentence naming the cheapest candidate that no clause fails but one or more leaves
+    undecided on ``n`` search-eval rows, and the rows that would decide each ("" if none)."""
+    open_ = sorted((r for r in records if r.get("undecided") and not r["failed"]),
+                   key=lambda r: (r["cost"], r["model_bytes"], r["id"]))
+    if not open_:
+        return ""
+    r = open_[0]
+    need = r.get("rows_needed") or {}
+    parts = ", ".join(f"{c} (about {need[c]:,} rows would decide it)" if need.get(c) else c
+                      for c in r["undecided"])
+    return (f" Undecided (not a pass): {r['name']} ({r['bits_per_weight']:.3f} bits/weight) on "
+            f"{parts}, at its observed rates on {n} search-eval rows; give more rows "
+            "(--n-search) to decide it.")
+
+
 def _conclude(s, opts, records, t0, log):
     passing = sorted((r for r in records if r["passed"]),
                      key=lambda r: (r["cost"], r["model_bytes"], r["id"]))
@@ -78,7 +94,7 @@ def _conclude(s, opts, records, t0, log):
                    + (f" Closest: {close['name']} ({close['bits_per_weight']:.3f} bits/weight), "
                       f"blocked by {', '.join(close['failed']) or close['tightest']} "
                       f"(tightest: {close['tightest']}, slack {close['slack']:+.3f})."
-                      if close else ""))
+                      if close else "") + _undecided_text(records, len(s.state["parts"]["search-eval"])))
         if opts.select == "bound":
             from variants.search.bounds import unreachable
 

@@ -330,8 +330,9 @@ class Sweep:
             with self.clock("metrics_contract_report"):
                 extras.update({k: v for k, v in family_extras(
                     self.out, cfg.family, [vcfg.name], family=family).items() if v is not None})
-            self.log(f"{vcfg.name}: {'PASS' if verdict.passed else 'FAIL'}"
-                     + (f" ({', '.join(verdict.failed)})" if verdict.failed else ""))
+            self.log(f"{vcfg.name}: {verdict.word}"
+                     + (f" ({', '.join(verdict.failed + verdict.undecided)})"
+                        if verdict.failed or verdict.undecided else ""))
         self.extras = extras
         if not rows:
             meta = self.metadata()

@@ -1,0 +1,116 @@
+"""Three outcomes: a clause compared on its interval whose point value meets the threshold but
+whose far end does not is undecided — not a pass, not a failure — and says about how many rows
+would decide it (contracts.checker, contracts.undecided, ``variants check``)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from contracts import check, contract_from_dict
+from contracts.undecided import rows_needed
+from metrics.evaluate import evaluate
+from metrics.intervals import clopper_pearson
+from runs.commands.check import main
+from runs.io import write_json, write_npz
+from runs.selftest import FAULTS, synthetic_outputs
+
+
+@pytest.fixture(scope="module")
+def noisy():
+    cal, ev = synthetic_outputs(n=800, seed=0)
+    vc, ve = FAULTS["logit-noise"].apply(cal, ev, np.random.default_rng(0))
+    return cal, ev, vc, ve
+
+
+def _contract(agree, **extra):
+    return contract_from_dict({"settings": {"n_bootstrap": 500}, "clause": [
+        {"id": "point", "metric": "agreement", "statistic": "rate", "min": agree - 0.005},
+        {"id": "bound", "metric": "agreement", "statistic": "rate", "min": agree - 0.005,
+         "compare": "ci"},
+        {"id": "beyond", "metric": "agreement", "statistic": "rate", "min": agree + 0.001,
+         "compare": "ci"}, *extra.get("more", [])]})
+
+
+def test_point_passes_bound_does_not_is_undecided_not_failed(noisy):
+    _, ev, _, ve = noisy
+    e = evaluate(ev, ve, epsilon=0.0)
+    agree = e.value("agreement")
+    v = check(_contract(agree), e)
+    by = {r.id: r for r in v.results}
+    assert by["point"].passed is True and not by["point"].undecided
+    # the far end (Clopper–Pearson lower bound) is below agree - 0.005, the value above it
+    assert by["bound"].ci_low < agree - 0.005 < agree
+    assert by["bound"].undecided and by["bound"].passed is False
+    assert by["beyond"].passed is False and not by["beyond"].undecided  # value itself fails
+    assert v.failed == ["beyond"] and v.undecided == ["bound"] and v.outcome == "fail"
+    v2 = check(contract_from_dict({"settings": {"n_bootstrap": 500},
+                                   "clause": [dict(c) for c in _clauses(agree)[:2]]}), e)
+    assert v2.outcome == "undecided" and v2.word == "UNDECIDED" and not v2.passed
+    assert v2.failed == [] and v2.undecided == ["bound"]
+    d = json.loads(json.dumps(v2.to_dict()))
+    assert d["outcome"] == "undecided" and d["undecided"] == ["bound"] and d["passed"] is False
+    clause = d["clauses"][1]
+    assert clause["undecided"] is True and clause["rows_needed"] > 800
+    assert clause["status"] == (f"undecided: about {clause['rows_needed'] - 800:,} more rows "
+                                "would decide it")
+
+
+def _clauses(agree):
+    return [{"id": "point", "metric": "agreement", "statistic": "rate", "min": agree - 0.005},
+            {"id": "bound", "metric": "agreement", "statistic": "rate", "min": agree - 0.005,
+             "compare": "ci"}]
+
+
+def test_rows_needed_hand_computed_and_decides_a_clopper_pearson_rate():
+    # 2 events in 800 rows, max 0.005: value 0.0025 meets it, the exact upper bound does not
+    lo, hi = clopper_pearson(2, 800)
+    assert hi == pytest.approx(0.00900, abs=5e-5) and hi > 0.005
+    need = rows_needed(2 / 800, hi, 0.005, 800)
+    assert need == math.ceil(800 * ((hi - 0.0025) / 0.0025) ** 2)
+    # at the observed rate, that many rows decide it; a quarter of them do not
+    k = round(0.0025 * need)
+    assert clopper_pearson(k, need)[1] <= 0.005
+    quarter = need // 4
+    assert clopper_pearson(round(0.0025 * quarter), quarter)[1] > 0.005
+    assert rows_needed(0.005, 0.009, 0.005, 800) is None  # value on the threshold: never
+    assert rows_needed(float("nan"), 0.009, 0.005, 800) is None
+
+
+def test_check_fail_on_violation_says_undecided_and_exits_1(tmp_path, noisy, capsys):
+    cal, ev, vc, ve = noisy
+    run = tmp_path / "run"
+    write_npz(run / "reference" / "calibration_outputs.npz", cal)
+    write_npz(run / "reference" / "outputs.npz", ev)
+    write_npz(run / "noisy" / "calibration_outputs.npz", vc)
+    write_npz(run / "noisy" / "outputs.npz", ve)
+    write_json(run / "run.json", {"config": {"near_tie_margin": 0.05}})
+    agree = evaluate(ev, ve, epsilon=0.0).value("agreement")
+    toml = tmp_path / "c.toml"
+    toml.write_text("[settings]\nn_bootstrap = 200\n" + "".join(
+        f'[[clause]]\nid = "{c["id"]}"\nmetric = "agreement"\nstatistic = "rate"\n'
+        f'min = {c["min"]!r}\n' + (f'compare = "ci"\n' if "compare" in c else "")
+        for c in _clauses(agree)))
+    assert main(["check", str(run), "--contract", str(toml)]) == 0
+    assert main(["check", str(run), "--contract", str(toml), "--fail-on-violation"]) == 1
+    cap = capsys.readouterr()
+    assert "noisy  UNDECIDED  1/2 clauses pass" in cap.out
+    assert "bound undecided: about" in cap.out
+    assert "noisy undecided" in cap.err and "not a pass" in cap.err
+    verdict = json.loads((run / "noisy" / "verdict.json").read_text())
+    assert verdict["outcome"] == "undecided" and verdict["failed"] == []
+    md = (run / "noisy" / "report.md").read_text()
+    assert md.startswith("# noisy: UNDECIDED") and "undecided: about" in md
+
+
+def test_summary_row_says_undecided(noisy):
+    from runs.report import summary_row
+
+    _, ev, _, ve = noisy
+    e = evaluate(ev, ve, epsilon=0.0)
+    v = check(contract_from_dict({"settings": {"n_bootstrap": 200},
+                                  "clause": _clauses(e.value("agreement"))}), e)
+    row = summary_row("noisy", {"family": "quant"}, e.summary, v, {})
+    assert row["verdict"] == "UNDECIDED" and row["undecided_clauses"] == "bound"
+    assert row["failed_clauses"] == ""
