@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from metrics.defaults import N_BINS
+from metrics.defaults import N_BINS, NUMERICAL_TIE_MULTIPLE
 
 #: What the ``interval`` column of a clause table means (said under every such table).
 INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binomial interval "
@@ -65,7 +65,7 @@ def flip_strata(ev):
     edges = [0.0, m, 2 * m, 4 * m] if m > 0 else [0.0]
     strata += [f"margin:{a:g}-{b:g}" for a, b in zip(edges[:-1], edges[1:])]
     strata += [f"margin:{edges[-1]:g}-inf"]
-    strata += ["certified", "uncertified", "human_near_tie"]
+    strata += ["certified", "uncertified", "human_near_tie", "numerical_tie", "decided"]
     strata += [f"options:{k}" for k in sorted(ev.per_example["n_options"].unique())]
     strata += [f"task:{t}" for t in sorted(ev.per_example["task"].unique())]
     return strata
@@ -322,7 +322,10 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
     ft = flip_table(ev)
     lines += ["====== Flips by stratum ======", "",
               f"Near tie: reference margin < {ev.near_tie_margin:g}; human near tie: raters' top-two "
-              f"share gap ≤ {ev.human_tie_gap:g}. Negative flip = reference right, variant wrong; "
+              f"share gap ≤ {ev.human_tie_gap:g}; numerical tie: reference margin ≤ "
+              f"{NUMERICAL_TIE_MULTIPLE:g} × the reference's own numerical noise "
+              f"({ev.numerical_noise:.3g}, two compute paths), decided: every other row. "
+              "Negative flip = reference right, variant wrong; "
               "positive = the reverse (Yan et al. 2020); rates over labeled examples.", "",
               _md(ft, floatfmt=".4g"), ""]
 

@@ -11,3 +11,8 @@ the ECE functions, the plots and the sweep read them from here).
 NEAR_TIE_MARGIN = 1.0
 N_BINS = 15
 HUMAN_TIE_GAP = 0.2
+#: A row is a numerical tie when the reference's raw top-two margin is at most this many times
+#: the reference's own numerical noise (the largest |Δlogit| between two compute paths of the
+#: reference on the eval rows, run.json ``reference_noise``): its answer is not stable across
+#: machines, so its flips are reported apart (stratum ``numerical_tie``).
+NUMERICAL_TIE_MULTIPLE = 10.0

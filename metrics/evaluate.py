@@ -13,12 +13,13 @@ The metric, statistic and stratum names are re-exported here (``METRICS``, ``BOO
 ``METRIC_STATISTICS``, ``STRATA``, ...) for code that imports them from this module.
 """
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from metrics.columns import build_evaluation
-from metrics.defaults import HUMAN_TIE_GAP, N_BINS, NEAR_TIE_MARGIN
+from metrics.defaults import HUMAN_TIE_GAP, N_BINS, NEAR_TIE_MARGIN, NUMERICAL_TIE_MULTIPLE
 from metrics.evaluation import Evaluation
 from metrics.evaluation_tables import BOUND_ATOL, BOUND_RTOL
 from metrics.registry import (
@@ -74,7 +75,8 @@ def _get(outputs, name, which):
 
 
 def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BINS,
-             epsilon_conformal=None, alpha=None, human_tie_gap=HUMAN_TIE_GAP):
+             epsilon_conformal=None, alpha=None, human_tie_gap=HUMAN_TIE_GAP,
+             numerical_noise=0.0):
     """Compare a variant's outputs with the reference's on the same examples.
 
     Parameters
@@ -101,6 +103,12 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
         Its miscoverage level (recorded in the summary).
     human_tie_gap : float, default=HUMAN_TIE_GAP (0.2)
         An item is a human near tie when its raters' top-two share gap is at most this.
+    numerical_noise : float, default=0.0
+        The reference's own numerical noise (raw-logit units, >= 0: the largest |Δlogit|
+        between two compute paths of the reference, run.json ``reference_noise``). A row whose
+        reference margin is at most ``NUMERICAL_TIE_MULTIPLE`` (10, :mod:`metrics.defaults`)
+        times it is a numerical tie (``detail`` column ``numerical_tie``; strata
+        ``numerical_tie`` and ``decided``, its complement).
 
     Returns
     -------
@@ -172,5 +180,11 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
     evaluation = build_evaluation(r, v, ref, var, epsilon=epsilon, near_tie_margin=near_tie_margin,
                                   n_bins=n_bins, epsilon_conformal=epsilon_conformal, alpha=alpha,
                                   human_tie_gap=human_tie_gap)
+    noise = float(numerical_noise)
+    if not (math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"numerical_noise must be a finite number >= 0, got {numerical_noise}.")
+    evaluation.numerical_noise = noise
+    evaluation.detail["numerical_tie"] = (
+        evaluation.per_example["ref_margin"].to_numpy() <= NUMERICAL_TIE_MULTIPLE * noise)
     evaluation.summary = summarise(evaluation)
     return evaluation

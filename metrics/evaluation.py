@@ -56,6 +56,10 @@ class Evaluation(EvaluationTables):
         The variant's own temperature per example (None when its outputs have none).
     targets : ndarray of shape (N,), int64
         Calibration target: the label where known, else the reference's top-1 option.
+    numerical_noise : float
+        The reference's own numerical noise (raw-logit units, run.json ``reference_noise``):
+        rows whose reference margin is at most ``NUMERICAL_TIE_MULTIPLE`` times it are the
+        ``numerical_tie`` stratum; 0 when not measured (only exact ties are numerical ties).
     """
 
     per_example: pd.DataFrame
@@ -75,6 +79,7 @@ class Evaluation(EvaluationTables):
     temperature: np.ndarray = field(default=None, repr=False)
     targets: np.ndarray = field(default=None, repr=False)
     var_temperature: np.ndarray = field(default=None, repr=False)
+    numerical_noise: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     # -- rows and columns -------------------------------------------------------------------

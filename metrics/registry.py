@@ -130,6 +130,7 @@ _SPECS = (
     _b("epsilon_exceeded", False, detail=True), _b("within_conformal", True, detail=True),
     _b("certified_conformal", True, detail=True), _b("bound_violation", False, detail=True),
     _b("mask_mismatch", False, detail=True), _b("human_near_tie", None, detail=True),
+    _b("numerical_tie", None, detail=True),
     # per-example float columns (NaN values are skipped by every statistic)
     _f("ref_margin", None), _f("max_abs_logit_diff", False), _f("kl", False),
     _f("abs_score_error", False, undefined="no score (expected_score NaN)"),

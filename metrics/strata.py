@@ -3,6 +3,11 @@
 Fixed strata are ``STRATA``; a task stratum is ``task:<task name>`` (e.g.
 ``task:sentiment-3``), an option-count stratum ``options:<K>``, a reference-margin bin
 ``margin:<lo>-<hi>`` (raw logits, lo <= margin < hi, hi may be ``inf``).
+
+``numerical_tie``: rows whose reference margin lies within ``NUMERICAL_TIE_MULTIPLE`` times the
+reference's own numerical noise (:func:`metrics.evaluate.evaluate`, ``numerical_noise``): no
+machine-independent answer; ``decided``: every other row (what the packaged contracts' flip
+clauses count).
 """
 
 import re
@@ -12,7 +17,7 @@ import numpy as np
 from metrics._checks import short_repr
 
 STRATA = ("all", "near_tie", "certified", "uncertified", "human_near_tie", "not_near_tie",
-          "certified_conformal", "epsilon_held", "labeled")
+          "certified_conformal", "epsilon_held", "labeled", "numerical_tie", "decided")
 TASK_STRATUM_PREFIX = "task:"
 OPTIONS_STRATUM_PREFIX = "options:"
 MARGIN_STRATUM_PREFIX = "margin:"
@@ -65,7 +70,9 @@ def stratum_rows(ev, stratum):
         return ~df["certified"].to_numpy(dtype=bool)
     if stratum == "labeled":
         return df["label"].to_numpy() >= 0
-    if stratum in ("human_near_tie", "certified_conformal"):
+    if stratum == "decided":  # every row but the numerical ties (metrics.evaluate)
+        return ev._array("numerical_tie") != 1.0
+    if stratum in ("human_near_tie", "certified_conformal", "numerical_tie"):
         return ev._array(stratum) == 1.0
     if stratum == "epsilon_held":
         return ev._array("epsilon_exceeded") == 0.0

@@ -124,7 +124,8 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     epsilons["alpha"] = st["alpha"]
     ev = evaluate(ref_eval, var_eval, epsilon=eps, near_tie_margin=st["near_tie_margin"],
                   n_bins=st["n_bins"], epsilon_conformal=epsilons["all"]["epsilon_conformal"],
-                  alpha=st["alpha"], human_tie_gap=st["human_tie_gap"])
+                  alpha=st["alpha"], human_tie_gap=st["human_tie_gap"],
+                  numerical_noise=st.get("numerical_noise", 0.0))
     verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
                     seed=st["seed"])
     verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force

@@ -1,7 +1,9 @@
 """Judging settings in force and the checks on them that need the outputs (no MLX).
 
 Precedence: explicit arguments (``variants check --alpha``...), else the contract's
-``[settings]``, else run.json (``near_tie_margin`` only), else the defaults.
+``[settings]``, else run.json (``near_tie_margin`` only), else the defaults. The reference's
+numerical noise (``numerical_noise``, the numerical-tie stratum's scale) is a measurement of the
+run, read from run.json's ``reference_noise`` (0 when absent: only exact ties).
 """
 
 import math
@@ -49,6 +51,8 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     elif st.get("near_tie_margin") is None:
         st["near_tie_margin"] = float((meta or {}).get("config", {}).get(
             "near_tie_margin", DEFAULT_NEAR_TIE_MARGIN))
+    noise = ((meta or {}).get("reference_noise") or {}).get("max_abs_logit_diff")
+    st["numerical_noise"] = float(noise) if noise is not None else 0.0  # run.json, else none
     for key, value in (("alpha", alpha), ("n_bootstrap", n_bootstrap), ("seed", seed)):
         if value is not None:
             st[key] = value

@@ -175,7 +175,7 @@ def test_zero_events_get_an_exact_interval_not_zero_width():
     assert ev.ci("certified_share") == pytest.approx(clopper_pearson(k, 20), rel=1e-12)
 
 
-def test_ci_clause_on_zero_flips_in_twenty_fails():
+def test_ci_clause_on_zero_flips_in_twenty_is_not_a_pass():
     ev = _twenty_identical()
     contract = contract_from_dict({"name": "c", "clause": [
         {"id": "flip-ci", "metric": "flip", "statistic": "rate", "max": 0.01, "compare": "ci"},
@@ -189,7 +189,9 @@ def test_ci_clause_on_zero_flips_in_twenty_fails():
         "clopper-pearson", "clopper-pearson", "bootstrap-percentile"]
     d = verdict.to_dict()["clauses"]
     assert d[0]["interval"] == "clopper-pearson" and d[2]["interval"] == "bootstrap-percentile"
-    assert verdict.failed == ["flip-ci"]
+    # the value (0) meets the bound, the interval does not: undecided, not a pass
+    assert verdict.failed == [] and verdict.undecided == ["flip-ci"] and not verdict.passed
+    assert r["flip-ci"].status.startswith("undecided: about")
 
 
 # -- temperature fits that run to a bound ---------------------------------------------------------

@@ -35,7 +35,7 @@ def pair():
 
 
 def test_old_constants_are_views_of_the_registry_in_the_old_order():
-    assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 15
+    assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 16
     assert FLOAT_METRICS[:3] == ("ref_margin", "max_abs_logit_diff", "kl") and len(FLOAT_METRICS) == 13
     assert SET_METRICS[-4:] == ("temperature_refit_log_ratio", "certified_share_conformal",
                                 "epsilon_max", "epsilon_conformal") and len(SET_METRICS) == 26
@@ -45,7 +45,7 @@ def test_old_constants_are_views_of_the_registry_in_the_old_order():
     assert BINOMIAL_SET_METRICS == {"accuracy_ref": "ref_correct", "accuracy_variant": "var_correct",
                                     "certified_share": "certified",
                                     "certified_share_conformal": "certified_conformal"}
-    assert len(DETAIL_METRICS) == 14 and DETAIL_METRICS[0] == "epsilon_exceeded"
+    assert len(DETAIL_METRICS) == 15 and DETAIL_METRICS[0] == "epsilon_exceeded"
     assert METRIC_STATISTICS["flip"] == ("rate", "count")
     assert METRIC_STATISTICS["kl"][0] == "mean" and METRIC_STATISTICS["ece_delta"] == ("value",)
     assert names(SET, needs_labels=True) == ("accuracy_ref", "accuracy_variant", "accuracy_drop",

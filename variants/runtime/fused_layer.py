@@ -60,7 +60,12 @@ PANEL_ROWS = 32
 
 
 def enabled():
-    """False when ``VARIANTS_FUSED_LAYER`` is ``off`` / ``0`` / ``false`` / ``no``."""
+    """False when ``VARIANTS_FUSED_LAYER`` is ``off`` / ``0`` / ``false`` / ``no``, or inside
+    :func:`variants.runtime.plain.plain`."""
+    from variants.runtime import plain
+
+    if plain.active():
+        return False
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
 
 

@@ -4,8 +4,9 @@ prefix of it, only when no completion of the unseen rows could change it.
 After ``n`` of ``N`` eval rows, the unseen rows are filled with the *best case*: the variant's
 outputs equal to the reference's there, so every drift column is exactly 0 and every event
 column is favourable (agreement, within the conformal ε: True; flips, violations: False).
-A clause is **settled failing** when it fails on that completion and its statistic is monotone
-in each example, in the favourable direction:
+A clause is **settled failing** when it does not pass on that completion (it fails, or is
+undecided: its value meets the threshold, its bound does not) and its statistic is monotone in
+each example, in the favourable direction:
 
 - bool columns, ``rate`` / ``count``, compared on the value or on the Clopper–Pearson bound
   (monotone in the event count for a fixed N): the best completion adds no bad event;
@@ -21,7 +22,8 @@ in each example, in the favourable direction:
 
 Every other stratum's rows are fixed by the reference, the labels and the calibration ε, all of
 which are known in full before the first eval chunk (the calibration split is run whole first).
-So a settled failure is a failure on the full split: stopping never flips a verdict
+So a settled failure is no pass on the full split (a failure, or undecided): stopping never
+flips a verdict
 (``tests/search/test_search.py`` compares stopped and full evaluations on many perturbed candidates).
 Passing is never settled early (an unseen example may always break a ``max``). No MLX.
 """

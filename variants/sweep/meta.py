@@ -66,6 +66,8 @@ def run_metadata(sweep):
         },
         "reference_model_bytes": model_bytes(sweep.ref_model),
         "temperatures": {str(k): v for k, v in sweep.ref_model.temperatures.items()},
+        # the reference against itself on a second compute path (variants.sweep.noise)
+        "reference_noise": getattr(sweep, "ref_noise", None),
         "temperature_fits": {str(k): v for k, v in getattr(sweep.ref_model, "temperature_fits", {}).items()},
         "wall_s": breakdown["wall_s"],
         "reused_variants": sweep.reused,

@@ -37,6 +37,7 @@ from variants.models import fitted_reference
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
+from variants.sweep.noise import reference_noise
 from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
                                    read_json)
 from variants.sweep.inputs import cache_parts, load_inputs
@@ -104,11 +105,15 @@ class Sweep:
                 self.batches[split], self.truncated[split] = self.ref_model.prepare(
                     self.tasksets[split], cfg.batch_size)
         self.ref_outputs, self.ref_outputs_cached = {}, {}
+
+        def key_of(split):
+            return self.ref_model.cache_key(self.checkpoint.sha256, cfg.dtype,
+                                            self.tasksets[split].fingerprint(),
+                                            prepared_digest(self.batches[split]),
+                                            *cache_parts(cfg))
+
         for split in ("calibration", "eval"):
-            key = self.ref_model.cache_key(self.checkpoint.sha256, cfg.dtype,
-                                           self.tasksets[split].fingerprint(),
-                                           prepared_digest(self.batches[split]),
-                                           *cache_parts(cfg))
+            key = key_of(split)
             path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
             with self.clock("reference_forward"):
                 self.ref_outputs_cached[split] = path.exists()
@@ -119,6 +124,8 @@ class Sweep:
                     self.clock.counts["reference_output_batches"] += len(self.batches[split])
                     outputs.save(path)
             self.ref_outputs[split] = outputs
+        with self.clock("reference_forward"):
+            self.ref_noise = reference_noise(self, key_of)
         return self.ref_model
 
     def save_reference(self):

@@ -10,6 +10,9 @@
   config) and the row key; only the unique misses of a call run. A hit returns logits computed
   in another batch (other padding / batch size): float round-off.
 - ``outsel``: :mod:`variants.families.exact.outsel` (last layer at the read positions only).
+- ``null-control``: the null control, the reference's ``forward`` called inside
+  :func:`variants.runtime.plain.plain` (the compiled layers and kernels off): the reference on a
+  second compute path, float round-off.
 
 The variant is the reference ``DecisionModel`` with its class swapped for a subclass whose
 ``forward`` does the above around the reference's own ``forward`` (any decision model: its
@@ -110,6 +113,31 @@ class ExactMixin:
 
 
 _CLASSES = {}
+_NULL_CLASSES = {}
+
+
+class NullMixin:
+    """``forward`` of the reference on the plain MLX path (:mod:`variants.runtime.plain`),
+    evaluated inside the block."""
+
+    def forward(self, batch):
+        from variants.runtime import plain
+
+        with plain.plain():
+            out = super().forward(batch)
+            mx.eval(out)
+        return out
+
+
+def null_model(reference):
+    """A copy of ``reference`` (same module, tokenizer, temperatures) whose forward runs on the
+    plain MLX path: the null control."""
+    cls = type(reference)
+    if cls not in _NULL_CLASSES:
+        _NULL_CLASSES[cls] = type(f"Null{cls.__name__}", (NullMixin, cls), {})
+    var = reference.replace_module(reference.module)
+    var.__class__ = _NULL_CLASSES[cls]
+    return var
 
 
 def exact_model(reference, cache_size=None):
@@ -186,6 +214,10 @@ def build(reference, cfg, mode="simulated"):
                     exactness="float round-off: the last layer's query, attention output and "
                               "MLP run on the read positions only (smaller matrix products)")
         return var, info
+    if cfg.kind == "null-control":
+        info["exactness"] = ("float round-off: the reference's own weights on the plain MLX path "
+                             "(compiled layers and kernels off); the null control")
+        return null_model(reference), info
     var = exact_model(reference, cfg.cache_size if cfg.kind == "cache" else None)
     info["namespace"] = var.exact_namespace.hex()
     info["exactness"] = (

@@ -5,7 +5,11 @@ selection): config, flags, ladder and report lines. No MLX: the variants are bui
 
 Every variant must show zero drift against the reference (0 flips, every example certified):
 ``dedup`` is bit-identical on batches without repeats and float round-off elsewhere, ``cache``
-and ``outsel`` float round-off (build.json's ``exactness`` says which).
+and ``outsel`` float round-off (build.json's ``exactness`` says which). ``null-control`` is the **null
+control**: the reference itself recomputed on the plain MLX path (compiled layers and kernels
+off, :mod:`variants.runtime.plain`), float round-off by construction; it saves nothing and must
+pass every clause of every packaged contract (a failure is a checker or contract defect, or
+numerical noise the contract counts as a change).
 """
 
 import argparse
@@ -16,7 +20,9 @@ from metrics._checks import short_repr
 from variants.families import unique_by_name
 from variants.families.family import BuildInputs, Family
 
-KINDS = ("dedup", "cache", "outsel")
+KINDS = ("dedup", "cache", "outsel", "null-control")
+#: kinds with no repeat-dependent saving: no workload streams
+NO_WORKLOADS = ("outsel", "null-control")
 DEFAULT_KINDS = ("dedup", "cache")
 DEFAULT_CACHE_SIZE = 4096
 DEFAULT_ZIPF_EXPONENT = 1.1
@@ -65,7 +71,9 @@ def add_arguments(parser):
                    action=_Unique,
                    help="dedup: identical prepared rows of a call run once; cache: + an LRU of "
                         "results across calls; outsel: the last layer only at the positions the "
-                        "output reads (CLS heads, marker models; not mean pooling)")
+                        "output reads (CLS heads, marker models; not mean pooling); null-control: the "
+                        "null control, the reference recomputed on the plain MLX path (compiled "
+                        "layers and kernels off): saves nothing, must pass every contract")
     g.add_argument("--cache-sizes", type=int, nargs="+", default=None, action=_Unique,
                    metavar="N", help="LRU entries (rows) of each cache variant (only with "
                                      f"cache in --exact-kinds; None = {DEFAULT_CACHE_SIZE})")
@@ -127,6 +135,10 @@ def describe(info, timing=None):
     lines = [f"- exact variant `{info['kind']}`"
              + (f" (LRU of {info['cache_size']} rows)" if info["kind"] == "cache" else "")
              + f": logits {info['exactness']}"]
+    if info["kind"] == "null-control":
+        lines.append("- the null control: the reference's own weights on a second compute path; "
+                     "any clause it fails measures the checker, not an approximation")
+        return "\n".join(lines) + "\n"
     if info["kind"] == "outsel":
         lines.append(f"- the output reads `{info['reads']}` positions; the last of "
                      f"{info['n_layers']} layers runs its query, attention output and MLP there "
@@ -201,8 +213,9 @@ def timed_variant(variant, vcfg):
 
 def time_extra(reference, variant, eval_taskset, cfg, vcfg):
     """timing.json additions: ``workloads`` (eval as is and Zipf-repeated streams,
-    :func:`variants.families.exact.workload.workload_timing`); nothing for ``outsel``."""
-    if vcfg.kind == "outsel":
+    :func:`variants.families.exact.workload.workload_timing`); nothing for ``outsel`` and
+    ``null``."""
+    if vcfg.kind in NO_WORKLOADS:
         return {}
     from variants.families.exact.workload import workload_timing
 
@@ -221,7 +234,7 @@ def time_extra(reference, variant, eval_taskset, cfg, vcfg):
 def extra_stale(timing, cfg, vcfg):
     """On resume: why ``timing``'s workloads no longer fit ``cfg`` (their saved settings differ
     from --workload-batch / --workload-calls / --zipf-exponent / --seed now), or None."""
-    if vcfg.kind == "outsel":
+    if vcfg.kind in NO_WORKLOADS:
         return None
     p = cfg.params
     want = {"batch_size": p.get("workload_batch", DEFAULT_WORKLOAD_BATCH),

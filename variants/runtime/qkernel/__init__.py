@@ -167,7 +167,12 @@ def _import(path):
 
 
 def enabled():
-    """False when ``VARIANTS_QKERNEL`` is ``off`` / ``0`` / ``false``."""
+    """False when ``VARIANTS_QKERNEL`` is ``off`` / ``0`` / ``false``, or inside
+    :func:`variants.runtime.plain.plain`."""
+    from variants.runtime import plain
+
+    if plain.active():
+        return False
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
 
 
