@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from contracts.undecided import rows_needed as undecided_rows
 from metrics.registry import spec
 
 SELECT = ("bound", "value")
@@ -74,8 +75,12 @@ def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
                                  seed=verdict.settings.get("seed", 0))
         far = high if r.op == "<=" else low
         passed = bool(far <= r.threshold) if r.op == "<=" else bool(far >= r.threshold)
+        meets = r.value <= r.threshold if r.op == "<=" else r.value >= r.threshold
+        undecided = bool(not passed and meets and not r.reason)
         results.append(replace(r, ci_low=low, ci_high=high, interval="bootstrap-percentile",
-                               passed=passed))
+                               passed=passed, undecided=undecided,
+                               rows_needed=undecided_rows(r.value, far, r.threshold, r.n)
+                               if undecided else None))
     return replace(verdict, results=tuple(results))
 
 
@@ -98,11 +103,12 @@ def rows_needed(clause, confidence=0.95):
 
 
 def unreachable(contract, n_rows, confidence=0.95):
-    """``[(clause id, rows needed)]`` of the ``all``-stratum rate clauses whose bound cannot
+    """``[(clause id, rows needed)]`` of the ``all``- and ``decided``-stratum rate clauses whose bound cannot
     pass on ``n_rows`` rows whatever the candidate (:func:`rows_needed`)."""
     out = []
     for c in contract.clauses:
-        need = rows_needed(c, confidence) if c.stratum == "all" else None
+        # "decided" is every row but the numerical ties (none, or a few): as many as "all"
+        need = rows_needed(c, confidence) if c.stratum in ("all", "decided") else None
         if need is not None and need > n_rows:
             out.append((c.id, need))
     return out

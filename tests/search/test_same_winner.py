@@ -1,0 +1,78 @@
+"""The same search verdicts and winner on any CPU: a small real search (the bundled model, real
+text, real MLX) run in fresh processes under compute settings one machine can reach —
+
+- the machine as it is;
+- ``VARIANTS_BLAS=none``: MLX's reference BLAS instead of OpenBLAS for every fp32 GEMM;
+- an AVX2 machine's code paths: NumPy's AVX-512 kernels off (``NPY_DISABLE_CPU_FEATURES``),
+  oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA``) and the compiled kernels built for the
+  baseline vector width (``VARIANTS_KERNEL_ISA=baseline``);
+- the compiled layers and kernels off (``VARIANTS_FUSED_LAYER=off VARIANTS_QKERNEL=off``):
+  MLX's own ops;
+
+— must give identical candidate verdicts (pass / failing and undecided clauses) and the same
+winner. Each changes the float32 logits' last bits (the reference's and the candidates'), which
+is what moved verdicts before: a head refitted per machine, a binned ECE that jumps when a row
+crosses a bin edge, a bound that hinged on one row. ``OPENBLAS_CORETYPE`` is left as the machine
+sets it (older OpenBLAS builds compute wrong results on some CPUs when it is forced).
+
+``.ci/run`` runs it with the rest of the suite. About a minute per setting on 2 cores.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = {
+    "as-is": {},
+    "reference-blas": {"VARIANTS_BLAS": "none"},
+    "avx2-paths": {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                   "VARIANTS_KERNEL_ISA": "baseline"},
+    "plain-mlx": {"VARIANTS_FUSED_LAYER": "off", "VARIANTS_QKERNEL": "off"},
+}
+#: a small search: real rows and layers, few candidates, no finalist timing
+ARGS = ["--n-fit", "600", "--n-search", "400", "--n-sensitivity", "16", "--max-candidates", "4",
+        "--bits", "4", "6", "8", "--no-finalize", "--no-progress"]
+
+
+def _search(tmp_path, name, env_extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VARIANTS_BLAS", "NPY_DISABLE_CPU_FEATURES", "ONEDNN_MAX_CPU_ISA",
+                        "VARIANTS_KERNEL_ISA", "VARIANTS_FUSED_LAYER", "VARIANTS_QKERNEL")}
+    env.update(env_extra)
+    env["PYTHONPATH"] = str(ROOT)
+    out = tmp_path / name
+    cmd = [sys.executable, "-m", "variants", "search", *ARGS, "--results-dir",
+           str(tmp_path / f"results-{name}"), "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, f"{name}: exit {p.returncode}\n{p.stderr[-3000:]}"
+    return json.loads((out / "search.json").read_text())
+
+
+def _verdicts(result):
+    return [(c["name"], bool(c["passed"]), sorted(c.get("failed") or []),
+             sorted(c.get("undecided") or [])) for c in result["candidates"]]
+
+
+@pytest.mark.slow
+def test_the_search_gives_the_same_verdicts_and_winner_under_every_setting(tmp_path):
+    results = {name: _search(tmp_path, name, env) for name, env in SETTINGS.items()}
+    base = results["as-is"]
+    assert base["candidates"], "the search judged no candidate"
+    for name, res in results.items():
+        assert _verdicts(res) == _verdicts(base), name
+        assert (res["winner"] or {}).get("name") == (base["winner"] or {}).get("name"), name
+        assert (res["winner"] or {}).get("model_bytes") == (base["winner"] or {}).get(
+            "model_bytes"), name
+    # the settings did change the arithmetic: the reference's search-eval logits differ in
+    # their last bits between settings (else this test compared one computation with itself)
+    import numpy as np
+
+    logits = {name: np.load(next((tmp_path / f"results-{name}" / ".cache" / "reference").glob(
+        "*-search-eval-*.npz")))["logits"] for name in SETTINGS}
+    differ = [n for n in SETTINGS if not np.array_equal(logits[n], logits["as-is"])]
+    assert differ, "no setting changed the reference's logits"
