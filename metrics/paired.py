@@ -33,10 +33,13 @@ def _z(confidence):
 def _counts(b, c, n):
     """b, c, n as broadcast float64 arrays of whole numbers with b, c >= 0 and b + c <= n."""
     b, c, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (b, c, n)))
-    if not (np.all(b == np.round(b)) and np.all(c == np.round(c)) and np.all(n == np.round(n))):
-        raise ValueError(f"b, c and n must be whole numbers, got b={b}, c={c}, n={n}.")
-    if np.any(b < 0) or np.any(c < 0) or np.any(b + c > n):
-        raise ValueError(f"need b, c >= 0 and b + c <= n, got b={b}, c={c}, n={n}.")
+    for bad, what in (((b != np.round(b)) | (c != np.round(c)) | (n != np.round(n)),
+                       "b, c and n must be whole numbers"),
+                      ((b < 0) | (c < 0) | (b + c > n), "need b, c >= 0 and b + c <= n")):
+        if bad.any():
+            i = tuple(int(j) for j in np.unravel_index(np.argmax(bad), bad.shape))
+            raise ValueError(f"{what}, got b={b[i]:g}, c={c[i]:g}, n={n[i]:g}"
+                             f"{f' (at index {i})' if bad.size > 1 else ''}.")
     return b, c, n
 
 
@@ -177,9 +180,11 @@ def newcombe_paired_interval(b, c, n, *, a, confidence=0.95):
     z = _z(confidence)
     b, c, n = _counts(b, c, n)
     a, b, c, n = np.broadcast_arrays(np.asarray(a, dtype=np.float64), b, c, n)
-    if np.any(a != np.round(a)) or np.any(a < 0) or np.any(a + b + c > n):
-        raise ValueError(f"need a whole a >= 0 with a + b + c <= n, got a={a}, b={b}, c={c}, "
-                         f"n={n}.")
+    bad = (a != np.round(a)) | (a < 0) | (a + b + c > n)
+    if bad.any():
+        i = tuple(int(j) for j in np.unravel_index(np.argmax(bad), bad.shape))
+        raise ValueError(f"need a whole a >= 0 with a + b + c <= n, got a={a[i]:g}, b={b[i]:g}, "
+                         f"c={c[i]:g}, n={n[i]:g}.")
     d = n - a - b - c
     with np.errstate(divide="ignore", invalid="ignore"):
         p1, p2 = (a + b) / n, (a + c) / n
