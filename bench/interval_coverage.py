@@ -140,7 +140,8 @@ def bootstrap_coverage(statistic, n, *, reps=1000, n_boot=1000, confidence=0.95,
         hits += low <= truth <= high
         widths.append(high - low)
     cov = hits / reps
-    return {"coverage": cov, "se": math.sqrt(cov * (1 - cov) / reps), "width": float(np.mean(widths))}
+    return {"coverage": cov, "se": math.sqrt(cov * (1 - cov) / reps),
+            "width": float(np.mean(widths))}
 
 
 def table(*, confidence=0.95, threshold=0.01, reference_accuracy=0.9, bootstrap_reps=1000,

@@ -22,7 +22,8 @@ _BISECTION_STEPS = 64
 
 
 def _z(confidence):
-    """Two-sided normal quantile ``z_{1 - a/2}``, ``a = 1 - confidence`` (ValueError outside (0, 1))."""
+    """Two-sided normal quantile ``z_{1 - a/2}``, ``a = 1 - confidence``; ValueError outside
+    (0, 1)."""
     from scipy.special import ndtri
 
     if not 0.0 < confidence < 1.0:
@@ -175,7 +176,8 @@ def newcombe_paired_interval(b, c, n, *, a, confidence=0.95):
     ----------
     R. G. Newcombe, "Improved confidence intervals for the difference between binomial
     proportions based on paired data", Statistics in Medicine 17 (1998) 2635–2650, method 10;
-    Fagerland et al. 2014 ("Newcombe square-and-add"; Cavo et al., b=6, c=16, n=161, a=59: -0.1186 to -0.0046).
+    Fagerland et al. 2014 ("Newcombe square-and-add"; Cavo et al., b=6, c=16, n=161, a=59:
+    -0.1186 to -0.0046).
     """
     z = _z(confidence)
     b, c, n = _counts(b, c, n)

@@ -141,7 +141,8 @@ def test_accuracy_drop_interval_is_honest_with_no_flip_either_way():
     upper = q / (20 + q)
     assert upper == pytest.approx(0.16113, abs=1e-5)
     assert ev.value("accuracy_drop") == 0.0
-    assert ev.ci("accuracy_drop") == (pytest.approx(-upper, rel=1e-12), pytest.approx(upper, rel=1e-12))
+    assert ev.ci("accuracy_drop") == (pytest.approx(-upper, rel=1e-12),
+                                      pytest.approx(upper, rel=1e-12))
     assert ev.interval_method("accuracy_drop") == "tango-paired-score"
     contract = contract_from_dict({"name": "c", "clause": [
         {"id": "accuracy-drop", "metric": "accuracy_drop", "max": 0.02, "compare": "ci"}]})
