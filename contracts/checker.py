@@ -65,8 +65,9 @@ class ClauseResult:
         Examples the value was computed over (stratum size less rows where the metric is
         undefined, e.g. unknown labels).
     interval : str or None
-        Method of ``ci_low``/``ci_high``: "clopper-pearson", "clopper-pearson-difference"
-        (accuracy drop), "bootstrap-percentile", or None (no interval: the metric has none, or
+        Method of ``ci_low``/``ci_high``: "clopper-pearson", "tango-paired-score"
+        (accuracy drop; "clopper-pearson-difference" in results saved before issue #38),
+        "bootstrap-percentile", or None (no interval: the metric has none, or
         intervals were off).
     reason : str
         Why the value is NaN although the stratum has examples, or why the clause failed

@@ -14,10 +14,10 @@ from metrics.defaults import N_BINS, NUMERICAL_TIE_MULTIPLE
 #: What the ``interval`` column of a clause table means (said under every such table).
 INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binomial interval "
                  "for rates and counts of events (flips, agreement, certified share, accuracy), "
-                 "honest at 0 and n events; `clopper-pearson-difference` = the accuracy drop's "
-                 "interval, negative minus positive flip rate, each Clopper-Pearson at half the "
-                 "error (honest with no flip either way); `bootstrap-percentile` = seeded "
-                 "percentile bootstrap "
+                 "honest at 0 and n events; `tango-paired-score` = the accuracy drop's "
+                 "interval, negative minus positive flip rate on the same rows, Tango's score "
+                 "interval (honest with no flip either way; `clopper-pearson-difference` in "
+                 "results saved before it); `bootstrap-percentile` = seeded percentile bootstrap "
                  "over examples for every other figure; `—` = none.")
 
 # -- per-variant in-depth report (``variants check``) -------------------------------------------

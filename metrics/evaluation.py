@@ -15,8 +15,8 @@ import pandas as pd
 from metrics.bootstrap import bootstrap_ci
 from metrics.defaults import HUMAN_TIE_GAP
 from metrics.evaluation_tables import EvaluationTables
-from metrics.intervals import (CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE, clopper_pearson,
-                               clopper_pearson_difference)
+from metrics.intervals import CLOPPER_PEARSON, TANGO_PAIRED, clopper_pearson
+from metrics.paired import tango_interval
 from metrics.registry import BOOL, REGISTRY, SET, resolve_statistic, spec
 from metrics.statistics import column_statistic, column_statistic_rows
 from metrics.strata import stratum_rows
@@ -172,8 +172,8 @@ class Evaluation(EvaluationTables):
     def interval_method(self, metric, statistic=None):
         """Name of the interval :meth:`ci` gives ``metric`` (``MetricSpec.interval``):
         ``"clopper-pearson"`` (``rate`` and ``count`` of a bool column, and set metrics that are
-        a rate of one), ``"clopper-pearson-difference"`` (``accuracy_drop``: negative minus
-        positive flip rate), ``"bootstrap-percentile"`` (every other metric) or None.
+        a rate of one), ``"tango-paired-score"`` (``accuracy_drop``: negative minus positive
+        flip rate, :func:`metrics.paired.tango_interval`), ``"bootstrap-percentile"`` (every other metric) or None.
 
         Raises
         ------
@@ -189,7 +189,9 @@ class Evaluation(EvaluationTables):
         Rates of events (``rate`` of a bool column, set metrics with ``MetricSpec.events``) get
         the exact Clopper–Pearson interval of k events in the n examples the value is computed
         over, and counts n times it: honest at 0 and n events, where a bootstrap gives zero width
-        (0 of 20 -> [0, 0.168], not [0, 0]). Everything else gets the percentile bootstrap
+        (0 of 20 -> [0, 0.168], not [0, 0]). A difference of two such rates on the same rows
+        (``accuracy_drop``) gets Tango's score interval (0 and 0 of 20 -> +-0.161). Everything
+        else gets the percentile bootstrap
         (examples of the stratum resampled, ``n_boot`` times, ``seed``); a set metric is
         recomputed on all resamples at once by its one vectorised definition.
 
@@ -203,7 +205,8 @@ class Evaluation(EvaluationTables):
         References
         ----------
         B. Efron and R. J. Tibshirani, "An Introduction to the Bootstrap", 1993, Ch. 13;
-        C. J. Clopper and E. S. Pearson, Biometrika 26 (1934) (:mod:`metrics.intervals`).
+        C. J. Clopper and E. S. Pearson, Biometrika 26 (1934) (:mod:`metrics.intervals`);
+        T. Tango, Statistics in Medicine 17 (1998) 891–908 (:mod:`metrics.paired`).
         """
         statistic = resolve_statistic(metric, statistic)
         s = spec(metric)
@@ -218,13 +221,13 @@ class Evaluation(EvaluationTables):
                 return nan
             low, high = clopper_pearson(int(events.sum()), events.size, confidence=confidence)
             return (low * events.size, high * events.size) if statistic == "count" else (low, high)
-        if s.interval == CLOPPER_PEARSON_DIFFERENCE:  # e.g. negative minus positive flips
+        if s.interval == TANGO_PAIRED:  # e.g. negative minus positive flips
             b, c = (self._array(col)[rows] for col in s.difference_of)
             known = ~np.isnan(b)
             if not known.any():
                 return nan
-            return clopper_pearson_difference(int(b[known].sum()), int(c[known].sum()),
-                                              int(known.sum()), confidence=confidence)
+            return tango_interval(int(b[known].sum()), int(c[known].sum()), int(known.sum()),
+                                  confidence=confidence)
         if s.kind == SET:
             return bootstrap_ci(lambda idx: self._resampled(metric, stratum, rows, idx, seed),
                                 rows.size, n_boot=n_boot, confidence=confidence, seed=seed,

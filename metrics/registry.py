@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import metrics.set_metrics as sm
 from metrics._checks import short_repr
-from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, CLOPPER_PEARSON_DIFFERENCE
+from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, TANGO_PAIRED
 from metrics.statistics import BOOL_STATISTICS, FLOAT_STATISTICS, SET_STATISTICS
 
 BOOL, FLOAT, SET = "bool", "float", "set"
@@ -54,8 +54,8 @@ class MetricSpec:
         Set-level rate of this bool column (its interval is Clopper–Pearson on the column).
     difference_of : tuple of two str, or None
         Set-level difference of the rates of two bool columns on the same rows (``accuracy_drop``
-        = negative minus positive flip rate); its interval combines their Clopper–Pearson
-        intervals (:func:`metrics.intervals.clopper_pearson_difference`).
+        = negative minus positive flip rate); its interval is Tango's score interval for paired
+        proportions (:func:`metrics.paired.tango_interval`).
     has_interval : bool
         False for constants of the run and the temperature refit (too costly to resample).
     undefined : str
@@ -89,12 +89,13 @@ class MetricSpec:
 
     @property
     def interval(self):
-        """``"clopper-pearson"`` (bool columns and rates of one), ``"clopper-pearson-difference"``
-        (a difference of two such rates), ``"bootstrap-percentile"`` or None (no interval)."""
+        """``"clopper-pearson"`` (bool columns and rates of one), ``"tango-paired-score"``
+        (a difference of two such rates on the same rows), ``"bootstrap-percentile"`` or None
+        (no interval)."""
         if not self.has_interval:
             return None
         if self.difference_of:
-            return CLOPPER_PEARSON_DIFFERENCE
+            return TANGO_PAIRED
         return CLOPPER_PEARSON if self.kind == BOOL or self.events else BOOTSTRAP_PERCENTILE
 
 

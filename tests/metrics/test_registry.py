@@ -71,7 +71,7 @@ def test_interval_method_and_support_follow_the_spec(pair):
     for s in REGISTRY.values():
         want = (None if s.name in NO_CI_METRICS else "clopper-pearson"
                 if s.kind == BOOL or s.name in BINOMIAL_SET_METRICS
-                else "clopper-pearson-difference" if s.name == "accuracy_drop"
+                else "tango-paired-score" if s.name == "accuracy_drop"
                 else "bootstrap-percentile")
         assert ev.interval_method(s.name) == s.interval == want, s.name
         if s.needs_labels:

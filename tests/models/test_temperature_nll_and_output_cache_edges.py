@@ -117,13 +117,15 @@ def test_a_huge_or_multiline_clause_id_or_contract_name_is_refused_in_one_short_
 
 def test_accuracy_drop_interval_is_honest_with_no_flip_either_way():
     """Strict's `accuracy-drop` clause compares the upper CI bound with 0.02: with identical
-    outputs on 20 labelled examples the bootstrap gave [0, 0] and it passed; the exact
-    difference interval (each flip rate Clopper-Pearson at 97.5%) gives +-0.197 and it fails."""
-    from scipy.stats import beta
+    outputs on 20 labelled examples the bootstrap gave [0, 0] and it passed. Tango's paired
+    score interval (issue #38; before it a Bonferroni pair of Clopper-Pearson intervals, +-0.197)
+    gives +-z^2/(n + z^2) = +-0.161 at b = c = 0 (Z(d) = -sqrt(n d / (1 - d)) there) and the
+    clause fails."""
+    from scipy.stats import norm
 
     from contracts.checker import check, contract_from_dict
     from metrics.evaluate import evaluate
-    from metrics.intervals import clopper_pearson_difference
+    from metrics.paired import tango_interval
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(20, 3))
@@ -135,22 +137,20 @@ def test_accuracy_drop_interval_is_honest_with_no_flip_either_way():
            "action_probs": np.stack([probs[:, 0], 1 - probs[:, 0]], 1).astype(np.float32),
            "labels": rng.integers(0, 3, size=20)}
     ev = evaluate(out, out, epsilon=0.0)
-    upper = beta.ppf(1 - 0.0125, 1, 20)  # 1 - 0.0125^(1/20)
-    assert upper == pytest.approx(1 - 0.0125 ** (1 / 20), rel=1e-12)
+    q = norm.ppf(0.975) ** 2
+    upper = q / (20 + q)
+    assert upper == pytest.approx(0.16113, abs=1e-5)
     assert ev.value("accuracy_drop") == 0.0
-    assert ev.ci("accuracy_drop") == (pytest.approx(-upper, rel=1e-9), pytest.approx(upper, rel=1e-9))
-    assert ev.interval_method("accuracy_drop") == "clopper-pearson-difference"
+    assert ev.ci("accuracy_drop") == (pytest.approx(-upper, rel=1e-12),
+                                      pytest.approx(upper, rel=1e-12))
+    assert ev.interval_method("accuracy_drop") == "tango-paired-score"
     contract = contract_from_dict({"name": "c", "clause": [
         {"id": "accuracy-drop", "metric": "accuracy_drop", "max": 0.02, "compare": "ci"}]})
     r = check(contract, ev, n_bootstrap=200).results[0]
-    assert r.passed is False and r.interval == "clopper-pearson-difference"
-    # b = 3 negative and c = 1 positive flips of 40: far ends of the two 97.5% CP intervals
-    lo, hi = clopper_pearson_difference(3, 1, 40)
-    assert lo == pytest.approx(beta.ppf(0.0125, 3, 38) - beta.ppf(0.9875, 2, 39), rel=1e-9)
-    assert hi == pytest.approx(beta.ppf(0.9875, 4, 37) - beta.ppf(0.0125, 1, 40), rel=1e-9)
-    assert lo < 2 / 40 < hi
-    with pytest.raises(ValueError):
-        clopper_pearson_difference(30, 20, 40)
+    assert r.passed is False and r.interval == "tango-paired-score"
+    assert (r.ci_low, r.ci_high) == ev.ci("accuracy_drop")
+    with pytest.raises(ValueError, match="b \\+ c <= n"):
+        tango_interval(30, 20, 40)
 
 
 def _copy_fixture(tmp_path, name="sweep_small"):

@@ -3,7 +3,7 @@ interval, not just its point value, clears the threshold (the default; ``--selec
 point-value rule).
 
 The interval is the one the checker reports (:meth:`metrics.evaluation.Evaluation.ci`):
-Clopper–Pearson for rates of events, the Clopper–Pearson difference for the accuracy drop, the
+Clopper–Pearson for rates of events, Tango's paired score interval for the accuracy drop, the
 seeded percentile bootstrap for percentiles, means and set metrics (ECE, Brier). A clause with a
 ``max`` bound is compared on the interval's upper end, one with a ``min`` bound on its lower
 end (the contract's ``compare = "ci"``). Why: a candidate that only just passes on the search
