@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from contracts.undecided import rows_needed
+from contracts.undecided import decision_facts
 
 from contracts.contract import (  # re-exported (__all__)
     CLAUSE_KEYS,
@@ -79,8 +79,11 @@ class ClauseResult:
         and not a failure (not in :attr:`Verdict.failed`).
     rows_needed : int or None
         Undecided clauses only: about how many rows, at the observed rate (or spread), would
-        make the interval's far end meet the threshold (:func:`contracts.undecided.rows_needed`);
-        None otherwise.
+        make the interval's far end meet the threshold (:func:`contracts.undecided.
+        decision_facts`); None otherwise.
+    detectable : float or None
+        The smallest violation (metric units, past the threshold) the clause's n rows can show
+        at the interval's level; None for clauses without an interval or counting events.
     """
 
     id: str
@@ -100,6 +103,7 @@ class ClauseResult:
     reason: str = ""
     undecided: bool = False
     rows_needed: int | None = None
+    detectable: float | None = None
 
     @property
     def compared_value(self):
@@ -247,11 +251,12 @@ def check(contract, evaluation, *, n_bootstrap=None, confidence=None, seed=None)
             passed = bool(compared <= c.threshold)
         undecided = bool(passed is False and not fails and c.compare != "value"
                          and _meets(value, c.op, c.threshold))
-        rows = rows_needed(value, compared, c.threshold, n) if undecided else None
+        rows, detectable = (decision_facts(evaluation, c, value, low, high, n, level, undecided)
+                            if interval else (None, None))
         results.append(ClauseResult(id=c.id, metric=c.metric, stratum=c.stratum,
                                     statistic=c.statistic, value=value, op=c.op,
                                     threshold=c.threshold, passed=passed, n=n, why=c.why,
                                     ci_low=low, ci_high=high, compare=c.compare,
                                     interval=interval, reason=reason, undecided=undecided,
-                                    rows_needed=rows))
+                                    rows_needed=rows, detectable=detectable))
     return Verdict(contract=contract.name, results=tuple(results), settings=settings)

@@ -18,7 +18,11 @@ INTERVAL_NOTE = ("Intervals (`interval` column): `clopper-pearson` = exact binom
                  "interval, negative minus positive flip rate on the same rows, Tango's score "
                  "interval (honest with no flip either way; `clopper-pearson-difference` in "
                  "results saved before it); `bootstrap-percentile` = seeded percentile bootstrap "
-                 "over examples for every other figure; `—` = none.")
+                 "over examples for every other figure; `—` = none. `detectable` = the smallest "
+                 "violation (metric units, past the bound) the clause's n rows can show at the "
+                 "interval's level; an `undecided` clause's value meets the bound but its "
+                 "interval does not (not a pass), and its status says about how many more rows "
+                 "would decide it at the observed rate.")
 
 # -- per-variant in-depth report (``variants check``) -------------------------------------------
 #: Version of the JSON written by :func:`variant_report_json` (``<variant>/report.json``) and of
@@ -223,6 +227,7 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
         "clause": r.id, "metric": r.metric, "stratum": r.stratum, "statistic": r.statistic,
         "value": r.value, "CI": _ci_text(r.ci_low, r.ci_high), "interval": r.interval or "—",
         "bound": f"{'CI ' if r.compare == 'ci' else ''}{r.op} {r.threshold:g}", "n": r.n,
+        "detectable": "—" if r.detectable is None else f"{r.detectable:.3g}",
         "status": r.status} for r in verdict.results])
     lines += [_md(frame), "", INTERVAL_NOTE, ""]
 

@@ -1,50 +1,77 @@
-"""How many rows would decide an undecided clause.
+"""What a clause's row count can decide: the rows an undecided clause needs, and the smallest
+violation the rows at hand can show.
 
 A clause compared on its interval (``compare = "ci"``) is **undecided** when its point value meets
 the threshold but the interval's far end does not: the rows at hand cannot tell a variant that
-meets the bound from one that does not. More rows narrow the interval; at the observed rate (or
-spread) its half-width shrinks as ``1 / sqrt(n)`` (the normal approximation behind every
-interval the checker uses: Clopper–Pearson, Tango's paired score interval and the percentile
-bootstrap all have that width to first order), so the far end meets the threshold once
+meets the bound from one that does not. :func:`decision_facts` says, for one clause result,
 
-    n' >= n * (half-width / distance of the value from the threshold) ** 2.
+- ``rows_needed`` (undecided clauses): the fewest rows on which the far end would meet the
+  threshold with the observed rates held fixed (:func:`metrics.decide.rows_to_decide`: exact for
+  Clopper–Pearson rates and Tango's paired interval, the ``1/sqrt(n)`` scaling of the observed
+  half-width for the bootstrap) — an estimate at the observed rate, not a power calculation;
+- ``detectable`` (every clause with an interval on a rate, a paired difference or a bootstrap
+  figure): the smallest violation the clause's n rows can show at the clause's confidence
+  (:func:`metrics.decide.smallest_detectable`), in the metric's units.
 
-The figure is an estimate at the observed rate, said as such ("about N rows"); it is not a
-power calculation. No MLX.
+``count`` clauses (a number of events, ``max = 0``) have neither: their threshold does not
+scale with the rows. No MLX.
 """
 
 import math
 
-#: the largest row count reported; beyond it the clause is said to need "more than" this
-MAX_ROWS = 10_000_000
+from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, TANGO_PAIRED
 
 
-def rows_needed(value, far_end, threshold, n):
-    """About how many rows (in all, not more) would decide an undecided clause.
+def _counts(ev, clause, value, n):
+    """Keyword counts of ``clause``'s interval for :mod:`metrics.decide` (None: not a method
+    it handles)."""
+    method = ev.interval_method(clause.metric, clause.statistic)
+    if method == CLOPPER_PEARSON and clause.statistic != "count":
+        return method, {"k": int(round(value * n))}
+    if method == TANGO_PAIRED:
+        b = int(ev.value("negative_flip", clause.stratum, "count"))
+        c = int(ev.value("positive_flip", clause.stratum, "count"))
+        return method, {"b": b, "c": c}
+    if method == BOOTSTRAP_PERCENTILE:
+        return method, {}
+    return None, None
+
+
+def decision_facts(ev, clause, value, low, high, n, confidence, undecided):
+    """``(rows_needed, detectable)`` of one clause (module docstring); None where not said.
 
     Parameters
     ----------
-    value : float
-        The clause's point value (meets ``threshold``).
-    far_end : float
-        The interval's end the clause compares (beyond ``threshold``).
-    threshold : float
-        The clause's bound.
+    ev : metrics.evaluation.Evaluation
+    clause : contracts.contract.Clause
+    value, low, high : float
+        The point value and its interval (NaN when not computed).
     n : int
-        Rows the value was computed on (the clause's support).
-
-    Returns
-    -------
-    int or None
-        ``ceil(n * ((far_end - value) / (threshold - value)) ** 2)``, capped at
-        :data:`MAX_ROWS`; None when it cannot be said (n < 1, a NaN, or the value equal to the
-        threshold: no finite number of rows decides it at the observed rate).
+        Rows behind the value.
+    confidence : float
+        The interval's level.
+    undecided : bool
+        Whether the clause is undecided (only then is ``rows_needed`` computed).
     """
-    if n is None or n < 1 or any(math.isnan(x) for x in (value, far_end, threshold)):
-        return None
-    gap = abs(threshold - value)
-    half = abs(far_end - value)
-    if gap == 0.0:
-        return None
-    need = math.ceil(n * (half / gap) ** 2)
-    return int(min(max(need, n + 1), MAX_ROWS))
+    from metrics.decide import rows_to_decide, smallest_detectable
+
+    if n < 1 or any(math.isnan(x) for x in (value, low, high)):
+        return None, None
+    method, counts = _counts(ev, clause, value, n)
+    if method is None:
+        return None, None
+    far = high if clause.op == "<=" else low
+    half = abs(far - value)
+    kw = dict(threshold=clause.threshold, op=clause.op, confidence=confidence)
+    try:
+        if method == BOOTSTRAP_PERCENTILE:
+            need = (rows_to_decide(method, n=n, value=value, half_width=half, **kw)
+                    if undecided else None)
+            seen = smallest_detectable(method, n, half_width=half, **kw)
+        else:
+            need = rows_to_decide(method, n=n, **counts, **kw) if undecided else None
+            seen = smallest_detectable(method, n, **{k: v for k, v in counts.items()
+                                                      if k in ("b", "c")}, **kw)
+    except (ValueError, RuntimeError):  # a count out of range (NaN-laden rows): not said
+        return None, None
+    return need, (None if seen is None else float(seen))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from contracts import check, contract_from_dict
-from contracts.undecided import rows_needed
+from metrics.decide import rows_to_decide
 from metrics.evaluate import evaluate
 from metrics.intervals import clopper_pearson
 from runs.commands.check import main
@@ -63,19 +63,12 @@ def _clauses(agree):
              "compare": "ci"}]
 
 
-def test_rows_needed_hand_computed_and_decides_a_clopper_pearson_rate():
-    # 2 events in 800 rows, max 0.005: value 0.0025 meets it, the exact upper bound does not
-    lo, hi = clopper_pearson(2, 800)
-    assert hi == pytest.approx(0.00900, abs=5e-5) and hi > 0.005
-    need = rows_needed(2 / 800, hi, 0.005, 800)
-    assert need == math.ceil(800 * ((hi - 0.0025) / 0.0025) ** 2)
-    # at the observed rate, that many rows decide it; a quarter of them do not
-    k = round(0.0025 * need)
-    assert clopper_pearson(k, need)[1] <= 0.005
-    quarter = need // 4
-    assert clopper_pearson(round(0.0025 * quarter), quarter)[1] > 0.005
-    assert rows_needed(0.005, 0.009, 0.005, 800) is None  # value on the threshold: never
-    assert rows_needed(float("nan"), 0.009, 0.005, 800) is None
+def test_rows_needed_is_exact_for_a_clopper_pearson_rate(noisy):
+    """0 flips in 20 rows, max 0.01: the exact upper bound 1 - 0.025^(1/n) meets 0.01 from
+    n = 368 (0.025^(1/368) = 0.98002, 1 - that = 0.00998; at 367: 0.01000 > 0.01)."""
+    assert clopper_pearson(0, 368)[1] <= 0.01 < clopper_pearson(0, 367)[1]
+    assert rows_to_decide("clopper-pearson", k=0, n=20, threshold=0.01, op="<=") == 368
+    assert rows_to_decide("clopper-pearson", k=5, n=20, threshold=0.01, op="<=") is None
 
 
 def test_check_fail_on_violation_says_undecided_and_exits_1(tmp_path, noisy, capsys):

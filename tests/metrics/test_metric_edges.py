@@ -191,7 +191,8 @@ def test_ci_clause_on_zero_flips_in_twenty_is_not_a_pass():
     assert d[0]["interval"] == "clopper-pearson" and d[2]["interval"] == "bootstrap-percentile"
     # the value (0) meets the bound, the interval does not: undecided, not a pass
     assert verdict.failed == [] and verdict.undecided == ["flip-ci"] and not verdict.passed
-    assert r["flip-ci"].status.startswith("undecided: about")
+    assert r["flip-ci"].rows_needed == 368  # 0 of 368: upper bound 0.00998 <= 0.01
+    assert r["flip-ci"].status == "undecided: about 348 more rows would decide it"
 
 
 # -- temperature fits that run to a bound ---------------------------------------------------------

@@ -26,7 +26,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from contracts.undecided import rows_needed as undecided_rows
 from metrics.registry import spec
 
 SELECT = ("bound", "value")
@@ -56,6 +55,8 @@ def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
     NaN resamples (a refit at a bound) counted as the worst case (+inf for a ``max`` bound,
     -inf for a ``min`` one). A clause whose point value is NaN keeps its reason."""
     from metrics.bootstrap import bootstrap_ci
+    from metrics.decide import rows_to_decide
+    from metrics.intervals import BOOTSTRAP_PERCENTILE
 
     results = []
     for r in verdict.results:
@@ -79,8 +80,10 @@ def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
         undecided = bool(not passed and meets and not r.reason)
         results.append(replace(r, ci_low=low, ci_high=high, interval="bootstrap-percentile",
                                passed=passed, undecided=undecided,
-                               rows_needed=undecided_rows(r.value, far, r.threshold, r.n)
-                               if undecided else None))
+                               rows_needed=rows_to_decide(
+                                   BOOTSTRAP_PERCENTILE, n=r.n, value=r.value,
+                                   half_width=abs(far - r.value), threshold=r.threshold,
+                                   op=r.op) if undecided and r.n >= 1 else None))
     return replace(verdict, results=tuple(results))
 
 

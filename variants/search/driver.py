@@ -201,7 +201,8 @@ class Search:
             "stopped": stopped, "tightest": tid, "slack": sl,
             "clauses": {r.id: {"value": _num(r.value), "compared": _num(r.compared_value),
                                "op": r.op, "threshold": r.threshold, "status": r.status,
-                               "ci": [_num(r.ci_low), _num(r.ci_high)], "compare": r.compare}
+                               "ci": [_num(r.ci_low), _num(r.ci_high)], "compare": r.compare,
+                               "detectable": r.detectable}
                         for r in verdict.results},
             "n_used": res["n_used"], "n_total": res["n_total"], "wall_s": res["wall_s"],
             "saved_s": per_chunk * (n_chunks - len(res["chunk_s"])), "evaluated": True}
