@@ -4,8 +4,9 @@ SIMD kernels) must not change a clause's number by more than a stated Lipschitz 
 
 The data: a realistic evaluation of 800 rows (600 with 3 options at T = 1.6 with scores -1/0/1,
 200 with 2 options at T = 1.1 without; labels drawn from the reference's probabilities, 15%
-unknown; 9 raters; option k -> action k mod 2; one row 1e-7 below a bin edge) and a variant whose logits drift by N(0, 0.05²)
-and scale by 1.01, saved as float32 by :func:`runs.outputs.finish_outputs` as a run saves them.
+unknown; 9 raters; option k -> action k mod 2; one row 1e-7 below a bin edge) and a variant
+whose logits scale by 1.01 and drift by N(0, 0.05²), saved as float32 by
+:func:`runs.outputs.finish_outputs` as a run saves them.
 The variant's logits are then moved by ±1e-6 per entry (random signs) and every clause's value
 and interval ends are compared.
 
