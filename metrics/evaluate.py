@@ -139,7 +139,9 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
         ``kl_p50``, ``kl_p95``, ``kl_p99``, ``kl_max``, ``max_abs_logit_diff_max``, ``epsilon``,
         ``certified_share``, ``certified_flips`` (count), ``certified_flip_ids`` (list of str;
         non-empty means ε was exceeded on these examples), ``ece_ref``, ``ece_variant``,
-        ``ece_delta`` (variant - ref), ``score_abs_err_mean``, ``score_abs_err_max`` (NaN when no
+        ``ece_delta`` (variant - ref; 15 equal-width bins), ``smece_ref``, ``smece_variant``,
+        ``smece_delta`` (smooth ECE, :mod:`metrics.smooth_ece`; the ``ece-delta`` clause's
+        metric), ``score_abs_err_mean``, ``score_abs_err_max`` (NaN when no
         example has a score), ``action_max_abs_diff_max``, ``action_agreement``, ``n_near_tie``,
         ``near_tie_flip_rate`` (NaN when there is no near tie); then ``epsilon_conformal``,
         ``alpha``, ``conformal_coverage``, ``certified_share_conformal``,

@@ -113,9 +113,10 @@ def _s(name, higher, compute, **kw):
 
 def _calibration(figure):
     """The ``_ref``, ``_variant`` and ``_delta`` specs of a calibration figure (lower is better)."""
-    labels = figure == "ece_labels"
+    labels = figure in sm.LABELED_FIGURES
     point = figure in ("ece_width", "ece_mass")
-    return [_s(f"{'ece' if labels else figure}_{w}", False, sm.calibration_metric(figure, w),
+    name = "ece" if figure == "ece_labels" else figure
+    return [_s(f"{name}_{w}", False, sm.calibration_metric(figure, w),
                point=sm.calibration_metric(figure, w, point=True) if point else None,
                needs_labels=labels, undefined=UNKNOWN_LABEL if labels else "")
             for w in ("ref", "variant", "delta")]
@@ -145,7 +146,7 @@ _SPECS = (
     _s("accuracy_variant", True, sm.accuracy_variant, events="var_correct", **_L),
     _s("accuracy_drop", False, sm.accuracy_drop, difference_of=("negative_flip", "positive_flip"),
        **_L),
-    *_calibration("ece_labels"),
+    *_calibration("ece_labels"), *_calibration("smece"),
     _s("certified_share", True, sm.rate_of("certified"), events="certified"),
     *(spec for figure in sm.CALIBRATION_FIGURES for spec in _calibration(figure)),
     _s("temperature_refit_log_ratio", False, sm.temperature_refit_log_ratio, has_interval=False,

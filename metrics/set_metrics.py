@@ -13,7 +13,11 @@ One exception, kept so that saved results stay byte-identical: ``ece_width_*`` a
 than for the resamples (``sum_m |sum (hit - conf)| / n``); the two agree to ~1e-16. Merging them
 changes the last digits of saved intervals, so it waits for a deliberate golden regeneration.
 
-``ece_*`` and ``accuracy_*`` use labeled rows only (NaN where none); ``ece_width_*``,
+``smece_*`` is the smooth ECE (:mod:`metrics.smooth_ece`: kernel-smoothed, so it moves by at
+most 16.96 times the largest change of a confidence instead of jumping at bin edges); its
+resamples are one matrix product of resample multiplicities and kernel-weighted residuals.
+
+``ece_*``, ``smece_*`` and ``accuracy_*`` use labeled rows only (NaN where none); ``ece_width_*``,
 ``ece_mass_*``, ``classwise_ece_*``, ``brier_*``, ``nll_*`` use ``Evaluation.targets`` (the label
 where known, the reference's top-1 option elsewhere). ``*_delta`` is variant minus reference.
 """
@@ -22,10 +26,13 @@ import numpy as np
 
 from metrics.calibration import _bin_index, equal_mass_sorted_bins
 from metrics.from_logits import nll_column
+from metrics.smooth_ece import smooth_calibration_error_resampled
 from metrics.temperature_fit import refit_log_ratio
 
 #: Calibration figures with a ``_ref``, ``_variant`` and ``_delta`` set metric each.
 CALIBRATION_FIGURES = ("ece_width", "ece_mass", "classwise_ece", "brier", "nll")
+#: Calibration figures of the top label on labeled rows (``ece_labels`` is named ``ece_*``).
+LABELED_FIGURES = ("ece_labels", "smece")
 
 
 def parts(ev, which):
@@ -139,6 +146,9 @@ def _figure(ev, figure, which, idx, point=False):
         return part[figure][idx].mean(axis=1)
     if figure == "ece_labels":
         return ece_gap_sum(part["conf"], part["label_hit"], part["known"], idx, ev.n_bins)
+    if figure == "smece":
+        return smooth_calibration_error_resampled(part["conf"], part["label_hit"], idx,
+                                                  weight=part["known"])
     if figure in ("ece_width", "ece_mass") and point:
         conf = part["conf"][idx]
         bins = _bin_index(conf, ev.n_bins) if figure == "ece_width" else \
@@ -163,7 +173,8 @@ def _figure(ev, figure, which, idx, point=False):
 
 def calibration_metric(figure, which, *, point=False):
     """The set metric ``<figure>_<which>`` (``which`` 'ref', 'variant' or 'delta' = variant -
-    ref) as a function ``(ev, idx) -> (B,)``; ``figure`` 'ece_labels' is ``ece_*``; ``point``
+    ref) as a function ``(ev, idx) -> (B,)``; ``figure`` 'ece_labels' is ``ece_*``, 'smece' the
+    smooth ECE on labeled rows; ``point``
     as :func:`_figure`."""
     if which == "delta":
         return lambda ev, idx: (_figure(ev, figure, "variant", idx, point)

@@ -232,6 +232,17 @@ def test_bootstrap_is_seeded_and_vectorised_form_agrees():
     assert a[0] < v.mean() < a[1]
 
 
+def _smooth_ece(probs, labels, mask):
+    """Smooth ECE of the top label against ``labels`` on the labeled rows, by the one-set
+    :func:`metrics.smooth_ece.smooth_calibration_error`."""
+    from metrics.smooth_ece import smooth_calibration_error
+
+    p = np.where(mask, probs, -1.0)
+    hit = (p.argmax(axis=1) == labels).astype(float)
+    return smooth_calibration_error(np.minimum(p.max(axis=1), 1.0), hit,
+                                    weight=(labels >= 0).astype(float))
+
+
 def _one_set(e, m, i):
     """Set metric ``m`` on rows ``i`` by the one-set functions of metrics.calibration and
     metrics.accuracy (independent of the registry's vectorised definitions)."""
@@ -254,7 +265,8 @@ def _one_set(e, m, i):
                                                         strategy="quantile"),
           "classwise_ece": lambda p, z, T: classwise_calibration_error(p, t, mask, n_bins=e.n_bins),
           "brier": lambda p, z, T: brier_loss(p, t, mask),
-          "nll": lambda p, z, T: nll_from_logits(z, t, mask, temperature=T).mean()}[figure]
+          "nll": lambda p, z, T: nll_from_logits(z, t, mask, temperature=T).mean(),
+          "smece": lambda p, z, T: _smooth_ece(p, labels, mask)}[figure]
     ref = fn(e.ref_probs[i], e.ref_logits[i], e.temperature[i])
     var = fn(e.var_probs[i], e.var_logits[i], e.var_temperature[i])
     return {"ref": ref, "variant": var, "delta": var - ref}[which]

@@ -38,7 +38,7 @@ def test_old_constants_are_views_of_the_registry_in_the_old_order():
     assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 16
     assert FLOAT_METRICS[:3] == ("ref_margin", "max_abs_logit_diff", "kl") and len(FLOAT_METRICS) == 13
     assert SET_METRICS[-4:] == ("temperature_refit_log_ratio", "certified_share_conformal",
-                                "epsilon_max", "epsilon_conformal") and len(SET_METRICS) == 26
+                                "epsilon_max", "epsilon_conformal") and len(SET_METRICS) == 29
     assert METRICS == BOOL_METRICS + FLOAT_METRICS + SET_METRICS == tuple(REGISTRY)
     assert LABELED_METRICS == ("negative_flip", "positive_flip", "ref_correct", "var_correct")
     assert NO_CI_METRICS == ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal")
@@ -49,7 +49,8 @@ def test_old_constants_are_views_of_the_registry_in_the_old_order():
     assert METRIC_STATISTICS["flip"] == ("rate", "count")
     assert METRIC_STATISTICS["kl"][0] == "mean" and METRIC_STATISTICS["ece_delta"] == ("value",)
     assert names(SET, needs_labels=True) == ("accuracy_ref", "accuracy_variant", "accuracy_drop",
-                                             "ece_ref", "ece_variant", "ece_delta")
+                                             "ece_ref", "ece_variant", "ece_delta", "smece_ref",
+                                             "smece_variant", "smece_delta")
 
 
 def test_each_column_lives_in_the_frame_its_spec_names(pair):
