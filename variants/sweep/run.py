@@ -21,7 +21,8 @@ import mlx.core as mx
 from runs import lock as runlock
 from variants.runtime import device
 from runs.family_text import family_extras
-from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
+from runs.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_npz,
+                     write_text)
 from runs.judge import judge_variant
 from runs.outputs import DecisionOutputs
 from variants.sweep import timed_check
@@ -33,7 +34,7 @@ from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
 from variants.models.decision import prepared_digest
-from variants.models import fitted_reference
+from variants.models import fitted_reference, fitted_state
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
@@ -122,10 +123,24 @@ class Sweep:
         return self.ref_model
 
     def save_reference(self):
-        """Copy the reference's outputs (both splits, read or computed first) into the run."""
+        """Copy the reference's outputs (both splits, read or computed first) and its fitted
+        head and temperatures (``reference/fitted.npz``, hashed in run.json's
+        ``reference_fit``) into the run."""
         for split, outputs in self.ref_outputs.items():
             name = "outputs" if split == "eval" else "calibration_outputs"
             outputs.save(self.out / "reference" / f"{name}.npz")
+        write_npz(self.out / fitted_state.RUN_FILE, fitted_state.state_of(self.ref_model))
+
+    def _check_reference_fit(self):
+        """Refuse to resume a run folder whose reference had another fitted state (run.json's
+        ``reference_fit.sha256``): its variants were judged against another reference."""
+        old = (self.previous_meta or {}).get("reference_fit")
+        new = self.ref_model.fitted_record
+        if isinstance(old, dict) and new and old.get("sha256") not in (None, new["sha256"]):
+            raise SweepError(f"{self.out} was swept with another reference head and "
+                             f"temperatures (sha256 {str(old['sha256'])[:16]}…, {old.get('source')}; "
+                             f"now {new['sha256'][:16]}…, {new['source']}); choose another --run "
+                             f"name or delete {self.out}")
 
     def _outputs(self, model, split, what):
         ts = self.tasksets[split]
@@ -298,6 +313,7 @@ class Sweep:
         # the reference's cache files are read (and validated) before the run folder changes:
         # a corrupt cache file stops the sweep with nothing in the folder rewritten
         self.reference()
+        self._check_reference_fit()
         with self.clock("setup"):
             self._write_identity()
             self.save_reference()
