@@ -170,6 +170,6 @@ def shipped(name, model, checkpoint_sha256, tasksets, extra_key=()):
     got = state_sha256(state)
     if got != want:
         raise ShippedStateError(f"{path}: its arrays hash {got[:16]}…, index.json lists "
-                                f"{str(want)[:16]}…; reinstall mlx-variants, or in a checkout run "
-                                f"python {SCRIPT}")
+                                f"{str(want)[:16]}…; reinstall mlx-variants, or in a checkout "
+                                f"run python {SCRIPT}")
     return path, state

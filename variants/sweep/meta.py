@@ -32,8 +32,8 @@ def _reference_fit(model):
 def run_metadata(sweep):
     """run.json's content for a :class:`variants.sweep.run.Sweep` that has prepared its inputs and
     reference: identity, config (with the variant names), contract, versions, device, checkpoint,
-    data splits and tokenizer, reference size, fitted state (``reference_fit``) and temperatures, status ("complete", "partial" or
-    "failed" by the variants that failed to build), the family's report blocks (``extras``) and
+    data splits and tokenizer, reference size, fitted state (``reference_fit``) and
+    temperatures, status ("complete", "partial" or "failed" by the variants that failed to build), the family's report blocks (``extras``) and
     the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now) and
     the reference's segment profile (:func:`variants.sweep.ref_profile.reference_profile`).
     Documented in results/README.md."""

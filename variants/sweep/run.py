@@ -38,8 +38,8 @@ from variants.models import fitted_reference, fitted_state
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
-from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
-                                   read_json)
+from variants.sweep.resume import (check_reference_fit, check_run_folder, check_run_tokenizer,
+                                   complete_reused_timing, read_json)
 from variants.sweep.inputs import cache_parts, load_inputs
 from variants.sweep.quality import premeasure, quality_outputs
 from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
@@ -130,17 +130,6 @@ class Sweep:
             name = "outputs" if split == "eval" else "calibration_outputs"
             outputs.save(self.out / "reference" / f"{name}.npz")
         write_npz(self.out / fitted_state.RUN_FILE, fitted_state.state_of(self.ref_model))
-
-    def _check_reference_fit(self):
-        """Refuse to resume a run folder whose reference had another fitted state (run.json's
-        ``reference_fit.sha256``): its variants were judged against another reference."""
-        old = (self.previous_meta or {}).get("reference_fit")
-        new = self.ref_model.fitted_record
-        if isinstance(old, dict) and new and old.get("sha256") not in (None, new["sha256"]):
-            raise SweepError(f"{self.out} was swept with another reference head and "
-                             f"temperatures (sha256 {str(old['sha256'])[:16]}…, {old.get('source')}; "
-                             f"now {new['sha256'][:16]}…, {new['source']}); choose another --run "
-                             f"name or delete {self.out}")
 
     def _outputs(self, model, split, what):
         ts = self.tasksets[split]
@@ -313,7 +302,7 @@ class Sweep:
         # the reference's cache files are read (and validated) before the run folder changes:
         # a corrupt cache file stops the sweep with nothing in the folder rewritten
         self.reference()
-        self._check_reference_fit()
+        check_reference_fit(self.out, self.previous_meta, self.ref_model.fitted_record)
         with self.clock("setup"):
             self._write_identity()
             self.save_reference()
