@@ -1,6 +1,6 @@
 """Fit the bundled models' reference heads and temperatures in the default commands'
 configuration and write them as package data: ``variants/models/fitted/<model>-<key>.npz`` and
-``variants/models/fitted/index.json`` (:mod:`variants.models.default_fits`).
+``variants/models/fitted/index.json`` (:mod:`variants.search.default_fits`).
 
 Run it from the repository root when ``tests/models/test_reference_fit.py`` says a default
 configuration no longer finds its shipped state (a change of a model TOML, the bundled data,
@@ -17,7 +17,7 @@ import sys
 
 import variants  # noqa: F401  (OpenBLAS before mlx)
 from variants.models import MODELS
-from variants.models.default_fits import write_shipped
+from variants.search.default_fits import write_shipped
 
 
 def main(argv):

@@ -14,7 +14,7 @@ import pytest
 
 from variants.models import MODELS, fitted_reference, sentiment
 from variants.models import fitted_state as fs
-from variants.models.default_fits import COMMANDS, default_inputs
+from variants.search.default_fits import COMMANDS, default_inputs
 
 ROOT = Path(__file__).parents[2]
 
@@ -65,7 +65,7 @@ _CHILD = """
 import json, variants
 from pathlib import Path
 from variants.models import fitted_reference
-from variants.models.default_fits import default_inputs
+from variants.search.default_fits import default_inputs
 source, checkpoint, tasksets, extra = default_inputs("minilm-sentiment", "sweep")
 ref, key = fitted_reference(source, checkpoint, tasksets, Path({cache!r}), log=lambda m: None,
                             extra_key=extra)

@@ -16,7 +16,8 @@ model, the key, the hash, the inputs and where it was fitted). The key (:func:`s
 machine-independent: the checkpoint's sha256, the fit and calibration TaskSets' fingerprints,
 the token ids they encode to, the tokenizer's settings, the model's configuration, the dtype and
 the sweep's extra identity (a model TOML, a data file); not the BLAS, ISA, device or versions
-that move float32 embeddings in their last bits. ``scripts/fit_bundled_heads.py`` writes them.
+that move float32 embeddings in their last bits. ``scripts/fit_bundled_heads.py`` writes them
+(:mod:`variants.search.default_fits`: the default commands' configurations).
 """
 
 import hashlib
