@@ -6,7 +6,12 @@ refit (:func:`fit_temperature`, ``temperature_refit_log_ratio``); :func:`fits_by
 either per option count. Every public function takes ``(logits, mask, labels)`` in that order.
 The NLL
 of ``softmax(logits / T)`` is scanned on a grid of log T over the search interval, the best grid
-cell is refined with scipy's bounded Brent search, and the result is classified:
+cell is refined with scipy's bounded Brent search, then polished with Newton steps on log T
+(exact first and second derivatives, :func:`nll_derivatives`) until a step is below
+:data:`POLISH_TOL`: Brent's own tolerance cannot go below ~1.5e-8 relative, and which of its
+branches is taken can flip with the last bit of an NLL summed in another SIMD order, so the
+same logits could give temperatures 1e-8 apart on two CPUs; after the polish they agree to
+~1e-14 (the reference's temperatures are one object everywhere). The result is classified:
 
 * ``"at_bound"``: the NLL at a bound is no higher than at the optimum found (within a relative
   1e-9): the optimum lies at or beyond the bound. Perfectly separable data drive T -> 0 (the NLL
@@ -42,6 +47,11 @@ STATUSES = ("converged", "at_bound", "not_converged")
 #: "flat" and "indistinguishable from a bound".
 GRID_POINTS = 41
 RTOL = 1e-9
+#: Newton's polish stops when a step in log T is below this (absolute), after at most
+#: POLISH_STEPS steps; a step that leaves Brent's bracket or meets a non-positive curvature
+#: ends it, keeping Brent's point.
+POLISH_TOL = 1e-13
+POLISH_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,42 @@ def mean_nll(log_t, logits, mask, targets):
     return float(-log_softmax(z, axis=1)[np.arange(len(targets)), targets].mean())
 
 
+def nll_derivatives(log_t, logits, mask, targets):
+    """First and second derivative of :func:`mean_nll` in ``log_t`` (float64).
+
+    With ``s = log T`` and ``z = logits / T``: ``dNLL/ds = mean(z_y - E_p[z])`` and
+    ``d2NLL/ds2 = mean(Var_p[z]) - dNLL/ds`` (p = softmax(z) over the valid options).
+
+    Returns
+    -------
+    (float, float)
+    """
+    z = np.where(mask, logits * np.exp(-log_t), -np.inf)
+    p = np.exp(log_softmax(z, axis=1))
+    z = np.where(mask, z, 0.0)
+    ez = (p * z).sum(axis=1)
+    var = (p * (z - ez[:, None]) ** 2).sum(axis=1)
+    g = float((z[np.arange(len(targets)), targets] - ez).mean())
+    return g, float(var.mean()) - g
+
+
+def _polish(x, a, b, logits, mask, targets):
+    """Newton's steps on log T from Brent's ``x`` inside ``(a, b)``: the polished log T, or
+    ``x`` when a step fails (module docstring)."""
+    y = x
+    for _ in range(POLISH_STEPS):
+        g, h = nll_derivatives(y, logits, mask, targets)
+        if not (np.isfinite(g) and np.isfinite(h) and h > 0):
+            return x
+        step = g / h
+        if not a <= y - step <= b:
+            return x
+        y -= step
+        if abs(step) <= POLISH_TOL:
+            return y
+    return y
+
+
 def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     """Temperature minimising the NLL, with a status (see the module docstring).
 
@@ -140,6 +186,10 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     res = minimize_scalar(mean_nll, bounds=(a, b), method="bounded",
                           args=(logits, mask, targets), options={"xatol": 1e-6})
     x, f = (float(res.x), float(res.fun)) if res.fun <= vals[best] else (grid[best], vals[best])
+    if res.success:
+        polished = _polish(x, a, b, logits, mask, targets)
+        if polished != x:
+            x, f = polished, mean_nll(polished, logits, mask, targets)
     if vals[0] <= f + tol:
         return TemperatureFit(lo_t, "at_bound", float(vals[0]), n,
                               f"NLL still falling at the lower bound T={lo_t:g} (separable data)")

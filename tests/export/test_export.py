@@ -173,6 +173,60 @@ def test_tampered_file_is_named_with_both_hashes(exported, tmp_path, capsys):
     assert len(err.splitlines()) == 1
 
 
+def test_run_records_the_reference_fit_and_export_carries_it(runs, exported):
+    """Issue #38: run.json says where the reference's head and temperatures came from and
+    their array hash; the run keeps them (reference/fitted.npz); export ships that file, its
+    manifest and card carry the run's hash, and the exported head is that head. The second
+    sweep on the same fit and calibration rows read the first one's from the cache."""
+    import mlx.core as mx
+
+    from variants.models import fitted_state as fs
+
+    root, _ = runs
+    recs = {r: json.loads((root / r / "run.json").read_text())["reference_fit"]
+            for r in ("q", "lr")}
+    assert recs["q"]["source"] == "fitted" and recs["lr"]["source"] == "cache"
+    assert recs["q"]["sha256"] == recs["lr"]["sha256"] and len(recs["q"]["sha256"]) == 64
+    assert recs["q"]["file"] == "reference/fitted.npz"
+    assert recs["q"]["from"].startswith(".cache/heads/minilm-sentiment-")
+    for r in ("q", "lr"):
+        state = fs.read_state(root / r / "reference" / "fitted.npz")
+        assert fs.state_sha256(state) == recs[r]["sha256"]
+        assert state["head_weight"].shape == (3, 384) and state["t_keys"].tolist() == [3]
+        manifest = json.loads((exported[r] / "manifest.json").read_text())
+        assert manifest["reference_fit"] == dict(recs[r], file="judged/reference_fitted.npz")
+        shipped = fs.read_state(exported[r] / "judged" / "reference_fitted.npz")
+        assert fs.state_sha256(shipped) == recs[r]["sha256"]
+    head = mx.load(str(exported["q"] / "model.safetensors"))["head.weight"]  # kept full precision
+    np.testing.assert_array_equal(np.array(head), state["head_weight"])
+    assert recs["q"]["sha256"] in (exported["q"] / "README.md").read_text()
+
+
+def test_verify_checks_the_reference_fit_hash(exported, tmp_path, capsys):
+    """A changed judged/reference_fitted.npz is caught by its file hash; with the manifest's
+    file hash forged to match, by its array hash against the run's record: one line each."""
+    from variants.cli import main
+    from variants.export.write import sha256
+    from variants.models import fitted_state as fs
+
+    copy = tmp_path / "c"
+    shutil.copytree(exported["q"], copy)
+    state = fs.read_state(copy / fs.EXPORT_FILE)
+    state["t_values"] = state["t_values"] * 1.001
+    np.savez(copy / fs.EXPORT_FILE, **state)
+    assert main(["verify", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "reference_fitted.npz was changed" in err and len(err.splitlines()) == 1
+    m = json.loads((copy / "manifest.json").read_text())
+    m["files"][fs.EXPORT_FILE] = sha256(copy / fs.EXPORT_FILE)
+    (copy / "manifest.json").write_text(json.dumps(m))
+    assert main(["verify", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "reference_fitted.npz hashes" in err, err
+    assert f"reference_fit (the run's) says {m['reference_fit']['sha256'][:16]}" in err
+    assert err.endswith("export the variant again")
+
+
 @pytest.mark.parametrize("case, message", [
     ("not-empty", "is not empty; pass a new folder"),
     ("unknown", "--variant 'nope' is not a variant of"),
@@ -335,7 +389,8 @@ def test_sweep_runs_on_a_low_rank_export(exported, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "eval_rows.npz", "verdict.json",
-                                  "outputs.npz", "judged/reference_outputs.npz"])
+                                  "outputs.npz", "judged/reference_outputs.npz",
+                                  "judged/reference_fitted.npz"])
 def test_unreadable_file_with_a_matching_hash_is_named_in_one_line(exported, tmp_path, capsys,
                                                                    name):
     """A file written unreadable but listed with its own hash (the hash check passes): one

@@ -362,6 +362,11 @@ def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
     build = json.loads((folder / "build.json").read_text())
     assert build["bits_per_weight"] == pytest.approx(res["winner"]["bits_per_weight"])
     assert build["model_bytes"] == res["winner"]["model_bytes"]
+    # one reference: the search fitted it, its final sweep read the same state from the cache
+    fit = res["reference_fit"]
+    final = json.loads((tmp_path / "s" / "final" / "run.json").read_text())["reference_fit"]
+    assert fit["source"] == "fitted" and final["source"] == "cache"
+    assert final["sha256"] == fit["sha256"] and final["from"] == fit["from"]
 
 
 def test_latency_cost_model_sums_cached_kernel_times(checkpoint, tmp_path, monkeypatch):

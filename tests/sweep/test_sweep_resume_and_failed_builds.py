@@ -92,6 +92,33 @@ def test_resume_refuses_a_variant_folder_built_with_other_settings(tmp_path, cap
     assert sorted(p.name for p in (root / "t").rglob("*")) == before
 
 
+def test_resume_refuses_a_run_judged_against_another_reference(tmp_path, capsys):
+    """run.json's reference_fit records another head and temperatures (another package's
+    shipped state, a fit elsewhere): its variants were judged against another reference, so
+    resuming is refused (exit 2, one error line naming both hashes; the fit's progress lines
+    before it) before the run folder changes."""
+    from variants.sweep.run import SweepConfig
+
+    root = tmp_path / "r"
+    args = ["--family", "exit", "--exit-rules", "margin", "--exit-thresholds", "0.5001",
+            "--exit-layers", "3", "--results-dir", str(root), "--run", "t", *TINY]
+    cfg = SweepConfig(family="exit", params={"exit_rules": ["margin"],
+                                             "exit_thresholds": [0.5001], "exit_layers": [3]},
+                      n_fit=60, n_calibration=40, n_eval=40, run="t",
+                      results_dir=str(root)).validate()
+    write_json(root / "t" / "run.json", {"identity": cfg.identity(), "status": "running",
+                                         "reference_fit": {"source": "shipped",
+                                                           "sha256": "ab" * 32}})
+    before = (root / "t" / "run.json").read_text()
+    assert main(["sweep", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "another reference head and temperatures (sha256 abababababababab…, shipped; now" \
+        in err and ", fitted)" in err and "another --run" in err
+    assert [line for line in err.splitlines() if "error" in line] == [err.splitlines()[-1]]
+    assert sorted(p.name for p in (root / "t").iterdir()) == ["run.json"]
+    assert (root / "t" / "run.json").read_text() == before
+
+
 @pytest.mark.slow
 def test_failed_variant_build_is_left_out_and_the_rest_is_written(tmp_path, capsys, monkeypatch):
     """A variant whose build raises ValueError (only detectable at build time) no longer aborts

@@ -16,7 +16,7 @@ def _num(x):
 def markdown(facts):
     """The model card (Markdown) of ``facts``: ``name``, ``family``, ``build``, ``verdict``,
     ``run``, ``model``, ``kind``, ``contract``, ``n_eval``, ``timing``, ``bytes``, ``search``,
-    ``quantization``, ``lowrank``."""
+    ``quantization``, ``lowrank``, ``reference_fit`` (optional)."""
     v, b = facts["verdict"], facts["build"]
     status = "PASS" if v.get("passed") else "FAIL"
     lines = [f"# {facts['model']} — {facts['name']} ({facts['family']})", ""]
@@ -27,8 +27,16 @@ def markdown(facts):
     lines += [f"Verdict against contract `{facts['contract']}`: **{status}**, judged on "
               f"{facts['n_eval']} eval rows"
               + (f" (the winner of the search in `{facts['search']}`)" if facts["search"] else "")
-              + ".", "",
-              "## Use it", "",
+              + ".", ""]
+    fit = facts.get("reference_fit")
+    if fit:
+        how = {"shipped": "shipped with the package for this configuration",
+               "cache": "fitted on the run's fit and calibration splits, read from the cache",
+               "fitted": "fitted on the run's fit and calibration splits"}.get(fit["source"], "")
+        lines += [f"Judged against the reference whose head and temperatures are "
+                  f"`{fit['file']}` ({how}; array sha256 `{fit['sha256']}`, checked by "
+                  "`variants verify`).", ""]
+    lines += ["## Use it", "",
               "```python",
               "from variants.export.load import load_variant",
               "model, checkpoint = load_variant(\"THIS_FOLDER\")  # packed, nothing re-quantized",

@@ -117,10 +117,36 @@ def sweep_config(judged):
     return SweepConfig(**kw).validate()
 
 
+def run_reference(judged, source, checkpoint, log=print):
+    """The reference with the run's own head and temperatures (``reference/fitted.npz``, its
+    hash checked against run.json's ``reference_fit``), or None for a run from before they were
+    kept. Raises ExportError when the file does not hash to run.json's record
+    (CorruptFileError when it does not read)."""
+    from variants.models import fitted_state as fs
+
+    path = judged.run_dir / fs.RUN_FILE
+    rec = judged.run.get("reference_fit")
+    if not path.exists() or not isinstance(rec, dict):
+        return None
+    model = source.build(checkpoint)
+    state = fs.read_state(path, model)
+    got = fs.state_sha256(state)
+    if got != rec.get("sha256"):
+        raise ExportError(f"{short_path(path)} hashes {got[:16]}…, run.json's reference_fit "
+                          f"says {str(rec.get('sha256'))[:16]}…: not the judged reference; "
+                          "restore the file or rerun the sweep")
+    fs.apply_state(model, state)
+    model.fitted_record = {k: rec.get(k) for k in ("source", "sha256", "from")}
+    log(f"reference head and temperatures from {short_path(path)} (sha256 {got[:16]}, "
+        f"{rec.get('source')})")
+    return model
+
+
 def rebuild(judged, log=print):
     """``(cfg, contract, checkpoint, tasksets, reference, variant, info)``: the run's inputs, the
-    fitted reference (from the run's cache, else fitted again the same way) and the variant
-    built again from its ``build.json`` config in the packed (``native``) form."""
+    reference with the run's own head and temperatures (:func:`run_reference`; a run without
+    them: from the cache, else fitted again the same way) and the variant built again from its
+    ``build.json`` config in the packed (``native``) form."""
     from variants.families import get_family
     from variants.families.family import BuildInputs
     from variants.models import fitted_reference
@@ -129,8 +155,10 @@ def rebuild(judged, log=print):
     cfg = sweep_config(judged)
     contract, checkpoint, tasksets = load_inputs(cfg)
     cache = Path(cfg.results_dir) / ".cache"
-    reference, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets, cache,
-                                    log=log, extra_key=cache_parts(cfg))
+    reference = run_reference(judged, cfg.resolve_model(), checkpoint, log=log)
+    if reference is None:
+        reference, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets, cache,
+                                        log=log, extra_key=cache_parts(cfg))
     family = get_family(judged.build["family"])
     vcfg = family.config(**judged.build["config"])
     inputs = BuildInputs(calibration=tasksets["calibration"], fit=tasksets["fit"],

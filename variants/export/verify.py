@@ -3,7 +3,10 @@
 1. Every file the manifest lists is hashed again (SHA-256); a missing or changed file is bad
    input (exit 2), named with the expected and found hash. A file in the folder that the
    manifest does not list (an emptied ``files`` would otherwise check nothing), or a listed
-   path outside the folder, is bad input too.
+   path outside the folder, is bad input too. The reference's head and temperatures
+   (``judged/reference_fitted.npz``) must hash, array by array
+   (:func:`variants.models.fitted_state.state_sha256`), to the manifest's ``reference_fit``
+   (what the run's run.json recorded).
 2. The folder is loaded packed (:func:`variants.export.load.load_variant`) and run on the judged
    eval rows (``eval_rows.npz``, same batch size and order as the sweep); its logits are
    compared with the judged ``outputs.npz`` (max |Δlogit| over valid options), and the
@@ -64,6 +67,34 @@ def check_files(folder):
     return manifest
 
 
+def check_reference_fit(folder, manifest):
+    """The manifest's ``reference_fit`` after checking that its file's arrays hash to its
+    ``sha256`` (None for a folder exported before it was kept). Raises ExportError naming the
+    file, both hashes and the fix."""
+    from variants.models import fitted_state as fs
+
+    rec = manifest.get("reference_fit")
+    if rec is None:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("file"), str):
+        raise ExportError(f"{short_path(Path(folder) / 'manifest.json')}: reference_fit is not "
+                          "a record of the reference's fitted state; export the variant again")
+    path = Path(folder) / rec["file"]
+    if Path(rec["file"]).is_absolute() or ".." in Path(rec["file"]).parts or \
+            rec["file"] not in manifest.get("files", {}):
+        raise ExportError(f"{short_path(Path(folder) / 'manifest.json')}: reference_fit names "
+                          f"{short_repr(rec['file'])}, not a file it lists; export the variant "
+                          "again")
+    state = _read(path, "the reference's fitted state", lambda: fs.read_state(path))
+    got = fs.state_sha256(state)
+    if got != rec.get("sha256"):
+        raise ExportError(f"{short_path(path)} hashes {got[:16]}…, manifest.json's "
+                          f"reference_fit (the run's) says {str(rec.get('sha256'))[:16]}…: not "
+                          "the judged reference's head and temperatures; export the variant "
+                          "again")
+    return rec
+
+
 def _dict(value):
     if not isinstance(value, dict):
         raise ValueError(f"a JSON object was expected, found {type(value).__name__}")
@@ -81,7 +112,8 @@ def _read(path, what, read):
 
 def verify(folder, tolerance=TOLERANCE, log=print):
     """Verify ``folder`` (module docstring). Returns a dict: ``max_abs_dlogit``,
-    ``bit_identical``, ``changed`` (clause ids whose status differs), ``statuses``
+    ``bit_identical``, ``reference_fit`` (the manifest's, its hash checked; None when the
+    folder has none), ``changed`` (clause ids whose status differs), ``statuses``
     ({id: [judged, now]}), ``n_rows``, ``ok``. Raises ExportError (bad input)."""
     from contracts.contract import load_contract
     from runs.judge import judge_outputs
@@ -93,6 +125,7 @@ def verify(folder, tolerance=TOLERANCE, log=print):
 
     folder = Path(folder)
     manifest = check_files(folder)
+    fit = check_reference_fit(folder, manifest)
     try:
         model, _ = load_variant(folder)
     except CheckpointError as e:
@@ -137,6 +170,7 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     statuses = {r.id: [before.get(r.id), r.status] for r in verdict.results}
     changed = [i for i, (x, y) in statuses.items() if x != y]
     res = {"max_abs_dlogit": dmax, "bit_identical": bool(np.array_equal(a[mask], b[mask])),
+           "reference_fit": fit,
            "changed": changed, "statuses": statuses, "n_rows": len(ts),
            "tolerance": tolerance, "ok": dmax <= tolerance and not changed}
     log(f"{folder}: {len(manifest['files'])} files match manifest.json; {len(ts)} eval rows "

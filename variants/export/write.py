@@ -89,6 +89,25 @@ def versions():
     return {"mlx-variants": pkg, "mlx": mx.__version__, "numpy": np.__version__}
 
 
+def _reference_fit(judged, reference, tmp):
+    """Write the reference's head and temperatures the variant was built from into ``tmp``
+    (``judged/reference_fitted.npz``); returns the manifest's ``reference_fit`` (``source``,
+    ``sha256`` as run.json records it, ``from``, ``file``), or None for a model fitted
+    outside :func:`variants.models.fitted_reference`."""
+    from runs.io import write_npz
+    from variants.models import fitted_state as fs
+
+    if reference.fitted_record is None:
+        return None
+    run_copy = judged.run_dir / fs.RUN_FILE
+    if run_copy.exists() and (judged.run.get("reference_fit") or {}).get("sha256") == \
+            reference.fitted_record["sha256"]:
+        shutil.copyfile(run_copy, tmp / fs.EXPORT_FILE)
+    else:  # a run from before reference/fitted.npz: the state it was rebuilt with
+        write_npz(tmp / fs.EXPORT_FILE, fs.state_of(reference))
+    return dict(reference.fitted_record, file=fs.EXPORT_FILE)
+
+
 def export(judged, out, log=print, card=None):
     """Write ``judged`` (:class:`variants.export.source.Judged`) to folder ``out``; returns the
     manifest dict. ``card``: ``card(facts) -> str`` (default
@@ -134,6 +153,7 @@ def export(judged, out, log=print, card=None):
         for dest, src in JUDGED.items():
             shutil.copyfile(judged.run_dir / src.format(variant=judged.name), tmp / dest)
         save_taskset(tasksets["eval"], tmp / "eval_rows.npz")
+        reference_fit = _reference_fit(judged, reference, tmp)
         timing = judged.vdir / "timing.json"
         facts = {"name": judged.name, "family": judged.build["family"], "build": judged.build,
                  "verdict": judged.verdict, "run": judged.run, "model": source.name,
@@ -141,7 +161,8 @@ def export(judged, out, log=print, card=None):
                  "timing": json.loads(timing.read_text()) if timing.exists() else None,
                  "bytes": (tmp / "model.safetensors").stat().st_size,
                  "search": str(judged.search) if judged.search else None,
-                 "quantization": quant, "lowrank": config[BLOCK]["lowrank"]}
+                 "quantization": quant, "lowrank": config[BLOCK]["lowrank"],
+                 "reference_fit": reference_fit}
         (tmp / "README.md").write_text((card or card_mod.markdown)(facts))
         # the model card as the run's self-contained HTML report for this one variant
         # (report.html, and the report.json it embeds); listed in the manifest like every file
@@ -154,6 +175,7 @@ def export(judged, out, log=print, card=None):
             "files": {f: sha256(tmp / f) for f in files},
             "reference_checkpoint_sha256": ck.sha256,
             "data_fingerprint": tasksets["eval"].fingerprint(),
+            "reference_fit": reference_fit,
             "run_identity": judged.run.get("identity"),
             "verdict": {"passed": bool(judged.verdict.get("passed")),
                         "failed": judged.verdict.get("failed", [])},

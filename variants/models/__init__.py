@@ -4,10 +4,6 @@ Every model, bundled or not, is a :class:`variants.models.configured.ModelSource
 TOML (:mod:`variants.models.model_config`), a user's ``package.module:factory``, or both.
 """
 
-from pathlib import Path
-
-import numpy as np
-
 from metrics._checks import short_repr
 from runs.io import write_npz
 
@@ -75,7 +71,13 @@ def get_module(name):
 
 
 def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key=()):
-    """The reference decision model with its head and temperatures fitted (or loaded from cache).
+    """The reference decision model with its head and temperatures: shipped, cached or fitted.
+
+    In this order: the state shipped with the package for exactly these inputs
+    (:func:`variants.models.fitted_state.shipped`: the bundled models' default configurations,
+    the same on every machine), else the results cache, else fitted here (float64 head,
+    polished temperatures) and cached. The model's ``fitted_record`` says which
+    (:func:`variants.models.fitted_state.record`: ``source``, ``sha256``, ``from``).
 
     Parameters
     ----------
@@ -86,46 +88,51 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key
     cache_dir : Path
         Fitted state is cached in ``cache_dir/heads/<name>-<key>.npz``; the key covers the
         checkpoint hash, both data sets, the model's configuration and its tokenizer settings
-        (:meth:`variants.models.decision.DecisionModel.cache_key`), plus ``extra_key`` (the sweep's
-        model TOML and data file identity, when given).
+        (:meth:`variants.models.decision.DecisionModel.cache_key`: the compute path too), plus
+        ``extra_key`` (the sweep's model TOML and data file identity, when given).
 
     Returns
     -------
     model : DecisionModel
     cache_key : str
+
+    Raises
+    ------
+    runs.readers.CorruptFileError, variants.models.fitted_state.ShippedStateError
+        A cache or shipped file that does not read back (named, with the fix).
     """
+    from variants.models import fitted_state as fs
+
     mod = get_module(name)
     name = mod.name
     model = mod.build(checkpoint)
     key = model.cache_key(checkpoint.sha256, tasksets["fit"].fingerprint(),
                           tasksets["calibration"].fingerprint(), *extra_key)
     path = cache_dir / "heads" / f"{name}-{key}.npz"
+    found = fs.shipped(name, model, checkpoint.sha256, tasksets, extra_key)
+    if found is not None:
+        where, state = found
+        fs.apply_state(model, state)
+        model.fitted_record = fs.record("shipped", state, f"variants/models/fitted/{where.name}")
+        log(f"using the shipped head and temperatures {where.name} "
+            f"(sha256 {model.fitted_record['sha256'][:16]})")
+        return model, key
+    origin = f".cache/heads/{path.name}"
     if path.exists():
-        from runs.npz_readers import read_head_cache  # CorruptFileError names the file
-
-        state = read_head_cache(path, {k: np.shape(v) for k, v in model.head_state().items()}
-                                if hasattr(model, "head_state") else None)
-        if hasattr(model, "load_head_state"):
-            model.load_head_state({k[5:]: v for k, v in state.items() if k.startswith("head_")})
-        model.temperatures = dict(zip(state["t_keys"].tolist(), state["t_values"].tolist()))
-        if "t_status" in state:  # fit statuses (caches written before they were kept lack them)
-            model.temperature_fits = {k: {"temperature": t, "status": str(s)} for k, t, s in zip(
-                state["t_keys"].tolist(), state["t_values"].tolist(), state["t_status"])}
+        state = fs.read_state(path, model)  # CorruptFileError names the file
+        fs.apply_state(model, state)
+        model.fitted_record = fs.record("cache", state, origin)
         log(f"loaded fitted head and temperatures from {path}")
         return model, key
-    state = {}
     if hasattr(model, "fit_head"):
         log(f"fitting {name} head on {len(tasksets['fit'])} fit examples")
         model.fit_head(tasksets["fit"])
-        state.update({f"head_{k}": v for k, v in model.head_state().items()})
     if getattr(model, "fixed_temperatures", None) is not None:
         log(f"using the fixed temperatures {model.fixed_temperatures} of the model config")
     else:
         log(f"fitting temperatures on {len(tasksets['calibration'])} calibration examples")
-    temps = model.calibrate(tasksets["calibration"])
-    state["t_keys"] = np.array(list(temps), np.int64)
-    state["t_values"] = np.array(list(temps.values()), np.float64)
-    state["t_status"] = np.array([model.temperature_fits.get(k, {}).get("status", "unknown")
-                                  for k in temps], dtype=str)
+    model.calibrate(tasksets["calibration"])
+    state = fs.state_of(model)
     write_npz(path, state)
+    model.fitted_record = fs.record("fitted", state, origin)
     return model, key

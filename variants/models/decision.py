@@ -68,6 +68,9 @@ class DecisionModel:
     question = ""
     #: {K: T} fixed temperatures (``[temperature] mode = "fixed"``); None = fitted.
     fixed_temperatures = None
+    #: where the head and temperatures came from (``source``, ``sha256``, ``from``), set by
+    #: :func:`variants.models.fitted_reference`; None for a model fitted or loaded otherwise
+    fitted_record = None
 
     def __init__(self, module, tokenizer, temperatures=None):
         self.module = module

@@ -145,6 +145,9 @@ def _conclude(s, opts, records, t0, log):
         "executor": {"kind": opts.executor, "workers": s.executor.workers,
                      "ray_address": getattr(s.executor, "address", None)},
         "sensitivity_cache": str(s.sens_path), "outcome": outcome,
+        # the reference's head and temperatures: shipped, cached or fitted, and their hash
+        # (variants.models.fitted_state; a finalized search's final/run.json has the same)
+        "reference_fit": s.state["reference"].fitted_record,
         "winner": winner, "finalists": finalists, "overfitted": bool(
             finalists and not finalists[0]["passed_eval"]),
         "candidates": records,

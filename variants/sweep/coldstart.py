@@ -106,8 +106,9 @@ def run_spec(spec, spawned_at=None, main_at=None, reads=None):
     difference; None when not given).
 
     ``spec`` keys: ``model`` (a ``variants.models.MODELS`` name or a ModelSource),
-    ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the sweep's
-    ``.cache/heads/*.npz``; None = unfitted head, temperatures 1), ``taskset`` (the batch),
+    ``checkpoint`` (its folder; None = the bundled MiniLM), ``head_path`` (the run's
+    ``reference/fitted.npz``, :mod:`variants.models.fitted_state`; None = unfitted head,
+    temperatures 1), ``taskset`` (the batch),
     optionally ``device``, ``dtype`` (:mod:`variants.runtime.device`), ``family``, ``params``, ``variant`` (its name in ``family.ladder(**params)``, or of ``config``, the variant's config
     when the sweep was given configs, e.g. a search's finalists),
     ``mode`` (default "native"), ``calibration``, ``fit`` (TaskSets), ``cache_dir``; or, for a

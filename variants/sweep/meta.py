@@ -22,11 +22,18 @@ def _versions():
             "mlx_variants": __version__, "platform": platform.platform()}
 
 
+def _reference_fit(model):
+    from variants.models import fitted_state
+
+    rec = model.fitted_record
+    return None if rec is None else dict(rec, file=fitted_state.RUN_FILE)
+
+
 def run_metadata(sweep):
     """run.json's content for a :class:`variants.sweep.run.Sweep` that has prepared its inputs and
     reference: identity, config (with the variant names), contract, versions, device, checkpoint,
-    data splits and tokenizer, reference size and temperatures, status ("complete", "partial" or
-    "failed" by the variants that failed to build), the family's report blocks (``extras``) and
+    data splits and tokenizer, reference size, fitted state (``reference_fit``) and
+    temperatures, status ("complete", "partial" or "failed" by the variants that failed to build), the family's report blocks (``extras``) and
     the sweep's time breakdown (:meth:`variants.sweep.clock.SweepClock.breakdown`, taken now) and
     the reference's segment profile (:func:`variants.sweep.ref_profile.reference_profile`).
     Documented in results/README.md."""
@@ -65,6 +72,9 @@ def run_metadata(sweep):
             "tokenizer": sweep.checkpoint.tokenizer.settings(),
         },
         "reference_model_bytes": model_bytes(sweep.ref_model),
+        # where the reference's head and temperatures came from, and their hash
+        # (variants.models.fitted_state); the state itself is in reference/fitted.npz
+        "reference_fit": _reference_fit(sweep.ref_model),
         "temperatures": {str(k): v for k, v in sweep.ref_model.temperatures.items()},
         # the reference against itself on a second compute path (variants.sweep.noise)
         "reference_noise": getattr(sweep, "ref_noise", None),

@@ -1,6 +1,6 @@
 """Resume checks: before a sweep writes anything, the run folder it would resume must hold the
-same sweep (identity, tokenizer settings) and each variant folder the same variant, in files
-that are not corrupt (read with the validating readers of :mod:`runs.readers` and
+same sweep (identity, tokenizer settings, the reference's fitted state) and each variant folder
+the same variant, in files that are not corrupt (read with the validating readers of :mod:`runs.readers` and
 :mod:`runs.npz_readers`); a resumed variant's timing.json gets what it lacks measured
 (:func:`complete_reused_timing`)."""
 
@@ -38,6 +38,19 @@ def check_run_tokenizer(out, settings):
                 if old.get(k) != v}
         raise SweepError(f"{out} was swept with other tokenizer settings {diff} (old, "
                          f"new); choose another --run name or delete {out}")
+
+
+def check_reference_fit(out, meta, record):
+    """Refuse to resume ``out`` when its run.json (``meta``) records another reference head
+    and temperatures (``reference_fit.sha256``) than ``record`` (the reference's
+    ``fitted_record`` now): its variants were judged against another reference. Raises
+    SweepError naming both hashes and the fix."""
+    old = (meta or {}).get("reference_fit") if isinstance(meta, dict) else None
+    if isinstance(old, dict) and record and old.get("sha256") not in (None, record["sha256"]):
+        raise SweepError(f"{out} was swept with another reference head and temperatures "
+                         f"(sha256 {str(old['sha256'])[:16]}…, {old.get('source')}; now "
+                         f"{record['sha256'][:16]}…, {record['source']}); choose another --run "
+                         f"name or delete {out}")
 
 
 def _diff(old, new, prefix=""):

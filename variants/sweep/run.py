@@ -21,7 +21,8 @@ import mlx.core as mx
 from runs import lock as runlock
 from variants.runtime import device
 from runs.family_text import family_extras
-from runs.io import RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_text
+from runs.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_npz,
+                     write_text)
 from runs.judge import judge_variant
 from runs.outputs import DecisionOutputs
 from variants.sweep import timed_check
@@ -33,13 +34,13 @@ from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
 from variants.models.decision import prepared_digest
-from variants.models import fitted_reference
+from variants.models import fitted_reference, fitted_state
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
 from variants.sweep.noise import reference_noise
-from variants.sweep.resume import (check_run_folder, check_run_tokenizer, complete_reused_timing,
-                                   read_json)
+from variants.sweep.resume import (check_reference_fit, check_run_folder, check_run_tokenizer,
+                                   complete_reused_timing, read_json)
 from variants.sweep.inputs import cache_parts, load_inputs
 from variants.sweep.quality import premeasure, quality_outputs
 from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
@@ -129,10 +130,13 @@ class Sweep:
         return self.ref_model
 
     def save_reference(self):
-        """Copy the reference's outputs (both splits, read or computed first) into the run."""
+        """Copy the reference's outputs (both splits, read or computed first) and its fitted
+        head and temperatures (``reference/fitted.npz``, hashed in run.json's
+        ``reference_fit``) into the run."""
         for split, outputs in self.ref_outputs.items():
             name = "outputs" if split == "eval" else "calibration_outputs"
             outputs.save(self.out / "reference" / f"{name}.npz")
+        write_npz(self.out / fitted_state.RUN_FILE, fitted_state.state_of(self.ref_model))
 
     def _outputs(self, model, split, what):
         ts = self.tasksets[split]
@@ -305,6 +309,7 @@ class Sweep:
         # the reference's cache files are read (and validated) before the run folder changes:
         # a corrupt cache file stops the sweep with nothing in the folder rewritten
         self.reference()
+        check_reference_fit(self.out, self.previous_meta, self.ref_model.fitted_record)
         with self.clock("setup"):
             self._write_identity()
             self.save_reference()

@@ -179,9 +179,10 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None, artifact=None):
     """The :func:`variants.sweep.coldstart.run_spec` spec of ``sweep``'s reference (``vcfg`` None) or
     of variant ``vcfg`` of ``family``: the smallest timed batch, and either ``artifact`` (the
     variant's weights folder, :func:`variants.families.artifact.write_weights`: the child loads
-    that and nothing else) or the checkpoint, the cached head and the :class:`BuildInputs`
-    fields the family's build reads."""
+    that and nothing else) or the checkpoint, the run's reference head and temperatures
+    (``reference/fitted.npz``) and the :class:`BuildInputs` fields the family's build reads."""
     b = min(timing_sets)
+    from variants.models import fitted_state
     from variants.sweep.inputs import checkpoint_path
 
     source = sweep.cfg.resolve_model()
@@ -194,8 +195,7 @@ def cold_start_spec(sweep, timing_sets, family=None, vcfg=None, artifact=None):
         return spec
     ck = checkpoint_path(sweep.cfg, source)
     spec.update(checkpoint=None if ck is None else str(ck),
-                head_path=str((sweep.cache / "heads" / f"{sweep.cfg.model}-{sweep.head_key}.npz")
-                              .resolve()))
+                head_path=str((sweep.out / fitted_state.RUN_FILE).resolve()))
     if vcfg is not None:
         spec.update(family=sweep.cfg.family, params=dict(sweep.cfg.params), variant=vcfg.name,
                     config=vcfg,  # a variant given as a config (a search's finalist) is in no ladder
