@@ -19,10 +19,8 @@ same logits could give temperatures 1e-8 apart on two CPUs; after the polish the
   T -> inf. The returned temperature is the bound.
 * ``"not_converged"``: the NLL is flat over the whole interval (constant logits; a single option),
   so the data do not determine T (temperature NaN), or scipy reported failure.
-* ``"converged"``: an interior minimum. The evaluation's refit (:func:`fit_temperature`) then
-  solves the optimality condition exactly with Newton steps on β = 1/T (the NLL is convex in β):
-  Brent's search stops anywhere within its tolerance (up to ~2e-7 in log T), and which point it
-  stops at can change when a logit moves in its last bit; the exact root moves continuously.
+* ``"converged"``: an interior minimum (after the Newton polish: the exact root of the NLL's
+  derivative, which moves continuously with the logits; Brent's stopping point could jump).
 
 References
 ----------
@@ -203,34 +201,6 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
     return TemperatureFit(float(np.exp(x)), "converged", f, n)
 
 
-def _exact_optimum(logits, mask, targets, temperature, *, steps=8):
-    """The T whose β = 1/T solves ``mean_i (E_p[z_i] - z_i,y_i) = 0``, ``p_i = softmax(β z_i)``,
-    by Newton's method from ``temperature`` (the NLL's derivative in β, whose own derivative is
-    ``mean_i Var_p(z_i) > 0``); ``temperature`` itself when Newton fails (a step is not finite or
-    leaves β <= 0, or the NLL ends more than ``RTOL`` above the start's).
-
-    The root is a differentiable function of the logits (implicit function theorem), so a drift
-    δ of the logits moves log T by at most ``δ (2 + β s) / (β H)`` to first order, with
-    ``H = mean_i Var_p(z_i)`` and ``s = mean_i sd_p(z_i)`` at the optimum.
-    """
-    z = np.where(mask, logits, 0.0)
-    rows = np.arange(len(targets))
-    beta = 1.0 / temperature
-    for _ in range(steps):
-        p = np.exp(log_softmax(np.where(mask, beta * z, -np.inf), axis=1))
-        mean = (p * z).sum(axis=1)
-        step = (mean - z[rows, targets]).mean() / ((p * z * z).sum(axis=1) - mean ** 2).mean()
-        if not np.isfinite(step) or beta - step <= 0:
-            return temperature
-        beta -= step
-        if abs(step) <= 4 * np.finfo(float).eps * beta:
-            break
-    exact = 1.0 / beta
-    before = mean_nll(np.log(temperature), logits, mask, targets)
-    worse = mean_nll(np.log(exact), logits, mask, targets) - before > RTOL * max(1.0, abs(before))
-    return temperature if worse else exact
-
-
 def fit_temperature(logits, mask, labels, *, bounds=BOUNDS):
     """Temperature minimising the NLL of ``softmax(logits / T)`` on the labelled rows, with its
     status: the evaluation's refit (no fallback: T is NaN when the data do not determine it).
@@ -250,7 +220,7 @@ def fit_temperature(logits, mask, labels, *, bounds=BOUNDS):
     -------
     TemperatureFit
         ``temperature``, ``status`` ('converged', 'at_bound' or 'not_converged'), ``nll``, ``n``,
-        ``reason`` (module docstring); a converged T is the exact optimum (Newton on 1/T after
+        ``reason`` (module docstring); a converged T is the exact optimum (Newton on log T after
         Brent), continuous in the logits.
 
     Raises
@@ -267,12 +237,7 @@ def fit_temperature(logits, mask, labels, *, bounds=BOUNDS):
     mask = check_mask(mask, logits.shape)
     targets = check_labels(labels, logits.shape[0])
     known = targets >= 0
-    logits, mask, targets = logits[known], mask[known], targets[known]
-    fit = fit_temperature_status(logits, mask, targets, bounds=bounds)
-    if not fit.converged:
-        return fit
-    t = _exact_optimum(logits, mask, targets, fit.temperature)
-    return TemperatureFit(t, fit.status, mean_nll(np.log(t), logits, mask, targets), fit.n)
+    return fit_temperature_status(logits[known], mask[known], targets[known], bounds=bounds)
 
 
 def fit_calibration_temperature(logits, mask, labels, *, bucket=None):
