@@ -24,7 +24,6 @@ from runs.family_text import family_extras
 from runs.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_npz,
                      write_text)
 from runs.judge import judge_variant
-from runs.outputs import DecisionOutputs
 from variants.sweep import timed_check
 from runs.readers import CorruptFileError
 from runs.report import render_report
@@ -33,15 +32,14 @@ from variants.families.family import BuildInputs, judged_mode
 from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
-from variants.models.decision import prepared_digest
-from variants.models import fitted_reference, fitted_state
+from variants.models import fitted_state
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
-from variants.sweep.noise import reference_noise
+from variants.sweep.reference import prepare_reference
 from variants.sweep.resume import (check_reference_fit, check_run_folder, check_run_tokenizer,
                                    complete_reused_timing, read_json)
-from variants.sweep.inputs import cache_parts, load_inputs
+from variants.sweep.inputs import load_inputs
 from variants.sweep.quality import premeasure, quality_outputs
 from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
 
@@ -89,45 +87,9 @@ class Sweep:
 
     # -- reference --------------------------------------------------------------------------
     def reference(self):
-        """Fit (or load) the reference head and compute (or load) its outputs on both splits.
-
-        With a warm cache nothing runs through the model: the head, temperatures and outputs
-        come from ``results/.cache`` (``clock.counts["reference_output_batches"]`` stays 0).
-        """
-        cfg = self.cfg
-        with self.clock("reference_forward"):
-            self.ref_model, self.head_key = fitted_reference(cfg.resolve_model(), self.checkpoint,
-                                                             self.tasksets, self.cache,
-                                                             log=self.log,
-                                                             extra_key=cache_parts(cfg))
-        self.batches, self.truncated = {}, {}
-        with self.clock("setup"):
-            for split in ("calibration", "eval"):
-                self.batches[split], self.truncated[split] = self.ref_model.prepare(
-                    self.tasksets[split], cfg.batch_size)
-        self.ref_outputs, self.ref_outputs_cached = {}, {}
-
-        def key_of(split):
-            return self.ref_model.cache_key(self.checkpoint.sha256, cfg.dtype,
-                                            self.tasksets[split].fingerprint(),
-                                            prepared_digest(self.batches[split]),
-                                            *cache_parts(cfg))
-
-        for split in ("calibration", "eval"):
-            key = key_of(split)
-            path = self.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
-            with self.clock("reference_forward"):
-                self.ref_outputs_cached[split] = path.exists()
-                if path.exists():
-                    outputs = DecisionOutputs.load(path, "reference outputs cache file")
-                else:
-                    outputs = self._outputs(self.ref_model, split, "reference")
-                    self.clock.counts["reference_output_batches"] += len(self.batches[split])
-                    outputs.save(path)
-            self.ref_outputs[split] = outputs
-        with self.clock("reference_forward"):
-            self.ref_noise = reference_noise(self, key_of)
-        return self.ref_model
+        """Fit (or load) the reference head and compute (or load) its outputs on both splits,
+        and measure its numerical noise (:func:`variants.sweep.reference.prepare_reference`)."""
+        return prepare_reference(self)
 
     def save_reference(self):
         """Copy the reference's outputs (both splits, read or computed first) and its fitted

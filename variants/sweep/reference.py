@@ -1,0 +1,50 @@
+"""The sweep's reference: its fitted head and temperatures, its outputs on the calibration and
+eval splits (cached in ``results/.cache/reference``), and its numerical noise
+(:mod:`variants.sweep.noise`). Called as :meth:`variants.sweep.run.Sweep.reference`."""
+
+from runs.outputs import DecisionOutputs
+from variants.models import fitted_reference
+from variants.models.decision import prepared_digest
+from variants.sweep.inputs import cache_parts
+from variants.sweep.noise import reference_noise
+
+
+def prepare_reference(sweep):
+    """Fit (or load) the reference head and compute (or load) its outputs on both splits.
+
+    With a warm cache nothing runs through the model: the head, temperatures and outputs
+    come from ``results/.cache`` (``clock.counts["reference_output_batches"]`` stays 0).
+    """
+    cfg = sweep.cfg
+    with sweep.clock("reference_forward"):
+        sweep.ref_model, sweep.head_key = fitted_reference(
+            cfg.resolve_model(), sweep.checkpoint, sweep.tasksets, sweep.cache, log=sweep.log,
+            extra_key=cache_parts(cfg))
+    sweep.batches, sweep.truncated = {}, {}
+    with sweep.clock("setup"):
+        for split in ("calibration", "eval"):
+            sweep.batches[split], sweep.truncated[split] = sweep.ref_model.prepare(
+                sweep.tasksets[split], cfg.batch_size)
+    sweep.ref_outputs, sweep.ref_outputs_cached = {}, {}
+
+    def key_of(split):
+        return sweep.ref_model.cache_key(sweep.checkpoint.sha256, cfg.dtype,
+                                         sweep.tasksets[split].fingerprint(),
+                                         prepared_digest(sweep.batches[split]),
+                                         *cache_parts(cfg))
+
+    for split in ("calibration", "eval"):
+        key = key_of(split)
+        path = sweep.cache / "reference" / f"{cfg.model}-{split}-{key}.npz"
+        with sweep.clock("reference_forward"):
+            sweep.ref_outputs_cached[split] = path.exists()
+            if path.exists():
+                outputs = DecisionOutputs.load(path, "reference outputs cache file")
+            else:
+                outputs = sweep._outputs(sweep.ref_model, split, "reference")
+                sweep.clock.counts["reference_output_batches"] += len(sweep.batches[split])
+                outputs.save(path)
+        sweep.ref_outputs[split] = outputs
+    with sweep.clock("reference_forward"):
+        sweep.ref_noise = reference_noise(sweep, key_of)
+    return sweep.ref_model
