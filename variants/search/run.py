@@ -141,6 +141,7 @@ def _conclude(s, opts, records, t0, log):
     n_used = sum(r["n_used"] for r in records if r.get("evaluated"))
     result = {
         "settings": s.settings, "out": str(s.out), "layers": s.layers,
+        "reference_noise": s.state.get("noise"),
         "kept": [list(k) for k in getattr(getattr(s, "units", None), "kept", [])],
         "executor": {"kind": opts.executor, "workers": s.executor.workers,
                      "ray_address": getattr(s.executor, "address", None)},

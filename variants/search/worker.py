@@ -104,7 +104,40 @@ def prepare_reference(state, payload):
             path.parent.mkdir(parents=True, exist_ok=True)
             DecisionOutputs(**ref[part]).save(path)
     state.update(reference=reference, sets=sets, batches=batches, ref=ref)
+    state["noise"] = search_noise(state, payload, cache)
+    # the numerical-tie stratum of every judgement (runs.settings: a sweep reads it in run.json)
+    state["settings"] = dict(state["settings"], numerical_noise=state["noise"]["max_abs_logit_diff"])
     return state
+
+
+def search_noise(state, payload, cache):
+    """The reference's numerical noise on the search-eval part (as a sweep's,
+    :mod:`variants.sweep.noise`): its logits against the same model on the plain MLX path,
+    computed once and cached like the reference's outputs (the key names the path)."""
+    from variants.models.decision import prepared_digest
+    from variants.runtime import plain
+    from variants.sweep.inputs import cache_parts
+    from variants.sweep.noise import noise_record
+
+    cfg, parts, checkpoint = state["cfg"], state["parts"], state["checkpoint"]
+    reference, part = state["reference"], "search-eval"
+    with plain.plain():
+        key = reference.cache_key(checkpoint.sha256, cfg.dtype, parts[part].fingerprint(),
+                                  [prepared_digest(b) for b in state["batches"][part]],
+                                  payload["chunk_size"], *cache_parts(cfg))
+        path = cache / "reference" / f"{cfg.model}-{part}-plain-{key}.npz"
+        if path.exists():
+            with np.load(path) as d:
+                logits = d["logits"]
+        else:
+            logits = np.concatenate([np.asarray(reference.raw_logits(ts, b), np.float32)
+                                     for ts, b in zip(state["sets"][part],
+                                                      state["batches"][part])])
+            from runs.io import write_npz
+
+            write_npz(path, {"logits": logits})
+    ref = state["ref"][part]
+    return noise_record(ref["logits"], logits, ref["option_mask"])
 
 
 def build_variant(state, spec):

@@ -54,6 +54,13 @@ def reference_noise(sweep, key_of):
             sweep.clock.counts["reference_output_batches"] += len(sweep.batches["eval"])
             write_npz(path, {"logits": logits})
     ref = sweep.ref_outputs["eval"]
-    noise = max_abs_logit_diff(ref.logits, logits, ref.option_mask)
-    return {"max_abs_logit_diff": noise, "second_path": SECOND_PATH, "rows": int(len(ts)),
-            "multiple": NUMERICAL_TIE_MULTIPLE, "tie_margin": NUMERICAL_TIE_MULTIPLE * noise}
+    return noise_record(ref.logits, logits, ref.option_mask)
+
+
+def noise_record(ref_logits, plain_logits, mask):
+    """``{"max_abs_logit_diff", "second_path", "rows", "multiple", "tie_margin"}`` of the
+    reference's (N, K) logits against the plain path's on the same rows."""
+    noise = max_abs_logit_diff(ref_logits, plain_logits, mask)
+    return {"max_abs_logit_diff": noise, "second_path": SECOND_PATH,
+            "rows": int(np.shape(ref_logits)[0]), "multiple": NUMERICAL_TIE_MULTIPLE,
+            "tie_margin": NUMERICAL_TIE_MULTIPLE * noise}

@@ -1,0 +1,71 @@
+"""The null control: the reference recomputed on the plain MLX path (``--family exact
+--exact-kinds null-control``) is no approximation at all, so it must pass every clause of every
+packaged contract on both bundled models — a failure would measure the checker or a contract,
+not a variant — and pass the search's bound rule on resampled rows of the search's default size
+with probability >= 0.99 (``bench/null_control.py`` runs more resamples).
+
+One real sweep per bundled model (default splits: 2000 fit, 800 calibration, 800 eval rows),
+timed as little as the sweep allows."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts.checker import PACKAGED
+from runs.commands.check import main as check_main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK_TIMING = ["--timing-rounds", "1", "--timing-warmup", "0", "--timing-budget-s", "0.5",
+                "--timing-batch-sizes", "1", "--cold-start", "none", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def null_runs(tmp_path_factory):
+    """{model: its null-control run folder} for both bundled models."""
+    from variants.cli import main
+
+    results = tmp_path_factory.mktemp("null")
+    runs = {}
+    for model in ("minilm-sentiment", "minilm-choice"):
+        argv = ["sweep", "--model", model, "--family", "exact", "--exact-kinds",
+                "null-control", "--results-dir", str(results), *QUICK_TIMING]
+        assert main(argv) == 0
+        runs[model] = results / f"{model}-exact-null-control"
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["minilm-sentiment", "minilm-choice"])
+def test_null_control_passes_every_clause_of_every_packaged_contract(null_runs, model, tmp_path,
+                                                                      capsys):
+    run = null_runs[model]
+    meta = json.loads((run / "run.json").read_text())
+    noise = meta["reference_noise"]
+    # the second path is a different computation (the compiled layers off), within float32
+    # round-off of the first
+    assert 0 < noise["max_abs_logit_diff"] < 1e-4, noise
+    for name in PACKAGED:
+        out = tmp_path / name
+        assert check_main(["check", str(run), "--contract", name, "--output-dir", str(out),
+                           "--fail-on-violation"]) == 0, (model, name, capsys.readouterr().out)
+        verdict = json.loads((out / "null-control" / "verdict.json").read_text())
+        assert verdict["outcome"] == "pass", (model, name)
+        statuses = {c["id"]: c["status"] for c in verdict["clauses"]}
+        assert set(statuses.values()) <= {"pass", "no examples"}, (model, name, statuses)
+        assert sum(s == "pass" for s in statuses.values()) >= len(statuses) - 1, statuses
+
+
+@pytest.mark.slow
+def test_null_control_passes_the_search_bound_rule_on_resampled_rows(null_runs):
+    """100 bootstrap copies of the run's calibration and eval rows (800 + 800: the search's
+    default split sizes), judged as the search judges (default contract, bound rule)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from null_control import pass_rates
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    ok, n, by = pass_rates(null_runs["minilm-sentiment"], reps=100, seed=0,
+                           rules=("search",))["search"]
+    assert ok >= 99, (ok, n, by)
