@@ -82,8 +82,9 @@ class Sweep:
         # with other settings is refused (_check_run_tokenizer), not silently mixed
         data = prev.get("data") if isinstance(prev.get("data"), dict) else {}
         data = dict(data, tokenizer=self.checkpoint.tokenizer.settings())
+        # the reference's numerical noise from the start too: the judge reads it there
         write_json(self.out / "run.json", dict(prev, identity=self.cfg.identity(), data=data,
-                                               status="running"))
+                                               reference_noise=self.ref_noise, status="running"))
 
     # -- reference --------------------------------------------------------------------------
     def reference(self):
