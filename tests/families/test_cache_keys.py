@@ -220,7 +220,8 @@ def test_reference_outputs_cached_at_128_are_not_reused_at_256(checkpoint, tmp_p
     short = np.arange(len(a)) != long_row
     np.testing.assert_allclose(a[short], b[short], atol=1e-4)
     cache = sorted(p.name for p in (tmp_path / ".cache" / "reference").iterdir())
-    assert len(cache) == 4  # 2 splits x 2 max lengths
+    # 2 splits x 2 max lengths, and the eval split's plain-path logits (numerical noise) of each
+    assert len(cache) == 6 and sum("-eval-plain-" in n for n in cache) == 2
     # run.json records the settings that made the tensors
     longer.contract, longer.cold_start = load_contract(None), None
     tok = longer.metadata()["data"]["tokenizer"]

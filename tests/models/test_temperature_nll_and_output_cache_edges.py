@@ -93,7 +93,8 @@ def test_reference_outputs_cached_at_batch_32_are_not_reused_at_batch_4(checkpoi
     assert small.head_key == first.head_key  # the head does not depend on --batch-size
     a, b = first.ref_outputs["eval"].logits, small.ref_outputs["eval"].logits
     np.testing.assert_allclose(a, b, atol=1e-4)  # same numbers up to float rounding ...
-    assert len(list((tmp_path / ".cache" / "reference").iterdir())) == 4  # ... cached apart
+    cached = [p.name for p in (tmp_path / ".cache" / "reference").iterdir()]
+    assert len([n for n in cached if "-plain-" not in n]) == 4  # ... cached apart
 
 
 def test_a_huge_or_multiline_clause_id_or_contract_name_is_refused_in_one_short_line():

@@ -103,7 +103,7 @@ def test_report_shows_the_flag(timed):
     from runs.report_facts import implausible_lines
 
     cached, _ = timed
-    verdict = SimpleNamespace(passed=True, failed=[])
+    verdict = SimpleNamespace(passed=True, failed=[], undecided=[], word="PASS")
     row = summary_row("cached", {"family": "x", "config": {}}, {"agreement": 1.0, "ece_ref": 0.03},
                       verdict, cached)
     summary = pd.DataFrame([row])
