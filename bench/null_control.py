@@ -34,9 +34,12 @@ def _take(d, rows):
     return {k: (v[rows] if getattr(v, "ndim", 0) and len(v) == n else v) for k, v in d.items()}
 
 
-def pass_rates(run, *, reps=400, seed=0, contract=None, rules=("search", "every-bound")):
+def pass_rates(run, *, reps=400, seed=0, contract=None, rules=("search", "every-bound"),
+               refit_boot=None):
     """``{rule: (passes, reps, {clause id: times not passed})}`` for each of ``rules``
-    ("search", "every-bound") over ``reps`` resamples of the null-control run folder ``run``."""
+    ("search", "every-bound") over ``reps`` resamples of the null-control run folder ``run``;
+    ``refit_boot`` resamples of the temperature refit's bound (None: the search's
+    :data:`variants.search.bounds.N_REFIT_BOOTSTRAP`, 200)."""
     from contracts.checker import load_contract
     from runs.judge import judge_outputs
     from runs.settings import resolve_settings
@@ -60,7 +63,7 @@ def pass_rates(run, *, reps=400, seed=0, contract=None, rules=("search", "every-
         args = (_take(rc, ic), _take(re_, ie), _take(vc, ic), _take(ve, ie))
         for name, c in rules.items():
             ev, v, _ = judge_outputs(*args, c, settings=st)
-            v = bounds.complete_bounds(ev, v)
+            v = bounds.complete_bounds(ev, v, n_boot=refit_boot or bounds.N_REFIT_BOOTSTRAP)
             o = out[name]
             o[0] += bool(v.passed)
             o[1] += 1
