@@ -107,3 +107,24 @@ def test_summary_row_says_undecided(noisy):
     row = summary_row("noisy", {"family": "quant"}, e.summary, v, {})
     assert row["verdict"] == "UNDECIDED" and row["undecided_clauses"] == "bound"
     assert row["failed_clauses"] == ""
+
+
+def test_search_names_the_cheapest_undecided_candidate_and_its_rows():
+    from variants.search.report import record_word
+    from variants.search.run import _undecided_text
+
+    recs = [
+        {"id": "a", "name": "q4", "cost": 1.0, "model_bytes": 10, "bits_per_weight": 5.0,
+         "passed": False, "failed": ["kl-p95"], "undecided": []},
+        {"id": "b", "name": "q6", "cost": 2.0, "model_bytes": 20, "bits_per_weight": 7.0,
+         "passed": False, "failed": [], "undecided": ["accuracy-drop"],
+         "rows_needed": {"accuracy-drop": 1234}},
+        {"id": "c", "name": "q8", "cost": 3.0, "model_bytes": 30, "bits_per_weight": 9.0,
+         "passed": False, "failed": [], "undecided": ["agreement"], "rows_needed": {}},
+    ]
+    assert [record_word(r) for r in recs] == ["FAIL", "UNDECIDED", "UNDECIDED"]
+    text = _undecided_text(recs, 800)
+    assert text == (" Undecided (not a pass): q6 (7.000 bits/weight) on accuracy-drop (about 1,234 "
+                    "rows would decide it), at its observed rates on 800 search-eval rows; give "
+                    "more rows (--n-search) to decide it.")
+    assert _undecided_text(recs[:1], 800) == ""
