@@ -14,12 +14,18 @@ meets the bound from one that does not. :func:`decision_facts` says, for one cla
   (:func:`metrics.decide.smallest_detectable`), in the metric's units.
 
 ``count`` clauses (a number of events, ``max = 0``) have neither: their threshold does not
-scale with the rows. No MLX.
+scale with the rows, and one compared on its interval is never undecided (more rows widen a
+count's interval: it fails). A bootstrap clause on fewer than :data:`MIN_BOOTSTRAP_ROWS` rows
+says no detectable violation. No MLX.
 """
 
 import math
 
 from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, TANGO_PAIRED
+
+#: a bootstrap interval of fewer rows says nothing about the violations they could show (one
+#: row resamples to itself: a zero-width interval)
+MIN_BOOTSTRAP_ROWS = 10
 
 
 def _counts(ev, clause, value, n):
@@ -61,17 +67,20 @@ def decision_facts(ev, clause, value, low, high, n, confidence, undecided):
     if method is None:
         return None, None
     far = high if clause.op == "<=" else low
-    half = abs(far - value)
+    near = low if clause.op == "<=" else high
     kw = dict(threshold=clause.threshold, op=clause.op, confidence=confidence)
     try:
         if method == BOOTSTRAP_PERCENTILE:
-            need = (rows_to_decide(method, n=n, value=value, half_width=half, **kw)
+            # rows: the far end must come to the threshold; a violation shows once the near
+            # end passes it (for a max clause, the lower end above the max)
+            need = (rows_to_decide(method, n=n, value=value, half_width=abs(far - value), **kw)
                     if undecided else None)
-            seen = smallest_detectable(method, n, half_width=half, **kw)
+            seen = (smallest_detectable(method, n, half_width=abs(value - near), **kw)
+                    if n >= MIN_BOOTSTRAP_ROWS else None)
         else:
             need = rows_to_decide(method, n=n, **counts, **kw) if undecided else None
             seen = smallest_detectable(method, n, **{k: v for k, v in counts.items()
                                                       if k in ("b", "c")}, **kw)
-    except (ValueError, RuntimeError):  # a count out of range (NaN-laden rows): not said
+    except (ValueError, RuntimeError):  # a count out of range, or beyond 2**62 rows: not said
         return None, None
     return need, (None if seen is None else float(seen))

@@ -51,8 +51,7 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
     elif st.get("near_tie_margin") is None:
         st["near_tie_margin"] = float((meta or {}).get("config", {}).get(
             "near_tie_margin", DEFAULT_NEAR_TIE_MARGIN))
-    noise = ((meta or {}).get("reference_noise") or {}).get("max_abs_logit_diff")
-    st["numerical_noise"] = float(noise) if noise is not None else 0.0  # run.json, else none
+    st["numerical_noise"] = numerical_noise(meta)  # run.json, else 0 (not measured)
     for key, value in (("alpha", alpha), ("n_bootstrap", n_bootstrap), ("seed", seed)):
         if value is not None:
             st[key] = value
@@ -62,6 +61,30 @@ def resolve_settings(contract, meta=None, *, near_tie_margin=None, alpha=None, n
                          "so n_bootstrap must be > 0; drop --n-bootstrap 0 or those clauses' "
                          "compare = \"ci\"")
     return st
+
+
+def numerical_noise(meta, where="run.json"):
+    """The reference's numerical noise (raw-logit units) in run.json's
+    ``reference_noise.max_abs_logit_diff``; 0.0 when the run predates it (not measured: only
+    exact ties are numerical ties).
+
+    Raises
+    ------
+    CheckError
+        One line naming ``where`` and the key, when the value is not a finite number >= 0 (a
+        bool, a string, a list, NaN, a negative number) or ``reference_noise`` is not a table.
+    """
+    rec = (meta or {}).get("reference_noise")
+    if rec is None:
+        return 0.0
+    value = rec.get("max_abs_logit_diff") if isinstance(rec, dict) else rec
+    ok = (isinstance(value, (int, float, np.integer, np.floating))
+          and not isinstance(value, (bool, np.bool_)) and math.isfinite(value) and value >= 0)
+    if not isinstance(rec, dict) or not ok:
+        raise CheckError(f"{where}: reference_noise.max_abs_logit_diff is {short_repr(value)}, "
+                         "not a finite number >= 0 (logit units); rerun the sweep to measure it "
+                         "again, or delete reference_noise to judge without numerical ties")
+    return float(value)
 
 
 def check_overrides(**overrides):

@@ -128,7 +128,7 @@ class Run:
 
     def evaluation(self, name):
         """:func:`metrics.evaluate.evaluate` of variant ``name`` against the reference, with the
-        sweep's ε (``metrics.json``) and near-tie margin (``run.json``), unless the judge handed
+        sweep's ε (``metrics.json``), near-tie margin and numerical noise (``run.json``), unless the judge handed
         its own evaluation over (``evaluations`` of :func:`load_run`): the plots read only its
         per-example ``ref_margin``, ``max_abs_logit_diff``, ``flip``, ``negative_flip``,
         ``positive_flip``, ``label``, ``n_options`` and ``epsilon``, which are the same."""
@@ -139,9 +139,12 @@ class Run:
             if eps is None:
                 raise PlotError(f"{self.path / name / 'metrics.json'} has no epsilon; rerun the "
                                 f"sweep to rewrite it.")
+            from runs.settings import numerical_noise
+
             self._evaluations[name] = evaluate(
                 self.outputs("reference"), self.outputs(name), epsilon=eps,
-                near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN), n_bins=N_BINS)
+                near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN), n_bins=N_BINS,
+                numerical_noise=numerical_noise(self.meta, self.path / "run.json"))
         return self._evaluations[name]
 
     def per_example(self):

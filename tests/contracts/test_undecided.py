@@ -128,3 +128,34 @@ def test_search_names_the_cheapest_undecided_candidate_and_its_rows():
                     "rows would decide it), at its observed rates on 800 search-eval rows; give "
                     "more rows (--n-search) to decide it.")
     assert _undecided_text(recs[:1], 800) == ""
+
+
+@pytest.mark.parametrize("rec", ["x", [1], 5, {"max_abs_logit_diff": True},
+                                 {"max_abs_logit_diff": "abc"}, {"max_abs_logit_diff": -1.0},
+                                 {"max_abs_logit_diff": float("nan")}, {"max_abs_logit_diff": {}}])
+def test_a_malformed_reference_noise_is_one_line_naming_the_key(rec):
+    from runs.folder import CheckError
+    from runs.settings import numerical_noise
+
+    with pytest.raises(CheckError, match=r"^run.json: reference_noise.max_abs_logit_diff is .*"
+                                         r"rerun the sweep") as e:
+        numerical_noise({"reference_noise": rec})
+    assert "\n" not in str(e.value)
+    assert numerical_noise({}) == 0.0
+    assert numerical_noise({"reference_noise": {"max_abs_logit_diff": 4e-6}}) == 4e-6
+
+
+def test_a_bootstrap_clause_detects_from_its_near_end_and_a_count_is_never_undecided(noisy):
+    _, ev, _, ve = noisy
+    e = evaluate(ev, ve, epsilon=0.0)
+    kl95 = e.value("kl", statistic="p95")
+    flips = e.value("flip", statistic="count")
+    v = check(contract_from_dict({"settings": {"n_bootstrap": 300}, "clause": [
+        {"id": "kl", "metric": "kl", "statistic": "p95", "max": kl95 * 2, "compare": "ci"},
+        {"id": "cnt", "metric": "flip", "statistic": "count", "max": flips, "compare": "ci"}]}), e)
+    kl, cnt = v.results
+    # a violation of a max shows once the lower end passes it: value - low past the bound
+    assert kl.detectable == pytest.approx(kl.value - kl.ci_low)
+    # the count meets its max, its upper bound does not, and more rows only add events: FAIL
+    assert cnt.value == flips < cnt.ci_high and cnt.passed is False
+    assert not cnt.undecided and cnt.detectable is None and v.failed == ["cnt"]

@@ -120,7 +120,7 @@ def configure(sub):
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (shown by default)")
     p.add_argument("--fail-on-violation", action="store_true",
-                   help="exit 1 when any variant fails its contract (for CI gates; without it a "
+                   help="exit 1 when any variant fails its contract or is undecided (for CI gates; without it a "
                         "completed sweep exits 0)")
     for name in FAMILIES:
         before = len(p._actions)
@@ -202,6 +202,11 @@ def run(args):
     print(format_table(summary).to_string(index=False))
     print(f"\nreport: {args.results_dir}/{cfg.run}/report.md")
     if args.fail_on_violation and not (summary["verdict"] == "PASS").all():
-        print("variants: some variant fails its contract (--fail-on-violation)", file=sys.stderr)
+        undecided = summary.loc[summary["verdict"] == "UNDECIDED", "variant"].tolist()
+        print("variants: some variant fails its contract (--fail-on-violation)" if not undecided
+              else f"variants: {', '.join(map(str, undecided))} undecided (the point value meets "
+                   "a bound, its interval does not: judge more rows), which is not a pass"
+                   + ("; others fail" if len(undecided) < (summary["verdict"] != "PASS").sum()
+                      else "") + " (--fail-on-violation)", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
