@@ -35,11 +35,12 @@ def _take(d, rows):
 
 
 def pass_rates(run, *, reps=400, seed=0, contract=None, rules=("search", "every-bound"),
-               refit_boot=None):
+               refit_boot=None, n_bootstrap=None):
     """``{rule: (passes, reps, {clause id: times not passed})}`` for each of ``rules``
     ("search", "every-bound") over ``reps`` resamples of the null-control run folder ``run``;
     ``refit_boot`` resamples of the temperature refit's bound (None: the search's
-    :data:`variants.search.bounds.N_REFIT_BOOTSTRAP`, 200)."""
+    :data:`variants.search.bounds.N_REFIT_BOOTSTRAP`, 200) and ``n_bootstrap`` resamples behind
+    every other interval (None: the contract's, 1000)."""
     from contracts.checker import load_contract
     from runs.judge import judge_outputs
     from runs.settings import resolve_settings
@@ -54,7 +55,7 @@ def pass_rates(run, *, reps=400, seed=0, contract=None, rules=("search", "every-
         and (bounds.spec(c.metric).interval is not None or c.metric in bounds.RESAMPLED) else c
         for c in base.clauses))
     rules = {k: v for k, v in {"search": search, "every-bound": every}.items() if k in rules}
-    st = resolve_settings(search)
+    st = resolve_settings(search, n_bootstrap=n_bootstrap)
     rng = np.random.default_rng(seed)
     out = {k: [0, 0, {}] for k in rules}
     for _ in range(reps):

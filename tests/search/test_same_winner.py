@@ -40,8 +40,8 @@ SETTINGS = {
     "plain-mlx": {"VARIANTS_FUSED_LAYER": "off", "VARIANTS_QKERNEL": "off"},
 }
 #: a small search: real rows and layers, few candidates, no finalist timing
-ARGS = ["--n-fit", "600", "--n-search", "800", "--n-sensitivity", "16", "--max-candidates", "4",
-        "--bits", "4", "6", "8", "--no-finalize", "--no-progress"]
+ARGS = ["--n-fit", "400", "--n-search", "1000", "--n-sensitivity", "10", "--max-candidates", "4",
+        "--bits", "4", "8", "--no-finalize", "--no-progress"]
 
 
 def _search(tmp_path, name, env_extra):
@@ -67,7 +67,8 @@ def _verdicts(result):
 def test_the_search_gives_the_same_verdicts_and_winner_under_every_setting(tmp_path):
     results = {name: _search(tmp_path, name, env) for name, env in SETTINGS.items()}
     base = results["as-is"]
-    assert base["candidates"], "the search judged no candidate"
+    # both outcomes occur (else identical verdicts would say little): here q8 passes, q4 fails
+    assert {bool(c["passed"]) for c in base["candidates"]} == {True, False}, _verdicts(base)
     for name, res in results.items():
         assert _verdicts(res) == _verdicts(base), name
         assert (res["winner"] or {}).get("name") == (base["winner"] or {}).get("name"), name
