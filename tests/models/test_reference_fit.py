@@ -162,3 +162,20 @@ def test_temperature_fit_is_polished_to_the_optimum():
     assert fit_temperature_status(logits.copy(), mask, labels).temperature == fit.temperature
     up = fit_temperature_status(np.nextafter(logits, np.float32(np.inf)), mask, labels)
     assert 0 < abs(up.temperature / fit.temperature - 1) < 1e-6
+
+
+def test_a_corrupt_shipped_file_says_reinstall_not_delete(defaults, tmp_path, monkeypatch):
+    """A shipped file is package data: deleting it (the cache files' advice) would silently
+    fall back to fitting; the message names the reinstall and the script instead."""
+    source, checkpoint, tasksets, extra = defaults[("minilm-sentiment", COMMANDS[0])]
+    copy = tmp_path / "fitted"
+    copy.mkdir()
+    for p in fs.FITTED_DIR.iterdir():
+        (copy / p.name).write_bytes(b"garbage" if p.suffix == ".npz" else p.read_bytes())
+    monkeypatch.setattr(fs, "FITTED_DIR", copy)
+    with pytest.raises(fs.ShippedStateError) as e:
+        fs.shipped("minilm-sentiment", source.build(checkpoint), checkpoint.sha256, tasksets,
+                   extra)
+    msg = str(e.value)
+    assert "do not read back" in msg and "reinstall mlx-variants" in msg and fs.SCRIPT in msg
+    assert "delete it" not in msg and "\n" not in msg

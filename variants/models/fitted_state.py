@@ -158,15 +158,23 @@ def shipped(name, model, checkpoint_sha256, tasksets, extra_key=()):
     ------
     ShippedStateError
         The file's arrays do not hash to index.json's ``sha256`` (or it is not listed).
-    runs.readers.CorruptFileError
-        The file is not a readable state of this model.
+    ShippedStateError
+        Also when the file is not a readable state of this model (a shipped file is package
+        data: the fix is to reinstall or regenerate it, not to delete it).
     """
+    from runs.readers import CorruptFileError
+
     if not any(FITTED_DIR.glob(f"{name}-*.npz")):
         return None
     path = FITTED_DIR / f"{name}-{shipped_key(model, checkpoint_sha256, tasksets, extra_key)}.npz"
     if not path.exists():
         return None
-    state = read_state(path, model)
+    try:
+        state = read_state(path, model)
+    except CorruptFileError as e:
+        raise ShippedStateError(f"{path}: the shipped head and temperatures do not read back "
+                                f"({str(e).split(': ', 1)[-1].split(';')[0]}); reinstall "
+                                f"mlx-variants, or in a checkout run python {SCRIPT}") from None
     want = read_index().get(path.name, {}).get("sha256")
     got = state_sha256(state)
     if got != want:
