@@ -46,6 +46,8 @@ def test_null_control_passes_every_clause_of_every_packaged_contract(null_runs, 
     # the second path is a different computation (the compiled layers off), within float32
     # round-off of the first
     assert 0 < noise["max_abs_logit_diff"] < 1e-4, noise
+    timing = json.loads((run / "null-control" / "timing.json").read_text())
+    assert timing["kernel"]["variant"] == "fp32 gemm (plain MLX)"  # what it runs, not the ref's
     for name in PACKAGED:
         out = tmp_path / name
         assert check_main(["check", str(run), "--contract", name, "--output-dir", str(out),

@@ -27,10 +27,15 @@ def kernel(model):
     (:mod:`variants.runtime.fused_layer`; ModernBERT's: ``fused-mbert-layer-cpp``,
     :mod:`variants.arch.modernbert_fused`; its quantized layers': ``fused-mbert-qlayer-cpp``,
     :mod:`variants.arch.modernbert_fused_q`; its W8A8 layers': ``fused-mbert-int8layer-cpp``,
-    :mod:`variants.arch.modernbert_fused_i8`), comma-joined when mixed, else ``fp32 gemm``."""
-    fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
+    :mod:`variants.arch.modernbert_fused_i8`), comma-joined when mixed, else ``fp32 gemm``;
+    the null control (:class:`variants.families.exact.build.NullMixin`) ``fp32 gemm (plain
+    MLX)``."""
+    from variants.families.exact.build import NullMixin
     from variants.families.w8a8 import build as w8a8
 
+    if isinstance(model, NullMixin):  # the null control: the plain path, whatever is built
+        return "fp32 gemm (plain MLX)"
+    fused = (encoder.compiled_paths(model.module), modernbert.compiled_paths(model.module))
     names = qlinear.kernels(model.module) + [n for n in fused if n]
     names += [w8a8.kernel_name(model.module)] if w8a8.kernel_name(model.module) else []
     return ", ".join(names) or "fp32 gemm"
