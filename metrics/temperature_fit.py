@@ -37,6 +37,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 
 from metrics._checks import check_labels, check_mask
+from metrics.temperature_polish import nll_derivatives, polish  # noqa: F401 (re-exported)
 
 #: Search interval of T (the optimisation runs over log T).
 BOUNDS = (1e-3, 1e3)
@@ -45,11 +46,6 @@ STATUSES = ("converged", "at_bound", "not_converged")
 #: "flat" and "indistinguishable from a bound".
 GRID_POINTS = 41
 RTOL = 1e-9
-#: Newton's polish stops when a step in log T is below this (absolute), after at most
-#: POLISH_STEPS steps; a step that leaves Brent's bracket or meets a non-positive curvature
-#: ends it, keeping Brent's point.
-POLISH_TOL = 1e-13
-POLISH_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -98,42 +94,6 @@ def mean_nll(log_t, logits, mask, targets):
     """Mean NLL (nats) of ``softmax(logits / exp(log_t))`` over valid options, float64."""
     z = np.where(mask, logits / np.exp(log_t), -np.inf)
     return float(-log_softmax(z, axis=1)[np.arange(len(targets)), targets].mean())
-
-
-def nll_derivatives(log_t, logits, mask, targets):
-    """First and second derivative of :func:`mean_nll` in ``log_t`` (float64).
-
-    With ``s = log T`` and ``z = logits / T``: ``dNLL/ds = mean(z_y - E_p[z])`` and
-    ``d2NLL/ds2 = mean(Var_p[z]) - dNLL/ds`` (p = softmax(z) over the valid options).
-
-    Returns
-    -------
-    (float, float)
-    """
-    z = np.where(mask, logits * np.exp(-log_t), -np.inf)
-    p = np.exp(log_softmax(z, axis=1))
-    z = np.where(mask, z, 0.0)
-    ez = (p * z).sum(axis=1)
-    var = (p * (z - ez[:, None]) ** 2).sum(axis=1)
-    g = float((z[np.arange(len(targets)), targets] - ez).mean())
-    return g, float(var.mean()) - g
-
-
-def _polish(x, a, b, logits, mask, targets):
-    """Newton's steps on log T from Brent's ``x`` inside ``(a, b)``: the polished log T, or
-    ``x`` when a step fails (module docstring)."""
-    y = x
-    for _ in range(POLISH_STEPS):
-        g, h = nll_derivatives(y, logits, mask, targets)
-        if not (np.isfinite(g) and np.isfinite(h) and h > 0):
-            return x
-        step = g / h
-        if not a <= y - step <= b:
-            return x
-        y -= step
-        if abs(step) <= POLISH_TOL:
-            return y
-    return y
 
 
 def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
@@ -185,7 +145,7 @@ def fit_temperature_status(logits, mask, targets, *, bounds=BOUNDS):
                           args=(logits, mask, targets), options={"xatol": 1e-6})
     x, f = (float(res.x), float(res.fun)) if res.fun <= vals[best] else (grid[best], vals[best])
     if res.success:
-        polished = _polish(x, a, b, logits, mask, targets)
+        polished = polish(x, a, b, logits, mask, targets)
         if polished != x:
             x, f = polished, mean_nll(polished, logits, mask, targets)
     if vals[0] <= f + tol:

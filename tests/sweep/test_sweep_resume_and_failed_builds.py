@@ -66,9 +66,8 @@ def test_validate_env():
             os.environ["VARIANTS_STREAMS"] = old
 
 
-def test_resume_refuses_a_variant_folder_built_with_other_settings(tmp_path, capsys):
-    """The folder name matches but build.json recorded another config: refused (exit 2) before
-    anything is written, naming the variant, the field and the fix."""
+def _exit_run(tmp_path):
+    """(results root, sweep argv, validated SweepConfig) of a one-variant exit run ``t``."""
     from variants.sweep.run import SweepConfig
 
     root = tmp_path / "r"
@@ -78,6 +77,13 @@ def test_resume_refuses_a_variant_folder_built_with_other_settings(tmp_path, cap
                                              "exit_thresholds": [0.5001], "exit_layers": [3]},
                       n_fit=60, n_calibration=40, n_eval=40, run="t",
                       results_dir=str(root)).validate()
+    return root, args, cfg
+
+
+def test_resume_refuses_a_variant_folder_built_with_other_settings(tmp_path, capsys):
+    """The folder name matches but build.json recorded another config: refused (exit 2) before
+    anything is written, naming the variant, the field and the fix."""
+    root, args, cfg = _exit_run(tmp_path)
     (vcfg,) = cfg.variants
     write_json(root / "t" / "run.json", {"identity": cfg.identity(), "status": "running"})
     from dataclasses import asdict
@@ -97,15 +103,7 @@ def test_resume_refuses_a_run_judged_against_another_reference(tmp_path, capsys)
     shipped state, a fit elsewhere): its variants were judged against another reference, so
     resuming is refused (exit 2, one error line naming both hashes; the fit's progress lines
     before it) before the run folder changes."""
-    from variants.sweep.run import SweepConfig
-
-    root = tmp_path / "r"
-    args = ["--family", "exit", "--exit-rules", "margin", "--exit-thresholds", "0.5001",
-            "--exit-layers", "3", "--results-dir", str(root), "--run", "t", *TINY]
-    cfg = SweepConfig(family="exit", params={"exit_rules": ["margin"],
-                                             "exit_thresholds": [0.5001], "exit_layers": [3]},
-                      n_fit=60, n_calibration=40, n_eval=40, run="t",
-                      results_dir=str(root)).validate()
+    root, args, cfg = _exit_run(tmp_path)
     write_json(root / "t" / "run.json", {"identity": cfg.identity(), "status": "running",
                                          "reference_fit": {"source": "shipped",
                                                            "sha256": "ab" * 32}})
