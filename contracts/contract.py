@@ -89,6 +89,14 @@ class Clause:
     compare: str = "value"
 
 
+#: The clause every contract has (added first when a contract has no clause on its metric):
+#: a variant's rows with NaN or inf outputs fail it, listed by id (:mod:`metrics.finite`).
+FINITE_OUTPUTS = Clause(
+    id="finite-outputs", metric="nonfinite_rows", stratum="all", statistic="value", op="<=",
+    threshold=0.0, why="Every output must be a number: a row answered with NaN or inf (an "
+    "overflow) has no choice, probability or score to serve.")
+
+
 def default_settings():
     """The ``[settings]`` defaults as a dict."""
     return {k: default for k, (_, default) in SETTINGS.items()}
@@ -241,6 +249,11 @@ def contract_from_dict(data, *, source="<dict>"):
     if not isinstance(raw_clauses, list) or not raw_clauses:
         raise ContractError(f"{source}: no clauses; add at least one [[clause]] table.")
     clauses = [_parse_clause(raw, i, source) for i, raw in enumerate(raw_clauses)]
+    if not any(c.metric == FINITE_OUTPUTS.metric for c in clauses):  # every contract has it
+        if any(c.id == FINITE_OUTPUTS.id for c in clauses):
+            raise ContractError(f"{source}: clause id {FINITE_OUTPUTS.id!r} is the suite's own "
+                                "(rows with NaN or inf outputs); give your clause another id.")
+        clauses.insert(0, FINITE_OUTPUTS)
     seen = set()
     for c in clauses:
         if c.id in seen:

@@ -16,8 +16,10 @@ def _check_scores(scores, name):
     s = check_1d(scores, name=name, dtype=np.float64)
     if s.size == 0:
         raise ValueError(f"{name} must be non-empty; run the variant on at least one calibration example.")
-    if not np.all(np.isfinite(s)):
-        raise ValueError(f"{name} has NaN or inf values; check the logits.")
+    if np.isnan(s).any() or (s == -np.inf).any():
+        raise ValueError(f"{name} has NaN or -inf values; check the logits.")
+    # +inf is an unbounded drift (a row the variant answered with NaN or inf, metrics.finite):
+    # it sorts last, as the largest score
     return s
 
 
@@ -43,7 +45,8 @@ def conformal_quantile(scores, *, alpha=0.05):
     ----------
     scores : array-like of shape (n,), float
         Non-conformity scores of n calibration examples, here ``max_k |Δlogit_k|``
-        (:func:`metrics.margin.max_abs_logit_diff`), raw-logit units.
+        (:func:`metrics.margin.max_abs_logit_diff`), raw-logit units; ``+inf`` for a row the
+        variant answered with NaN or inf (:mod:`metrics.finite`: an unbounded drift).
     alpha : float, default=0.05
         Miscoverage level in (0, 1).
 
@@ -57,7 +60,7 @@ def conformal_quantile(scores, *, alpha=0.05):
     Raises
     ------
     ValueError
-        If ``scores`` is empty, not 1-D or not finite, or ``alpha`` is outside (0, 1).
+        If ``scores`` is empty, not 1-D, has NaN or -inf, or ``alpha`` is outside (0, 1).
 
     References
     ----------

@@ -21,6 +21,9 @@ from metrics.registry import BOOL, REGISTRY, SET, resolve_statistic, spec
 from metrics.statistics import column_statistic, column_statistic_rows
 from metrics.strata import stratum_rows
 
+#: The ``finite-outputs`` clause's metric (:mod:`metrics.finite`).
+NONFINITE = "nonfinite_rows"
+
 
 @dataclass
 class Evaluation(EvaluationTables):
@@ -60,6 +63,10 @@ class Evaluation(EvaluationTables):
         The reference's own numerical noise (raw-logit units, run.json ``reference_noise``):
         rows whose reference margin is at most ``NUMERICAL_TIE_MULTIPLE`` times it are the
         ``numerical_tie`` stratum; 0 when not measured (only exact ties are numerical ties).
+    nonfinite : dict
+        The variant's rows with NaN or inf outputs, left out of every other metric
+        (:func:`runs.judge.judge_outputs`, :mod:`metrics.finite`): ``{"eval": [ids],
+        "calibration": [ids], "rows": rows checked on both splits}``; {} = none checked.
     """
 
     per_example: pd.DataFrame
@@ -80,6 +87,7 @@ class Evaluation(EvaluationTables):
     targets: np.ndarray = field(default=None, repr=False)
     var_temperature: np.ndarray = field(default=None, repr=False)
     numerical_noise: float = 0.0
+    nonfinite: dict = field(default_factory=dict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
 
     # -- rows and columns -------------------------------------------------------------------
@@ -126,6 +134,8 @@ class Evaluation(EvaluationTables):
         """
         s = spec(metric)
         rows = self.rows(stratum)
+        if metric == NONFINITE:  # the rows checked, both splits, those left out included
+            return int(self.nonfinite.get("rows", rows.size))
         if s.kind == SET and s.needs_labels:
             return int((rows & (self.per_example["label"].to_numpy() >= 0)).sum())
         if s.kind == SET:
@@ -158,6 +168,8 @@ class Evaluation(EvaluationTables):
         """
         statistic = resolve_statistic(metric, statistic)
         rows = self.rows(stratum)
+        if metric == NONFINITE:  # rows outside the evaluation: the same on every stratum
+            return float(self.n_nonfinite)
         if not rows.any():
             return float("nan")
         s = spec(metric)
@@ -272,24 +284,48 @@ class Evaluation(EvaluationTables):
         """Why :meth:`value` of ``metric`` on ``stratum`` is NaN although the stratum has
         examples, or "" (a number, or an empty stratum: "no examples").
 
-        Today only ``temperature_refit_log_ratio`` has one: the reference's refit ran to a bound
+        When every eval row has NaN or inf outputs: "every row has NaN or inf outputs
+        (finite-outputs)". Else only ``temperature_refit_log_ratio`` has one: the reference's refit ran to a bound
         or did not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3
         (reference)" (the variant's alone: :meth:`fail_reason`).
         """
+        if self.nonfinite.get("eval") and len(self.per_example) == 0:
+            return "every row has NaN or inf outputs (finite-outputs)"
         refit = self._refit(metric, stratum)
         if refit is None or refit.fails or not np.isnan(refit.value):
             return ""
         return refit.reason
 
+    @property
+    def n_nonfinite(self):
+        """Rows of the variant with NaN or inf outputs, eval and calibration (see
+        ``nonfinite``)."""
+        return sum(len(self.nonfinite.get(split, ())) for split in ("eval", "calibration"))
+
+    def nonfinite_text(self):
+        """"NaN or inf outputs on 3 eval rows (ids a, b, c) and 1 calibration row (id d)", or ""."""
+        parts = []
+        for split in ("eval", "calibration"):
+            ids = list(self.nonfinite.get(split, ()))
+            if ids:
+                shown = ", ".join(map(str, ids[:5])) + (", …" if len(ids) > 5 else "")
+                parts.append(f"{len(ids)} {split} row{'s' if len(ids) > 1 else ''} "
+                             f"(id{'s' if len(ids) > 1 else ''} {shown})")
+        return "NaN or inf outputs on " + " and ".join(parts) if parts else ""
+
     def fail_reason(self, metric, stratum="all"):
         """Why a clause on ``metric`` over ``stratum`` fails whatever its value, or "".
 
-        Today only ``temperature_refit_log_ratio`` has one: the variant's refit ran to a bound
+        ``nonfinite_rows`` (the ``finite-outputs`` clause) fails with :meth:`nonfinite_text`
+        when the variant has rows with NaN or inf outputs. Else only
+        ``temperature_refit_log_ratio`` has one: the variant's refit ran to a bound
         or did not converge where the reference's converged (the variant needs a temperature
         outside what the deployed ones can be), e.g. "the variant's temperature refit ran to
         the bound (T=1000) on bucket K=3 while the reference's converged (T=0.52): a shift of
         at least 7.56 there" (:func:`metrics.temperature_fit.refit_log_ratio`).
         """
+        if metric == NONFINITE:
+            return self.nonfinite_text()
         refit = self._refit(metric, stratum)
         return refit.reason if refit is not None and refit.fails else ""
 

@@ -124,7 +124,8 @@ def certified(ref_margin, epsilon):
     ref_margin : array-like of shape (N,), float
         :func:`top2_margin` of the reference logits (``+inf`` for single-option examples).
     epsilon : float
-        Bound on the per-logit drift, >= 0 (e.g. from :func:`epsilon_max`).
+        Bound on the per-logit drift, >= 0 (e.g. from :func:`epsilon_max`); ``inf`` (a
+        calibration row answered with NaN or inf, :mod:`metrics.finite`) certifies nothing.
 
     Returns
     -------
@@ -134,7 +135,7 @@ def certified(ref_margin, epsilon):
     Raises
     ------
     ValueError
-        If ``epsilon`` is negative or not finite, or ``ref_margin`` is not 1-D or has NaN.
+        If ``epsilon`` is negative or NaN, or ``ref_margin`` is not 1-D or has NaN.
     """
     margin = np.asarray(ref_margin, dtype=np.float64)
     if margin.ndim != 1:
@@ -142,6 +143,6 @@ def certified(ref_margin, epsilon):
     if np.isnan(margin).any():
         raise ValueError("ref_margin has NaN values; compute it with top2_margin.")
     epsilon = float(epsilon)
-    if not np.isfinite(epsilon) or epsilon < 0:
-        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon}.")
-    return margin > 2.0 * epsilon
+    if not epsilon >= 0:  # NaN or negative; +inf (an unbounded drift) certifies nothing
+        raise ValueError(f"epsilon must be a number >= 0, got {epsilon}.")
+    return margin > 2.0 * epsilon if np.isfinite(epsilon) else np.zeros(margin.shape, bool)

@@ -155,6 +155,8 @@ _SPECS = (
        events="certified_conformal"),
     _s("epsilon_max", False, sm.constant("epsilon"), has_interval=False),
     _s("epsilon_conformal", False, sm.constant("epsilon_conformal"), has_interval=False),
+    # rows of the variant with NaN or inf outputs (both splits), left out of every metric above
+    _s("nonfinite_rows", False, sm.constant("n_nonfinite"), has_interval=False),
 )
 #: name -> MetricSpec, in the order above (the order of the "use one of" messages).
 REGISTRY = {spec.name: spec for spec in _SPECS}

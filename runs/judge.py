@@ -12,6 +12,8 @@ No model is loaded and no builder imported: what a family says about a variant i
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from metrics._checks import short_list, short_path, short_repr
 from runs.family_text import family_extras  # noqa: F401  (re-exported: the sweep's name)
 from runs.folder import REFERENCE, CheckError, RunFolder
@@ -109,23 +111,55 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     verdict : contracts.checker.Verdict
     epsilons : dict
         :func:`metrics.conformal.epsilon_by_bucket` on the calibration split, plus ``alpha``.
+
+    A variant's rows with NaN or inf outputs (:func:`metrics.finite.nonfinite_rows`) are judged
+    by the ``finite-outputs`` clause (``ev.nonfinite`` lists them by id, ``ev.summary``'s
+    ``nonfinite_rows`` counts them); on the calibration split each is an unbounded drift (ε and
+    the conformal ε become inf where one falls: nothing is certified), on the eval split they
+    are left out of every other metric.
+
+    Raises
+    ------
+    ValueError
+        The reference's own outputs have NaN or inf (named by split and row ids), or the
+        settings or outputs are invalid (:func:`metrics.evaluate.evaluate`).
     """
     from contracts.checker import check
     from metrics.conformal import epsilon_by_bucket
     from metrics.evaluate import evaluate
+    from metrics.finite import describe_rows, finite_part, nonfinite_rows
     from metrics.margin import epsilon_max, max_abs_logit_diff
 
     st = resolve_settings(contract) if settings is None else settings
-    cal_diff = max_abs_logit_diff(ref_cal["logits"], var_cal["logits"], ref_cal["option_mask"])
+    for split, ref in (("calibration", ref_cal), ("eval", ref_eval)):
+        bad = nonfinite_rows(ref)
+        if bad.any():
+            raise ValueError(f"the reference's {split} outputs have NaN or inf on "
+                             f"{describe_rows(ref['ids'], bad)}: no variant can be judged against "
+                             "them; fix the reference model (its own outputs must be numbers)")
+    # a variant's rows with NaN or inf: the finite-outputs clause fails them; on calibration
+    # they are unbounded drifts (ε = inf: nothing certified), on eval left out of every metric
+    bad_cal = nonfinite_rows(var_cal)
+    cal_diff = np.full(bad_cal.size, np.inf)
+    ok = ~bad_cal
+    if ok.any():
+        cal_diff[ok] = max_abs_logit_diff(ref_cal["logits"][ok], var_cal["logits"][ok],
+                                          ref_cal["option_mask"][ok])
     check_calibration_size(len(cal_diff), st["alpha"])
     check_strata(contract, ref_eval)
-    eps = epsilon_max(cal_diff)
+    eps = float("inf") if bad_cal.any() else epsilon_max(cal_diff)
     epsilons = epsilon_by_bucket(cal_diff, ref_cal["option_mask"].sum(axis=1), alpha=st["alpha"])
     epsilons["alpha"] = st["alpha"]
+    var_eval_ids = np.asarray(var_eval["ids"]).astype(str)
+    ref_eval, var_eval, bad_eval = finite_part(ref_eval, var_eval)
     ev = evaluate(ref_eval, var_eval, epsilon=eps, near_tie_margin=st["near_tie_margin"],
                   n_bins=st["n_bins"], epsilon_conformal=epsilons["all"]["epsilon_conformal"],
                   alpha=st["alpha"], human_tie_gap=st["human_tie_gap"],
                   numerical_noise=st.get("numerical_noise", 0.0))
+    ev.nonfinite = {"eval": var_eval_ids[bad_eval].tolist(),
+                    "calibration": np.asarray(var_cal["ids"]).astype(str)[bad_cal].tolist(),
+                    "rows": int(bad_eval.size + bad_cal.size)}
+    ev.summary["nonfinite_rows"] = ev.n_nonfinite
     verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
                     seed=st["seed"])
     verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force

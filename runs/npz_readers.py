@@ -17,8 +17,9 @@ from runs.readers import _MISSING_OK, CorruptFileError, _error
 #: Required arrays of an outputs .npz (the fields of ``runs.outputs.DecisionOutputs``).
 OUTPUT_FIELDS = ("ids", "task", "logits", "option_mask", "temperature", "probs", "option_scores",
                  "expected_score", "confidence", "action_probs", "labels", "human_dist")
-#: Optional per-example arrays (``runs.outputs.OPTIONAL_FIELDS``).
-OPTIONAL_OUTPUT_FIELDS = ("exit_layer",)
+#: Optional per-example arrays (``runs.outputs.OPTIONAL_FIELDS``; ``nonfinite_rows`` flags the
+#: rows a variant answered with NaN or inf, :mod:`metrics.finite`).
+OPTIONAL_OUTPUT_FIELDS = ("exit_layer", "nonfinite_rows")
 
 
 def _load_npz(path, kind):
@@ -53,7 +54,8 @@ def check_outputs(arrays, path, kind="outputs file", required=OUTPUT_FIELDS):
     spec = {"ids": (1, "US"), "task": (1, "US"), "logits": (2, "f"), "option_mask": (2, "b"),
             "temperature": (1, "f"), "probs": (2, "f"), "option_scores": (2, "f"),
             "expected_score": (1, "f"), "confidence": (1, "f"), "action_probs": (2, "f"),
-            "labels": (1, "iu"), "human_dist": (2, "f"), "exit_layer": (1, "iu")}
+            "labels": (1, "iu"), "human_dist": (2, "f"), "exit_layer": (1, "iu"),
+            "nonfinite_rows": (1, "b")}
     names = [f for f in spec if f in arrays]
     for f in names:
         ndim, kinds = spec[f]
@@ -77,12 +79,23 @@ def check_outputs(arrays, path, kind="outputs file", required=OUTPUT_FIELDS):
     if "option_mask" in arrays and not arrays["option_mask"].any(axis=1).all():
         fail("a row of option_mask has no valid option")
     if "option_mask" in arrays:  # values on valid options: what every metric reads
+        from metrics.finite import nonfinite_rows
+
         m = arrays["option_mask"]
-        for f in ("logits", "probs"):
-            if f in arrays and not np.isfinite(arrays[f][m]).all():
-                row = int(np.flatnonzero(~np.isfinite(np.where(m, arrays[f], 0)).all(axis=1))[0])
-                fail(f"{f} has NaN or inf on a valid option (row {row})")
-        if "probs" in arrays and not ((arrays["probs"][m] >= 0) & (arrays["probs"][m] <= 1)).all():
+        bad = nonfinite_rows(arrays)
+        flagged = arrays.get("nonfinite_rows")
+        if flagged is not None and not np.array_equal(flagged, bad):
+            row = int(np.flatnonzero(flagged != bad)[0])
+            fail(f"nonfinite_rows does not flag the rows with NaN or inf (row {row})")
+        if flagged is None and bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            for f in ("logits", "probs", "action_probs"):
+                a = arrays.get(f)
+                if a is not None and not np.isfinite(a[row][m[row]] if a.shape == m.shape
+                                                     else a[row]).all():
+                    fail(f"{f} has NaN or inf on a valid option (row {row})")
+        ok = m & ~bad[:, None]
+        if "probs" in arrays and not ((arrays["probs"][ok] >= 0) & (arrays["probs"][ok] <= 1)).all():
             fail("probs has a value outside [0, 1] on a valid option")
     if "temperature" in arrays:
         t = arrays["temperature"]
@@ -98,7 +111,10 @@ def read_outputs(path, kind="outputs file", required=OUTPUT_FIELDS):
     (other arrays are dropped). Checked: the ``required`` fields are present; ids/task 1-D str;
     logits, probs, option_scores, human_dist (N, K) float; option_mask (N, K) bool with a valid
     option per row; temperature (N,) finite > 0; expected_score, confidence (N,) float;
-    action_probs (N, A) float; labels, exit_layer (N,) int; N, K >= 1.
+    action_probs (N, A) float; labels, exit_layer (N,) int; N, K >= 1. NaN or inf on a valid
+    option (:func:`metrics.finite.nonfinite_rows`) only on rows the file's ``nonfinite_rows``
+    (N,) bool flags, and every flagged row has one: a variant's overflow is saved and judged
+    (``finite-outputs``), an unflagged NaN is a corrupt file.
 
     Raises
     ------

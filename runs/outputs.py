@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from metrics.drift import entropy_confidence
+from metrics.finite import nonfinite_rows
 from metrics.softmax import masked_softmax
 
 from runs.io import write_npz
@@ -82,9 +83,15 @@ class DecisionOutputs:
         return out
 
     def save(self, path):
-        """Write all fields to ``path`` (.npz) atomically (optional ones only when set)."""
+        """Write all fields to ``path`` (.npz) atomically (optional ones only when set), and
+        ``nonfinite_rows`` (N,) bool when a row has NaN or inf outputs
+        (:func:`metrics.finite.nonfinite_rows`: the rows the ``finite-outputs`` clause
+        fails; the reader accepts non-finite values on those rows only)."""
         arrays = {f.name: getattr(self, f.name) for f in fields(self)}
         arrays.update({n: getattr(self, n) for n in OPTIONAL_FIELDS if getattr(self, n) is not None})
+        bad = nonfinite_rows(self)
+        if bad.any():
+            arrays["nonfinite_rows"] = bad
         return write_npz(path, arrays)
 
     @classmethod

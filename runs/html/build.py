@@ -106,7 +106,8 @@ def _variant(run, name, row, texts_of, judged_dir=None):
     }
 
 
-def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_dir=None):
+def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_dir=None,
+                status=None):
     """The run-level report of a sweep folder as a JSON-ready dict.
 
     Parameters
@@ -172,7 +173,8 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
         "run": run.name,
         "title": f"{cfg.get('model', '?')} · {cfg.get('family', '?')}"
                  + (f" ({params})" if params else "") + f" · run {run.name}",
-        "status": meta.get("status", "complete"),
+        # the writer's final status: run.json gets it only after the reports are in place
+        "status": status or meta.get("status", "complete"),
         "label": run.label,
         "config": {k: cfg.get(k) for k in ("model", "family", "quality_mode", "speed_mode",
                                            "near_tie_margin", "timing_rounds", "timing_budget_s",

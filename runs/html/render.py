@@ -76,7 +76,8 @@ def render_html(data, charts=None):
         data_json=Markup(embedded_json(data)))
 
 
-def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None, texts=None):
+def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None, texts=None,
+                      status=None):
     """Write ``report.html`` and the run-level ``report.json`` (the dict embedded in it) into
     ``out_dir`` (default the run folder), each atomically.
 
@@ -92,6 +93,9 @@ def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None,
         Where both go; each variant's verdict.json and report.json are read from here when
         present (``variants check --output-dir`` writes them there), else from the run folder.
     texts : mapping of id -> str, optional
+    status : str, optional
+        The run's status to show (the sweep's final one, which run.json gets last); default
+        run.json's.
 
     Returns
     -------
@@ -110,21 +114,22 @@ def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None,
 
     out = Path(out_dir) if out_dir is not None else Path(getattr(run_dir, "path", run_dir))
     data = report_data(run_dir, variants=variants, evaluations=evaluations, texts=texts,
-                       judged_dir=out)
+                       judged_dir=out, status=status)
     page = render_html(data)
     write_text(out / "report.json", dumps(data) + "\n")
     write_text(out / "report.html", page)
     return out / "report.html"
 
 
-def write_beside_markdown(run_dir, *, out_dir=None, evaluations=None, log=print):
+def write_beside_markdown(run_dir, *, out_dir=None, evaluations=None, log=print, status=None):
     """:func:`write_html_report` where report.md was just written (the sweep and ``variants
     check``): a rendering bug is logged and leaves report.md and the run standing (as a plotting
     bug does); a write error (disk full, permissions) is raised. Returns the path or None."""
     from runs.io import WriteError
 
     try:
-        return write_html_report(run_dir, out_dir=out_dir, evaluations=evaluations)
+        return write_html_report(run_dir, out_dir=out_dir, evaluations=evaluations,
+                                 status=status)
     except WriteError:
         raise
     except Exception as e:  # noqa: BLE001 - the report.md and run files stay valid

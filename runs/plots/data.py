@@ -141,8 +141,12 @@ class Run:
                                 f"sweep to rewrite it.")
             from runs.settings import numerical_noise
 
+            from metrics.finite import finite_part
+
+            # rows the variant answered with NaN or inf are left out, as the judge leaves them
+            ref, var, _ = finite_part(self.outputs("reference"), self.outputs(name))
             self._evaluations[name] = evaluate(
-                self.outputs("reference"), self.outputs(name), epsilon=eps,
+                ref, var, epsilon=eps,
                 near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN), n_bins=N_BINS,
                 numerical_noise=numerical_noise(self.meta, self.path / "run.json"))
         return self._evaluations[name]
@@ -153,10 +157,12 @@ class Run:
         ref = self.outputs("reference")
         human = _human_near_tie(ref["human_dist"], ref["option_mask"])
         frames = []
+        where = pd.Index(ref["ids"].astype(str))
         for name in self.variants:
             df = self.evaluation(name).per_example.copy()
             df.insert(0, "variant", name)
-            df["human_near_tie"] = human
+            # the evaluation's rows (rows with NaN or inf outputs are not among them)
+            df["human_near_tie"] = human[where.get_indexer(df["id"].astype(str))]
             frames.append(df)
         out = pd.concat(frames, ignore_index=True)
         out["margin_bin"] = pd.cut(out["ref_margin"], MARGIN_BINS, right=False,

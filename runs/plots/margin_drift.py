@@ -27,20 +27,25 @@ def margin_vs_drift(run, *, max_cols=3):
         for ax, name in zip(axes, names):
             d = per[per["variant"] == name]
             eps = run.evaluation(name).epsilon
+            # ε = inf: a calibration row answered with NaN or inf (metrics.finite), no line
+            bounded = bool(np.isfinite(eps))
+            eps_axis = eps if bounded else 0.0
             finite = np.isfinite(d["ref_margin"])
             d = d[finite]
             kind = np.where(~d["flip"], "agree",
                             np.where(d["negative_flip"].fillna(False), "negative flip",
                                      np.where(d["positive_flip"].fillna(False), "positive flip",
                                               "other flip")))
-            xmax = max(float(d["ref_margin"].max()) if len(d) else 1.0, 2 * eps, near) * 1.05
-            ymax = max(float(d["max_abs_logit_diff"].max()) if len(d) else 0.0, eps) * 1.25 or 1
+            xmax = max(float(d["ref_margin"].max()) if len(d) else 1.0, 2 * eps_axis, near) * 1.05
+            ymax = (max(float(d["max_abs_logit_diff"].max()) if len(d) else 0.0, eps_axis) * 1.25
+                    or 1)
             ax.axvspan(0, near, color="khaki", alpha=0.35, lw=0,
                        label=f"near tie (margin < {near:g})")
             xs = np.linspace(0, xmax, 50)
             ax.plot(xs, xs / 2, color="0.35", ls="--", lw=1, label="drift = margin / 2")
-            ax.axvline(2 * eps, color="crimson", lw=1.2, label=f"2ε = {2 * eps:.3g}")
-            ax.axhline(eps, color="crimson", lw=0.8, ls=":", label=f"ε = {eps:.3g}")
+            if bounded:
+                ax.axvline(2 * eps, color="crimson", lw=1.2, label=f"2ε = {2 * eps:.3g}")
+                ax.axhline(eps, color="crimson", lw=0.8, ls=":", label=f"ε = {eps:.3g}")
             for k, color in FLIP_COLORS.items():
                 m = kind == k
                 if m.any():
@@ -55,7 +60,8 @@ def margin_vs_drift(run, *, max_cols=3):
             ax.set_ylabel("max |Δlogit| (raw logits)")
             dropped = int((~finite).sum())
             ax.set_title(f"{name}: {int(d['flip'].sum())} flips"
-                         + (f" ({dropped} single-option examples not shown)" if dropped else ""),
+                         + (f" ({dropped} single-option examples not shown)" if dropped else "")
+                         + ("" if bounded else " (ε = inf: NaN or inf on calibration)"),
                          fontsize=9)
             ax.legend(fontsize=6, loc="upper right", framealpha=0.85)
         for ax in axes[len(names):]:

@@ -2,11 +2,27 @@
 eval splits (cached in ``results/.cache/reference``), and its numerical noise
 (:mod:`variants.sweep.noise`). Called as :meth:`variants.sweep.run.Sweep.reference`."""
 
+from metrics.finite import describe_rows, nonfinite_rows
 from runs.outputs import DecisionOutputs
+from variants.sweep.config import SweepError
 from variants.models import fitted_reference
 from variants.models.decision import prepared_digest
 from variants.sweep.inputs import cache_parts
 from variants.sweep.noise import reference_noise
+
+
+class ReferenceNotFinite(SweepError):
+    """The reference model answers some rows with NaN or inf: nothing can be judged against it
+    (a SweepError: one line, exit 2; run.json says "incomplete" with this reason)."""
+
+
+def _check_finite(sweep, split, outputs):
+    bad = nonfinite_rows(outputs)
+    if bad.any():
+        raise ReferenceNotFinite(
+            f"the reference model {sweep.cfg.model} gives NaN or inf outputs on "
+            f"{describe_rows(outputs.ids, bad)} of the {split} split: no variant can be judged "
+            "against it; fix the model (its outputs must be numbers) or pass another --model")
 
 
 def prepare_reference(sweep):
@@ -14,6 +30,8 @@ def prepare_reference(sweep):
 
     With a warm cache nothing runs through the model: the head, temperatures and outputs
     come from ``results/.cache`` (``clock.counts["reference_output_batches"]`` stays 0).
+    Raises :class:`ReferenceNotFinite` when the reference answers a row with NaN or inf (such
+    outputs are not cached).
     """
     cfg = sweep.cfg
     with sweep.clock("reference_forward"):
@@ -43,7 +61,9 @@ def prepare_reference(sweep):
             else:
                 outputs = sweep._outputs(sweep.ref_model, split, "reference")
                 sweep.clock.counts["reference_output_batches"] += len(sweep.batches[split])
+                _check_finite(sweep, split, outputs)
                 outputs.save(path)
+            _check_finite(sweep, split, outputs)
         sweep.ref_outputs[split] = outputs
     with sweep.clock("reference_forward"):
         sweep.ref_noise = reference_noise(sweep, key_of)

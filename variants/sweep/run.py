@@ -36,7 +36,7 @@ from variants.models import fitted_state
 from variants.sweep.clock import SweepClock, format_breakdown
 from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
-from variants.sweep.reference import prepare_reference
+from variants.sweep.reference import ReferenceNotFinite, prepare_reference
 from variants.sweep.resume import (check_reference_fit, check_run_folder, check_run_tokenizer,
                                    complete_reused_timing, read_json)
 from variants.sweep.inputs import load_inputs
@@ -229,32 +229,47 @@ class Sweep:
         self.clock = SweepClock()
         with self.clock("setup"):
             self.prepare()
+            created = not self.out.exists()
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise SweepError(f"--results-dir {self.root}: cannot create {self.out.name}/ "
                                  f"({e.strerror or type(e).__name__}); pass a writable folder"
                                  ) from None
-        with runlock.hold(self.out, log=self.log), \
-                runlock.cache_lock(self.cache, when_alone=self._clean_cache):
-            try:
-                return self._run_locked()
-            except (WriteError, RunIncomplete) as e:
-                self._mark_incomplete(e)
-                raise
+        try:
+            with runlock.hold(self.out, log=self.log), \
+                    runlock.cache_lock(self.cache, when_alone=self._clean_cache):
+                try:
+                    return self._run_locked()
+                except VariantsFailed:  # run.json already has its final status
+                    raise
+                except BaseException as e:  # noqa: BLE001 - recorded, then raised as it was
+                    self._mark_incomplete(e, always=isinstance(e, (WriteError, RunIncomplete,
+                                                                    ReferenceNotFinite)))
+                    raise
+        except BaseException:
+            if created and self.out.is_dir() and not any(self.out.iterdir()):
+                self.out.rmdir()  # refused before anything was written: nothing left behind
+            raise
 
     def _clean_cache(self):
         removed = remove_temp_files(self.cache)
         if removed:
             self.log(f"{self.cache}: removed {len(removed)} leftover temp file(s) of a killed writer")
 
-    def _mark_incomplete(self, error):
-        """run.json: status "incomplete" and the error (best effort: the disk may be full)."""
+    def _mark_incomplete(self, error, always=True):
+        """run.json: status "incomplete" and the error (best effort: the disk may be full).
+        With ``always`` False only a run.json that says "running" is changed: no exception
+        (a bug, Ctrl-C, a refused input) leaves a run that claims to be running after the
+        process ends."""
         file = getattr(error, "filename", None) or getattr(error, "file", None)
         meta = read_json(self.out / "run.json")
         meta = meta if isinstance(meta, dict) else {}
+        if not always and meta.get("status") != "running":
+            return
+        text = str(error) or type(error).__name__  # KeyboardInterrupt has no message
         meta.update(identity=self.cfg.identity(), status="incomplete",
-                    error={"file": str(file) if file else None, "error": str(error)})
+                    error={"file": str(file) if file else None, "error": text})
         try:
             write_json(self.out / "run.json", meta)
         except OSError as e:
@@ -336,10 +351,12 @@ class Sweep:
         with self.clock("metrics_contract_report"):
             # the final status as the report shows it; run.json gets it only after report.md
             meta = self.metadata()  # the breakdown now includes the plots
+            if plot_error is not None:  # what run.json will say (_mark_incomplete)
+                meta["status"] = "incomplete"
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
-            write_beside_markdown(self.out, log=self.log,
+            write_beside_markdown(self.out, log=self.log, status=meta["status"],
                                   evaluations={n: ev for n, (ev, _) in details.items()})
         if plot_error is not None:
             raise plot_error

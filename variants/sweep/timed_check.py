@@ -43,18 +43,29 @@ class TimedModelDiffers(ValueError):
 
 
 def compare(judged, timed):
-    """{``rows``, ``max_abs_dlogit``, ``label_changes``} of two DecisionOutputs of the same
-    rows: max |Δlogit| over valid options (float64), rows whose top option differs.
-    Raises ValueError when they do not hold the same rows."""
+    """{``rows``, ``max_abs_dlogit``, ``label_changes``, ``nonfinite_rows``} of two
+    DecisionOutputs of the same rows: max |Δlogit| over valid options (float64), rows whose top
+    option differs. A NaN or inf logit (a variant that overflows: judged as a ``finite-outputs``
+    failure, :mod:`runs.finite`) matches the same non-finite value on the other side (NaN with
+    NaN, +inf with +inf) and nothing else: a finite logit facing a non-finite one is an infinite
+    difference. ``nonfinite_rows`` counts the rows with a non-finite logit in either. Raises
+    ValueError when they do not hold the same rows."""
     if not np.array_equal(np.asarray(judged.ids), np.asarray(timed.ids)):
         raise ValueError("the timed model's eval outputs are not the judged rows")
     mask = np.asarray(judged.option_mask, bool)
     a = np.asarray(judged.logits, np.float64)
     b = np.asarray(timed.logits, np.float64)
-    d = float(np.abs(a - b)[mask].max()) if mask.any() else 0.0
-    lo = np.where(mask, a, -np.inf).argmax(axis=1)
-    lt = np.where(mask, b, -np.inf).argmax(axis=1)
-    return {"rows": int(len(a)), "max_abs_dlogit": d, "label_changes": int((lo != lt).sum())}
+    fa, fb = np.isfinite(a) | ~mask, np.isfinite(b) | ~mask
+    same_bad = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(fa & fb, np.abs(a - b), np.where(same_bad, 0.0, np.inf))
+    d = float(diff[mask].max()) if mask.any() else 0.0
+    bad_rows = ~(fa & fb).all(axis=1)
+    lo = np.where(mask & fa, np.nan_to_num(a), -np.inf).argmax(axis=1)
+    lt = np.where(mask & fb, np.nan_to_num(b), -np.inf).argmax(axis=1)
+    changed = (lo != lt) & ~bad_rows | (bad_rows & (diff > 0).any(axis=1))
+    return {"rows": int(len(a)), "max_abs_dlogit": d, "label_changes": int(changed.sum()),
+            "nonfinite_rows": int(bad_rows.sum())}
 
 
 def check(sweep, name, info, judged_eval, timed):
