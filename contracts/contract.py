@@ -89,7 +89,7 @@ class Clause:
     compare: str = "value"
 
 
-#: The clause every contract has (added first when a contract has no clause on its metric):
+#: The clause every contract has (added last when a contract has no clause on its metric):
 #: a variant's rows with NaN or inf outputs fail it, listed by id (:mod:`metrics.finite`).
 FINITE_OUTPUTS = Clause(
     id="finite-outputs", metric="nonfinite_rows", stratum="all", statistic="value", op="<=",
@@ -253,7 +253,7 @@ def contract_from_dict(data, *, source="<dict>"):
         if any(c.id == FINITE_OUTPUTS.id for c in clauses):
             raise ContractError(f"{source}: clause id {FINITE_OUTPUTS.id!r} is the suite's own "
                                 "(rows with NaN or inf outputs); give your clause another id.")
-        clauses.insert(0, FINITE_OUTPUTS)
+        clauses.append(FINITE_OUTPUTS)
     seen = set()
     for c in clauses:
         if c.id in seen:

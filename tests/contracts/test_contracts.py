@@ -121,8 +121,8 @@ max = 0.0
     assert d["passed"] is True and d["clauses"][1]["value"] is None
     assert d["clauses"][1]["status"] == "no examples" and d["contract"] == "c"
     frame = verdict.to_frame()
-    assert frame["id"].tolist() == ["agreement", "no-such-task"]
-    assert frame["status"].tolist() == ["pass", "no examples"]
+    assert frame["id"].tolist() == ["agreement", "no-such-task", "finite-outputs"]
+    assert frame["status"].tolist() == ["pass", "no examples", "pass"]
     assert {"value", "op", "threshold", "passed", "n"} <= set(frame.columns)
 
 
@@ -135,7 +135,8 @@ def test_bounds_are_inclusive(dataset):
         {"id": "b", "metric": "kl", "statistic": "max", "max": 0},
         {"id": "c", "metric": "accuracy_drop", "max": -0.001},  # statistic defaults to 'value'
     ]})
-    assert [r.passed for r in check(contract, ev).results] == [True, True, False]
+    # and the finite-outputs clause every contract gets (no NaN here: 0 <= 0 passes)
+    assert [r.passed for r in check(contract, ev).results] == [True, True, False, True]
 
 
 BAD = [

@@ -65,6 +65,7 @@ LIPSCHITZ = {
     "agreement": 0.0, "flip": 0.0, "negative_flip": 0.0, "accuracy_drop": 0.0,
     "action_agreement": 0.0, "within_conformal": 0.0, "bound_violation": 0.0,
     "mask_mismatch": 0.0, "certified_share": 0.0,
+    "nonfinite_rows": 0.0,  # a count of NaN / inf rows: no finite drift moves it
     "kl": 2.0, "kl_reverse": 1.0, "abs_score_error": 1.0, "action_max_abs_diff": 0.5,
     "abs_delta_top_prob": 0.5, "brier_delta": 2.0, "nll_delta": 2.0,
     "smece_delta": (1 + math.sqrt(2 / math.pi) / SIGMA) / 2,

@@ -37,11 +37,13 @@ def pair():
 def test_old_constants_are_views_of_the_registry_in_the_old_order():
     assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 16
     assert FLOAT_METRICS[:3] == ("ref_margin", "max_abs_logit_diff", "kl") and len(FLOAT_METRICS) == 13
-    assert SET_METRICS[-4:] == ("temperature_refit_log_ratio", "certified_share_conformal",
-                                "epsilon_max", "epsilon_conformal") and len(SET_METRICS) == 29
+    assert SET_METRICS[-5:] == ("temperature_refit_log_ratio", "certified_share_conformal",
+                                "epsilon_max", "epsilon_conformal", "nonfinite_rows")
+    assert len(SET_METRICS) == 30
     assert METRICS == BOOL_METRICS + FLOAT_METRICS + SET_METRICS == tuple(REGISTRY)
     assert LABELED_METRICS == ("negative_flip", "positive_flip", "ref_correct", "var_correct")
-    assert NO_CI_METRICS == ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal")
+    assert NO_CI_METRICS == ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal",
+                             "nonfinite_rows")
     assert BINOMIAL_SET_METRICS == {"accuracy_ref": "ref_correct", "accuracy_variant": "var_correct",
                                     "certified_share": "certified",
                                     "certified_share_conformal": "certified_conformal"}
