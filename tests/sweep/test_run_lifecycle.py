@@ -178,8 +178,9 @@ def test_a_plotting_bug_leaves_the_run_incomplete_with_its_report(copy, capsys, 
 def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
         copy, capsys, monkeypatch, where):
     """Killed (KeyboardInterrupt) while writing each output in turn, or just before the final
-    run.json: run.json still says running; the previous run's report is gone (deleted here), so
-    a "complete" would be a lie. The rerun completes it."""
+    run.json: run.json says incomplete, naming the interruption (issue #39: never "running"
+    once the process has ended); the previous run's report is gone (deleted here), so a
+    "complete" would be a lie. The rerun completes it."""
     import variants.sweep.run
 
     run = copy / "t"
@@ -198,13 +199,56 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
         else:
             m.setattr(io, "_atomic", _failing_atomic(io._atomic, where, KeyboardInterrupt()))
         assert sweep(copy) == 130
-    assert status(run) == "running"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "incomplete" and meta["error"]["error"] == "KeyboardInterrupt"
     assert not assert_complete_means_written(run)
     assert temp_files(copy) == [] and not (run / ".lock").exists()
     if where == "t/report.md":  # resume finishes it
         capsys.readouterr()
         assert sweep(copy) == 0
         assert assert_complete_means_written(run)
+
+
+PHASES = {  # (module, attribute) raising in each phase after run.json first says "running"
+    "save the reference": ("variants.sweep.run", "Sweep.save_reference"),
+    "quality pass": ("variants.sweep.run", "quality_outputs"),
+    "timing": ("variants.sweep.run", "time_pair"),
+    "judging": ("variants.sweep.run", "judge_variant"),
+    "summary": ("variants.sweep.run", "write_csv"),
+    "report.html": ("runs.html.render", "write_beside_markdown"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_an_exception_in_any_phase_never_leaves_run_json_running(copy, capsys, monkeypatch,
+                                                                 phase):
+    """Issue #39: no exception path leaves run.json "running" after the process ends. A bug
+    raised in each phase of a sweep (all variants rebuilt: their folders are removed) leaves
+    run.json "incomplete" with the error; the rerun completes the run."""
+    import importlib
+
+    run = copy / "t"
+    for name in ("q8-g64", "q2-g64"):
+        shutil.rmtree(run / name)
+    module, path = PHASES[phase]
+    target = importlib.import_module(module)
+    *owners, attr = path.split(".")
+    for owner in owners:
+        target = getattr(target, owner)
+
+    def boom(*a, **k):
+        raise RuntimeError(f"planted bug in {phase}")
+
+    with monkeypatch.context() as m, pytest.raises(RuntimeError, match="planted bug"):
+        m.setattr(target, attr, boom)
+        sweep(copy)  # a bug: raised as it is (a traceback), after run.json records it
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "incomplete", phase
+    assert f"planted bug in {phase}" in meta["error"]["error"]
+    assert not (run / ".lock").exists()
+    capsys.readouterr()
+    assert sweep(copy) == 0 and status(run) == "complete"
 
 
 # -- leftovers and the lock ---------------------------------------------------------------------
