@@ -159,7 +159,8 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     ev.nonfinite = {"eval": var_eval_ids[bad_eval].tolist(),
                     "calibration": np.asarray(var_cal["ids"]).astype(str)[bad_cal].tolist(),
                     "rows": int(bad_eval.size + bad_cal.size)}
-    ev.summary["nonfinite_rows"] = ev.n_nonfinite
+    ev.summary.update(nonfinite_rows=ev.n_nonfinite, nonfinite_eval_ids=ev.nonfinite["eval"],
+                      nonfinite_calibration_ids=ev.nonfinite["calibration"])
     verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
                     seed=st["seed"])
     verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force
