@@ -222,7 +222,15 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
              f"{contract.description}", "",
              f"Settings: near-tie margin {ev.near_tie_margin:g}, human tie gap {ev.human_tie_gap:g}, "
              f"α = {alpha:g}, {n_boot} bootstrap resamples, {confidence:.0%} intervals, seed {seed}.",
-             "", "====== Clauses ======", ""]
+             ""]
+    if getattr(ev, "n_nonfinite", 0):  # metrics.finite: rows no metric can read
+        eval_bad = len(ev.nonfinite.get("eval", ()))
+        lines += [f"**{ev.nonfinite_text()}** (clause `finite-outputs`). Every other clause is "
+                  f"judged on the {len(ev.per_example)} eval rows left"
+                  + (f" ({eval_bad} left out)" if eval_bad else "")
+                  + ("; a calibration row without numbers is an unbounded drift: ε = inf, "
+                     "nothing certified" if ev.nonfinite.get("calibration") else "") + ".", ""]
+    lines += ["====== Clauses ======", ""]
     frame = pd.DataFrame([{
         "clause": r.id, "metric": r.metric, "stratum": r.stratum, "statistic": r.statistic,
         "value": r.value, "CI": _ci_text(r.ci_low, r.ci_high), "interval": r.interval or "—",

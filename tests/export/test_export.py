@@ -410,3 +410,27 @@ def test_unreadable_file_with_a_matching_hash_is_named_in_one_line(exported, tmp
     assert len(err.splitlines()) == 1 and f"{name} cannot" in err, err
     assert "rerun" not in err, err  # the results folder's advice does not fit an export
     assert err.endswith("export the variant again"), err
+
+
+def test_weights_that_give_nan_are_outputs_that_differ_not_bad_input(exported, tmp_path, capsys):
+    """Issue #39: a folder whose weights (hashes consistent: re-signed after the edit) give NaN
+    logits is a verification failure (exit 1: the outputs differ from outputs.npz, the
+    finite-outputs clause changes), not an internal name on exit 2."""
+    import mlx.core as mx
+
+    from variants.cli import main
+    from variants.export.write import sha256
+
+    copy = tmp_path / "nan"
+    shutil.copytree(exported["q"], copy)
+    weights = dict(mx.load(str(copy / "model.safetensors")))
+    head = next(k for k in weights if k.startswith("head.") and k.endswith("weight"))
+    weights[head] = mx.full(weights[head].shape, float("nan"))
+    mx.save_safetensors(str(copy / "model.safetensors"), weights, metadata={"format": "mlx"})
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = sha256(copy / "model.safetensors")
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    assert main(["verify", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "max |Δlogit| inf (tolerance 1e-05); outputs differ from " in out
+    assert "outputs.npz" in out and "verdicts changed: " in out and "finite-outputs" in out

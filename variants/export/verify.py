@@ -122,6 +122,7 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     from variants.checkpoints.files import CheckpointError
     from variants.export.load import load_variant
     from variants.export.write import load_taskset
+    from variants.sweep.timed_check import compare
 
     folder = Path(folder)
     manifest = check_files(folder)
@@ -145,7 +146,8 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     if a.shape != b.shape or not np.array_equal(np.asarray(now.ids), np.asarray(judged.ids)):
         raise ExportError(f"{short_path(folder / 'outputs.npz')} does not hold the rows of "
                           "eval_rows.npz; export the variant again")
-    dmax = float(np.abs(a - b)[mask].max()) if mask.any() else 0.0
+    # NaN or inf logits (weights that overflow) match only the same value: else inf
+    dmax = compare(judged, now)["max_abs_dlogit"]
 
     def fields(o):
         return {k: np.asarray(getattr(o, k)) for k in OUTPUT_FIELDS}
@@ -169,11 +171,14 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     before = {c["id"]: c.get("status") for c in saved.get("clauses", [])}
     statuses = {r.id: [before.get(r.id), r.status] for r in verdict.results}
     changed = [i for i, (x, y) in statuses.items() if x != y]
-    res = {"max_abs_dlogit": dmax, "bit_identical": bool(np.array_equal(a[mask], b[mask])),
+    res = {"max_abs_dlogit": dmax,
+           "bit_identical": bool(np.array_equal(a[mask], b[mask], equal_nan=True)),
            "reference_fit": fit,
            "changed": changed, "statuses": statuses, "n_rows": len(ts),
            "tolerance": tolerance, "ok": dmax <= tolerance and not changed}
+    same = "bit-identical" if res["bit_identical"] else f"tolerance {tolerance:g}"
+    differ = "" if dmax <= tolerance else f"; outputs differ from {short_path(folder / 'outputs.npz')}"
     log(f"{folder}: {len(manifest['files'])} files match manifest.json; {len(ts)} eval rows "
-        f"recomputed: max |Δlogit| {dmax:.3g} ({'bit-identical' if res['bit_identical'] else f'tolerance {tolerance:g}'}), "
+        f"recomputed: max |Δlogit| {dmax:.3g} ({same}){differ}, "
         f"{'no verdict changed' if not changed else 'verdicts changed: ' + ', '.join(changed)}")
     return res
