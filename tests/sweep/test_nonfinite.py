@@ -199,3 +199,17 @@ def test_a_reference_with_nan_rows_stops_the_sweep_in_one_line(tmp_path, capsys,
     meta = json.loads((root / "x" / "run.json").read_text())
     assert meta["status"] == "incomplete" and "NaN or inf" in meta["error"]["error"]
     assert sorted(p.name for p in (root / "x").iterdir()) == ["run.json"]
+
+
+def test_a_layer_whose_round_trip_gives_nan_is_as_sensitive_as_a_layer_can_be():
+    """The search's per-layer sensitivity (variants.search.sensitivity): a NaN row is an
+    unbounded drift, an infinite KL and a flip, not an error that stops the search."""
+    from variants.search.sensitivity import _compare
+
+    ref = np.random.default_rng(0).normal(size=(4, 3))
+    mask = np.ones((4, 3), bool)
+    assert _compare(ref, ref.copy(), mask) == (0.0, 0.0, 0.0)
+    out = ref.copy()
+    out[1] = np.nan
+    assert _compare(ref, out, mask) == (np.inf, np.inf, 0.25)
+    assert _compare(ref, np.full((4, 3), np.nan), mask) == (np.inf, np.inf, 1.0)

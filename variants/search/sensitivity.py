@@ -68,9 +68,21 @@ def quantizable_layers(module, layers=None, prefix="encoder.layers."):
 
 
 def _compare(ref, out, mask):
-    d = np.abs(out.astype(np.float64) - ref)[mask]
-    kl = kl_divergence_from_logits(ref, out, mask)
-    return float(d.max()), float(kl.mean()), float(flip(top1(ref, mask), top1(out, mask)).mean())
+    """(max |Δlogit|, mean KL, flip rate) of ``out`` against ``ref`` (N, K) over ``mask``. A row
+    the round trip answers with NaN or inf (an overflow) is an unbounded drift, an infinite KL
+    and a flip: the unit is as sensitive as a unit can be."""
+    out = out.astype(np.float64)
+    bad = (~np.isfinite(out) & mask).any(axis=1)
+    if bad.all():
+        return float("inf"), float("inf"), 1.0
+    ok = ~bad
+    d = np.abs(out[ok] - ref[ok])[mask[ok]]
+    kl = np.full(len(out), np.inf)
+    kl[ok] = kl_divergence_from_logits(ref[ok], out[ok], mask[ok])
+    flips = np.ones(len(out))
+    flips[ok] = flip(top1(ref[ok], mask[ok]), top1(out[ok], mask[ok]))
+    return (float("inf") if bad.any() else float(d.max()), float(kl.mean()),
+            float(flips.mean()))
 
 
 def measure(reference, taskset, *, bits=DEFAULT_BITS, group_size=64, layers=None, batch_size=32,
