@@ -177,13 +177,26 @@ def _statistic(ev, metric, stratum, statistic, idx):
     return out
 
 
-def clause_differences(a, b, *, n_boot=1000, confidence=0.95, seed=0):
+def paired_evaluations(a, b):
+    """``(ea, eb, n_dropped)``: the two sides' evaluations on the same rows. A row either side
+    answered with NaN or inf (:mod:`metrics.finite`) is left out of both (``n_dropped`` such
+    rows); each side's ``finite-outputs`` count stays its own."""
+    from metrics.finite import nonfinite_rows
+
+    drop = nonfinite_rows(a.run.outputs(a.variant)) | nonfinite_rows(b.run.outputs(b.variant))
+    if not drop.any():
+        return a.evaluation, b.evaluation, 0
+    return (a.run.evaluation(a.variant, drop=drop), b.run.evaluation(b.variant, drop=drop),
+            int(drop.sum()))
+
+
+def clause_differences(a, b, *, n_boot=1000, confidence=0.95, seed=0, evaluations=None):
     """Per clause of A's verdict: A's value, B's value, B − A and its paired bootstrap CI, and
     which side the clause's direction favours. Rows are resampled together (one index array
-    for both sides)."""
+    for both sides); ``evaluations`` (ea, eb) default :func:`paired_evaluations`'."""
     from metrics.bootstrap import bootstrap_indices
 
-    ea, eb = a.evaluation, b.evaluation
+    ea, eb = evaluations or paired_evaluations(a, b)[:2]
     idx = bootstrap_indices(len(ea.per_example), n_boot=n_boot, seed=seed)
     lo_q, hi_q = 100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2
     rows = []
@@ -257,14 +270,16 @@ def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
         As :func:`check_comparable`.
     """
     check_comparable(a, b)
-    ea, eb = a.evaluation, b.evaluation
+    ea, eb, dropped = paired_evaluations(a, b)
     pa, pb = ea.per_example, eb.per_example
     known = pa["label"].to_numpy() >= 0
-    rows = clause_differences(a, b, n_boot=n_boot, confidence=confidence, seed=seed)
+    rows = clause_differences(a, b, n_boot=n_boot, confidence=confidence, seed=seed,
+                              evaluations=(ea, eb))
     return clean({
         "a": {"run": str(a.run.path), "variant": a.variant, "seed": a.meta["config"].get("seed")},
         "b": {"run": str(b.run.path), "variant": b.variant, "seed": b.meta["config"].get("seed")},
         "n_rows": int(len(pa)), "n_labelled": int(known.sum()),
+        "n_nonfinite_dropped": dropped,
         "same_reference": bool(np.array_equal(a.run.outputs("reference")["logits"],
                                               b.run.outputs("reference")["logits"])),
         "contract": {"name": a.verdict.get("contract"), "digest": contract_digest(a.verdict)},

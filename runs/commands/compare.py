@@ -28,7 +28,9 @@ def markdown(results):
     for r in results:
         a, b = r["a"], r["b"]
         lines += [f"## {b['variant']} (B, {b['run']}) vs {a['variant']} (A, {a['run']})", "",
-                  f"{r['n_rows']} eval rows, the same ids in both ({r['n_labelled']} labelled); "
+                  f"{r['n_rows']} eval rows, the same ids in both ({r['n_labelled']} labelled"
+                  + (f"; {r['n_nonfinite_dropped']} rows left out: NaN or inf outputs on one side "
+                     "or both" if r.get("n_nonfinite_dropped") else "") + "); "
                   f"contract {r['contract']['name']} ({r['contract']['digest']}); "
                   f"verdicts A {r['verdicts']['a'].upper()}, B {r['verdicts']['b'].upper()}; "
                   + ("one reference" if r["same_reference"] else

@@ -126,30 +126,42 @@ class Run:
                 self.json(name, file)
             self.evaluation(name)
 
-    def evaluation(self, name):
+    def evaluation(self, name, drop=None):
         """:func:`metrics.evaluate.evaluate` of variant ``name`` against the reference, with the
         sweep's ε (``metrics.json``), near-tie margin and numerical noise (``run.json``), unless the judge handed
         its own evaluation over (``evaluations`` of :func:`load_run`): the plots read only its
         per-example ``ref_margin``, ``max_abs_logit_diff``, ``flip``, ``negative_flip``,
-        ``positive_flip``, ``label``, ``n_options`` and ``epsilon``, which are the same."""
-        if name not in self._evaluations:
-            from metrics.evaluate import evaluate
+        ``positive_flip``, ``label``, ``n_options`` and ``epsilon``, which are the same.
 
-            eps = self.json(name, "metrics.json").get("epsilon")
-            if eps is None:
-                raise PlotError(f"{self.path / name / 'metrics.json'} has no epsilon; rerun the "
-                                f"sweep to rewrite it.")
-            from runs.settings import numerical_noise
+        Rows the variant answered with NaN or inf are left out, as the judge leaves them out
+        (``nonfinite`` set as the judge sets it, :mod:`metrics.finite`); ``drop`` ((N,) bool,
+        not cached) leaves out more rows (``variants compare``: the rows either side lost)."""
+        if drop is None and name in self._evaluations:
+            return self._evaluations[name]
+        from metrics.evaluate import evaluate
+        from metrics.finite import nonfinite_rows
+        from runs.settings import numerical_noise
 
-            from metrics.finite import finite_part
-
-            # rows the variant answered with NaN or inf are left out, as the judge leaves them
-            ref, var, _ = finite_part(self.outputs("reference"), self.outputs(name))
-            self._evaluations[name] = evaluate(
-                ref, var, epsilon=eps,
-                near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN), n_bins=N_BINS,
-                numerical_noise=numerical_noise(self.meta, self.path / "run.json"))
-        return self._evaluations[name]
+        eps = self.json(name, "metrics.json").get("epsilon")
+        if eps is None:
+            raise PlotError(f"{self.path / name / 'metrics.json'} has no epsilon; rerun the "
+                            f"sweep to rewrite it.")
+        ref, var = self.outputs("reference"), self.outputs(name)
+        bad = nonfinite_rows(var)
+        keep = ~bad if drop is None else ~(bad | np.asarray(drop, bool))
+        if not keep.all():
+            ref, var = ({k: v[keep] for k, v in o.items()} for o in (ref, var))
+        ev = evaluate(ref, var, epsilon=eps,
+                      near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN),
+                      n_bins=N_BINS, numerical_noise=numerical_noise(self.meta,
+                                                                     self.path / "run.json"))
+        cal = self.folder.outputs(name, "calibration")
+        ev.nonfinite = {"eval": self.outputs(name)["ids"].astype(str)[bad].tolist(),
+                        "calibration": cal["ids"].astype(str)[nonfinite_rows(cal)].tolist(),
+                        "rows": int(bad.size + len(cal["ids"]))}
+        if drop is None:
+            self._evaluations[name] = ev
+        return ev
 
     def per_example(self):
         """All variants' per-example tables stacked, with ``variant``, ``human_near_tie`` (bool,

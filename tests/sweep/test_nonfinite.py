@@ -213,3 +213,25 @@ def test_a_layer_whose_round_trip_gives_nan_is_as_sensitive_as_a_layer_can_be():
     out[1] = np.nan
     assert _compare(ref, out, mask) == (np.inf, np.inf, 0.25)
     assert _compare(ref, np.full((4, 3), np.nan), mask) == (np.inf, np.inf, 1.0)
+
+
+@pytest.mark.slow
+def test_compare_pairs_only_the_rows_both_sides_answered_with_numbers(nan_run, tmp_path, capsys):
+    """``variants compare`` of a variant with NaN rows (A) and one without (B, here the
+    reference's own outputs in its place): the paired statistics use the rows finite on both
+    sides, and each side's finite-outputs count stays its own."""
+    root, _ = nan_run
+    b = tmp_path / "b"
+    shutil.copytree(root / "x", b)
+    for name in ("outputs.npz", "calibration_outputs.npz"):
+        DecisionOutputs.load(b / "reference" / name).save(b / "q8-g64" / name)
+    assert main(["compare", str(root / "x"), str(b), "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    bad = len(_bad_ids(root / "x" / "q8-g64" / "outputs.npz"))
+    assert f"{40 - bad} eval rows, the same ids in both" in out
+    assert f"{bad} rows left out: NaN or inf outputs on one side or both" in out
+    res = json.loads((tmp_path / "c.json").read_text())
+    res = res[0] if isinstance(res, list) else res
+    finite = next(c for c in res["clauses"] if c["clause"] == "finite-outputs")
+    assert finite["b"] == 0 and finite["a"] == bad + len(
+        _bad_ids(root / "x" / "q8-g64" / "calibration_outputs.npz"))
