@@ -31,7 +31,7 @@ def ray_local():
     from variants.executors.ray import driver_path_env
 
     with driver_path_env():  # the actors import tests/executors/executor_toys.py
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -112,8 +112,10 @@ class RayExecutor(ex.SlotExecutor):
                         f"{ex.one_line(e)}; start it with "
                         "`ray start --head` or drop --ray-address") from None
             else:
-                with driver_path_env():
-                    ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False)
+                with driver_path_env():  # "local": a new Ray, never one another process
+                    # left in /tmp/ray/ray_current_cluster (ray.init() would join that one)
+                    ray.init(address="local", num_cpus=n, include_dashboard=False,
+                             log_to_driver=False)
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 0))
         if cpus < n:
