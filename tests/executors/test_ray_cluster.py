@@ -11,8 +11,8 @@ No result goes through a file: the workers read their inputs from their own copy
 folder (another path, as another machine's disk), which they leave unchanged, and their results
 reach the driver as numpy arrays through Ray's object store; the driver alone writes.
 
-Marked ``multinode`` (about 2 minutes on 2 cores): the default run deselects it; ``.ci/run``
-runs it (``pytest -m multinode``).
+Marked ``multinode`` (61 s for both tests on 2 shared cores): the default run deselects it;
+``.ci/run`` runs it (``pytest -m multinode``).
 """
 
 import functools
