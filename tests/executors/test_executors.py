@@ -31,7 +31,7 @@ def ray_local():
     from variants.executors.ray import driver_path_env
 
     with driver_path_env():  # the actors import tests/executors/executor_toys.py
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -219,8 +219,11 @@ def test_open_keeps_workers_across_runs(kind, tmp_path, request):
     for i in range(7):
         np.testing.assert_array_equal(got[i]["x"],
                                       np.random.default_rng(100 + i).normal(size=5) * 2.0)
-    # 2 workers at the first run (not 1 per unit, not 2 per run) + the fresh one after the loss
-    assert len(_inits(tmp_path)) == 3
+    # 2 workers at the first run (not 1 per unit, not 2 per run) + the fresh one after the loss;
+    # a fresh Ray actor gets units only once it is up, so where the survivor has run the last
+    # (instant) units first, close() stops it before its init has run
+    assert len(_inits(tmp_path)) in ((3,) if kind == "process" else (2, 3))
     assert len({got[i]["pid"] for i in range(4)}) <= 2
+    before = len(_inits(tmp_path))
     exe.run(toys.init, (str(tmp_path), 2.0), toys.fn, specs[:1], lambda *a: None)
-    assert len(_inits(tmp_path)) == 4  # closed: a plain run starts (and stops) its own worker
+    assert len(_inits(tmp_path)) == before + 1  # closed: a plain run starts (and stops) its own

@@ -31,7 +31,14 @@ Failures (process and ray): a worker that dies mid-unit (killed, out of memory, 
 gives one line through ``log``; the lost unit is retried once on a fresh worker and the run goes
 on. A unit lost twice gets the result ``{"error": "<one line>"}`` (the caller counts it as
 failed). A unit that raises an ordinary exception is a bug: :class:`UnitError` is raised on the
-driver naming the unit and its spec, with the worker's exception as ``__cause__``.
+driver naming the unit and its spec, with the worker's exception as ``__cause__``. On Ray a lost
+node takes its actors and their units with it; the fresh actor gets units only once it is up,
+so where the surviving nodes have no free CPU for it the surviving actors run the retry and the
+rest (fewer workers, same results); only when no worker at all is left and none comes up within
+``start_timeout_s`` does ``run`` raise :class:`ExecutorError`.
+
+Results come back as return values (pickled by the process pool; through Ray's object store),
+never through files: the driver alone writes what a unit computed.
 
 Threads: each worker uses as many MLX CPU streams as the driver (:func:`match_streams`), so
 every executor computes bit-identical results; with two streams OpenBLAS runs one thread per
@@ -171,10 +178,16 @@ class LocalExecutor:
 class SlotExecutor:
     """The driver loop shared by the process and Ray executors: ``workers`` slots, each running
     one unit at a time; a lost unit goes back to the head of the queue once, and its slot is
-    replaced by a fresh worker. Subclasses provide ``_open``, ``_new_slot``, ``_submit``,
-    ``_wait``, ``_result``, ``_drop_slot``, ``_close`` and ``_describe``."""
+    replaced by a fresh worker. A replacement Ray worker gets units only once it is up (``_probe``):
+    where the cluster has no room for it (its node was lost) the surviving workers take the
+    retry and the rest, and the run ends without it. Subclasses provide ``_open``,
+    ``_new_slot``, ``_probe``, ``_submit``, ``_wait``, ``_result``, ``_drop_slot``, ``_close``
+    and ``_describe``."""
 
     kind = None
+    #: seconds to wait for a worker to come up when no unit is running anywhere (every worker
+    #: was lost): then :class:`ExecutorError`
+    start_timeout_s = 600.0
 
     def __init__(self, workers=1, log=_stderr):
         self.workers = workers
@@ -192,7 +205,7 @@ class SlotExecutor:
         another ``init`` or ``init_args`` there replaces them. Returns ``self``."""
         if self._kept is None:
             self._open(self.workers)
-            self._kept = {"slots": [], "init": None}
+            self._kept = {"slots": [], "init": None, "starting": {}}
         return self
 
     def close(self):
@@ -211,7 +224,8 @@ class SlotExecutor:
 
     def run(self, init, init_args, fn, specs, on_result):
         """See the module docstring. Raises :class:`UnitError` (a unit's exception) or
-        :class:`ExecutorError` (the executor cannot start)."""
+        :class:`ExecutorError` (the executor cannot start, or every worker was lost and none
+        came up again within ``start_timeout_s``)."""
         specs = list(specs)
         if not specs:
             return
@@ -222,26 +236,67 @@ class SlotExecutor:
                 for slot in kept["slots"]:
                     self._drop_slot(slot)
                 kept["slots"].clear()
+                kept["starting"] = {}
                 kept["init"] = (init, init_args)
             slots = kept["slots"]
         else:
             n = min(self.workers, len(specs))
             self._open(n)
             slots = []
-        inflight = {}  # handle -> (slot, index)
+        # handle -> (slot, index); index None: the slot's start-up (_probe), not a unit
+        inflight = {h: (s, None) for h, s in (kept or {}).get("starting", {}).items()}
+        starting = {s for s, _ in inflight.values()}
+        free = [s for s in slots if s not in starting]
+
+        def add(slot, first=False, replacing=True):
+            slots.append(slot)
+            probe = self._probe(slot) if replacing else None
+            if probe is not None:  # units go to it once it is up
+                inflight[probe] = (slot, None)
+            elif first:
+                free.insert(0, slot)
+            else:
+                free.append(slot)
+
+        def units_inflight():
+            return any(i is not None for _, i in inflight.values())
+
         try:
+            # the first workers get units at once (open() checked the cluster has room for
+            # them); a worker replacing a lost one, in this run or a later one, once it is up
+            replacing = bool(slots)
             while len(slots) < n:
-                slots.append(self._new_slot(init, init_args, n))
+                add(self._new_slot(init, init_args, n), replacing=replacing)
             pending = deque(range(len(specs)))
             losses = [0] * len(specs)
-            free = list(slots)
-            while pending or inflight:
+            while pending or units_inflight():
                 while pending and free:
                     slot = free.pop(0)
                     i = pending.popleft()
                     inflight[self._submit(slot, fn, specs[i])] = (slot, i)
-                for handle in self._wait(list(inflight)):
+                if not inflight:
+                    raise ExecutorError(f"every {self.kind} worker was lost and none is left to "
+                                        f"run the {len(pending)} unit(s) still waiting")
+                idle = not units_inflight()  # only start-ups: wait for one, not forever
+                done = self._wait(list(inflight), self.start_timeout_s if idle else None)
+                if not done:
+                    raise ExecutorError(
+                        f"no {self.kind} worker came up within {self.start_timeout_s:.0f} s to "
+                        f"run the {len(pending)} unit(s) still waiting (every worker was lost "
+                        "and the cluster has no room for a new one); add nodes and rerun")
+                for handle in done:
                     slot, i = inflight.pop(handle)
+                    if i is None:  # a slot's start-up
+                        try:
+                            self._result(handle)
+                        except Exception as e:  # noqa: BLE001 - it never came up
+                            self.log(f"{self._describe(slot)} was lost while starting "
+                                     f"({one_line(e)}); going on without it")
+                            self._drop_slot(slot)
+                            slots.remove(slot)
+                        else:
+                            free.append(slot)
+                        continue
                     try:
                         result = self._result(handle)
                     except WorkerLost as e:
@@ -261,19 +316,22 @@ class SlotExecutor:
                                 f"the worker died twice running this unit ({self.kind} "
                                 f"executor; last: {e}); it is counted as failed")})
                         if pending:  # a fresh worker, first in line: the retry runs there
-                            fresh = self._new_slot(init, init_args, n)
-                            slots.append(fresh)
-                            free.insert(0, fresh)
+                            add(self._new_slot(init, init_args, n), first=True)
                         continue
                     except Exception as e:
                         raise _unit_error(i, specs[i], e) from e
                     free.append(slot)
                     on_result(i, specs[i], result)
         finally:
-            if kept is None or inflight:  # kept workers stay, unless aborting mid-unit
+            busy = units_inflight()
+            if kept is not None and not busy:  # slots still starting stay so for the next run
+                kept["starting"] = {h: s for h, (s, _) in inflight.items()}
+            else:  # not kept, or aborting mid-unit: stop them all
                 for slot in slots:
-                    self._drop_slot(slot, wait=not inflight)
+                    self._drop_slot(slot, wait=not busy)
                 slots.clear()
+                if kept is not None:
+                    kept["starting"] = {}
             if kept is None:
                 self._close()
 
@@ -299,8 +357,11 @@ class ProcessExecutor(SlotExecutor):
     def _submit(self, pool, fn, spec):
         return pool.submit(worker_call, fn, spec)
 
-    def _wait(self, handles):
-        done, _ = cf.wait(handles, return_when=cf.FIRST_COMPLETED)
+    def _probe(self, pool):
+        return None  # the process starts at the first unit; a unit may be sent at once
+
+    def _wait(self, handles, timeout=None):
+        done, _ = cf.wait(handles, timeout=timeout, return_when=cf.FIRST_COMPLETED)
         return done
 
     def _result(self, future):

@@ -4,7 +4,12 @@
 with ``workers`` CPUs (started for the run and shut down after it). A Ray already initialised in
 this process (``ray.is_initialized()``) is used as it is and left running. Each actor asks for
 one CPU and actors are spread over the nodes (``scheduling_strategy="SPREAD"``); the state is
-built once per actor by :func:`variants.executors.local.worker_init`.
+built once per actor by :func:`variants.executors.local.worker_init`. A unit's result (a dict of
+numpy arrays, or a :class:`~runs.outputs.DecisionOutputs`) comes back to the driver through
+Ray's object store, never through a file. An actor gets units once it is up (its ``ready``
+method answered), so a replacement actor that no node has room for (its node was lost, the
+survivors' CPUs are taken) never holds a unit: the survivors run them
+(:class:`~variants.executors.local.SlotExecutor`).
 
 Before ``ray.init`` touches a ``host:port`` address, a TCP connection to it is tried for
 ``PROBE_TIMEOUT_S``: Ray itself retries an unreachable GCS for a minute or more, printing
@@ -107,8 +112,10 @@ class RayExecutor(ex.SlotExecutor):
                         f"{ex.one_line(e)}; start it with "
                         "`ray start --head` or drop --ray-address") from None
             else:
-                with driver_path_env():
-                    ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False)
+                with driver_path_env():  # "local": a new Ray, never one another process
+                    # left in /tmp/ray/ray_current_cluster (ray.init() would join that one)
+                    ray.init(address="local", num_cpus=n, include_dashboard=False,
+                             log_to_driver=False)
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 0))
         if cpus < n:
@@ -128,8 +135,11 @@ class RayExecutor(ex.SlotExecutor):
     def _submit(self, actor, fn, spec):
         return actor.call.remote(fn, spec)
 
-    def _wait(self, handles):
-        done, _ = self.ray.wait(handles, num_returns=1)
+    def _probe(self, actor):
+        return actor.ready.remote()  # done once the actor is placed and its init has run
+
+    def _wait(self, handles, timeout=None):
+        done, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
         return done
 
     def _result(self, ref):
@@ -137,7 +147,9 @@ class RayExecutor(ex.SlotExecutor):
         try:
             return self.ray.get(ref)
         except (exc.RayActorError, exc.WorkerCrashedError, exc.NodeDiedError,
-                exc.OutOfMemoryError, exc.LocalRayletDiedError) as e:
+                exc.OutOfMemoryError, exc.LocalRayletDiedError, exc.ObjectLostError) as e:
+            # ObjectLostError: the unit finished but its result (in the lost node's object
+            # store) went with the node
             raise ex.WorkerLost(f"{type(e).__name__}: {ex.one_line(e)}") from e
         except exc.RayTaskError as e:
             cause = getattr(e, "cause", None)
@@ -164,6 +176,10 @@ class _Worker:
 
     def __init__(self, init, init_args, streams):
         ex.worker_init(init, init_args, streams)
+
+    def ready(self):
+        """True once the actor is up (its ``init`` has run, or failed: the first unit says)."""
+        return True
 
     def call(self, fn, spec):
         return ex.worker_call(fn, spec)
