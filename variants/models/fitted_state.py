@@ -182,3 +182,16 @@ def shipped(name, model, checkpoint_sha256, tasksets, extra_key=()):
                                 f"{str(want)[:16]}…; reinstall mlx-variants, or in a checkout "
                                 f"run python {SCRIPT}")
     return path, state
+
+
+def check_same_head(reference, expected, what):
+    """Raise RuntimeError when a worker's reference head and temperatures (``fitted_record``
+    sha256) are not the driver's ``expected`` (None: not checked): a Ray node without the
+    driver's ``results/.cache/heads`` fits its own, and on another CPU that can differ in the
+    last bits; its candidates would be judged against another reference."""
+    mine = (getattr(reference, "fitted_record", None) or {}).get("sha256")
+    if expected is not None and mine != expected:
+        raise RuntimeError(
+            f"a {what} worker's reference head (sha256 {str(mine)[:12]}) is not the driver's "
+            f"({str(expected)[:12]}): give every node a copy of the driver's --results-dir "
+            ".cache (docs/search.md, 'On a Ray cluster')")

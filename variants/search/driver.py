@@ -127,7 +127,12 @@ class Search:
         for k in ("results_dir", "contract", "model_config", "checkpoint", "data"):
             if sweep.get(k) is not None and Path(sweep[k]).exists():
                 sweep[k] = str(Path(sweep[k]).resolve())
-        return dict(self.payload, sweep=sweep)
+        out = dict(self.payload, sweep=sweep)
+        ref = self.state.get("reference")
+        if ref is not None and getattr(ref, "fitted_record", None):
+            # a worker whose node fits its own head (no copy of the driver's cache) is refused
+            out["reference_sha256"] = ref.fitted_record.get("sha256")
+        return out
 
     def sensitivity(self):
         """{(unit, bits): mean KL} of every unit, from the cache shared with ``variants

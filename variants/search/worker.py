@@ -78,13 +78,14 @@ def prepare_reference(state, payload):
 
     from runs.outputs import DecisionOutputs
     from variants.models.decision import prepared_digest
-    from variants.models import fitted_reference
+    from variants.models import fitted_reference, fitted_state
     from variants.sweep.inputs import cache_parts
 
     cfg, parts, checkpoint = state["cfg"], state["parts"], state["checkpoint"]
     cache = Path(cfg.results_dir) / ".cache"
     reference, _ = fitted_reference(state["source"], checkpoint, state["tasksets"], cache,
                                     log=lambda m: None, extra_key=cache_parts(cfg))
+    fitted_state.check_same_head(reference, payload.get("reference_sha256"), "search")
     ev = parts["search-eval"]
     spans = chunks(len(ev), payload["chunk_size"])
     sets = {"search-calibration": [parts["search-calibration"]],

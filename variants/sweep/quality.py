@@ -77,6 +77,10 @@ def payload(cfg):
     return {"cfg": kw, "identity": _plain(cfg.identity())}
 
 
+def _reference_sha256(sweep):
+    return (getattr(sweep.ref_model, "fitted_record", None) or {}).get("sha256")
+
+
 def _plain(x):
     import json
 
@@ -103,6 +107,9 @@ def init_worker(payload):
     cache = Path(cfg.results_dir) / ".cache"
     ref, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets, cache,
                               log=lambda m: None, extra_key=cache_parts(cfg))
+    from variants.models.fitted_state import check_same_head
+
+    check_same_head(ref, payload.get("reference_sha256"), "sweep")
     batches = {s: ref.prepare(tasksets[s], cfg.batch_size)[0] for s in SPLITS}
     return {"cfg": cfg, "ref": ref, "tasksets": tasksets, "batches": batches, "cache": cache,
             "family": get_family(cfg.family)}
@@ -158,5 +165,6 @@ def premeasure(sweep):
     sweep.log(f"quality pass of {len(todo)} variant(s) on {ex.workers} {ex.kind} worker(s); "
               "timing follows here, one variant at a time")
     with sweep.clock("variant_forward"), ex, bar:
-        ex.run(init_worker, (payload(sweep.cfg),), run_variant,
+        ex.run(init_worker, (dict(payload(sweep.cfg), reference_sha256=_reference_sha256(sweep)),),
+               run_variant,
                [{"vcfg": v} for v in todo], on_result)
