@@ -293,7 +293,7 @@ def render_report(meta, summary, details, contract, extras=None):
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
         + _parallel_text(meta.get("parallel")),
         *judged_lines(summary),
-        f"- timing: two timed regions, {warm_text(summary, cfg)}, reference and variant in "
+        f"- timing: two timed regions, {warm_text(summary, cfg)}; reference and variant in "
         "strict alternation "
         "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
         "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
