@@ -45,7 +45,7 @@ TIMED_REGIONS = {
 #: The forward region's description (kept for callers of the first timing.json schema).
 TIMED_REGION = TIMED_REGIONS["forward"]
 #: Memory held besides the allocator peak (max over rounds, read just after each call): MLX's
-#: buffer cache and the process RSS (:mod:`variants.runtime.memory`; both models are loaded in the
+#: buffer cache (emptied when the measurement starts) and the process RSS (:mod:`variants.runtime.memory`; both models are loaded in the
 #: process, so the RSS is the same process for reference and variant).
 HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rss_bytes",
              "var_process_rss_bytes")
@@ -249,8 +249,8 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         ``var_trend_per_round`` (:func:`metrics.latency.relative_trend`),
         ``ref_active_before_bytes_rounds`` / ``var_active_before_bytes_rounds`` (active bytes
         just before each call), ``ref_cache_memory_bytes`` / ``var_cache_memory_bytes`` (max over
-        rounds of ``mx.get_cache_memory`` just after the call: freed buffers MLX keeps, not in
-        the peak) and ``ref_process_rss_bytes`` / ``var_process_rss_bytes`` (max over rounds of
+        rounds of ``mx.get_cache_memory`` just after the call: freed buffers MLX kept since the
+        clear, not in the peak) and ``ref_process_rss_bytes`` / ``var_process_rss_bytes`` (max over rounds of
         the process's resident set just after the call: interpreter, libraries, both models),
         ``cache_cleared_bytes`` (what the buffer cache held before this measurement emptied it),
         ``ref_cold`` / ``var_cold`` (per round, bool: the call was cold), ``ref_cold_calls`` /
