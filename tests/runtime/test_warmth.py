@@ -60,7 +60,7 @@ def test_warmup_zero_labels_cold_calls_and_the_alarm_flags_them(models):
             assert len(e["ref_cold"]) == len(e["ref_ms"]) == e["rounds"]
             p = e["plausibility"]
             assert p["implausible"] and p["cold_rounds"] >= 1
-            assert any("rests on cold calls" in r for r in p["reasons"])
+            assert any("includes cold calls" in r for r in p["reasons"])
     # B=4 repeats one batch: only its first round is cold
     assert out["batches"]["4"]["ref_cold"] == [True, False, False]
     assert out["implausible"]

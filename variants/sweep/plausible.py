@@ -128,7 +128,7 @@ def cold_reason(ref_ms, var_ms, ref_cold, var_cold):
         return None, 0, None
     r, v = np.asarray(ref_ms, float)[~cold], np.asarray(var_ms, float)[~cold]
     warm = float(np.median(r / v)) if len(r) and (r > 0).all() and (v > 0).all() else None
-    return (f"speed-up rests on cold calls: {n} of {len(cold)} rounds timed a call that was the "
+    return (f"speed-up includes cold calls: {n} of {len(cold)} rounds timed a call that was the "
             f"first of its shape since the buffer cache was cleared (reference "
             f"{int(np.sum(ref_cold))}, variant {int(np.sum(var_cold))}); "
             + (f"median over the {len(r)} warm rounds {warm:.3g}×" if warm is not None
