@@ -18,6 +18,7 @@ from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_line
                                unquantized_text)
 from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_cells,
                                 held_columns)
+from runs.report_warmth import cold_cells, cold_column, warm_text
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
 # follow, one pair per timed batch size.
@@ -103,7 +104,7 @@ def summary_row(name, build, summary, verdict, timing):
                         p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
                         p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
                         p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes"),
-                        **held_cells(p, t), **plausibility_cells(p, t)})
+                        **held_cells(p, t), **cold_cells(p, t), **plausibility_cells(p, t)})
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")
@@ -155,7 +156,8 @@ def format_table(summary):
 
 def timing_table(summary):
     """Per variant, batch size and timed region: p50/p95 of both models, the paired speed-up
-    with its CI, rounds run / requested (and why timing stopped) and peak memory.
+    with its CI, rounds run / requested (and why timing stopped), cold calls (where labelled),
+    the call's own memory, the allocator peak and the process RSS.
 
     Parameters
     ----------
@@ -192,13 +194,14 @@ def timing_table(summary):
                                          f"[{_fmt(r[p + 'speedup_ci_low'], '{:.2f}')}, "
                                          f"{_fmt(r[p + 'speedup_ci_high'], '{:.2f}')}]",
                     "rounds run / requested": rounds,
-                    "allocator peak MB variant (ref)": (
-                        f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
-                        f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})"),
+                    **cold_column(r, p),
                     "call's own MB variant (ref)": (
                         f"{r[p + 'var_peak_over_active_bytes'] / 1e6:.1f} "
                         f"({r[p + 'ref_peak_over_active_bytes'] / 1e6:.1f})"
                         if _present(r, p + "var_peak_over_active_bytes") else "—"),
+                    "allocator peak MB variant (ref)": (
+                        f"{_fmt(r[p + 'var_peak_memory_bytes'] / 1e6, '{:.1f}')}"
+                        f" ({_fmt(r[p + 'ref_peak_memory_bytes'] / 1e6, '{:.1f}')})"),
                     **held_columns(r, p),
                 })
     return pd.DataFrame(out)
@@ -290,7 +293,8 @@ def render_report(meta, summary, details, contract, extras=None):
         + (f" ({meta['blas']['library']})" if meta["blas"].get("library") else "")
         + _parallel_text(meta.get("parallel")),
         *judged_lines(summary),
-        "- timing: two timed regions, both warm, reference and variant in strict alternation "
+        f"- timing: two timed regions, {warm_text(summary, cfg)}; reference and variant in "
+        "strict alternation "
         "(A B A B …); **forward** = prepared token ids → option logits with `mx.eval` inside "
         "(tokenisation excluded; the main table's p50/p95 and speed-up), **end to end** = "
         "texts → tokenisation → forward → decision outputs (probabilities, score, actions); "

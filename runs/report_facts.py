@@ -121,7 +121,9 @@ def implausible_lines(summary):
              "These calls ran faster than their work allows: the encoder's Linear FLOPs (a lower "
              "bound) at the machine's measured peak GEMM rate, or a speed-up more than 3× the "
              "cost model's ideal. Such a speed-up is more likely a measurement bug (cached "
-             "logits, an unevaluated graph) than a real one; the verdicts do not use speed, but "
+             "logits, an unevaluated graph) than a real one. A speed-up that includes cold calls "
+             "(the first of their shape, slower than warm ones) is flagged too, with the median "
+             "over its warm rounds. The verdicts do not use speed, but "
              "do not quote these numbers until it is explained (timing.json `plausibility`).",
              ""] + out + [""])
 

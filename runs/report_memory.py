@@ -1,9 +1,13 @@
-"""The report's memory columns: MLX's allocator peak, MLX's buffer cache and the process RSS,
-each labelled, never summed into one number (``variants.runtime.memory`` measures them); the cold
-start's loading apart from its first call. No MLX.
+"""The report's memory columns: the call's own memory, MLX's allocator peak and the process
+RSS, each labelled, never summed into one number (``variants.runtime.memory`` measures them); the
+cold start's loading apart from its first call. No MLX.
 
-Runs written before the cache and RSS were recorded have only the allocator peak: their
-columns and summary.csv cells are left out rather than shown empty.
+MLX's buffer cache is emptied before each timed measurement
+(:func:`variants.runtime.warmth.clear_buffer_cache`); what it then holds after the calls stays in
+timing.json and summary.csv (``*_cache_memory_bytes``) but is no report column: it is the
+calls' freed buffers, already inside the RSS. Runs written before the RSS was recorded have
+only the allocator peak: their RSS column and summary.csv cells are left out rather than shown
+empty.
 """
 
 import math
@@ -21,14 +25,18 @@ COLD_MEMORY = (("load_peak_memory_bytes", "load: allocator peak MB"),
                ("first_call_process_rss_bytes", "1st call: RSS MB"),
                ("process_peak_rss_bytes", "process peak RSS MB"))
 
-NOTE = ("Memory, three numbers never added together: **allocator peak** = `mx.get_peak_memory`, "
-        "reset before every call, max over rounds (every array alive, i.e. both models' "
-        "weights); the call's own MB = that peak minus the bytes active just before the call "
-        "(activations and workspace); **process cache** = `mx.get_cache_memory` just after "
-        "the call, max over rounds and both models (one pool of the process: freed buffers "
-        "MLX keeps for reuse, both models', not in the peak); **process RSS** = the resident "
-        "set of the whole process (interpreter, libraries, both models, cache) just after the "
-        "call, as the operating system counts it.")
+NOTE = ("Memory, three numbers never added together, MB = 10^6 bytes, max over rounds: "
+        "**call's own** = the allocator peak during the call minus the bytes active just "
+        "before it (its activations and workspace); **allocator peak** = "
+        "`mx.get_peak_memory`, reset before every call (every array alive, i.e. both models' "
+        "weights too); **process RSS** = the resident set of the whole process (interpreter, "
+        "libraries, both models, MLX's buffer cache) just after the call, as the operating "
+        "system counts it. MLX's buffer cache is emptied before each measurement "
+        "(`mx.clear_cache`), so earlier work's freed buffers are in none of them; what the "
+        "cache holds after the calls is in timing.json and summary.csv "
+        "(`*_cache_memory_bytes`). **cold calls** = timed calls that were the first of their "
+        "(B, L) shape for their model since that clear (warm-ups excluded; any flags the "
+        "speed-up).")
 
 COLD_NOTE = ("Cold-start memory: **load** = after the weights are loaded and the variant built, "
              "before any call; **1st call** = the first tokenisation and forward (allocator peak "
@@ -53,15 +61,14 @@ def held_cells(prefix, entry):
 
 
 def held_columns(r, p):
-    """The timing table's cache and RSS cells of summary row ``r`` at prefix ``p``; {} when the
-    row has none (a run from before they were recorded)."""
-    if not _num(r.get(p + "var_cache_memory_bytes")):
+    """The timing table's ``process RSS MB`` cell of summary row ``r`` at prefix ``p``; {} when
+    the row has none (a run from before it was recorded)."""
+    if not _num(r.get(p + "var_process_rss_bytes")):
         return {}
-    # both are of the whole process (one cache pool, one resident set), read after calls of
-    # the two models in turn: one number each, never a variant's and a reference's
-    cache = max(r[p + "var_cache_memory_bytes"], r[p + "ref_cache_memory_bytes"])
+    # of the whole process (one resident set), read after calls of the two models in turn:
+    # one number, never a variant's and a reference's
     rss = max(r[p + "var_process_rss_bytes"], r[p + "ref_process_rss_bytes"])
-    return {"process cache MB": f"{cache / 1e6:.1f}", "process RSS MB": f"{rss / 1e6:.0f}"}
+    return {"process RSS MB": f"{rss / 1e6:.0f}"}
 
 
 def cold_columns(d):

@@ -14,9 +14,12 @@ def test_rotation_gives_both_sides_the_same_position_every_round():
     log = []
     ref = rotating([lambda k=k: log.append(("ref", k)) or mx.array(k) for k in range(3)])
     var = rotating([lambda k=k: log.append(("var", k)) or mx.array(k) for k in range(3)])
-    time_alternating(ref, var, warmup=2, rounds=5, min_rounds=5, budget_s=60.0)
-    # warm-ups and rounds: strict alternation, ref then var, positions 0 1 2 0 1 2 0
-    assert log == [(side, k % 3) for k in range(7) for side in ("ref", "var")]
+    r = time_alternating(ref, var, warmup=2, rounds=5, min_rounds=5, budget_s=60.0)
+    # warm-ups (one per position: 3, though 2 were asked) and rounds: strict alternation, ref
+    # then var, positions 0 1 2 | 0 1 2 0 1
+    assert log == [(side, k % 3) for k in range(8) for side in ("ref", "var")]
+    assert r["warmup"] == 2 and r["warmup_run"] == 3
+    assert not any(r["ref_cold"] + r["var_cold"])
 
     def single():
         return mx.array(0)
@@ -80,10 +83,11 @@ def test_time_pair_times_other_texts_each_call_and_the_same_for_both(models, mon
     out = sweep_timing.time_pair(ref, var, sets, cfg)
     b1 = [t for _, t in seen if len(t) == 1]
     refs, vars_ = b1[0::2], b1[1::2]
-    assert [s for s, t in seen if len(t) == 1] == ["ref", "var"] * 11  # warm-up + 10 rounds
+    # warm-ups: one per text (8, though 1 was asked), then 10 rounds
+    assert [s for s, t in seen if len(t) == 1] == ["ref", "var"] * 18
     assert refs == vars_  # the same text for reference and variant in every round
     assert all(a != b for a, b in zip(refs, refs[1:]))  # a new text every call
-    assert {t[0] for t in refs} == set(sets[1][0].texts)  # all 8 timed (11 calls)
+    assert {t[0] for t in refs[8:]} == set(sets[1][0].texts)  # all 8 timed (10 rounds)
     e = out["end_to_end"]["1"]
     assert e["batch_size"] == 1 and e["texts_cycled"] == 8 and e["rounds"] == 10
     assert e["seq_lens"] == [ref.prepare(ts.subset(np.array([list(ts.texts).index(t)])),

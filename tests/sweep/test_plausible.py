@@ -115,3 +115,24 @@ def test_report_shows_the_flag(timed):
     ok = summary_row("same", {"family": "x", "config": {}}, {"agreement": 1.0}, verdict,
                      timed[1])
     assert implausible_lines(pd.DataFrame([ok])) == []
+
+
+def test_a_speedup_resting_on_cold_calls_is_flagged():
+    """A cold reference call (the first of its shape) inflates the ratio: 4.31× here, from one
+    round of 63.8 vs 14.8 ms (the q4 sweep of issue #39 under --timing-warmup 0); the reason
+    gives the warm rounds' median."""
+    kw = dict(flops=1e6, rate=5e10)  # a floor far under every call: only coldness can flag
+    r = plausible.assess([14.8, 15.0, 15.2], 4.31, ref_ms=[63.8, 15.0, 15.2],
+                         ref_cold=[True, False, False], var_cold=[False, False, False], **kw)
+    assert r["implausible"] and r["cold_rounds"] == 1
+    assert r["warm_speedup_median"] == pytest.approx(1.0)
+    assert len(r["reasons"]) == 2 and "includes cold calls: 1 of 3 rounds" in r["reasons"][1]
+    assert "reference 1, variant 0" in r["reasons"][1] and "1× " in r["reasons"][1]
+    # every round cold (one round, no warm-up): no warm median to give
+    r = plausible.assess([14.8], 1.0, ref_ms=[14.8], ref_cold=[True], var_cold=[True], **kw)
+    assert r["implausible"] and "no round had both calls warm" in r["reasons"][0]
+    # warm rounds, or no labels (a run from before them): nothing to flag
+    for cold in ([False, False], None):
+        r = plausible.assess([10.0, 10.0], 1.0, ref_ms=[10.0, 10.0], ref_cold=cold,
+                             var_cold=cold, **kw)
+        assert not r["implausible"] and r["cold_rounds"] == 0

@@ -83,7 +83,11 @@ def configure(sub):
                         "requested, run and why it stopped)")
     p.add_argument("--timing-warmup", type=int, default=d.timing_warmup,
                    help="untimed warm-up calls of each model per batch size (docs/method.md: 5; "
-                        "after the first, warm-ups stop once they used a quarter of the budget)")
+                        "when >= 1 at least one per text of the B=1 cycle, so every timed "
+                        "shape is warmed; after those, warm-ups stop once they used a quarter "
+                        "of the budget). 0 is allowed: the first timed calls are then cold, "
+                        "labelled so in timing.json (ref_cold / var_cold), and their speed-ups "
+                        "flagged in report.md")
     p.add_argument("--timing-budget-s", type=float, default=d.timing_budget_s,
                    help="wall-clock seconds per measurement (one batch size, warm-ups included) "
                         "after which no new round starts, once --timing-min-rounds ran")

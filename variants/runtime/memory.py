@@ -4,12 +4,15 @@ resident set.
 - **allocator peak** (``mx.get_peak_memory``): the most bytes MLX's arrays held at once since the
   last ``mx.reset_peak_memory``; every live array counts (weights of every model loaded).
 - **cache** (``mx.get_cache_memory``): bytes MLX keeps allocated for reuse after arrays are freed;
-  not in the peak, but held by the process.
+  not in the peak, but held by the process. It grows with everything the process ran (over 1 GB
+  after a sweep's quality forwards), so the timing harness empties it before each measurement
+  (:func:`variants.runtime.warmth.clear_buffer_cache`); only then is it that measurement's own.
 - **process RSS** (``psutil.Process().memory_info().rss``): the resident set of the whole process
   as the operating system sees it: the interpreter, every imported library (NumPy, OpenBLAS,
   pandas...), tokenizer, MLX arrays and cache. It is what a user's machine must provide.
 
-A forward of MiniLM at B=32 here: allocator peak ~155 MB, cache ~38 MB, RSS ~470 MB, so a report
+A forward of MiniLM at B=32 here: allocator peak ~155 MB, cache ~38 MB, RSS ~470 MB (cache and RSS
+re-measured with one model loaded: 37.9 MB and 472 MB, MLX 0.32.4, a 2-core Xeon), so a report
 that gives only the first understates what serving costs.
 """
 

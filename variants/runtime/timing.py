@@ -17,6 +17,10 @@ Two timed regions (``TIMED_REGIONS``):
 :func:`end_to_end_call` clocks the three stages of one end-to-end call separately, so a single
 alternated measurement yields both regions: the ``forward`` times are the forward stage of the
 same calls (same rounds, same alternation).
+
+Every measurement starts from an empty buffer cache (:func:`variants.runtime.warmth.clear_buffer_cache`),
+so its memory numbers are its own, and labels each timed call cold or warm
+(:mod:`variants.runtime.warmth`: the first call of its shape since that clear is cold).
 """
 
 import itertools
@@ -28,6 +32,7 @@ import mlx.core as mx
 from metrics.latency import latency_summary, paired_speedup, relative_trend
 from runs.outputs import finish_outputs
 from variants import defaults
+from variants.runtime import warmth
 from variants.runtime.memory import process_rss_bytes
 
 TIMED_REGIONS = {
@@ -40,10 +45,13 @@ TIMED_REGIONS = {
 #: The forward region's description (kept for callers of the first timing.json schema).
 TIMED_REGION = TIMED_REGIONS["forward"]
 #: Memory held besides the allocator peak (max over rounds, read just after each call): MLX's
-#: buffer cache and the process RSS (:mod:`variants.runtime.memory`; both models are loaded in the
+#: buffer cache (emptied when the measurement starts) and the process RSS (:mod:`variants.runtime.memory`; both models are loaded in the
 #: process, so the RSS is the same process for reference and variant).
 HELD_KEYS = ("ref_cache_memory_bytes", "var_cache_memory_bytes", "ref_process_rss_bytes",
              "var_process_rss_bytes")
+#: The cold labels of a measurement (:func:`time_alternating`): per round (lists of bool) and
+#: counted; a forward stage is as cold as its call.
+COLD_KEYS = ("ref_cold", "var_cold", "ref_cold_calls", "var_cold_calls")
 #: Stages of :func:`end_to_end_call`, in call order.
 STAGES = ("tokenise", "forward", "postprocess")
 
@@ -62,11 +70,14 @@ class Staged:
 
     :func:`time_alternating` recognises it: the call's total is still clocked around the whole
     call, and each stage's times are collected into a paired measurement of their own.
+    ``cold``: True when the call ran a shape its model had not run since the buffer cache was
+    last cleared (:func:`variants.runtime.warmth.is_cold`), None when unknown.
     """
 
     ms: dict = field(default_factory=dict)
     peak_bytes: dict = field(default_factory=dict)
     result: object = None
+    cold: bool = None
 
 
 def end_to_end_call(model, taskset):
@@ -77,6 +88,8 @@ def end_to_end_call(model, taskset):
     ``model.forward`` + ``mx.eval`` + a copy of the (N, K) logits to NumPy; the forward-only
     region) and ``postprocess`` (:func:`runs.outputs.finish_outputs`: temperature,
     probabilities, expected score, confidence, action probabilities). Peak memory is reset before each stage.
+    ``Staged.cold`` says whether the batch's (B, L) shape is new to ``model`` since the buffer
+    cache was last cleared (:mod:`variants.runtime.warmth`); the call then records the shape.
 
     Parameters
     ----------
@@ -106,6 +119,8 @@ def end_to_end_call(model, taskset):
         batches, _ = model.prepare(taskset, batch_size=n)
         t_tok = time.perf_counter()
         peak["tokenise"] = int(mx.get_peak_memory())
+        shapes = warmth.batch_shapes(batches)
+        cold = warmth.is_cold(model, shapes)
         mx.reset_peak_memory()
         t1 = time.perf_counter()
         raw = model.raw_logits(taskset, batches)  # forward + mx.eval per batch, (N, K) NumPy
@@ -122,9 +137,10 @@ def end_to_end_call(model, taskset):
             human_dist=taskset.human_dist, **extra)
         t3 = time.perf_counter()
         peak["postprocess"] = int(mx.get_peak_memory())
+        warmth.record(model, shapes)
         ms.update(tokenise=(t_tok - t0) * 1e3, forward=(t2 - t1) * 1e3,
                   postprocess=(t3 - t2b) * 1e3)
-        return Staged(ms=ms, peak_bytes=peak, result=result)
+        return Staged(ms=ms, peak_bytes=peak, result=result, cold=cold)
 
     return call
 
@@ -132,11 +148,17 @@ def end_to_end_call(model, taskset):
 def rotating(calls):
     """One function calling ``calls`` in turn (call k runs ``calls[k % len(calls)]``): two
     rotations given to :func:`time_alternating`, which calls both alike, run the same
-    position in every round (e.g. the same text for reference and variant)."""
+    position in every round (e.g. the same text for reference and variant). The function's
+    ``cycle`` attribute is ``len(calls)``: :func:`time_alternating` warms every position."""
     if len(calls) == 1:
         return calls[0]
     it = itertools.cycle(calls)
-    return lambda: next(it)()
+
+    def call():
+        return next(it)()
+
+    call.cycle = len(calls)
+    return call
 
 
 def _call(fn):
@@ -193,13 +215,19 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
 
     Each function returns an ``mx.array`` (or a tree of them; evaluated with ``mx.eval`` inside
     the timed region) or a :class:`Staged` (already synchronised; its stages are measured too).
+    MLX's buffer cache is emptied first (:func:`variants.runtime.warmth.clear_buffer_cache`), so
+    the memory numbers are this measurement's own, and every timed call is labelled cold or
+    warm: a :class:`Staged` call by its ``cold`` (the first of its shape since the clear), any
+    other call cold when it is its function's first since the clear (its shape is unknown).
 
     Parameters
     ----------
     ref_fn, var_fn : callable () -> mx.array | Staged
     warmup : int, default=5
-        Untimed calls of each (alternated) before timing. After the first, warm-ups stop once
-        they have used ``WARMUP_BUDGET_SHARE`` of ``budget_s``.
+        Untimed calls of each (alternated) before timing; 0 times cold first calls (labelled
+        so). When >= 1, at least one per position of a :func:`rotating` function (its
+        ``cycle``), so that every timed shape is warmed; after those, warm-ups stop once they
+        have used ``WARMUP_BUDGET_SHARE`` of ``budget_s``.
     rounds : int, default=50
         Timed rounds wanted (one reference + one variant call each).
     min_rounds : int, default=3
@@ -221,10 +249,13 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         ``var_trend_per_round`` (:func:`metrics.latency.relative_trend`),
         ``ref_active_before_bytes_rounds`` / ``var_active_before_bytes_rounds`` (active bytes
         just before each call), ``ref_cache_memory_bytes`` / ``var_cache_memory_bytes`` (max over
-        rounds of ``mx.get_cache_memory`` just after the call: freed buffers MLX keeps, not in
-        the peak) and ``ref_process_rss_bytes`` / ``var_process_rss_bytes`` (max over rounds of
-        the process's resident set just after the call: interpreter, libraries, both models), ``active_memory_bytes_rounds`` (``mx.get_active_memory`` after
-        each round) and
+        rounds of ``mx.get_cache_memory`` just after the call: freed buffers MLX kept since the
+        clear, not in the peak) and ``ref_process_rss_bytes`` / ``var_process_rss_bytes`` (max over rounds of
+        the process's resident set just after the call: interpreter, libraries, both models),
+        ``cache_cleared_bytes`` (what the buffer cache held before this measurement emptied it),
+        ``ref_cold`` / ``var_cold`` (per round, bool: the call was cold), ``ref_cold_calls`` /
+        ``var_cold_calls`` (how many), ``active_memory_bytes_rounds`` (``mx.get_active_memory``
+        after each round) and
         ``active_memory_growth_bytes`` (last - first), ``rounds`` (run), ``rounds_requested``,
         ``min_rounds``, ``warmup`` (requested), ``warmup_run``, ``budget_s``, ``elapsed_s``,
         ``stopped_by`` ("rounds": all requested rounds ran; "budget": stopped early). With
@@ -239,17 +270,20 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         raise ValueError("rounds and min_rounds must be >= 1 and warmup >= 0")
     if not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
+    cleared = warmth.clear_buffer_cache()
     start = time.perf_counter()
     warm = 0
-    for _ in range(warmup):
+    cycle = max(getattr(ref_fn, "cycle", 1), getattr(var_fn, "cycle", 1)) if warmup else 0
+    for _ in range(max(warmup, cycle)):
         _call(ref_fn)
         _call(var_fn)
         warm += 1
-        if time.perf_counter() - start > WARMUP_BUDGET_SHARE * budget_s:
+        if warm >= cycle and time.perf_counter() - start > WARMUP_BUDGET_SHARE * budget_s:
             break
     ref_ms, var_ms, ref_peak, var_peak, active = [], [], [], [], []
     before = {"ref": [], "var": []}
     held = {"ref": [], "var": []}
+    cold = {"ref": [], "var": []}
     stages = {}
     stopped_by = "rounds"
     for i in range(rounds):
@@ -257,6 +291,8 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         for fn, times, peaks, side in ((ref_fn, ref_ms, ref_peak, "ref"),
                                        (var_fn, var_ms, var_peak, "var")):
             ms, peak, active_before, staged, after = _call(fn)
+            cold[side].append(bool(staged.cold) if staged is not None and staged.cold is not None
+                              else warm == 0 and not times)
             times.append(ms)
             peaks.append(peak)
             before[side].append(active_before)
@@ -286,6 +322,9 @@ def time_alternating(ref_fn, var_fn, *, warmup=DEFAULT_WARMUP, rounds=DEFAULT_RO
         "active_memory_growth_bytes": active[-1] - active[0],
         "ref_active_before_bytes_rounds": before["ref"],
         "var_active_before_bytes_rounds": before["var"],
+        "cache_cleared_bytes": cleared,
+        "ref_cold": cold["ref"], "var_cold": cold["var"],
+        "ref_cold_calls": sum(cold["ref"]), "var_cold_calls": sum(cold["var"]),
         **{f"{side}_{what}": max(h[key] for h in held[side])
            for side in ("ref", "var")
            for what, key in (("cache_memory_bytes", "cache_bytes"),
@@ -308,7 +347,8 @@ def split_regions(measurement):
     Returns
     -------
     forward, end_to_end : dict, dict
-        Both carry the run fields (``rounds``, ``rounds_requested``, ``stopped_by``, ...) and
+        Both carry the run fields (``rounds``, ``rounds_requested``, ``stopped_by``, ...,
+        the cold labels :data:`COLD_KEYS`: a forward stage is as cold as its call) and
         ``timed_region``. ``forward`` holds the forward stage's pair fields (``ref_ms``,
         ``var_ms``, ``ref``, ``var``, ``speedup``, peak memory of that stage) and
         ``measured_as``; ``end_to_end`` holds the whole calls' pair fields and ``stages_p50_ms``
@@ -322,7 +362,8 @@ def split_regions(measurement):
     run = {k: measurement[k] for k in ("rounds", "rounds_requested", "min_rounds", "stopped_by",
                                        "warmup", "warmup_run", "budget_s", "elapsed_s",
                                        "active_memory_bytes_rounds",
-                                       "active_memory_growth_bytes") + HELD_KEYS}
+                                       "active_memory_growth_bytes", "cache_cleared_bytes")
+           + HELD_KEYS + COLD_KEYS}
     stages = measurement["stages"]
     # the forward stage's own peak minus the bytes active before the call (its workspace)
     fwd_over = {f"{side}_peak_over_active_bytes": max(

@@ -19,10 +19,17 @@ cost model's ideal, is flagged (``implausible``) with its reasons: a forward ret
 logits, a lazy graph left unevaluated, a clock read in the wrong place. The flag is a warning
 in timing.json and report.md, not a verdict: a variant that really skips work (an output cache
 on repeated timing batches) earns it and should say so.
+
+A speed-up with a cold call among its rounds (:mod:`variants.runtime.warmth`: the first call of
+its shape since the buffer cache was cleared, e.g. under ``--timing-warmup 0``) is flagged too:
+a cold reference call inflates the ratio (a first B=1 call measured ~30-120 ms against ~9 ms
+warm), a cold variant call deflates it. The reason gives the median over the warm rounds alone.
 """
 
 import functools
 import time
+
+import numpy as np
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -96,7 +103,41 @@ def real_tokens(model, taskset):
     return int(sum(int(b.attention_mask.astype(mx.int32).sum().item()) for b in batches))
 
 
-def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max_speedup=None):
+def cold_reason(ref_ms, var_ms, ref_cold, var_cold):
+    """The alarm's reason for a speed-up with cold calls among its rounds, or None.
+
+    Parameters
+    ----------
+    ref_ms, var_ms : sequence of float
+        Per-round times, milliseconds.
+    ref_cold, var_cold : sequence of bool or None
+        Per-round cold labels (timing.json ``ref_cold`` / ``var_cold``); None = not recorded
+        (a run from before they were): no reason.
+
+    Returns
+    -------
+    (str or None, int, float or None)
+        The reason, the rounds with a cold call, and the median of ``ref_ms / var_ms`` over the
+        rounds whose two calls were warm (None when no such round or a time is not positive).
+    """
+    if ref_cold is None or var_cold is None:
+        return None, 0, None
+    cold = np.asarray(ref_cold, bool) | np.asarray(var_cold, bool)
+    n = int(cold.sum())
+    if not n:
+        return None, 0, None
+    r, v = np.asarray(ref_ms, float)[~cold], np.asarray(var_ms, float)[~cold]
+    warm = float(np.median(r / v)) if len(r) and (r > 0).all() and (v > 0).all() else None
+    return (f"speed-up includes cold calls: {n} of {len(cold)} rounds timed a call that was the "
+            f"first of its shape since the buffer cache was cleared (reference "
+            f"{int(np.sum(ref_cold))}, variant {int(np.sum(var_cold))}); "
+            + (f"median over the {len(r)} warm rounds {warm:.3g}×" if warm is not None
+               else "no round had both calls warm")
+            + " (raise --timing-warmup)"), n, warm
+
+
+def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max_speedup=None,
+           ref_cold=None, var_cold=None):
     """The plausibility record of one timed entry.
 
     Parameters
@@ -118,6 +159,9 @@ def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max
     ref_ms : sequence of float, optional
         The reference's timed calls: ``flops / min(ref_ms)`` replaces ``rate`` when higher
         (the rate its own forward reached).
+    ref_cold, var_cold : sequence of bool, optional
+        Per-round cold labels; any cold round flags the entry (:func:`cold_reason`; needs
+        ``ref_ms``).
 
     Returns
     -------
@@ -126,7 +170,8 @@ def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max
         ``gemm_flops_per_s``, ``reference_flops_per_s`` (None without ``ref_ms``),
         ``rate_flops_per_s`` (the higher), ``safety``, ``fastest_var_ms``,
         ``rounds_below_floor``, ``ideal_speedup``, ``speedup_over_ideal`` (None without a
-        speed-up).
+        speed-up), ``cold_rounds`` (rounds with a cold call; 0 when unlabelled) and
+        ``warm_speedup_median`` (:func:`cold_reason`; None without cold rounds).
     """
     ideal = ideal_speedup if ideal_speedup and ideal_speedup > 0 else 1.0
     ideal = max(ideal, max_speedup or 0.0)
@@ -144,8 +189,13 @@ def assess(var_ms, speedup, *, flops, rate, ideal_speedup=None, ref_ms=None, max
     if over is not None and over > IDEAL_FACTOR:
         reasons.append(f"speed-up {speedup:.3g}× is {over:.3g}× the cost model's ideal "
                        f"{ideal:.3g}× (more than {IDEAL_FACTOR:g}×)")
+    why, cold_rounds, warm = (cold_reason(ref_ms, var_ms, ref_cold, var_cold) if ref_ms
+                              else (None, 0, None))
+    if why:
+        reasons.append(why)
     return {"implausible": bool(reasons), "reasons": reasons, "floor_ms": floor,
             "variant_flops": var_flops, "gemm_flops_per_s": rate,
             "reference_flops_per_s": ref_rate, "rate_flops_per_s": best, "safety": SAFETY,
             "fastest_var_ms": min(var_ms), "rounds_below_floor": below,
-            "ideal_speedup": ideal, "speedup_over_ideal": over}
+            "ideal_speedup": ideal, "speedup_over_ideal": over, "cold_rounds": cold_rounds,
+            "warm_speedup_median": warm}

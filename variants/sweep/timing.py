@@ -121,8 +121,19 @@ def time_pair(reference, variant, timing_sets, cfg, ideal_speedup=None, max_spee
                          "budget_s_per_measurement": cfg.timing_budget_s,
                          "peak_memory": "allocator peak: mx.get_peak_memory, reset before "
                                         "every call",
+                         "call_memory": "peak_over_active: that peak minus mx.get_active_memory "
+                                        "just before the call (the call's own activations and "
+                                        "workspace), max over rounds",
+                         "cache_cleared": "mx.clear_cache before each batch size's measurement "
+                                          "(its warm-ups included): cache_cleared_bytes is what "
+                                          "it held then",
                          "cache_memory": "mx.get_cache_memory just after each call (freed "
-                                         "buffers MLX keeps; not in the peak), max over rounds",
+                                         "buffers MLX keeps since the clear; not in the peak), "
+                                         "max over rounds",
+                         "cold": "ref_cold / var_cold per round: the call was the first of its "
+                                 "(B, L) shape for its model since the clear "
+                                 "(variants.runtime.warmth); any cold round flags the entry's "
+                                 "plausibility",
                          "process_rss": "resident set of the whole process just after each "
                                         "call (psutil; interpreter, libraries, both models), "
                                         "max over rounds"},
@@ -174,7 +185,8 @@ def add_plausibility(result, reference, timing_sets, ideal_speedup=None, max_spe
             entry["plausibility"] = plausible.assess(
                 entry["var_ms"], (entry["speedup"] or {}).get("speedup_median"), flops=flops,
                 rate=rate["flops_per_s"], ideal_speedup=ideal_speedup, ref_ms=entry["ref_ms"],
-                max_speedup=max_speedup)
+                max_speedup=max_speedup, ref_cold=entry.get("ref_cold"),
+                var_cold=entry.get("var_cold"))
     result["implausible"] = any(e["plausibility"]["implausible"]
                                 for region in ("batches", "end_to_end")
                                 for e in result[region].values())
