@@ -62,8 +62,13 @@ def test_null_control_passes_every_clause_of_every_packaged_contract(null_runs, 
 @pytest.mark.slow
 def test_null_control_passes_the_search_bound_rule_on_resampled_rows(null_runs):
     """50 bootstrap copies (seeded) of the run's calibration and eval rows (800 + 800: the
-    search's default split sizes) must all pass, judged as the search judges (default contract,
-    bound rule; a pass rate of 0.95 would pass all 50 with probability 0.077;
+    search's default split sizes), judged as the search judges (default contract, bound rule):
+    at most 2 may fail, and only on conformal-coverage (a split-conformal ε covers 95% of new
+    rows on average, not on every resample: bench/null_control.py measured 298 of 300 passes,
+    the 2 failures conformal-coverage's; at that rate 3 or more failures of 50 have probability
+    0.005, while a pass rate of 0.90 would give them with probability 0.88). Which resample
+    fails depends on the CPU's last bits (49 of 50 on an AMD EPYC Zen 4, 50 of 50 on the Xeon),
+    so the count is bounded, not pinned;
     ``bench/null_control.py --reps 400`` measures the rate itself; the
     temperature refit's bound from 40 resamples, not 200, and the other intervals' from 300, not
     1000: the null control's drifts are ~1e-6 against bounds of ~1e-2, so fewer resamples move
@@ -75,4 +80,5 @@ def test_null_control_passes_the_search_bound_rule_on_resampled_rows(null_runs):
         sys.path.remove(str(ROOT / "bench"))
     ok, n, by = pass_rates(null_runs["minilm-sentiment"], reps=50, seed=0,
                            rules=("search",), refit_boot=40, n_bootstrap=300)["search"]
-    assert ok == n == 50, by
+    assert n == 50 and ok >= 48, by
+    assert set(by) <= {"conformal-coverage"}, by
