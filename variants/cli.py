@@ -7,6 +7,7 @@ run is configured (the others get a bare placeholder), so ``variants check``, ``
 
 import argparse
 import importlib
+import contextlib
 import sys
 import warnings
 import zipfile
@@ -66,8 +67,34 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"variants: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's stop), raised where the process is so that a sweep
+    records it as it records Ctrl-C (run.json "incomplete") before the process ends."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated("terminated by SIGTERM")
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`Terminated` in the main thread for the ``with`` block."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def main(argv=None):
-    """Entry point of the ``variants`` console script. Returns the exit code."""
+    """Entry point of the ``variants`` console script. Returns the exit code (130 after Ctrl-C,
+    143 after SIGTERM)."""
     from contracts.checker import ContractError
     from runs.io import RunIncomplete, WriteError
 
@@ -76,8 +103,8 @@ def main(argv=None):
         print(f"variants: error: {variants.BLAS_INFO['error']}", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
-        with warnings.catch_warnings():  # a warning is one line, as errors are (no source line)
-            warnings.showwarning = _one_line_warning
+        with warnings.catch_warnings(), _sigterm_raises():
+            warnings.showwarning = _one_line_warning  # a warning is one line, as errors are
             return args.func(args)
     except WriteError as e:  # disk full, permissions: a runtime failure, not bad input
         print(f"variants: error: {e}; free space or fix permissions, then rerun the same "
@@ -99,6 +126,9 @@ def main(argv=None):
         print(f"variants: error: {type(e).__name__}{where}: {why}; check the path and its "
               "permissions, or delete the corrupt file and rerun", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Terminated:
+        print("variants: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("variants: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -251,6 +251,38 @@ def test_an_exception_in_any_phase_never_leaves_run_json_running(copy, capsys, m
     assert sweep(copy) == 0 and status(run) == "complete"
 
 
+@pytest.mark.slow
+def test_sigterm_mid_sweep_leaves_run_json_incomplete_and_exits_143(copy):
+    """A scheduler's stop (SIGTERM) is recorded as Ctrl-C is: run.json "incomplete" naming it,
+    exit 143, the lock released; the rerun finishes the run."""
+    import signal
+    import time
+
+    run = copy / "t"
+    for name in ("q8-g64", "q2-g64"):
+        shutil.rmtree(run / name)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "variants", *ARGS, "--results-dir", str(copy)],
+                         env=env, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            if status(run) == "running":
+                break
+        except (json.JSONDecodeError, FileNotFoundError):
+            pass
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("variants: terminated (SIGTERM); rerun the same "
+                                            "command to resume")
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "incomplete" and meta["error"]["error"] == "terminated by SIGTERM"
+    assert not (run / ".lock").exists()
+    assert sweep(copy) == 0 and status(run) == "complete"
+
+
 # -- leftovers and the lock ---------------------------------------------------------------------
 def test_temp_pattern_matches_what_atomic_writes_and_nothing_else(tmp_path):
     fd, name = tempfile.mkstemp(dir=tmp_path, prefix=".outputs.npz.", suffix=".tmp")
