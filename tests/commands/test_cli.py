@@ -192,7 +192,8 @@ def test_interrupted_run_refuses_other_settings_and_corrupt_files(
     monkeypatch.setattr(Sweep, "variant", interrupted)
     assert main(args) == 130
     started = json.loads((run / "run.json").read_text())
-    assert started["status"] == "running"
+    # issue #39: never "running" once the process has ended
+    assert started["status"] == "incomplete" and started["error"]["error"] == "KeyboardInterrupt"
     # the tokenizer settings are in run.json from the start (a resume with others is refused)
     assert started["data"]["tokenizer"]["max_length"] == 128
     assert len(started["data"]["tokenizer"]["fingerprint"]) == 16
