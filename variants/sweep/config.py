@@ -9,7 +9,7 @@ from pathlib import Path
 
 from metrics._checks import short_repr
 from variants import defaults
-from variants.runtime import device, parallel
+from variants.runtime import device, env, parallel
 from variants.families import get_family
 from variants.families.quant.family import MODES
 from variants.models import resolve
@@ -164,6 +164,7 @@ class SweepConfig:
                 "--n-eval")
         try:
             parallel.validate_env()
+            env.check()  # every closed-set VARIANTS_* variable (variants.runtime.env)
             self.device = device.requested(self.device)
             device.check(self.device, self.dtype)
         except ValueError as e:
