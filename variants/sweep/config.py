@@ -17,6 +17,9 @@ from variants.models import resolve
 RESULTS_DIR = Path(defaults.RESULTS_DIR)
 TIMING_BATCH_SIZES = defaults.TIMING_BATCH_SIZES
 COLD_START = defaults.COLD_STARTS
+#: the smallest split size (fit, calibration, eval); --n-fit may also be 0 for a model that
+#: fits nothing
+MIN_FIT = 10
 
 
 class SweepError(ValueError):
@@ -104,8 +107,11 @@ class SweepConfig:
                 raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
                                  f"{MODES}")
         for name in ("n_fit", "n_calibration", "n_eval"):
-            if getattr(self, name) < 10 and not (name == "n_fit" and self.n_fit == 0):
-                raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
+            if getattr(self, name) < MIN_FIT and not (name == "n_fit" and self.n_fit == 0):
+                flag = "--" + name.replace("_", "-")
+                raise SweepError(f"{flag} {getattr(self, name)} is too small; pass {flag} "
+                                 f"{MIN_FIT} or more" + (" (or 0 for a model that fits nothing)"
+                                                         if name == "n_fit" else ""))
         if self.max_length is not None:
             from variants.models.model_config import check_max_length
 
