@@ -193,3 +193,30 @@ def make_out_dir(out, flag):
     except OSError as e:
         raise ValueError(f"{flag} {short_path(out)}: cannot create the folder "
                          f"({e.strerror or type(e).__name__}); pass a writable folder") from None
+
+
+def missing_folders(path):
+    """``path`` and those of its parents that do not exist yet, deepest first: what creating it
+    makes, for :func:`remove_empty_folders` to take back."""
+    out = []
+    for p in (Path(path).absolute(), *Path(path).absolute().parents):
+        if p.exists() or p.is_symlink():
+            break
+        out.append(p)
+    return out
+
+
+def remove_empty_folders(folders, cache=None):
+    """Remove each of ``folders`` (deepest first, as :func:`missing_folders` lists them) that is
+    empty, so a command that stopped before writing leaves nothing behind; a folder something
+    was written into stays. ``cache``: a results cache among them holding only its lock file,
+    which goes too when no other process holds it (:func:`runs.lock.drop_cache_lock`)."""
+    if cache is not None and Path(cache).absolute() in folders:
+        from runs.lock import drop_cache_lock
+
+        drop_cache_lock(cache)
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:  # not empty, or gone already
+            pass

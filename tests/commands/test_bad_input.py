@@ -36,3 +36,35 @@ def test_sweep_n_fit_too_small_names_the_flag_and_writes_nothing(tmp_path, capsy
     err = _refused(["sweep", "--n-fit", n_fit, *TINY], capsys)
     assert says in err
     assert list(tmp_path.iterdir()) == []
+
+
+# -- a command stopped before writing leaves no empty folder -----------------------------------
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.mkdir(), "config.json is missing; a checkpoint folder needs config.json"),
+    (lambda p: p.write_text("x"), "is not a folder; pass a Hugging Face checkpoint folder"),
+])
+def test_sensitivity_bad_checkpoint_leaves_no_folder(tmp_path, capsys, monkeypatch, make, says):
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "BAD")
+    err = _refused(["sensitivity", "--checkpoint", "BAD", "--no-progress"], capsys)
+    assert says in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BAD"]  # no results/sensitivity/<model>
+
+
+def test_a_sweep_stopped_before_writing_takes_its_folders_back(tmp_path, capsys, monkeypatch):
+    from variants.sweep.run import Sweep
+
+    def reference(self):
+        raise ValueError("the head cannot be fitted; fix it")
+
+    monkeypatch.setattr(Sweep, "reference", reference)
+    monkeypatch.chdir(tmp_path)
+    err = _refused(["sweep", "--n-fit", "60", *TINY], capsys)
+    assert "the head cannot be fitted" in err
+    assert list(tmp_path.iterdir()) == []  # not results/<run>/ nor results/.cache/.lock
+    # a results folder that was there keeps what it held, its cache included
+    (tmp_path / "results" / ".cache").mkdir(parents=True)
+    (tmp_path / "results" / "other-run").mkdir()
+    _refused(["sweep", "--n-fit", "60", *TINY], capsys)
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [".cache", "other-run"]

@@ -21,8 +21,8 @@ import mlx.core as mx
 from runs import lock as runlock
 from variants.runtime import device
 from runs.family_text import family_extras
-from runs.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_npz,
-                     write_text)
+from runs.io import (RunIncomplete, WriteError, missing_folders, remove_empty_folders,
+                     remove_temp_files, write_csv, write_json, write_npz, write_text)
 from runs.judge import judge_variant
 from variants.sweep import timed_check
 from runs.readers import CorruptFileError
@@ -229,19 +229,25 @@ class Sweep:
         self.clock = SweepClock()
         with self.clock("setup"):
             self.prepare()
+            created = missing_folders(self.out) + missing_folders(self.cache)
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise SweepError(f"--results-dir {self.root}: cannot create {self.out.name}/ "
                                  f"({e.strerror or type(e).__name__}); pass a writable folder"
                                  ) from None
-        with runlock.hold(self.out, log=self.log), \
-                runlock.cache_lock(self.cache, when_alone=self._clean_cache):
-            try:
-                return self._run_locked()
-            except (WriteError, RunIncomplete) as e:
-                self._mark_incomplete(e)
-                raise
+        try:
+            with runlock.hold(self.out, log=self.log), \
+                    runlock.cache_lock(self.cache, when_alone=self._clean_cache):
+                try:
+                    return self._run_locked()
+                except (WriteError, RunIncomplete) as e:
+                    self._mark_incomplete(e)
+                    raise
+        except BaseException:  # stopped before writing (e.g. the head's fit): no empty folders
+            remove_empty_folders(sorted(set(created), key=lambda p: -len(p.parts)),
+                                 cache=self.cache)
+            raise
 
     def _clean_cache(self):
         removed = remove_temp_files(self.cache)
