@@ -181,10 +181,14 @@ def make_out_dir(out, flag):
     Raises ValueError (exit 2), nothing created: ``out`` is an empty string, a file, or the
     folder cannot be made (a parent that is a file, a read-only or virtual file system such as
     /proc)."""
-    from metrics._checks import short_path
+    from metrics._checks import short_path, short_repr
+    from runs.names import control_problem
 
     if isinstance(out, str) and not out.strip():  # Path("") is the current folder
         raise ValueError(f"{flag} is empty; pass a folder")
+    if control_problem(out):  # a newline made a folder "a\nb"
+        raise ValueError(f"{flag} {short_repr(str(out))} {control_problem(out)}; pass a plain "
+                         "path")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")

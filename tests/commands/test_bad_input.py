@@ -68,3 +68,85 @@ def test_a_sweep_stopped_before_writing_takes_its_folders_back(tmp_path, capsys,
     (tmp_path / "results" / "other-run").mkdir()
     _refused(["sweep", "--n-fit", "60", *TINY], capsys)
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [".cache", "other-run"]
+
+
+# -- names that become folders or CSV keys -----------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--run", "a\nb"], "run name 'a\\nb' must be a plain folder name: it holds a control "
+                        "character ('\\n')"),
+    (["--run", "tab\there"], "holds a control character ('\\t')"),
+    (["--run", "a\\b"], "holds a path separator"),
+    (["--run", "null"], "run name 'null' must be a plain folder name: it reads as a missing "
+                        "value (NaN) in a CSV file"),
+    (["--run", "NA"], "reads as a missing value (NaN)"),
+    (["--results-dir", "r\nx"], "--results-dir 'r\\nx' holds a control character ('\\n')"),
+])
+def test_sweep_names_are_refused_before_loading(tmp_path, capsys, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    err = _refused(["sweep", "--n-fit", "60", *TINY, *args], capsys)
+    assert says in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, says", [
+    ("a\\nb", "holds a control character"),
+    ("null", "reads as a missing value (NaN) in a CSV file"),
+    ("None", "reads as a missing value (NaN) in a CSV file"),
+    ("a\\\\b", "holds a path separator"),
+])
+def test_a_model_toml_name_that_cannot_name_a_run_is_refused(tmp_path, name, says):
+    from variants.models.model_config import ModelConfigError, load_model_config
+
+    path = tmp_path / "m.toml"
+    path.write_text(f'name = "{name}"\nlogits = "linear-head"\noptions = ["a", "b"]\n'
+                    'actions = ["x", "y"]\n')
+    with pytest.raises(ModelConfigError, match="name") as e:
+        load_model_config(path)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_generated_variant_name_is_a_plain_csv_key():
+    from runs.names import name_problem
+    from variants.families import FAMILIES, get_family
+
+    for family in FAMILIES:
+        for v in get_family(family).ladder():
+            assert name_problem(v.name, csv=True) is None, (family, v.name)
+
+
+# -- export --out: refused up front --------------------------------------------------------------
+
+@pytest.mark.parametrize("out, says", [
+    ("", "--out is empty; pass a new folder"),
+    ("  ", "--out is empty; pass a new folder"),
+    (".", "--out . names no new folder"),
+    ("..", "--out .. names no new folder"),
+    ("a\nb", "holds a control character ('\\n')"),
+])
+def test_export_out_that_names_no_new_folder_is_refused_first(tmp_path, capsys, monkeypatch, out,
+                                                               says):
+    import variants.export.source as source
+
+    def locate(*a, **k):
+        raise AssertionError("the variant was located before --out was refused")
+
+    monkeypatch.setattr(source, "locate", locate)
+    empty = tmp_path / "cwd"
+    empty.mkdir()
+    monkeypatch.chdir(empty)  # an empty current folder: '' and '.' passed the check there
+    fixture = Path(__file__).parents[1] / "fixtures" / "sweep_small"
+    err = _refused(["export", str(fixture), "--variant", "q8-g64", "--out", out], capsys)
+    assert says in err
+    assert list(empty.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd"]
+
+
+@pytest.mark.parametrize("verb, flag", [("search", "--out"), ("sensitivity", "--out"),
+                                        ("check", "--output-dir")])
+def test_an_output_folder_with_a_newline_is_refused(tmp_path, capsys, monkeypatch, verb, flag):
+    monkeypatch.chdir(tmp_path)
+    fixture = Path(__file__).parents[1] / "fixtures" / "sweep_small"
+    argv = [verb, flag, "a\nb"] + ([str(fixture)] if verb == "check" else ["--no-progress"])
+    err = _refused(argv, capsys)
+    assert f"{flag} 'a\\nb' holds a control character ('\\n'); pass a plain path" in err
+    assert list(tmp_path.iterdir()) == []
