@@ -93,6 +93,9 @@ def unwritable(target):
     path = Path(target)
     if path.is_dir():
         return f"{target} is a folder; pass a file name"
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would say "File exists"
+        return f"{target}: {above} is a file, not a folder; pass a writable place"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -144,7 +147,7 @@ def configure(sub):
     """Add the ``compare`` subcommand to an argparse subparsers object; returns its parser."""
     import argparse
 
-    from runs.commands.args import number
+    from runs.commands.args import folder, number
 
     p = sub.add_parser(
         "compare", help="paired statistics of two variants (two runs, or two of one run)",
@@ -162,8 +165,8 @@ def configure(sub):
             "--markdown/--json/--html also write it. Exit 1 with --fail-if-worse when B is "
             "worse than A beyond --margin (or --relative-margin × |threshold|) on any clause "
             "(the whole paired CI past it)."))
-    p.add_argument("a", metavar="A", help="RUN or RUN:VARIANT, the baseline")
-    p.add_argument("b", metavar="B", help="RUN or RUN:VARIANT, the candidate")
+    p.add_argument("a", metavar="A", type=folder, help="RUN or RUN:VARIANT, the baseline")
+    p.add_argument("b", metavar="B", type=folder, help="RUN or RUN:VARIANT, the candidate")
     p.add_argument("--fail-if-worse", action="store_true",
                    help="exit 1 when B is worse than A beyond --margin on any clause metric "
                         "(a regression gate for CI)")

@@ -150,3 +150,22 @@ def test_an_output_folder_with_a_newline_is_refused(tmp_path, capsys, monkeypatc
     err = _refused(argv, capsys)
     assert f"{flag} 'a\\nb' holds a control character ('\\n'); pass a plain path" in err
     assert list(tmp_path.iterdir()) == []
+
+
+# -- an empty folder argument is not the current folder ----------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["check", ""], "RESULTS_DIR is empty; pass a folder"),
+    (["check", " "], "RESULTS_DIR is empty; pass a folder"),
+    (["plot", ""], "RESULTS_DIR is empty; pass a folder"),
+    (["compare", "", "x"], "A is empty; pass a folder"),
+    (["compare", "x", "a\nb"], "B 'a\\nb' holds a control character"),
+    (["export", "", "--out", "o"], "SOURCE is empty; pass a folder"),
+    (["verify", ""], "DIR is empty; pass a folder"),
+])
+def test_an_empty_folder_argument_is_refused(tmp_path, capsys, monkeypatch, argv, says):
+    # '' was read as '.': inside a run folder, `variants check ''` checked it
+    monkeypatch.chdir(tmp_path)
+    err = _refused(argv, capsys)
+    assert says in err
+    assert list(tmp_path.iterdir()) == []

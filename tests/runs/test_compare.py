@@ -188,3 +188,12 @@ def test_compare_bad_numbers_name_the_flag(capsys, flag, value, says):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "n_boot" not in err and err.count("\n") == 1, err
+
+
+def test_an_output_file_under_a_file_names_that_file(tmp_path, capsys):
+    (tmp_path / "AFILE").write_text("x\n")
+    target = tmp_path / "AFILE" / "c.json"
+    assert main(["compare", f"{SMALL}:q8-g64", f"{SMALL}:q4-g64", "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"variants compare: error: --json {target}: {tmp_path / 'AFILE'} is a file, not "
+                   "a folder; pass a writable place\n"), err  # was "cannot write there (File exists)"
