@@ -9,13 +9,46 @@ from scipy.special import rel_entr
 
 from metrics._checks import check_2d_pair, check_mask
 
-#: Floor applied to the variant's probabilities before the log, so a variant that rounds a
-#: reference-probable option to exactly 0 gives a large finite KL instead of inf.
+#: Floor a caller may name (``floor=PROB_FLOOR``) for the variant's probabilities: a variant
+#: that rounds a reference-probable option to exactly 0 then gives a large finite KL, not inf.
 PROB_FLOOR = 1e-12
+#: How far a row's sum over its valid options may be from 1 and still be a distribution:
+#: float32 softmax outputs sum to 1 only to ~1e-7 (K times the float32 spacing).
+SUM_ATOL = 1e-5
 
 
-def kl_divergence(p_ref, p_var, option_mask, *, floor=PROB_FLOOR):
+def _check_distributions(name, a, mask, atol, normalize):
+    """Refuse NaN, negative entries and (unless ``normalize``) rows whose valid entries do not
+    sum to 1 within ``atol``; one line naming ``name``, the row and the fix (ValueError)."""
+    fix = ("pass probabilities (e.g. softmax outputs), or normalize=True to divide each row by "
+           "its sum")
+    for what, bad in (("NaN", np.isnan(a) & mask), ("a negative value", (a < 0) & mask)):
+        if bad.any():
+            row = int(bad.any(axis=1).nonzero()[0][0])
+            raise ValueError(f"{name} row {row} has {what} on its valid options; pass "
+                             "probabilities (e.g. softmax outputs)")
+    sums = np.where(mask, a, 0.0).sum(axis=1)
+    if normalize:
+        bad = ~(np.isfinite(sums) & (sums > 0))
+        if bad.any():
+            row = int(bad.nonzero()[0][0])
+            raise ValueError(f"{name} row {row} has no mass on its valid options (sum "
+                             f"{sums[row]:.6g}); it cannot be normalised to a distribution")
+        return sums
+    bad = ~(np.abs(sums - 1.0) <= atol)
+    if bad.any():
+        row = int(bad.nonzero()[0][0])
+        raise ValueError(f"{name} row {row} sums to {sums[row]:.6g} over its valid options, not "
+                         f"1 (within {atol:g}): it is not a distribution; {fix}")
+    return sums
+
+
+def kl_divergence(p_ref, p_var, option_mask, *, floor=None, normalize=False, atol=SUM_ATOL):
     """KL(reference ‖ variant) over each example's valid options, natural log (nats).
+
+    Both rows must be distributions over the valid options: entries >= 0, summing to 1 within
+    ``atol``; such a row is divided by its sum (this removes float32 round-off only, never more
+    than ``atol``). Anything else is refused, unless ``normalize`` is named.
 
     Parameters
     ----------
@@ -23,29 +56,36 @@ def kl_divergence(p_ref, p_var, option_mask, *, floor=PROB_FLOOR):
         Probabilities (``DecisionOutputs.probs``); entries outside ``option_mask`` are ignored.
     option_mask : array-like of shape (N, K), bool
         True for valid options; every row needs at least one.
-    floor : float, default=1e-12
-        On valid options, ``p_var`` is raised to at least ``min(p_ref, floor)``: a variant zero
-        where the reference has mass (which would make the KL infinite) becomes ``floor``, while
-        equal rows stay equal (KL exactly 0). Both rows are then
-        renormalised to sum to 1 over valid options (float32 outputs sum to 1 only to ~1e-7),
-        which makes the result >= 0 up to round-off; remaining round-off negatives are set to 0.
+    floor : float in (0, 1), optional
+        None (default): as the definition says, a variant zero where the reference has mass
+        gives ``inf``. A number (e.g. :data:`PROB_FLOOR`): on valid options ``p_var`` is raised
+        to at least ``min(p_ref, floor)`` before normalising, so that option gives a large
+        finite KL, while equal rows stay equal (KL exactly 0).
+    normalize : bool, default=False
+        True: any row with positive mass is divided by its sum (e.g. a variant's probabilities
+        with an option outside the reference's mask zeroed), whatever the sum.
+    atol : float, default=SUM_ATOL (1e-5)
+        How far a row's sum may be from 1 without ``normalize``.
 
     Returns
     -------
     kl : ndarray of shape (N,), float64
-        ``sum_k p_k log(p_k / q_k)`` with ``0 log 0 = 0``; >= 0, lower is better; exactly 0 when
-        the two rows are equal.
+        ``sum_k p_k log(p_k / q_k)`` with ``0 log 0 = 0`` and ``p log(p / 0) = inf`` for
+        ``p > 0``; >= 0 (round-off negatives set to 0), lower is better; exactly 0 when the two
+        rows are equal.
 
     Raises
     ------
     ValueError
-        If shapes differ, values are NaN, negative or above 1 (+1e-6), a reference row has no mass
-        on its valid options, or ``floor`` is not in (0, 1).
+        Shapes differ; a value is NaN or negative on a valid option; a row does not sum to 1
+        within ``atol`` (without ``normalize``) or has no mass (with it); ``floor`` is not in
+        (0, 1). The message names the argument, the row and the fix.
 
     See Also
     --------
-    scipy.stats.entropy : ``entropy(p, q)`` on one row's valid options equals this after the same
-        clipping (it renormalises too).
+    scipy.stats.entropy : ``entropy(p, q)`` on one row's valid options equals this (it
+        normalises both rows).
+    kl_divergence_from_logits : exact from logits, for outputs that have them.
 
     References
     ----------
@@ -54,20 +94,15 @@ def kl_divergence(p_ref, p_var, option_mask, *, floor=PROB_FLOOR):
     """
     p, q = check_2d_pair(p_ref, p_var, names=("p_ref", "p_var"))
     mask = check_mask(option_mask, p.shape)
-    if not 0.0 < floor < 1.0:
-        raise ValueError(f"floor must be in (0, 1), got {floor}.")
-    for name, a in (("p_ref", p), ("p_var", q)):
-        valid = a[mask]
-        if np.isnan(valid).any():
-            raise ValueError(f"{name} has NaN on valid options.")
-        if (valid < 0).any() or (valid > 1 + 1e-6).any():
-            raise ValueError(f"{name} has values outside [0, 1] on valid options; pass probabilities.")
+    if floor is not None and not 0.0 < floor < 1.0:
+        raise ValueError(f"floor must be in (0, 1) or None, got {floor}.")
+    p_sum = _check_distributions("p_ref", p, mask, atol, normalize)
+    _check_distributions("p_var", q, mask, atol, normalize)
     p = np.where(mask, p, 0.0)
-    q = np.where(mask, np.maximum(q, np.minimum(p, floor)), 0.0)
-    p_sum = p.sum(axis=1, keepdims=True)
-    if (p_sum <= 0).any():
-        raise ValueError("p_ref has a row with zero mass on its valid options.")
-    p = p / p_sum
+    q = np.where(mask, q, 0.0)
+    if floor is not None:
+        q = np.where(mask, np.maximum(q, np.minimum(p, floor)), 0.0)
+    p = p / p_sum[:, None]
     q = q / q.sum(axis=1, keepdims=True)
     terms = np.where(mask, rel_entr(p, np.where(mask, q, 1.0)), 0.0)
     return np.maximum(terms.sum(axis=1), 0.0)
@@ -105,7 +140,7 @@ def kl_divergence_from_logits(ref_logits, var_logits, option_mask, *, ref_temper
 
     See Also
     --------
-    kl_divergence : the same from probabilities (floored), for outputs without logits.
+    kl_divergence : the same from probabilities, for outputs without logits.
     scipy.stats.entropy : ``entropy(p, q)`` equals this on rows where nothing underflows.
 
     References

@@ -7,14 +7,14 @@ float64 (:mod:`metrics.logprobs`) both are exact: identical rows give KL exactly
 stays 50. A row uses its logits when its saved probabilities of both models agree with them to
 ``metrics.logprobs.PROBS_ATOL`` (outputs written by ``runs.outputs.finish_outputs`` always
 do); otherwise, e.g. a variant whose option mask differs or outputs without a temperature, the
-probabilities are used: KL by :func:`metrics.divergence.kl_divergence` (its floor keeps a
-dropped option finite; the ``mask_mismatch`` column is what flags it) and NLL as ``-log p``
-without a floor (inf for p = 0).
+probabilities are used: KL by :func:`metrics.divergence.kl_divergence` with ``floor=PROB_FLOOR``
+and ``normalize=True`` (the floor keeps a dropped option finite; the ``mask_mismatch`` column is
+what flags it) and NLL as ``-log p`` without a floor (inf for p = 0).
 """
 
 import numpy as np
 
-from metrics.divergence import kl_divergence, kl_from_log_probs
+from metrics.divergence import PROB_FLOOR, kl_divergence, kl_from_log_probs
 from metrics.logprobs import log_probs, matches_probs
 
 
@@ -53,8 +53,10 @@ def kl_columns(ref_logits, var_logits, ref_probs, var_probs, mask, ref_temperatu
     """
     logp, ok_ref = _usable_log_probs(ref_logits, ref_probs, mask, ref_temperature)
     logq, ok_var = _usable_log_probs(var_logits, var_probs, mask, var_temperature)
-    kl = kl_divergence(ref_probs, var_probs, mask)
-    kl_rev = kl_divergence(var_probs, ref_probs, mask)
+    # floored and normalised: a variant whose mask differs has mass zeroed outside the
+    # reference's (its rows then sum to less than 1); mask_mismatch flags those rows
+    kl = kl_divergence(ref_probs, var_probs, mask, floor=PROB_FLOOR, normalize=True)
+    kl_rev = kl_divergence(var_probs, ref_probs, mask, floor=PROB_FLOOR, normalize=True)
     exact = ok_ref & ok_var
     if exact.any():
         kl = np.where(exact, kl_from_log_probs(logp, logq, mask), kl)

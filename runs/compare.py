@@ -72,20 +72,49 @@ def side(spec, label):
     return [Side(label, run, v) for v in ([variant] if variant else run.variants)]
 
 
-def pairs(spec_a, spec_b):
-    """The (A, B) pairs to compare: the two named variants, or the variants two runs share by
-    name. Raises CompareError when there is none."""
+def _names_a_variant(spec):
+    return not Path(str(spec)).is_dir() and ":" in str(spec)
+
+
+def pairs(spec_a, spec_b, log=None):
+    """The (A, B) pairs to compare.
+
+    Two RUN:VARIANT: those two. One RUN:VARIANT and a RUN of one variant: those two. Two RUNs:
+    the variants they share by name; two runs of one variant each, of different names, are
+    compared with each other, and ``log`` (callable(str), optional) is told so in one line.
+
+    Raises
+    ------
+    CompareError
+        Two runs that share no variant name (each side's listed), or one side naming a variant
+        while the other is a run of several.
+    """
     a, b = side(spec_a, "A"), side(spec_b, "B")
-    if len(a) == 1 and len(b) == 1:
-        return [(a[0], b[0])]
-    if len(a) != len(b) and (len(a) == 1 or len(b) == 1):
-        raise CompareError("name one variant on both sides (RUN:VARIANT) or none (every "
-                           "variant the two runs share)")
-    names_b = {s.variant: s for s in b}
-    out = [(s, names_b[s.variant]) for s in a if s.variant in names_b]
-    if not out:
-        raise CompareError(f"the runs share no variant name (A: {', '.join(s.variant for s in a)}"
-                           f"; B: {', '.join(names_b)}); name them as RUN:VARIANT")
+    named = (_names_a_variant(spec_a), _names_a_variant(spec_b))
+    note = None
+    if named[0] != named[1]:
+        run, runs = ("B", b) if named[0] else ("A", a)
+        if len(runs) != 1:
+            raise CompareError(f"{'A' if run == 'B' else 'B'} names one variant but {run} is a run "
+                               f"of {len(runs)} ({', '.join(s.variant for s in runs)}); name "
+                               f"one variant on both sides (RUN:VARIANT) or none (every "
+                               "variant the two runs share)")
+    if named[0] or named[1]:
+        out = [(a[0], b[0])]
+    else:
+        names_b = {s.variant: s for s in b}
+        out = [(s, names_b[s.variant]) for s in a if s.variant in names_b]
+        if not out and len(a) == 1 and len(b) == 1:
+            out = [(a[0], b[0])]
+        elif not out:
+            raise CompareError(f"the runs have no variant in common (A: "
+                               f"{', '.join(s.variant for s in a)}; B: {', '.join(names_b)}); "
+                               "name the two to compare as RUN:VARIANT")
+    if not all(named) and len(out) == 1 and out[0][0].variant != out[0][1].variant:
+        note = (f"comparing B's {out[0][1].variant} with A's {out[0][0].variant}: two variants "
+                "of different names")
+    if note and log is not None:
+        log(note)
     return out
 
 

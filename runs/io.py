@@ -181,10 +181,14 @@ def make_out_dir(out, flag):
     Raises ValueError (exit 2), nothing created: ``out`` is an empty string, a file, or the
     folder cannot be made (a parent that is a file, a read-only or virtual file system such as
     /proc)."""
-    from metrics._checks import short_path
+    from metrics._checks import short_path, short_repr
+    from runs.names import control_problem
 
     if isinstance(out, str) and not out.strip():  # Path("") is the current folder
         raise ValueError(f"{flag} is empty; pass a folder")
+    if control_problem(out):  # a newline made a folder "a\nb"
+        raise ValueError(f"{flag} {short_repr(str(out))} {control_problem(out)}; pass a plain "
+                         "path")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {short_path(out)} is a file; pass a folder")
@@ -193,3 +197,30 @@ def make_out_dir(out, flag):
     except OSError as e:
         raise ValueError(f"{flag} {short_path(out)}: cannot create the folder "
                          f"({e.strerror or type(e).__name__}); pass a writable folder") from None
+
+
+def missing_folders(path):
+    """``path`` and those of its parents that do not exist yet, deepest first: what creating it
+    makes, for :func:`remove_empty_folders` to take back."""
+    out = []
+    for p in (Path(path).absolute(), *Path(path).absolute().parents):
+        if p.exists() or p.is_symlink():
+            break
+        out.append(p)
+    return out
+
+
+def remove_empty_folders(folders, cache=None):
+    """Remove each of ``folders`` (deepest first, as :func:`missing_folders` lists them) that is
+    empty, so a command that stopped before writing leaves nothing behind; a folder something
+    was written into stays. ``cache``: a results cache among them holding only its lock file,
+    which goes too when no other process holds it (:func:`runs.lock.drop_cache_lock`)."""
+    if cache is not None and Path(cache).absolute() in folders:
+        from runs.lock import drop_cache_lock
+
+        drop_cache_lock(cache)
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:  # not empty, or gone already
+            pass

@@ -176,3 +176,23 @@ def cache_lock(cache_dir, when_alone=None):
         yield alone
     finally:
         os.close(fd)
+
+
+def drop_cache_lock(cache_dir):
+    """Remove ``cache_dir/.lock`` when it is all the folder holds and no process holds it
+    (taken exclusively first, unlinked while held); returns whether it was removed."""
+    path = Path(cache_dir) / LOCK_NAME
+    try:
+        if [p.name for p in Path(cache_dir).iterdir()] != [LOCK_NAME]:
+            return False
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)
+        return True
+    except OSError:  # held by another sweep (BlockingIOError), or gone
+        return False
+    finally:
+        os.close(fd)

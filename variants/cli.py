@@ -102,6 +102,12 @@ def main(argv=None):
     if variants.BLAS_INFO.get("error"):  # a BLAS the user named explicitly: never run without it
         print(f"variants: error: {variants.BLAS_INFO['error']}", file=sys.stderr)
         return EXIT_USER_ERROR
+    from variants.runtime import env
+
+    bad_env = env.problem()  # VARIANTS_QKERNEL=banana is refused, not read as on
+    if bad_env:
+        print(f"variants: error: {bad_env}", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         with warnings.catch_warnings(), _sigterm_raises():
             warnings.showwarning = _one_line_warning  # a warning is one line, as errors are

@@ -102,3 +102,16 @@ def number(kind=float, *, low=None, high=None, low_open=False, high_open=False, 
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def folder(text):
+    """An argparse ``type=`` for a folder argument: refuses an empty or blank one (``Path("")``
+    is the current folder, which ``check ''`` then read as the run) and one with a control
+    character. Raises ``argparse.ArgumentTypeError``; returns ``text``."""
+    from runs.names import control_problem
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; pass a folder")
+    if control_problem(text):
+        raise argparse.ArgumentTypeError(f"{text!r} {control_problem(text)}; pass a plain path")
+    return text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runs.commands import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION
 from contracts.contract import MAX_BOOTSTRAP
-from runs.commands.args import Parser, number
+from runs.commands.args import Parser, folder, number
 
 
 def _check_command(args):
@@ -73,7 +73,7 @@ def configure_check(sub):
             "interval does not, is not a pass either), or an output could not be written, 2 = usage error or the "
             "run folder in use."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("run_dir", metavar="RESULTS_DIR", help="run folder, e.g. results/minilm-sentiment-quant-g64")
+    p.add_argument("run_dir", metavar="RESULTS_DIR", type=folder, help="run folder, e.g. results/minilm-sentiment-quant-g64")
     p.add_argument("--contract", default=None,
                    help="contract TOML file, or default | strict | lenient (default: the packaged default)")
     p.add_argument("--variant", nargs="+", default=None, metavar="NAME",
@@ -125,7 +125,7 @@ def configure_selftest(sub):
             "and the unperturbed copy must pass every clause. Exit 0 = all caught, 1 = not, "
             "2 = usage error."),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("run_dir", metavar="RESULTS_DIR", nargs="?", default=None,
+    p.add_argument("run_dir", metavar="RESULTS_DIR", nargs="?", default=None, type=folder,
                    help="run folder whose reference/ outputs are perturbed (default: synthetic "
                         "outputs with 2-5 options and temperatures down to 0.1)")
     p.add_argument("--contract", default=None,

@@ -95,6 +95,9 @@ def unwritable(target):
     path = Path(target)
     if path.is_dir():
         return f"{target} is a folder; pass a file name"
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would say "File exists"
+        return f"{target}: {above} is a file, not a folder; pass a writable place"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -124,7 +127,8 @@ def _compare_command(args):
     try:
         results = [compare_pair(a, b, n_boot=args.n_bootstrap, seed=args.seed,
                                 margin=args.margin, relative_margin=args.relative_margin)
-                   for a, b in pairs(args.a, args.b)]
+                   for a, b in pairs(args.a, args.b, log=lambda m: print(
+                       f"variants compare: note: {m}", file=sys.stderr))]
     except CompareError as e:
         print(f"variants compare: refused: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -145,6 +149,8 @@ def configure(sub):
     """Add the ``compare`` subcommand to an argparse subparsers object; returns its parser."""
     import argparse
 
+    from runs.commands.args import folder, number
+
     p = sub.add_parser(
         "compare", help="paired statistics of two variants (two runs, or two of one run)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -154,13 +160,15 @@ def configure(sub):
             "on which rows each flips against its reference, a paired bootstrap CI of B − A for "
             "every clause of the contract, and the speed ratio from each run's timing.json. "
             "A and B are RUN:VARIANT (a sweep folder and a variant in it) or RUN (every variant "
-            "the two runs share by name). Two sides of different models, contracts or data, or "
+            "the two runs share by name; two runs of one variant each are compared with each "
+            "other even when the names differ, and RUN:VARIANT against a run of one variant "
+            "takes that one: a line on stderr says so when the two names differ). Two sides of different models, contracts or data, or "
             "whose eval rows differ, are refused in one line (exit 2). Prints Markdown; "
             "--markdown/--json/--html also write it. Exit 1 with --fail-if-worse when B is "
             "worse than A beyond --margin (or --relative-margin × |threshold|) on any clause "
             "(the whole paired CI past it)."))
-    p.add_argument("a", metavar="A", help="RUN or RUN:VARIANT, the baseline")
-    p.add_argument("b", metavar="B", help="RUN or RUN:VARIANT, the candidate")
+    p.add_argument("a", metavar="A", type=folder, help="RUN or RUN:VARIANT, the baseline")
+    p.add_argument("b", metavar="B", type=folder, help="RUN or RUN:VARIANT, the candidate")
     p.add_argument("--fail-if-worse", action="store_true",
                    help="exit 1 when B is worse than A beyond --margin on any clause metric "
                         "(a regression gate for CI)")
@@ -170,8 +178,10 @@ def configure(sub):
     p.add_argument("--relative-margin", type=float, default=0.0,
                    help="how much worse B may be as a fraction of each clause's |threshold| "
                         "(the larger of the two margins applies)")
-    p.add_argument("--n-bootstrap", type=int, default=1000, help="paired bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resamples")
+    p.add_argument("--n-bootstrap", type=number(int, low=1, high=100_000, example=1000),
+                   default=1000, help="paired bootstrap resamples")
+    p.add_argument("--seed", type=number(int, low=0, example=0), default=0,
+                   help="seed of the bootstrap resamples")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.add_argument("--html", metavar="FILE",

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from runs.commands import EXIT_USER_ERROR
-from runs.commands.args import number
+from runs.commands.args import folder, number
 from runs.plots.data import DPI_RANGE, PlotError, log
 from runs.readers import CorruptFileError
 
@@ -46,7 +46,7 @@ def configure_parser(subparsers):
                     "It holds the folder's lock while writing: while a sweep writes that run it "
                     "refuses (exit 2, naming the sweep).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("results_dir", metavar="RESULTS_DIR",
+    p.add_argument("results_dir", metavar="RESULTS_DIR", type=folder,
                    help="a sweep folder, e.g. results/minilm-sentiment-quant-g64")
     p.add_argument("--dpi", type=number(int, low=DPI_RANGE[0], high=DPI_RANGE[1], example=110),
                    default=110, help=f"resolution of the PNG files, {DPI_RANGE[0]} to "

@@ -31,7 +31,7 @@ def test_help_explains_every_flag(capsys):
 BAD = [
     (["--bits", "5"], "bits=5 is not supported"),
     (["--group-size", "48"], "group_size=48 is not supported"),
-    (["--n-eval", "3"], "n_eval=3 is too small"),
+    (["--n-eval", "3"], "--n-eval 3 is too small; pass --n-eval 10 or more"),
     (["--timing-batch-sizes", "0"], "timing_batch_sizes must be positive"),
     (["--timing-min-rounds", "0"], "timing_min_rounds=0 must be >= 1"),
     (["--contract", "does-not-exist.toml"], "does-not-exist.toml"),

@@ -12,7 +12,7 @@ from sklearn.metrics import log_loss
 from contracts.checker import check, contract_from_dict
 from contracts.report import render_variant_report
 from metrics.calibration import nll_from_logits, nll_loss
-from metrics.divergence import kl_divergence, kl_divergence_from_logits
+from metrics.divergence import PROB_FLOOR, kl_divergence, kl_divergence_from_logits
 from metrics.evaluate import evaluate
 from metrics.intervals import clopper_pearson, clopper_pearson_count
 from metrics.temperature_fit import fit_calibration_temperature, fit_temperature, mean_nll
@@ -100,7 +100,8 @@ def test_kl_where_float32_probabilities_underflow(a, b):
     if (a, b) == (-10.0, -200.0):  # the variant's float32 probability is 0: the floor misled
         q = softmax(var_logits, axis=1).astype(np.float32)
         assert q[0, 1] == 0.0
-        floored = kl_divergence(softmax(ref_logits, axis=1), q, mask)[0]
+        floored = kl_divergence(softmax(ref_logits, axis=1), q, mask, floor=PROB_FLOOR)[0]
+        assert kl_divergence(softmax(ref_logits, axis=1), q, mask)[0] == np.inf  # no floor
         assert floored < exact / 10 and exact == pytest.approx(8.58e-3, rel=1e-3)
 
 

@@ -28,6 +28,7 @@ from metrics import (
     top2_margin,
 )
 from metrics.evaluate import METRIC_STATISTICS, SET_METRICS
+from metrics.divergence import PROB_FLOOR
 
 # --- a hand-checked 4-example case -------------------------------------------------------------
 # Row 3 has one padded option (index 2) carrying a huge logit that must be ignored.
@@ -105,10 +106,11 @@ def test_kl_matches_scipy_and_is_nonnegative():
 
 
 def test_kl_zero_variant_probability_is_finite_via_floor():
-    """A variant rounding a reference-probable option to 0 gives a large finite KL, not inf."""
+    """With the named floor, a variant rounding a reference-probable option to 0 gives a large
+    finite KL, not inf (tests/metrics/test_kl_refuses.py: inf without it)."""
     p = np.array([[0.5, 0.5]])
     q = np.array([[1.0, 0.0]])
-    kl = kl_divergence(p, q, np.ones((1, 2), bool))
+    kl = kl_divergence(p, q, np.ones((1, 2), bool), floor=PROB_FLOOR)
     # q -> [1, 1e-12] renormalised; KL = .5 ln(.5 (1+1e-12)) + .5 ln(.5 (1+1e-12) / 1e-12)
     expected = 0.5 * np.log(0.5) + 0.5 * np.log(0.5 / 1e-12)
     assert np.isfinite(kl[0]) and kl[0] == pytest.approx(expected, rel=1e-9)
@@ -264,7 +266,7 @@ def test_paired_speedup_values_and_seeded_ci():
     (lambda: top1([[1.0, 2.0]], [[1, 0]]), "must be a bool array"),
     (lambda: max_abs_logit_diff(np.zeros((2, 3)), np.zeros((2, 2)), np.ones((2, 3), bool)), "same shape"),
     (lambda: kl_divergence([[0.5, 0.5]], [[np.nan, 1.0]], [[True, True]]), "NaN"),
-    (lambda: kl_divergence([[1.5, -0.5]], [[0.5, 0.5]], [[True, True]]), r"outside \[0, 1\]"),
+    (lambda: kl_divergence([[1.5, -0.5]], [[0.5, 0.5]], [[True, True]]), "negative value"),
     (lambda: expected_calibration_error([[0.5, 0.5]], [0], [[True, True]], n_bins=0), "n_bins"),
     (lambda: negative_flip([0, 1], [0, 1], [0.0, 1.0]), "integers"),
     (lambda: agreement([0, 1], [0]), "length"),

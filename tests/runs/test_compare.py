@@ -126,3 +126,74 @@ def test_worse_margins_by_hand():
     # 10% of |threshold|: agree may drop 0.097, kl rise 0.005; a zero threshold keeps 0
     assert worse(rows, 0.0, relative_margin=0.1) == ["count"]
     assert worse(rows, 0.0, relative_margin=0.07) == ["kl", "count"]  # kl may rise 0.0035 < 0.004
+
+
+def _run_of(tmp_path, *keep):
+    """A copy of the small run holding only the variants ``keep`` (summary.csv rows and
+    folders)."""
+    import pandas as pd
+
+    run = tmp_path / "-".join(keep)
+    shutil.copytree(SMALL, run)
+    summary = pd.read_csv(run / "summary.csv")
+    summary[summary["variant"].isin(keep)].to_csv(run / "summary.csv", index=False)
+    for name in set(summary["variant"]) - set(keep):
+        shutil.rmtree(run / name)
+    return run
+
+
+@pytest.mark.parametrize("a, b, says", [
+    # none named: the message was "name one variant on both sides ... or none"
+    (("q8-g64",), ("q4-g64", "q2-g64"),
+     "refused: the runs have no variant in common (A: q8-g64; B: q4-g64, q2-g64); name the two "
+     "to compare as RUN:VARIANT"),
+    (("q4-g64", "q8-g64"), ("q2-g64",), "have no variant in common (A: q8-g64, q4-g64; B: q2-g64)"),
+    (("q8-g64:",), ("q4-g64", "q2-g64"), "A names one variant but B is a run of 2 (q4-g64, "
+                                         "q2-g64); name one variant on both sides"),
+])
+def test_compare_refusals_say_what_the_runs_hold(tmp_path, capsys, a, b, says):
+    named = a[0].endswith(":")
+    run_a = _run_of(tmp_path, *(x.rstrip(":") for x in a))
+    spec_a = f"{run_a}:{a[0].rstrip(':')}" if named else str(run_a)
+    assert main(["compare", spec_a, str(_run_of(tmp_path, *b))]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_two_runs_of_one_variant_each_are_compared_and_it_is_said(tmp_path, capsys):
+    a, b = _run_of(tmp_path, "q8-g64"), _run_of(tmp_path, "q4-g64")
+    assert main(["compare", str(a), str(b), "--n-bootstrap", "50"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ("variants compare: note: comparing B's q4-g64 with A's q8-g64: two "
+                            "variants of different names\n")
+    assert "## q4-g64 (B" in captured.out and "vs q8-g64 (A" in captured.out
+    # the same name on both sides: nothing to say
+    assert main(["compare", str(a), f"{SMALL}", "--n-bootstrap", "50"]) == 0
+    assert capsys.readouterr().err == ""
+    # the rule is in the help
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    assert "two runs of one variant each are compared" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--n-bootstrap", "-1", "--n-bootstrap '-1' must be an integer in [1, 100000]"),
+    ("--n-bootstrap", "0", "--n-bootstrap '0' must be an integer in [1, 100000]"),
+    ("--n-bootstrap", "10000000", "must be an integer in [1, 100000]"),
+    ("--seed", "-1", "--seed '-1' must be an integer >= 0"),
+])
+def test_compare_bad_numbers_name_the_flag(capsys, flag, value, says):
+    with pytest.raises(SystemExit) as e:
+        main(["compare", f"{SMALL}:q8-g64", f"{SMALL}:q4-g64", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "n_boot" not in err and err.count("\n") == 1, err
+
+
+def test_an_output_file_under_a_file_names_that_file(tmp_path, capsys):
+    (tmp_path / "AFILE").write_text("x\n")
+    target = tmp_path / "AFILE" / "c.json"
+    assert main(["compare", f"{SMALL}:q8-g64", f"{SMALL}:q4-g64", "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"variants compare: error: --json {target}: {tmp_path / 'AFILE'} is a file, not "
+                   "a folder; pass a writable place\n"), err  # was "cannot write there (File exists)"

@@ -37,7 +37,7 @@ def test_flag_and_environment_variable_parse(monkeypatch):
 
 @pytest.mark.parametrize("args, env, message", [
     (["--device", "tpu"], None, "--device 'tpu' is not a device; choose cpu or gpu"),
-    ([], "xpu", "VARIANTS_DEVICE='xpu' is not a device; set it to cpu or gpu"),
+    ([], "xpu", "VARIANTS_DEVICE='xpu' is not one of: cpu, gpu; set one of them"),
     (["--dtype", "fp8"], None, "--dtype 'fp8' is not supported; choose one of float32, "),
     (["--dtype", "float16"], None, "--dtype float16 needs --device gpu: MLX's CPU backend has no "
                                    "BLAS path for float16/bfloat16"),

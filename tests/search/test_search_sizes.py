@@ -72,5 +72,5 @@ def test_zero_fit_rows_is_a_valid_sweep_size():
     from variants.sweep.config import SweepConfig, SweepError
 
     SweepConfig(n_fit=0).validate()
-    with pytest.raises(SweepError, match="n_fit=5 is too small"):
+    with pytest.raises(SweepError, match="--n-fit 5 is too small; pass --n-fit 10 or more"):
         SweepConfig(n_fit=5).validate()

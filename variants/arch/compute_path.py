@@ -29,12 +29,12 @@ def key_part():
     import variants
     from variants.runtime import fused_layer
     from variants.arch import modernbert_window
-    from variants.runtime import parallel, qkernel
+    from variants.runtime import env, parallel, qkernel
 
     blas = variants.BLAS_INFO.get("library")
     path = {"qkernel": qkernel.enabled(), "fused_layer": fused_layer.enabled(),
             "streams": parallel._requested(),
-            "fused_threads": os.environ.get("VARIANTS_FUSED_THREADS", "").strip() or "auto",
-            "modernbert_attention": os.environ.get(modernbert_window.ENV, "").strip() or "auto",
+            "fused_threads": env.choice("VARIANTS_FUSED_THREADS"),
+            "modernbert_attention": env.choice(modernbert_window.ENV),
             "blas": os.path.basename(blas) if blas else None}
     return {"mlx_variants": variants.__version__, "mlx": mx.__version__, "path": path}

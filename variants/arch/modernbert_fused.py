@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.runtime import fused_layer, parallel
+from variants.runtime import env, fused_layer, parallel
 from variants.runtime.derived import DerivedWeights
 from variants.arch.encoder import MASK_BIAS
 
@@ -159,7 +159,7 @@ def forward(encoder, x, mask, mode):
                 outs.append(_stack(kernel, encoder, all_args, x[a:b], mask[a:b], 1))
         return mx.concatenate(outs, axis=0)
     threads = 2 if len(ss) > 1 and (B >= 2 or mask.sum() >= SPLIT_ROWS_B1) else 1
-    forced = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()  # as variants.runtime.fused_layer
+    forced = env.choice("VARIANTS_FUSED_THREADS")  # as variants.runtime.fused_layer
     threads = int(forced) if forced in ("1", "2") and len(ss) > 1 else threads
     return _stack(kernel, encoder, all_args, x, mask, threads)
 

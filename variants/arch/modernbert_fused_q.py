@@ -29,14 +29,13 @@ W8A8 layers (every projection a native :class:`variants.runtime.int8_linear.Int8
 same stack as :mod:`variants.arch.modernbert_fused_i8`'s op (``fused-mbert-int8layer-cpp``).
 """
 
-import os
 
 import mlx.core as mx
 import numpy as np
 
 from variants.arch import modernbert_fused as mf
 from variants.arch import modernbert_fused_i8 as mi8
-from variants.runtime import parallel, qlinear
+from variants.runtime import env, parallel, qlinear
 from variants.arch.encoder import MASK_BIAS
 
 #: the quantized layers' path name in timing records
@@ -160,7 +159,7 @@ def forward(encoder, x, mask, mode):
     tokens = int(mask.sum())
     threads = 2 if len(ss) > 1 and (B >= 2 or tokens >= mf.SPLIT_ROWS_B1) else 1
     i8_threads = 2 if len(ss) > 1 and (B >= 2 or tokens >= mi8.SPLIT_ROWS_B1) else 1
-    forced = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()  # as modernbert_fused
+    forced = env.choice("VARIANTS_FUSED_THREADS")  # as modernbert_fused
     if forced in ("1", "2") and len(ss) > 1:
         threads = i8_threads = int(forced)
     return _stack(kernel, encoder, all_args, x, mask, threads, i8_threads)

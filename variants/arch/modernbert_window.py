@@ -41,10 +41,11 @@ CROSSOVER = 2
 def resolve_mode(mode):
     """``mode`` (str or None; None reads :data:`ENV`, default ``auto``) -> one of :data:`MODES`.
     Raises ValueError (one line) naming the bad value and the choices."""
-    import os
+    if mode is None:
+        from variants.runtime import env
 
-    src = "local_attention_impl" if mode is not None else ENV
-    mode = mode if mode is not None else os.environ.get(ENV, "auto")
+        return env.choice(ENV)  # EnvError (a ValueError) for any other value
+    src = "local_attention_impl"
     if mode not in MODES:
         from metrics._checks import short_repr
 

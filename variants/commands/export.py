@@ -6,6 +6,7 @@ import sys
 
 def configure(sub):
     """Add the ``export`` subcommand to ``sub``; returns its parser."""
+    from runs.commands.args import folder
     from variants.export import EXPORTABLE, NOT_EXPORTABLE
 
     p = sub.add_parser(
@@ -18,7 +19,7 @@ def configure(sub):
                     f"README.md model card. Families: {', '.join(EXPORTABLE)} (not "
                     f"{', '.join(NOT_EXPORTABLE)}). Load it with "
                     "variants.export.load.load_variant(DIR) or load_checkpoint(DIR).")
-    p.add_argument("source", metavar="SOURCE",
+    p.add_argument("source", metavar="SOURCE", type=folder,
                    help="a run folder (with --variant NAME) or a search folder (its winner)")
     p.add_argument("--variant", default=None, metavar="NAME",
                    help="the variant of a run folder (default: a search folder's winner)")
@@ -32,6 +33,7 @@ def configure(sub):
 
 def configure_verify(sub):
     """Add the ``verify`` subcommand to ``sub``; returns its parser."""
+    from runs.commands.args import folder
     from variants.export.verify import TOLERANCE
 
     p = sub.add_parser(
@@ -41,7 +43,7 @@ def configure_verify(sub):
                     "them with the judged outputs.npz (max |Δlogit|) and the contract's verdicts. "
                     "Exit 0: all match; 1: outputs or a verdict differ; 2: bad input or a "
                     "changed file.")
-    p.add_argument("folder", metavar="DIR", help="a folder written by variants export")
+    p.add_argument("folder", metavar="DIR", type=folder, help="a folder written by variants export")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help=f"largest accepted max |Δlogit| (default: {TOLERANCE:g})")
     p.add_argument("--cold-start", action="store_true",

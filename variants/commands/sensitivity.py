@@ -111,13 +111,9 @@ def options(args):
 def run(args):
     """Measure (or read) the table, write sensitivity.csv and the heat map; print the most
     sensitive units. Returns 0."""
-    from tqdm.auto import tqdm
-
-    from runs.io import make_out_dir, write_csv
+    from runs.io import make_out_dir, missing_folders, remove_empty_folders
     from variants.commands import executor_flags
     from variants.families.quant.family import check_bits
-    from variants.search import sens_cache, sensitivity
-    from variants.search.units import search_units
     from variants.sweep.config import SweepConfig
 
     for b in args.bits:  # bad input: before anything is loaded or written
@@ -130,8 +126,24 @@ def run(args):
     sweep = o.sweep_kwargs()
     SweepConfig(**sweep).validate()  # the shared flags (e.g. --max-length), before any folder
     out = args.out if args.out is not None else Path(args.results_dir) / "sensitivity" / model
+    cache = Path(args.results_dir) / ".cache"
+    created = missing_folders(out) + missing_folders(cache)
     make_out_dir(out, "--out" if args.out is not None else "--results-dir")  # before the work
-    out = Path(out)
+    try:
+        return _measure(args, o, sweep, Path(out), log, executor)
+    except BaseException:  # a bad checkpoint, ...: the folders made above are taken back
+        remove_empty_folders(sorted(set(created), key=lambda p: -len(p.parts)), cache=cache)
+        raise
+
+
+def _measure(args, o, sweep, out, log, executor):
+    """The table measured (or read), written to ``out``; the most sensitive units printed."""
+    from tqdm.auto import tqdm
+
+    from runs.io import write_csv
+    from variants.search import sens_cache, sensitivity
+    from variants.search.units import search_units
+
     for k in ("results_dir", "contract", "model_config", "checkpoint", "data"):
         if sweep.get(k) is not None and Path(sweep[k]).exists():  # a Ray worker's cwd differs
             sweep[k] = str(Path(sweep[k]).resolve())

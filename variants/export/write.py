@@ -35,7 +35,18 @@ def check_out(out):
     where it goes (tried with a temporary folder in its nearest existing parent, removed at
     once: a read-only or virtual file system such as /proc or /sys, a parent that is a file),
     so that a bad ``--out`` is refused before the variant is built."""
+    from metrics._checks import short_repr
+    from runs.names import control_problem
+
+    if not str(out).strip():  # Path("") is the current folder
+        raise ExportError("--out is empty; pass a new folder")
+    if control_problem(out):
+        raise ExportError(f"--out {short_repr(str(out))} {control_problem(out)}; pass a plain "
+                          "path")
     out = Path(out)
+    if out.name in ("", ".."):  # "/", ".", "..": no new folder's name
+        raise ExportError(f"--out {short_path(out)} names no new folder; pass a new folder, "
+                          "e.g. --out shipped/model")
     if out.is_file():
         raise ExportError(f"--out {short_path(out)} is a file; pass a new folder (export never "
                           "overwrites)")

@@ -206,8 +206,11 @@ def parse_model_config(raw, path):
             _fail(path, key, f"is missing; add {key} = "
                   + ('"my-model"' if key == "name" else f"one of {', '.join(KINDS)}"))
     name = _str(path, "name", raw["name"])
-    if "/" in name or name.startswith("."):
-        _fail(path, "name", f"{short_repr(name)} must be a plain name (no '/', no leading '.')")
+    from runs.names import name_problem
+
+    if name_problem(name, csv=True):  # it names run folders and cache files
+        _fail(path, "name", f"{short_repr(name)} must be a plain name: it "
+              f"{name_problem(name, csv=True)}; e.g. name = \"my-model\"")
     kind = raw["logits"]
     if kind not in KINDS:
         near = difflib.get_close_matches(str(kind), KINDS, n=1)

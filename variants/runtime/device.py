@@ -12,7 +12,6 @@ The CPU-only fast paths ask :func:`is_cpu` whether to run: stream splitting
 (:func:`variants.runtime.qlinear.on_cpu`) and the GEMV layer norm (:func:`variants.runtime.fast_ops.layer_norm`).
 """
 
-import os
 
 import mlx.core as mx
 
@@ -37,14 +36,17 @@ class DeviceError(ValueError):
 def requested(flag=None):
     """The device name asked for: ``flag`` (``--device``), else ``$VARIANTS_DEVICE``, else
     ``cpu``. Raises DeviceError for any other name than ``cpu`` / ``gpu``."""
-    name, src = (flag, "--device") if flag is not None else (os.environ.get(ENV), ENV)
-    if name is None or (src == ENV and name.strip() == ""):
-        return DEFAULT_DEVICE
-    if name not in DEVICES:
-        shown = f"{src}={short_repr(name)}" if src == ENV else f"{src} {short_repr(name)}"
-        raise DeviceError(f"{shown} is not a device; choose cpu or gpu (e.g. {src} cpu)"
-                          if src != ENV else f"{shown} is not a device; set it to cpu or gpu")
-    return name
+    if flag is None:
+        from variants.runtime import env
+
+        try:
+            return env.choice(ENV)
+        except env.EnvError as e:
+            raise DeviceError(str(e)) from None
+    if flag not in DEVICES:
+        raise DeviceError(f"--device {short_repr(flag)} is not a device; choose cpu or gpu "
+                          "(e.g. --device cpu)")
+    return flag
 
 
 def backend():

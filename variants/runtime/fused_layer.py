@@ -36,13 +36,12 @@ once per weight set, the others the Linears' own); named ``fused-int8layer-cpp``
 records.
 """
 
-import os
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.runtime import device, int8_linear, parallel, qkernel, qlinear
+from variants.runtime import device, env, int8_linear, parallel, qkernel, qlinear
 from variants.runtime.derived import DerivedWeights
 
 ENV_SWITCH = "VARIANTS_FUSED_LAYER"
@@ -66,7 +65,7 @@ def enabled():
 
     if plain.active():
         return False
-    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+    return env.switch_on(ENV_SWITCH)
 
 
 def _kernel():
@@ -90,7 +89,7 @@ def one_stream_threads(rows=None):
     ms 20.1 / 124 / 546 against 18.4 / 102 / 487): the helper thread then waits for a core."""
     if len(parallel.streams()) == 1:
         return 1
-    raw = os.environ.get("VARIANTS_FUSED_THREADS", "").strip()
+    raw = env.choice("VARIANTS_FUSED_THREADS")
     if raw in ("1", "2"):
         return int(raw)
     return 2 if rows is None or rows >= parallel.MIN_ROWS else 1

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from metrics._checks import short_repr
+from runs.names import control_problem, name_problem
 from variants import defaults
-from variants.runtime import device, parallel
+from variants.runtime import device, env, parallel
 from variants.families import get_family
 from variants.families.quant.family import MODES
 from variants.models import resolve
@@ -17,6 +18,9 @@ from variants.models import resolve
 RESULTS_DIR = Path(defaults.RESULTS_DIR)
 TIMING_BATCH_SIZES = defaults.TIMING_BATCH_SIZES
 COLD_START = defaults.COLD_STARTS
+#: the smallest split size (fit, calibration, eval); --n-fit may also be 0 for a model that
+#: fits nothing
+MIN_FIT = 10
 
 
 class SweepError(ValueError):
@@ -104,8 +108,11 @@ class SweepConfig:
                 raise SweepError(f"{name}={short_repr(mode)} is not supported; choose one of "
                                  f"{MODES}")
         for name in ("n_fit", "n_calibration", "n_eval"):
-            if getattr(self, name) < 10 and not (name == "n_fit" and self.n_fit == 0):
-                raise SweepError(f"{name}={getattr(self, name)} is too small; use at least 10")
+            if getattr(self, name) < MIN_FIT and not (name == "n_fit" and self.n_fit == 0):
+                flag = "--" + name.replace("_", "-")
+                raise SweepError(f"{flag} {getattr(self, name)} is too small; pass {flag} "
+                                 f"{MIN_FIT} or more" + (" (or 0 for a model that fits nothing)"
+                                                         if name == "n_fit" else ""))
         if self.max_length is not None:
             from variants.models.model_config import check_max_length
 
@@ -144,15 +151,13 @@ class SweepConfig:
                              "> 0 (raw logits), e.g. --near-tie-margin 1.0")
         if not str(self.results_dir).strip():  # Path("") is the current folder
             raise SweepError("--results-dir is empty; pass a folder")
-        if self.run is not None and (not self.run.strip() or self.run != self.run.strip()
-                                     or self.run.startswith(".")
-                                     or "/" in self.run or "\\" in self.run):
-            raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name (no "
-                             "'/', not empty, not starting with '.', no blank at either end), "
-                             "e.g. --run my-sweep")
-        if self.run is not None and len(self.run.encode("utf-8", "surrogateescape")) > 255:
-            raise SweepError(f"run name {short_repr(self.run)} is longer than a folder name may "
-                             "be (255 bytes); pass a shorter --run")
+        if control_problem(self.results_dir):
+            raise SweepError(f"--results-dir {short_repr(str(self.results_dir))} "
+                             f"{control_problem(self.results_dir)}; pass a plain path")
+        why = None if self.run is None else name_problem(self.run, csv=True)
+        if why:
+            raise SweepError(f"run name {short_repr(self.run)} must be a plain folder name: it "
+                             f"{why}; pass e.g. --run my-sweep")
         if not self.timing_batch_sizes or min(self.timing_batch_sizes) < 1:
             raise SweepError("timing_batch_sizes must be positive, e.g. --timing-batch-sizes 1 32")
         too_big = sorted({b for b in self.timing_batch_sizes if b > self.n_eval})
@@ -164,6 +169,7 @@ class SweepConfig:
                 "--n-eval")
         try:
             parallel.validate_env()
+            env.check()  # every closed-set VARIANTS_* variable (variants.runtime.env)
             self.device = device.requested(self.device)
             device.check(self.device, self.dtype)
         except ValueError as e:
@@ -181,6 +187,10 @@ class SweepConfig:
             self.variants = family.ladder(**self.params)
         except ValueError as e:
             raise SweepError(str(e)) from None
+        for v in self.variants:  # summary.csv keys: a name pandas reads as NaN is a bug here
+            if name_problem(v.name, csv=True):
+                raise SweepError(f"variant name {short_repr(v.name)} "
+                                 f"{name_problem(v.name, csv=True)}; report this as a bug")
         if (family.judged_in_speed_mode is not None and self.variants
                 and all(family.judged_in_speed_mode(v) for v in self.variants)):
             # every variant is judged on the model it times (W8A8: variants.families.family),

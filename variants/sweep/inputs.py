@@ -9,7 +9,7 @@ from variants.families import get_family
 from runs.settings import check_calibration_size, check_strata, resolve_settings
 from variants.checkpoints.load import load_checkpoint
 from variants.models.model_config import ModelConfigError
-from variants.sweep.config import SweepError
+from variants.sweep.config import MIN_FIT, SweepError
 
 
 def load_inputs(cfg):
@@ -45,7 +45,7 @@ def load_inputs(cfg):
         _check_option_counts(decision, tasksets)
         _check_markers(decision, tasksets, f"data file {cfg.data}")
         _check_fit_labels(module, tasksets["fit"], f"data file {cfg.data}")
-        return _checked(cfg, contract, checkpoint, tasksets)
+        return _checked(cfg, contract, checkpoint, tasksets, decision)
     cfg.inputs_identity = inputs_identity(cfg, module, checkpoint, data_fp)
     frame = data.load_vader()
     splits = {s: data.split_frame(frame, s) for s in sizes}
@@ -61,7 +61,7 @@ def load_inputs(cfg):
         raise SweepError(str(e)) from None
     _check_option_counts(decision, tasksets)
     _check_markers(decision, tasksets, "the bundled data")
-    return _checked(cfg, contract, checkpoint, tasksets)
+    return _checked(cfg, contract, checkpoint, tasksets, decision)
 
 
 def _check_option_counts(decision, tasksets):
@@ -83,6 +83,19 @@ def _check_option_counts(decision, tasksets):
                          "split has none, so no temperature can be fitted for them; put such rows "
                          "in the calibration split too, or fix temperatures in the model TOML's "
                          "[temperature] values")
+
+
+def _check_no_fit(cfg, decision, name):
+    """``--n-fit 0`` only for a model that fits nothing: a fitted head (linear head, a marker's
+    fitted scorer) on an empty fit split was scikit-learn's error, after the run folder was
+    made. Raises SweepError naming --n-fit and the smallest size."""
+    fits = hasattr(decision, "fit_head") and getattr(decision, "scorer", "fit") == "fit"
+    if cfg.n_fit == 0 and fits:
+        from variants import defaults
+
+        raise SweepError(f"--n-fit 0: model {name} fits its head on the fit split, which would "
+                         f"be empty; pass --n-fit {MIN_FIT} or more (default "
+                         f"{defaults.N_FIT}), or leave it out")
 
 
 def _check_fit_labels(source, fit, where):
@@ -116,7 +129,7 @@ def _check_markers(decision, tasksets, where):
             raise SweepError(f"{where}: {e}") from None
 
 
-def _checked(cfg, contract, checkpoint, tasksets):
+def _checked(cfg, contract, checkpoint, tasksets, decision):
     """The contract's needs of the TaskSets (calibration size, strata); returns load_inputs'."""
     settings = resolve_settings(contract, near_tie_margin=cfg.near_tie_margin)
     check_calibration_size(cfg.n_calibration, settings["alpha"])
@@ -135,6 +148,7 @@ def _checked(cfg, contract, checkpoint, tasksets):
         raise SweepError(f"--quant-method {' '.join(learned)} learns from fit-split "
                          f"activations, but the fit split is empty; {fix}, or use "
                          "--quant-method rtn")
+    _check_no_fit(cfg, decision, cfg.model)
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
     return contract, checkpoint, tasksets

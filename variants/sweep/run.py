@@ -21,8 +21,8 @@ import mlx.core as mx
 from runs import lock as runlock
 from variants.runtime import device
 from runs.family_text import family_extras
-from runs.io import (RunIncomplete, WriteError, remove_temp_files, write_csv, write_json, write_npz,
-                     write_text)
+from runs.io import (RunIncomplete, WriteError, missing_folders, remove_empty_folders,
+                     remove_temp_files, write_csv, write_json, write_npz, write_text)
 from runs.judge import judge_variant
 from variants.sweep import timed_check
 from runs.readers import CorruptFileError
@@ -229,7 +229,7 @@ class Sweep:
         self.clock = SweepClock()
         with self.clock("setup"):
             self.prepare()
-            created = not self.out.exists()
+            created = missing_folders(self.out) + missing_folders(self.cache)
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -247,9 +247,9 @@ class Sweep:
                     self._mark_incomplete(e, always=isinstance(e, (WriteError, RunIncomplete,
                                                                     ReferenceNotFinite)))
                     raise
-        except BaseException:
-            if created and self.out.is_dir() and not any(self.out.iterdir()):
-                self.out.rmdir()  # refused before anything was written: nothing left behind
+        except BaseException:  # stopped before writing (e.g. the head's fit): no empty folders
+            remove_empty_folders(sorted(set(created), key=lambda p: -len(p.parts)),
+                                 cache=self.cache)
             raise
 
     def _clean_cache(self):

@@ -173,7 +173,9 @@ def enabled():
 
     if plain.active():
         return False
-    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+    from variants.runtime import env
+
+    return env.switch_on(ENV_SWITCH)
 
 
 def load():
@@ -188,13 +190,11 @@ def load():
     if path is not None:
         mod, why = _import(path)
         if mod is not None:
-            isa = os.environ.get(ENV_ISA, "").strip().lower()
-            if isa == "baseline":
+            from variants.runtime import env
+
+            if env.choice(ENV_ISA) == "baseline":
                 mod.allow_avx2(False)
                 mod.fused_allow_avx2(False)
-            elif isa not in ("", "auto"):
-                print(f"variants: warning: {ENV_ISA}={isa!r} is not 'baseline' or 'auto'; "
-                      "using auto", file=sys.stderr)
             _state["module"] = mod
             return mod
     _state["why"] = why
