@@ -5,7 +5,8 @@ each batch it runs — that a model has run since MLX's buffer cache was last cl
 :func:`clear_buffer_cache`. Both halves matter on the CPU: a new shape builds its compiled
 graphs and kernels' workspaces (the first B=1 call of a MiniLM reference measured 121 ms against
 9 ms warm), and after a clear every buffer is allocated afresh (the next B=32 call measured
-~120 ms against ~97 ms warm; both measured on a 2-core Xeon, MLX 0.32.4, all-MiniLM-L6-v2).
+~120 ms against ~97 ms warm; both measured on a 2-core AMD EPYC (Zen 4) shared with other jobs,
+MLX 0.32.4, all-MiniLM-L6-v2).
 
 :func:`variants.runtime.timing.time_alternating` clears the cache at its start, so "since the
 last clear" is "in this measurement": warm-ups and timed calls of the same model and shape
