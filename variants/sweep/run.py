@@ -53,6 +53,7 @@ class Sweep:
         self.out = self.root / cfg.run
         self.cache = self.root / ".cache"
         self.reused = []
+        self.wrote_running = False  # set once this sweep has written run.json "running"
 
     # -- preparation ------------------------------------------------------------------------
     def prepare(self):
@@ -85,6 +86,7 @@ class Sweep:
         # the reference's numerical noise from the start too: the judge reads it there
         write_json(self.out / "run.json", dict(prev, identity=self.cfg.identity(), data=data,
                                                reference_noise=self.ref_noise, status="running"))
+        self.wrote_running = True  # from now on an exception marks the run "incomplete"
 
     # -- reference --------------------------------------------------------------------------
     def reference(self):
@@ -259,14 +261,15 @@ class Sweep:
 
     def _mark_incomplete(self, error, always=True):
         """run.json: status "incomplete" and the error (best effort: the disk may be full).
-        With ``always`` False only a run.json that says "running" is changed: no exception
-        (a bug, Ctrl-C, a refused input) leaves a run that claims to be running after the
-        process ends."""
+        With ``always`` False only a run.json this sweep set to "running" is changed: no
+        exception (a bug, Ctrl-C) leaves a run that claims to be running after the process
+        ends, and an input refused before that leaves the folder as it was."""
         file = getattr(error, "filename", None) or getattr(error, "file", None)
         meta = read_json(self.out / "run.json")
         meta = meta if isinstance(meta, dict) else {}
-        if not always and meta.get("status") != "running":
-            return
+        if not always and not (self.wrote_running
+                               and meta.get("status") == "running"):
+            return  # refused before this sweep wrote a thing: the folder is as it was
         text = str(error) or type(error).__name__  # KeyboardInterrupt has no message
         meta.update(identity=self.cfg.identity(), status="incomplete",
                     error={"file": str(file) if file else None, "error": text})
