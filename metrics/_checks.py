@@ -71,10 +71,22 @@ def short_repr(value, limit=ECHO_LIMIT):
     return f"{text[: keep - keep // 2]}...({n} {unit})...{text[len(text) - keep // 2:]}"
 
 
+def printable(text):
+    """``text`` (str) with each control character (newline, tab, ...) escaped (``\\n``): an
+    error message naming a user's path or name stays one line. Other characters (``Δ``) stay."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def short_path(path, limit=2 * ECHO_LIMIT):
     """``str(path)`` for an error message, its middle cut when longer than ``limit`` characters
-    (a path that does not exist is not bounded by the file system's limits)."""
+    (a path that does not exist is not bounded by the file system's limits); control characters
+    escaped (``a\\nb``), so the message stays one line."""
     text = str(path)
+    text = printable(text)  # a newline or control character: shown escaped, on one line
     if len(text) <= limit:
         return text
     keep = max(limit - 24, 10)

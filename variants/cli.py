@@ -9,6 +9,8 @@ import argparse
 import importlib
 import contextlib
 import sys
+
+from metrics._checks import printable
 import warnings
 import zipfile
 
@@ -117,12 +119,12 @@ def main(argv=None):
               "command to finish", file=sys.stderr)
         return EXIT_FAILURE
     except RunIncomplete as e:
-        print(f"variants: error: {e}", file=sys.stderr)
+        print(f"variants: error: {printable(e)}", file=sys.stderr)
         return EXIT_FAILURE
     except (ValueError, FileNotFoundError, ContractError, *_loaded("variants.checkpoints.load",
                                                                    "CheckpointError"),
             *_loaded("variants.executors.local", "ExecutorError")) as e:
-        print(f"variants: error: {e}", file=sys.stderr)
+        print(f"variants: error: {printable(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except (OSError, zipfile.BadZipFile) as e:  # unreadable, unwritable or corrupt files
         from metrics._checks import short_path

@@ -8,6 +8,8 @@ them to the ``variants`` command line; :func:`main` runs them stand-alone.
 
 import argparse
 import sys
+
+from metrics._checks import printable
 from pathlib import Path
 
 from runs.commands import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION
@@ -153,5 +155,5 @@ def main(argv=None):
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ContractError) as e:
-        print(f"variants: error: {e}", file=sys.stderr)
+        print(f"variants: error: {printable(e)}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -8,6 +8,8 @@ import json
 import math
 import os
 import sys
+
+from metrics._checks import printable
 import tempfile
 from pathlib import Path
 
@@ -115,14 +117,14 @@ def _compare_command(args):
 
     for flag, v in (("--margin", args.margin), ("--relative-margin", args.relative_margin)):
         if not math.isfinite(v) or v < 0:
-            print(f"variants compare: error: {flag} must be a finite number >= 0, got {v}",
+            print(f"variants: error: {flag} must be a finite number >= 0, got {v}",
                   file=sys.stderr)
             return EXIT_USER_ERROR
     for flag, target in (("--markdown", args.markdown), ("--json", args.json),
                          ("--html", args.html)):
         problem = None if target is None else unwritable(target)
         if problem:  # refused before the comparison runs: nothing printed or half-written
-            print(f"variants compare: error: {flag} {problem}", file=sys.stderr)
+            print(f"variants: error: {flag} {problem}", file=sys.stderr)
             return EXIT_USER_ERROR
     try:
         results = [compare_pair(a, b, n_boot=args.n_bootstrap, seed=args.seed,
@@ -130,7 +132,7 @@ def _compare_command(args):
                    for a, b in pairs(args.a, args.b, log=lambda m: print(
                        f"variants compare: note: {m}", file=sys.stderr))]
     except CompareError as e:
-        print(f"variants compare: refused: {e}", file=sys.stderr)
+        print(f"variants: error: compare refused: {printable(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     text = markdown(results)
     print(text)

@@ -3,6 +3,8 @@
 import argparse
 import logging
 import sys
+
+from metrics._checks import printable
 from pathlib import Path
 
 from runs.commands import EXIT_USER_ERROR
@@ -29,7 +31,7 @@ def main(args):
         with lock:
             paths = plot_run(args.results_dir, dpi=args.dpi)
     except (PlotError, CorruptFileError, runlock.RunLocked) as e:
-        print(f"variants: error: {e}", file=sys.stderr)
+        print(f"variants: error: {printable(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     for p in paths:
         print(p)

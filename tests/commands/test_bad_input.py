@@ -169,3 +169,25 @@ def test_an_empty_folder_argument_is_refused(tmp_path, capsys, monkeypatch, argv
     err = _refused(argv, capsys)
     assert says in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "--model-config", "a\nb"],
+    ["sweep", "--contract", "a\nb"],
+    ["check", "r/ba\nse"],
+    ["verify", "r/ba\nse"],
+])
+def test_a_path_with_a_newline_is_named_on_one_line(argv, tmp_path, monkeypatch, capsys):
+    """Issue #39's attack: a path holding a newline printed its error over two lines; every
+    error line escapes control characters (metrics._checks.printable)."""
+    from variants.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # refused by the parser (runs.commands.args.Parser.error)
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("variants: error: ") and "\\n" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -195,5 +195,5 @@ def test_an_output_file_under_a_file_names_that_file(tmp_path, capsys):
     target = tmp_path / "AFILE" / "c.json"
     assert main(["compare", f"{SMALL}:q8-g64", f"{SMALL}:q4-g64", "--json", str(target)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"variants compare: error: --json {target}: {tmp_path / 'AFILE'} is a file, not "
+    assert err == (f"variants: error: --json {target}: {tmp_path / 'AFILE'} is a file, not "
                    "a folder; pass a writable place\n"), err  # was "cannot write there (File exists)"

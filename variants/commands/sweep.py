@@ -1,6 +1,8 @@
 """``variants sweep``: its parser (every family's flags) and the command."""
 
 import sys
+
+from metrics._checks import printable
 import textwrap
 
 from variants.commands import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, HelpFormatter
@@ -201,7 +203,7 @@ def run(args):
         if e.summary is not None and not e.summary.empty:
             print(format_table(e.summary).to_string(index=False))
             print(f"\nreport: {e.out}/report.md")
-        print(f"variants: error: {e}", file=sys.stderr)
+        print(f"variants: error: {printable(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     print(format_table(summary).to_string(index=False))
     print(f"\nreport: {args.results_dir}/{cfg.run}/report.md")
