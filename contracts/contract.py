@@ -177,6 +177,16 @@ def _parse_clause(raw, index, where):
             "number, e.g. "
             f"{bounds[0]} = 0.05."
         )
+    s = REGISTRY[metric]
+    is_rate = statistic == "rate" or (s.events is not None and statistic == "value")
+    if is_rate and not 0 <= threshold <= 1:  # a rate's bound outside [0, 1] decides nothing
+        raise ContractError(
+            f"{label} bounds a rate ({metric}, {statistic}) with {bounds[0]} = {threshold:g}, "
+            f"outside [0, 1]: it would {'never' if (bounds[0] == 'min') == (threshold > 1) else 'always'} "
+            f"pass; give a bound in [0, 1], e.g. {bounds[0]} = {0.97 if bounds[0] == 'min' else 0.02}.")
+    if statistic == "count" and threshold < 0 and bounds[0] == "max":
+        raise ContractError(f"{label} has max = {threshold:g} on a count, which is never "
+                            "negative: it would never pass; give max = 0 or more.")
     why = raw.get("why", "")
     if not isinstance(why, str):
         raise ContractError(f"{label} has a non-string why; write the reason as why = \"...\".")

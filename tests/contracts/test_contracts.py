@@ -1,5 +1,6 @@
 """Tests of contracts/: loading and validating contract TOML, and checking evaluations."""
 
+import re
 import json
 from importlib import resources
 
@@ -185,3 +186,16 @@ def test_an_empty_contract_name_says_so(path):
     with pytest.raises(ContractError, match=r"^the contract name is empty; pass a \.toml path or "
                                             r"a packaged contract: default \| strict \| lenient"):
         load_contract(path)
+
+
+@pytest.mark.parametrize("clause, says", [
+    ({"metric": "agreement", "statistic": "rate", "min": 1.5}, "outside [0, 1]: it would never pass"),
+    ({"metric": "flip", "statistic": "rate", "max": 2}, "outside [0, 1]: it would always pass"),
+    ({"metric": "certified_share", "statistic": "value", "min": -1}, "it would always pass"),
+    ({"metric": "flip", "statistic": "count", "max": -1}, "on a count, which is never negative"),
+])
+def test_a_bound_that_decides_nothing_is_refused(clause, says):
+    """Issue #39's attack: a rate bounded outside [0, 1] (or a count below 0) was accepted and
+    decided every variant the same way; now the contract is refused naming the clause."""
+    with pytest.raises(ContractError, match=r"clause 'x' .*" + re.escape(says)):
+        contract_from_dict({"clause": [{"id": "x", **clause}]})
