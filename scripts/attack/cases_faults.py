@@ -9,9 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import SWEEP_FAST, Case, Result, override, run_cmd, spawn
+from harness import SEARCH_FAST, SWEEP_FAST, Case, Result, override, run_cmd, spawn
 
-SLOW = ["sweep", *override(SWEEP_FAST, bits=["4", "6", "8"], run="x")]
+SLOW = ["sweep", *override(SWEEP_FAST, bits=["2", "3", "4", "6", "8"], run="x", timing_rounds="3")]
 
 
 def wait_for(path: Path, secs=90) -> bool:
@@ -46,7 +46,7 @@ def interrupt(sig, expect_rcs):
         t0 = time.time()
         p = spawn(SLOW, tmp, {})
         wait_for(tmp / "r" / "x" / "run.json")
-        time.sleep(4)
+        time.sleep(2)
         os.killpg(p.pid, sig)
         rc, out, err = finish(p, 120)
         probs = []
@@ -141,7 +141,7 @@ def fault_cases() -> list:
         Case("issue-timing-warmup-zero-b32", "issue", ["sweep", *override(SWEEP_FAST, timing_warmup="0",
                                                                        timing_batch_sizes=["1", "32"])],
              expect="accept", timeout=200),
-        Case("issue-qkernel-banana-search", "issue", ["search", "--n-fit", "60", "--no-progress"],
+        Case("issue-qkernel-banana-search", "issue", ["search", *SEARCH_FAST],
              env={"VARIANTS_QKERNEL": "banana"}),
     ]
     for c in out:

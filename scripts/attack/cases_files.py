@@ -42,7 +42,7 @@ CONTRACTS = {
     "kl-on-agreement": HEAD + CLAUSE.replace('metric = "agreement"', 'metric = "kl"'),
     "default-copy": DEFAULT,
 }
-CONTRACT_OK = {"default-copy": "accept", "alpha-bad": "refuse", "unknown-top-key": "refuse"}
+CONTRACT_OK = {"default-copy": "accept", "bound-rate-above-1": "either"}  # an unmeetable bound: FAIL is right
 
 ROW = {"id": "r{i}", "text": "text number {i} is {w}", "options": ["negative", "neutral", "positive"],
        "label": "{l}"}
@@ -122,6 +122,13 @@ EXP_FILES = ["model.safetensors", "manifest.json", "config.json", "eval_rows.npz
              "verdict.json", "model.toml", "contract.toml", "judged", "vocab.txt", "report.json"]
 
 
+# files a verb does not read (check judges saved outputs; plot and compare read verdicts, outputs,
+# timing): a tampered one is rightly ignored
+UNREAD = {"check": {"run.json", "reference/fitted.npz", "q8-g64/timing.json", "q8-g64/build.json"},
+          "plot": {"reference/fitted.npz", "reference/calibration_outputs.npz"},
+          "compare": {"reference/fitted.npz", "reference/calibration_outputs.npz", "q8-g64/build.json"}}
+
+
 def must_fail(ctx, res):
     return "tampered export verified as good (exit 0)" if res.rc == 0 else ""
 
@@ -173,4 +180,11 @@ def file_cases() -> list:
                setup=write("exp/extra.bin", b"x"), expect="either"),
           Case("tamper-exp-readme-edit", "tampered-export", ["verify", "{exp}"], needs=("exp",),
                setup=tamper("exp/README.md", "garbage"), expect="either")]
+    for c in C:
+        m = c.id.split("-")
+        if c.family == "tampered-run" and c.expect == "refuse":
+            verb = m[-1]
+            rel = next(r for r in RUN_FILES if c.id.startswith("tamper-run-" + r.replace("/", "-").replace(".", "-") + "-"))
+            if rel in UNREAD.get(verb, ()):
+                c.expect = "either"
     return C

@@ -68,7 +68,7 @@ SPECS = [
     # check (recomputes verdicts of a finished run)
     ("check", "--near-tie-margin", "f", ["check", "{run}"], ("run",), FEW_F, ZERO_OK),
     ("check", "--alpha", "f", ["check", "{run}"], ("run",), FEW_F + ("zero",), {}),
-    ("check", "--n-bootstrap", "i", ["check", "{run}"], ("run",), FEW_I, {"huge": "either"}),
+    ("check", "--n-bootstrap", "i", ["check", "{run}"], ("run",), FEW_I, {"zero": "accept"}),  # 0 = none (--help)
     ("check", "--seed", "i", ["check", "{run}"], ("run",), FEW_I, {"zero": "accept", "huge": "either"}),
     ("check", "--worst", "i", ["check", "{run}"], ("run",), FEW_I, {"zero": "either", "huge": "either"}),
     ("selftest", "--seed", "i", ["selftest"], (), ("empty", "abc", "neg", "zero", "nan", "huge"),

@@ -174,8 +174,11 @@ def classify(case: Case, res: Result, before: dict, after: dict, tmp: Path) -> t
         elif len(errl) > 1:
             problems.append(f"{len(errl)} error lines")
         if errl:
-            msg = errl[-1].split("one of")[0]  # a list of valid names after "one of" is vocabulary
-            snakes = [s for s in SNAKE.findall(msg) if s not in ALLOWED_SNAKE]
+            # valid names listed after "one of" / "known keys" / "e.g." are vocabulary; an internal
+            # name next to the flag or variable to change (--flag, VARIANTS_*) still tells the fix
+            msg = re.split(r"one of|known keys|e\.g\.", errl[-1])[0]
+            names_fix = re.search(r"(?<![\w-])--[a-z]|VARIANTS_[A-Z]", errl[-1])
+            snakes = [] if names_fix else [s for s in SNAKE.findall(msg) if s not in ALLOWED_SNAKE]
             if snakes:
                 problems.append("names internal identifiers: " + ", ".join(sorted(set(snakes))[:4]))
         leftovers = [k + ("/" if after[k][2] else "") for k in new

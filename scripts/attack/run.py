@@ -116,6 +116,9 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "variants-attack"))
     ap.add_argument("--out", default=None, help="CSV path (default: WORK/attack.csv)")
+    ap.add_argument("--merge", default=None, metavar="CSV",
+                    help="an earlier full run's CSV: its rows for the cases not rerun here are kept, so the "
+                         "summary covers the whole table")
     a = ap.parse_args()
     table = cases.all_cases()
     ids = [c.id for c in table]
@@ -149,6 +152,22 @@ def main() -> int:
             f.flush()
             mark = "" if row["class"] == "clean" else f"  <- {row['class']}: {row['problem'][:160]}"
             print(f"[{i}/{len(table)}] {case.id} rc={row['rc']} {row['secs']}s{mark}", flush=True)
+    if a.merge:  # keep the earlier rows of the cases not rerun (same table order)
+        with open(a.merge, newline="") as f:
+            old = {r["id"]: r for r in csv.DictReader(f)}
+        with open(out, newline="") as f:
+            new = {r["id"]: r for r in csv.DictReader(f)}
+        rows = [new.get(c.id) or old.get(c.id) for c in cases.all_cases()]
+        missing = [c.id for c, r in zip(cases.all_cases(), rows) if r is None]
+        rows = [r for r in rows if r]
+        with open(out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+        counts = {k: sum(r["class"] == k for r in rows) for k in counts}
+        table = rows
+        if missing:
+            print(f"{len(missing)} kinds in neither CSV: {', '.join(missing[:10])}")
     wall = time.time() - t0
     extra = f", {counts['harness-error']} harness errors" if counts["harness-error"] else ""
     print(f"wrote {out}; wall {wall / 60:.1f} min")
