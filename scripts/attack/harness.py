@@ -103,7 +103,13 @@ def spawn(argv: list, cwd: Path, env: dict, nobody: bool = False) -> subprocess.
     if nobody:  # a home with a readable copy of the compiled kernels (see run.build_fixtures)
         e["HOME"] = os.environ.get("ATTACK_NOBODY_HOME", str(cwd))
     return subprocess.Popen(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", start_new_session=True)
+                            text=True, errors="replace", start_new_session=True, preexec_fn=_default_signals)
+
+
+def _default_signals():
+    """A harness started in the background (`cmd &`) inherits SIGINT ignored; a user's Ctrl-C is not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_cmd(argv: list, cwd: Path, env: dict, timeout: float, nobody: bool = False) -> Result:
