@@ -170,11 +170,11 @@ def test_fixed_threshold_that_never_fires_on_calibration(model, splits, tmp_path
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rule="oracle"), "exit rule 'oracle' is not known"),
-    (dict(target=1.5), r"exit_target=1.5 is outside \(0, 1\]"),
-    (dict(target=None, threshold=0.0), r"exit_threshold=0.0 for rule entropy is outside"),
+    (dict(target=1.5), r"--exit-targets 1.5 is outside \(0, 1\]"),
+    (dict(target=None, threshold=0.0), r"--exit-thresholds 0.0 for rule entropy is outside"),
     (dict(rule="margin", target=None, threshold=1.0), "for rule margin is outside"),
     (dict(rule="patience", target=None, threshold=1), "must be an integer >= 2"),
-    (dict(target=None), "give exactly one of exit_target"),
+    (dict(target=None), "give exactly one of --exit-targets"),
 ])
 def test_bad_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -241,14 +241,14 @@ def test_ladder_targets_default_only_without_thresholds():
 @pytest.mark.parametrize("args, message", [
     (["--exit-layers", "6"], "exit_layers [6] are outside [1, 6)"),
     (["--exit-rules", "patience", "--exit-thresholds", "9"], "exceeds the 5 exit heads"),
-    (["--exit-thresholds", "0"], "exit_threshold=0.0 for rule entropy is outside (0, 1]"),
+    (["--exit-thresholds", "0"], "--exit-thresholds 0.0 for rule entropy is outside (0, 1]"),
     (["--exit-rules", "margin", "--exit-thresholds", "1"], "for rule margin is outside [0, 1)"),
     (["--exit-rules", "patience", "--exit-layers", "2", "4", "--exit-thresholds", "3"],
      "exceeds the 2 exit heads"),
     (["--model", "minilm-choice", "--exit-layers", "3", "7"], "exit_layers [7] are outside"),
     (["--model", "minilm-choice", "--exit-rules", "patience", "--exit-thresholds", "6"],
      "exceeds the 5 exit heads"),
-    (["--exit-targets", "1.2"], "exit_target=1.2 is outside (0, 1]"),
+    (["--exit-targets", "1.2"], "--exit-targets 1.2 is outside (0, 1]"),
     (["--exit-rules", "patience", "--exit-thresholds", "inf"],
      "--exit-thresholds inf is not a finite number"),
     (["--exit-layers", "2", "--exit-rules", "patience", "--exit-thresholds", "2"],

@@ -226,7 +226,7 @@ def test_speed_build_reuses_factors_without_calibration(model, calibration):
     (lambda: LowRankConfig(ratio=1.5), r"ratio=1.5 is outside \(0, 1\]"),
     (lambda: LowRankConfig(method="tucker"), r"method='tucker' is not known"),
     (lambda: LowRankConfig(rule="vibes"), r"rank rule 'vibes' is not known"),
-    (lambda: LowRankConfig(bits=5), r"bits=5 is not supported"),
+    (lambda: LowRankConfig(bits=5), r"--lowrank-bits 5 is not supported"),
     (lambda: lowrank_family.ladder(methods=[]), r"no methods given"),
     (lambda: lr.decompose(np.ones((4, 4)), "whitened"), r"no calibration data"),
     (lambda: lr.whitening(np.full((3, 3), np.nan)), r"non-finite"),

@@ -263,9 +263,9 @@ def test_no_quantizable_layer_raises():
 # ---- bad input ----
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: QuantConfig(bits=5), r"bits=5 is not supported; choose one of \(2, 3, 4, 6, 8\)"),
-    (lambda: QuantConfig(bits=16), r"bits=16"),
-    (lambda: QuantConfig(group_size=48), r"group_size=48 is not supported; choose one of "
+    (lambda: QuantConfig(bits=5), r"--bits 5 is not supported; choose one of \(2, 3, 4, 6, 8\)"),
+    (lambda: QuantConfig(bits=16), r"--bits 16"),
+    (lambda: QuantConfig(group_size=48), r"--group-size 48 is not supported; choose one of "
                                          r"\(32, 64, 128\)"),
     (lambda: quantize_module(Tiny(), QuantConfig(), mode="fast"),
      r"mode='fast' is not supported; choose one of \('native', 'simulated'\)"),

@@ -246,7 +246,7 @@ def test_store_refuses_other_settings_and_rereads_records(tmp_path):
     (["--families", "prune"], "--families prune"),
     (["--seed", "-1"], "--seed -1 is out of range"),
     (["--max-candidates", "0"], "--max-candidates 0 is out of range"),
-    (["--bits", "5", "8"], "bits=5 is not supported"),
+    (["--bits", "5", "8"], "--bits 5 is not supported"),
 ])
 def test_cli_bad_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message):
     from variants.cli import main

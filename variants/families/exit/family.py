@@ -40,10 +40,10 @@ class ExitConfig:
             raise ValueError(f"exit rule {self.rule!r} is not known; choose one of {RULES} "
                              "(--exit-rules)")
         if (self.target is None) == (self.threshold is None):
-            raise ValueError("give exactly one of exit_target (fit the threshold) and "
-                             "exit_threshold (fixed), e.g. --exit-targets 0.99")
+            raise ValueError("give exactly one of --exit-targets (fit the threshold) and "
+                             "--exit-thresholds (fixed), e.g. --exit-targets 0.99")
         if self.target is not None and not 0 < self.target <= 1:
-            raise ValueError(f"exit_target={self.target} is outside (0, 1]; it is the agreement "
+            raise ValueError(f"--exit-targets {self.target} is outside (0, 1]; it is the agreement "
                              "with the reference to reach on calibration, e.g. 0.99")
         if self.threshold is not None:
             t = self.threshold
@@ -51,21 +51,21 @@ class ExitConfig:
                 raise ValueError(f"--exit-thresholds {t} is not a finite number; pass e.g. "
                                  "--exit-thresholds 0.3 (entropy/margin) or 2 (patience)")
             if self.rule == "entropy" and not 0 < t <= 1:
-                raise ValueError(f"exit_threshold={t} for rule entropy is outside (0, 1]: no "
+                raise ValueError(f"--exit-thresholds {t} for rule entropy is outside (0, 1]: no "
                                  "calibration example can have normalised entropy below it")
             if self.rule == "margin" and not 0 <= t < 1:
-                raise ValueError(f"exit_threshold={t} for rule margin is outside [0, 1): no "
+                raise ValueError(f"--exit-thresholds {t} for rule margin is outside [0, 1): no "
                                  "calibration example can have a top-2 margin above it")
             if self.rule == "patience" and (int(t) != t or t < 2):
-                raise ValueError(f"exit_threshold={t} for rule patience must be an integer >= 2 "
+                raise ValueError(f"--exit-thresholds {t} for rule patience must be an integer >= 2 "
                                  "(heads that must agree)")
         if self.exit_layers is not None and (
                 not self.exit_layers or any(int(a) != a or a < 1 for a in self.exit_layers)
                 or list(self.exit_layers) != sorted(set(self.exit_layers))):
-            raise ValueError(f"exit_layers={self.exit_layers} must be increasing integers >= 1 "
+            raise ValueError(f"--exit-layers {list(self.exit_layers)} must be increasing integers >= 1 "
                              "(and < number of layers)")
         if not 0 <= self.label_mix <= 1:
-            raise ValueError(f"exit_label_mix={self.label_mix} is outside [0, 1]")
+            raise ValueError(f"--exit-label-mix {self.label_mix} is outside [0, 1]; pass e.g. 0.5")
         check_bits(self.bits, self.group_size, "exit_")
 
     @property

@@ -54,7 +54,7 @@ class LowRankConfig:
             raise ValueError(f"rank={self.rank} must be a positive integer")
         if not (math.isfinite(self.alpha) and 0 <= self.alpha <= 2):
             raise ValueError(f"alpha={self.alpha} is outside [0, 2] (ASVD uses 0.5)")
-        check_bits(self.bits, self.group_size, "")
+        check_bits(self.bits, self.group_size, "lowrank_")
         object.__setattr__(self, "ratio_map", ratio_map_mod.canonical(self.ratio_map))
         if self.ratio_map and self.rule != "params":
             raise ValueError(f"--ratio-map sets per-layer parameter ratios, but --rank-rule is "

@@ -19,11 +19,14 @@ METHODS = defaults.QUANT_METHODS
 
 def check_bits(bits, group_size, prefix=""):
     """Raise ValueError unless ``bits`` (None = not quantized) is in ``BITS`` and ``group_size``
-    in ``GROUP_SIZES``; ``prefix`` names the family's parameters (``exit_`` -> ``exit_bits``)."""
+    in ``GROUP_SIZES``; ``prefix`` names the family's flags (``exit_`` -> ``--exit-bits``,
+    ``--exit-group-size``; "" or "--" -> ``--bits``, ``--group-size``)."""
+    name = prefix.strip("-_").replace("_", "-")
+    stem = f"--{name}-" if name else "--"
     if bits is not None and bits not in BITS:
-        raise ValueError(f"{prefix}bits={bits} is not supported; choose one of {BITS}")
+        raise ValueError(f"{stem}bits {bits} is not supported; choose one of {BITS}")
     if group_size not in GROUP_SIZES:
-        raise ValueError(f"{prefix}group_size={group_size} is not supported; "
+        raise ValueError(f"{stem}group-size {group_size} is not supported; "
                          f"choose one of {GROUP_SIZES}")
 
 
