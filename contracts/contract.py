@@ -40,11 +40,16 @@ SETTINGS = {
     "seed": ((int,), 0),
     "n_bins": ((int,), N_BINS),
 }
+#: Largest near-tie margin (raw logits): float32 logits of a decision model differ by far less;
+#: past it every row is a near tie and the flip table's margin bins run to inf
+MAX_NEAR_TIE_MARGIN = 1e4
 #: Most bootstrap resamples per CI (each resample holds one index per eval row: 100,000 x 1,000
 #: rows is 800 MB)
 MAX_BOOTSTRAP = 100_000
 _SETTING_RANGES = {
-    "near_tie_margin": (lambda x: x >= 0, ">= 0"),
+    # raw logits; a margin past MAX_NEAR_TIE_MARGIN makes every row a near tie
+    "near_tie_margin": (lambda x: 0 <= x <= MAX_NEAR_TIE_MARGIN,
+                        f"in [0, {MAX_NEAR_TIE_MARGIN:g}] (raw logits), e.g. 1.0"),
     "human_tie_gap": (lambda x: 0 <= x <= 1, "in [0, 1]"),
     "alpha": (lambda x: 0 < x < 1, "in (0, 1)"),
     "n_bootstrap": (lambda x: 0 <= x <= MAX_BOOTSTRAP,

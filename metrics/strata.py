@@ -21,7 +21,8 @@ STRATA = ("all", "near_tie", "certified", "uncertified", "human_near_tie", "not_
 TASK_STRATUM_PREFIX = "task:"
 OPTIONS_STRATUM_PREFIX = "options:"
 MARGIN_STRATUM_PREFIX = "margin:"
-_MARGIN_RE = re.compile(r"^margin:(\d+(?:\.\d*)?)-(\d+(?:\.\d*)?|inf)$")
+_NUMBER = r"\d+(?:\.\d*)?(?:e[+-]?\d+)?"  # as Python's :g writes it (1e-05, 2.5e+03)
+_MARGIN_RE = re.compile(rf"^margin:({_NUMBER})-({_NUMBER}|inf)$")
 _OPTIONS_RE = re.compile(r"^options:(\d+)$")
 
 

@@ -13,7 +13,7 @@ from metrics._checks import printable
 from pathlib import Path
 
 from runs.commands import EXIT_OK, EXIT_USER_ERROR, EXIT_VIOLATION
-from contracts.contract import MAX_BOOTSTRAP
+from contracts.contract import MAX_BOOTSTRAP, MAX_NEAR_TIE_MARGIN
 from runs.commands.args import Parser, folder, number
 
 
@@ -82,7 +82,8 @@ def configure_check(sub):
                    help="check only these variants (the run's summary.csv and report.md are then left alone)")
     p.add_argument("--output-dir", default=None,
                    help="write reports here instead of into RESULTS_DIR")
-    p.add_argument("--near-tie-margin", type=number(float, low=0, example=1.0), default=None,
+    p.add_argument("--near-tie-margin", type=number(float, low=0, high=MAX_NEAR_TIE_MARGIN,
+                                                    example=1.0), default=None,
                    help="reference top-2 margin below which an example is a near tie "
                         "(default: the contract's [settings], else run.json)")
     p.add_argument("--alpha", type=number(float, low=0, high=1, low_open=True, high_open=True,

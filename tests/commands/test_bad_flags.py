@@ -59,9 +59,11 @@ def _usage_error(argv, capsys):
     ("--alpha", "0", "in (0, 1)"),
     ("--n-bootstrap", "-1", "in [0, 100000]"),
     ("--n-bootstrap", "100000000000", "in [0, 100000]"),
-    ("--near-tie-margin", "nan", ">= 0"),
-    ("--near-tie-margin", "-1", ">= 0"),
-    ("--near-tie-margin", "inf", ">= 0"),
+    ("--near-tie-margin", "nan", "in [0, 10000]"),
+    ("--near-tie-margin", "-1", "in [0, 10000]"),
+    ("--near-tie-margin", "inf", "in [0, 10000]"),
+    # issue #39's attack: 1e300 became a stratum the checker refused after files were rewritten
+    ("--near-tie-margin", "1e300", "in [0, 10000]"),
     ("--seed", "-1", ">= 0"),
     ("--worst", "-1", ">= 0"),
 ])
@@ -85,7 +87,7 @@ def test_check_with_a_non_number_names_the_flag(tmp_path, capsys):
     ({"alpha": float("nan")}, "--alpha nan must be in (0, 1)"),
     ({"n_bootstrap": -1}, "--n-bootstrap -1 must be in [0, 100000]"),
     ({"n_bootstrap": 2.5}, "--n-bootstrap 2.5 must be an integer"),
-    ({"near_tie_margin": float("nan")}, "--near-tie-margin nan must be >= 0"),
+    ({"near_tie_margin": float("nan")}, "--near-tie-margin nan must be in [0, 10000]"),
     # 40 calibration examples cannot give a conformal ε at alpha 0.001 (needs 999)
     ({"alpha": 0.001}, "alpha=0.001 needs at least 999 calibration examples"),
 ])

@@ -146,9 +146,13 @@ class SweepConfig:
             raise SweepError(f"seed={self.seed} must be >= 0")
         if self.batch_size < 1:
             raise SweepError(f"batch_size={self.batch_size} must be >= 1, e.g. --batch-size 32")
-        if not (math.isfinite(self.near_tie_margin) and self.near_tie_margin > 0):
-            raise SweepError(f"near_tie_margin={self.near_tie_margin} must be a finite number "
-                             "> 0 (raw logits), e.g. --near-tie-margin 1.0")
+        from contracts.contract import MAX_NEAR_TIE_MARGIN
+
+        if not (math.isfinite(self.near_tie_margin)
+                and 0 < self.near_tie_margin <= MAX_NEAR_TIE_MARGIN):
+            raise SweepError(f"--near-tie-margin {self.near_tie_margin} must be a number in "
+                             f"(0, {MAX_NEAR_TIE_MARGIN:g}] (raw logits), e.g. "
+                             "--near-tie-margin 1.0")
         if not str(self.results_dir).strip():  # Path("") is the current folder
             raise SweepError("--results-dir is empty; pass a folder")
         if control_problem(self.results_dir):
