@@ -329,6 +329,9 @@ def test_search_out_that_is_empty_exits_2_first(tmp_path, capsys, monkeypatch, n
     (["--run", " "], "run name ' ' must be a plain folder name"),
     (["--run", "my run "], "run name 'my run ' must be a plain folder name"),
     (["--model-config", ""], "--model-config is empty; give a path, or leave the flag out"),
+    # issue #39's attack: an empty --model ran the default model silently
+    (["--model", ""], "--model is empty; give a bundled model's name or package.module:factory"),
+    (["--model", "  "], "--model is empty"),
 ])
 def test_sweep_blank_folder_names_exit_2_before_loading(tmp_path, capsys, monkeypatch,
                                                         no_loading, args, says):

@@ -217,6 +217,9 @@ class SweepConfig:
             return source
         if self.model_config is not None and not str(self.model_config).strip():
             raise SweepError("--model-config is empty; give a path, or leave the flag out")
+        if self.model is not None and not str(self.model).strip():  # not the default model
+            raise SweepError("--model is empty; give a bundled model's name or "
+                             "package.module:factory, or leave the flag out")
         if self.model_config is not None:
             try:
                 source = resolve(model_config=self.model_config)
