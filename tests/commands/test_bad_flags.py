@@ -341,3 +341,20 @@ def test_sweep_blank_folder_names_exit_2_before_loading(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert err.startswith(f"variants: error: {says}") and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    # issue #39's attack: --energies under the default --rank-rule params was dropped silently
+    (["--energies", "0.9"],
+     "--energies is read only with --rank-rule energy (this sweep has --rank-rule params)"),
+    (["--rank-rule", "rank", "--ratios", "0.5"], "--ratios is read only with --rank-rule params"),
+    # plain SVD reads no activations: only whitened (and scaled) need fit rows
+    (["--n-fit", "0", "--n-calibration", "40"],
+     "--methods whitened learns from fit-split activations, but the fit split is empty"),
+])
+def test_lowrank_flags_it_would_not_read_are_refused(tmp_path, capsys, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--family", "lowrank", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"variants: error: {says}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -157,14 +157,27 @@ def _record_use(action, family):
     action.__class__ = type(f"Family{base.__name__}", (base,), {"__call__": __call__})
 
 
+#: flags a family reads only under one setting of another flag: flag -> (dest, value, flag)
+_ONLY_WITH = {"--ratios": ("rank_rule", "params", "--rank-rule"),
+              "--ratio-map": ("rank_rule", "params", "--rank-rule"),
+              "--energies": ("rank_rule", "energy", "--rank-rule"),
+              "--ranks": ("rank_rule", "rank", "--rank-rule")}
+
+
 def check_family_flags(args):
     """ValueError (exit 2) naming the first flag given that belongs to a family other than
-    ``args.family``: it would be dropped silently."""
+    ``args.family``, or that its family reads only under another setting (``--energies``
+    without ``--rank-rule energy``): it would be dropped silently."""
     for flag, family in (getattr(args, _GIVEN, None) or {}).items():
         if family != args.family:
             raise ValueError(f"{flag} is a flag of --family {family}, not of --family "
                              f"{args.family}; drop it, or pass --family {family} (variants "
                              f"sweep --help lists each family's flags)")
+        dest, value, other = _ONLY_WITH.get(flag, (None, None, None))
+        if dest is not None and getattr(args, dest, value) != value:
+            raise ValueError(f"{flag} is read only with {other} {value} (this sweep has "
+                             f"{other} {getattr(args, dest)}); add {other} {value} or drop "
+                             f"{flag}")
 
 
 def config_from_args(args):

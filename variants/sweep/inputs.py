@@ -140,14 +140,17 @@ def _checked(cfg, contract, checkpoint, tasksets, decision):
         except ValueError as e:
             raise SweepError(f"data file {cfg.data}: its calibration split has only {n_cal} rows; "
                              f"{e}; or add calibration rows (a 'split' column)") from None
-    learned = sorted({v.method for v in cfg.variants if getattr(v, "method", "rtn") != "rtn"})
+    # methods that read fit-split activations (quant: all but rtn; lowrank: all but plain SVD)
+    learned = sorted({v.method for v in cfg.variants
+                      if getattr(v, "method", "rtn") not in ("rtn", "plain")})
     if learned and len(tasksets["fit"]) == 0:
         fix = ("pass --n-fit 100 or more" if cfg.n_fit == 0 else
                f"add rows with split = \"fit\" to {cfg.data}" if cfg.data else
                "pass --n-fit 100 or more")
-        raise SweepError(f"--quant-method {' '.join(learned)} learns from fit-split "
-                         f"activations, but the fit split is empty; {fix}, or use "
-                         "--quant-method rtn")
+        flag, plain = (("--methods", "--methods plain") if cfg.family == "lowrank" else
+                       ("--quant-method", "--quant-method rtn"))
+        raise SweepError(f"{flag} {' '.join(learned)} learns from fit-split "
+                         f"activations, but the fit split is empty; {fix}, or use {plain}")
     _check_no_fit(cfg, decision, cfg.model)
     ev = tasksets["eval"]
     check_strata(contract, {"task": ev.task, "option_mask": ev.option_mask})
