@@ -65,4 +65,28 @@ def test_every_closed_set_variable_read_in_the_package_is_listed():
     read = set()
     for path in root.rglob("*.py"):
         read |= set(re.findall(r"environ\.get\(\s*\"(VARIANTS_[A-Z_]+)\"", path.read_text()))
-    assert read <= {"VARIANTS_BLAS", "VARIANTS_STREAMS"}, read
+    assert read <= {"VARIANTS_BLAS", "VARIANTS_STREAMS", "VARIANTS_KERNEL_CACHE"}, read
+
+
+@pytest.mark.parametrize("name, value, says", [
+    # issue #39's attack: an unusable kernel cache ran without the compiled kernels, silently
+    ("VARIANTS_KERNEL_CACHE", "/proc/nope", "is not a folder this process can write"),
+    ("VARIANTS_KERNEL_CACHE", "{file}", "is not a folder this process can write"),
+    # and a million streams ended in a traceback ("Resource temporarily unavailable") after 21 s
+    ("VARIANTS_STREAMS", "1000000", "is more than 64 streams; pass a whole number from 1 to 64"),
+])
+def test_an_unusable_open_ended_value_is_refused_in_one_line(tmp_path, capsys, monkeypatch,
+                                                             name, value, says):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, value.format(file=afile))
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"variants: error: {name}=") and says in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_kernel_cache_folder_that_does_not_exist_yet_is_fine(tmp_path, monkeypatch):
+    monkeypatch.setenv("VARIANTS_KERNEL_CACHE", str(tmp_path / "new" / "cache"))
+    assert env.problem() is None and list(tmp_path.iterdir()) == []  # nothing left by the probe

@@ -53,9 +53,11 @@ def _requested():
 
             raise ValueError(f"VARIANTS_STREAMS must be a whole number >= 1, got "
                              f"{short_repr(raw)}; unset it for the default") from None
-        if n < 1:
-            raise ValueError(f"VARIANTS_STREAMS must be >= 1, got {n}; use 1 to switch the "
-                             "two-stream split off")
+        from variants.runtime.env import MAX_STREAMS
+
+        if not 1 <= n <= MAX_STREAMS:
+            raise ValueError(f"VARIANTS_STREAMS must be from 1 to {MAX_STREAMS}, got {n}; use 1 "
+                             "to switch the two-stream split off")
         return n
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
