@@ -4,6 +4,8 @@ the resumable store, bad input (exit 2, nothing written) and a tiny end-to-end s
 
 import json
 
+import math
+
 import numpy as np
 import pytest
 
@@ -517,6 +519,20 @@ def test_bound_rule_compares_intervals_and_bootstraps_the_refit(splits):
     assert r.ci_low <= r.value <= r.ci_high and r.compared_value == r.ci_high
     assert r.passed is (r.ci_high <= 0.04) and r.passed is False
     assert r.interval == "bootstrap-percentile"
+    # issue #39's attack (--n-search 40): a bound the resamples cannot give (NaN) left the
+    # rows estimate at "half_width must be >= 0, got nan"; now no estimate, no crash
+    import variants.search.bounds as bounds_mod
+    from metrics import bootstrap
+
+    real = bootstrap.bootstrap_ci
+    try:
+        bootstrap.bootstrap_ci = lambda *a, **k: (float("nan"), float("nan"))
+        nan_done = complete_bounds(ev, raw)
+    finally:
+        bootstrap.bootstrap_ci = real
+    assert bounds_mod  # the module reads bootstrap_ci from metrics.bootstrap at call time
+    n = next(r for r in nan_done.results if r.id == "temperature-refit")
+    assert n.passed is False and n.rows_needed is None and math.isnan(n.ci_high)
 
 
 def test_a_map_entry_naming_an_embedding_table_quantizes_it(checkpoint):

@@ -92,7 +92,8 @@ def complete_bounds(ev, verdict, n_boot=N_REFIT_BOOTSTRAP):
                                rows_needed=rows_to_decide(
                                    BOOTSTRAP_PERCENTILE, n=r.n, value=r.value,
                                    half_width=abs(far - r.value), threshold=r.threshold,
-                                   op=r.op) if undecided and r.n >= 1 else None))
+                                   op=r.op) if undecided and r.n >= 1 and math.isfinite(far)
+                               else None))  # no interval on these rows: no row estimate
     return replace(verdict, results=tuple(results))
 
 
