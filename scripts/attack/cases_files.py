@@ -79,7 +79,10 @@ DATAS = {
     "huge-text.jsonl": rows(200, text=lambda i: "word " * (20000 if i == 3 else 5) + str(i)),
 }
 DATA_OK = {"null-strings.jsonl": "accept", "huge-text.jsonl": "accept", "few-rows.jsonl": "refuse",
-           "text-number.jsonl": "either", "label-negative.jsonl": "refuse"}
+           "text-number.jsonl": "either", "label-negative.jsonl": "refuse",
+           "empty-texts.jsonl": "tolerate"}
+DATA_DOC = {"empty-texts.jsonl": "docs/user-guide.md: rows whose text tokenizes to special tokens "
+                                 "only (empty or whitespace-only) are kept, judged and counted"}
 
 MODELS = {
     "empty": "", "garbage": b"\xff\x00[[[", "unknown-key": 'name = "m"\ncolour = "red"\n',
@@ -146,7 +149,8 @@ def file_cases() -> list:
     for k, v in DATAS.items():
         C.append(Case(f"data-sweep-{k}", "data", ["sweep", *override(SWEEP_FAST, n_fit="20", n_calibration="20",
                                                                    n_eval="20"), "--data", k],
-                      setup=write(k, v), expect=DATA_OK.get(k, "refuse"), timeout=150))
+                      setup=write(k, v), expect=DATA_OK.get(k, "refuse"), doc=DATA_DOC.get(k, ""),
+                      timeout=150))
     for k, v in MODELS.items():
         C.append(Case(f"model-toml-{k}", "model-toml", ["sweep", *SWEEP_FAST, "--model-config", "m.toml"],
                       setup=write("m.toml", v), timeout=150))
