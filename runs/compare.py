@@ -190,6 +190,8 @@ def _statistic(ev, metric, stratum, statistic, idx):
     out = np.full(idx.shape[0], np.nan)
     if s.kind == SET and rows.all():
         return np.asarray(s.compute(ev, idx), dtype=np.float64)
+    if idx.shape[1] == 0:  # no row left (every row NaN or inf on one side): nothing to resample
+        return out
     values = None if s.kind == SET else ev._array(metric)
     if values is not None and rows.all() and np.isfinite(values).all():
         return np.asarray(column_statistic_rows(values[idx], statistic), dtype=np.float64)

@@ -235,3 +235,25 @@ def test_compare_pairs_only_the_rows_both_sides_answered_with_numbers(nan_run, t
     finite = next(c for c in res["clauses"] if c["clause"] == "finite-outputs")
     assert finite["b"] == 0 and finite["a"] == bad + len(
         _bad_ids(root / "x" / "q8-g64" / "calibration_outputs.npz"))
+
+
+def test_compare_with_every_row_nan_on_one_side_has_no_paired_rows_and_does_not_crash():
+    """``variants compare`` of a variant whose every eval row is NaN (``VARIANTS_TEST_NONFINITE
+    =all``) against any other: no row is left to pair, so every clause's CI is NaN (no
+    IndexError from the bootstrap over 0 rows), and finite-outputs still compares the counts."""
+    from types import SimpleNamespace
+
+    from runs.compare import clause_differences
+
+    ref_cal, ref_ev, var_cal, var_ev = _finite_pair()
+    good = judge_outputs(ref_cal, ref_ev, var_cal, var_ev, load_contract(None))[:2]
+    _poison(var_ev, slice(None), np.nan)
+    ev_nan = judge_outputs(ref_cal, ref_ev, var_cal, var_ev, load_contract(None))[0]
+    keep = np.zeros(400, bool)  # the paired rows: none
+    ea = judge_outputs(ref_cal, {k: v[keep] for k, v in ref_ev.items()}, var_cal,
+                       {k: v[keep] for k, v in ref_ev.items()}, load_contract(None))[0]
+    a = SimpleNamespace(verdict=good[1].to_dict())
+    rows = clause_differences(a, a, n_boot=20, evaluations=(ea, ev_nan))
+    by = {r["clause"]: r for r in rows}
+    assert np.isnan(by["kl-p95"]["ci"]).all() and np.isnan(by["agreement"]["ci"]).all()
+    assert by["finite-outputs"]["b"] == 400 and by["finite-outputs"]["ci"] == [400.0, 400.0]
