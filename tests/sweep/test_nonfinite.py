@@ -257,3 +257,21 @@ def test_compare_with_every_row_nan_on_one_side_has_no_paired_rows_and_does_not_
     by = {r["clause"]: r for r in rows}
     assert np.isnan(by["kl-p95"]["ci"]).all() and np.isnan(by["agreement"]["ci"]).all()
     assert by["finite-outputs"]["b"] == 400 and by["finite-outputs"]["ci"] == [400.0, 400.0]
+
+
+def test_a_contracts_own_nonfinite_rows_bound_is_the_one_applied(tmp_path):
+    """A contract with its own clause on ``nonfinite_rows`` (no finite-outputs clause appended)
+    is held to its own bound: 3 NaN rows under ``max = 5`` pass it, 8 fail it naming the rows
+    (the count failed whatever the bound, "FAIL: ... on 3 eval rows" beside value 3 <= 5)."""
+    path = tmp_path / "c.toml"
+    path.write_text('name = "c"\n[[clause]]\nid = "few-nan"\nmetric = "nonfinite_rows"\n'
+                    'stratum = "all"\nstatistic = "value"\nmax = 5\n')
+    contract = load_contract(path)
+    assert [c.id for c in contract.clauses] == ["few-nan"]
+    for n_bad, status in ((3, "pass"), (8, "FAIL: NaN or inf outputs on 8 eval rows")):
+        ref_cal, ref_ev, var_cal, var_ev = _finite_pair()
+        _poison(var_ev, list(range(n_bad)), np.nan)
+        verdict = judge_outputs(ref_cal, ref_ev, var_cal, var_ev, contract)[1]
+        (res,) = verdict.results
+        assert res.value == n_bad and res.status.startswith(status)
+        assert verdict.passed == (n_bad <= 5)
