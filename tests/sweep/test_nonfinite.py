@@ -275,3 +275,14 @@ def test_a_contracts_own_nonfinite_rows_bound_is_the_one_applied(tmp_path):
         (res,) = verdict.results
         assert res.value == n_bad and res.status.startswith(status)
         assert verdict.passed == (n_bad <= 5)
+
+
+@pytest.mark.slow
+def test_a_factory_models_run_exports(nan_run, tmp_path):
+    """Found while breaking #39: export rebuilt the run's model from run.json's display name
+    (nonfinite_model-build: "unknown model") instead of its factory; now the factory is used."""
+    root, _ = nan_run
+    out = tmp_path / "exp"
+    assert main(["export", str(root / "x"), "--variant", "q8-g64", "--out", str(out),
+                 "--allow-fail"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "manifest.json").is_file()

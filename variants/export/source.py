@@ -108,6 +108,9 @@ def sweep_config(judged):
     family = get_family(rec.get("family", "quant"))
     names = {f.name for f in fields(SweepConfig)} - {"variants", "inputs_identity", "params"}
     kw = {k: v for k, v in rec.items() if k in names}
+    model = judged.run.get("model") if isinstance(judged.run.get("model"), dict) else {}
+    if kw.get("model_config") is None and model.get("factory"):  # the factory, not its name
+        kw["model"] = model["factory"]
     kw["params"] = {k: v for k, v in rec.items() if k in family.params}
     if not Path(kw.get("results_dir") or "").is_dir():
         kw["results_dir"] = str(judged.run_dir.parent)
