@@ -130,7 +130,7 @@ def test_small_real_sweep_writes_results_and_resumes(tmp_path, capsys):
     (["--run", "../escape"], "must be a plain folder name"),
     (["--run", ""], "must be a plain folder name"),
     (["--seed", "-1"], "seed=-1 must be >= 0"),
-    (["--near-tie-margin", "nan"], "near_tie_margin=nan"),
+    (["--near-tie-margin", "nan"], "--near-tie-margin nan must be a number in (0, 10000]"),
     (["--batch-size", "0"], "batch_size=0 must be >= 1"),
     (["--contract", "strict"], "alpha=0.01 needs at least 99 calibration examples"),
 ])

@@ -55,7 +55,7 @@ def test_validate_env():
     old = os.environ.get("VARIANTS_STREAMS")
     try:
         os.environ["VARIANTS_STREAMS"] = "0"
-        with pytest.raises(ValueError, match="VARIANTS_STREAMS must be >= 1"):
+        with pytest.raises(ValueError, match="VARIANTS_STREAMS must be from 1 to 64, got 0"):
             parallel.validate_env()
         os.environ["VARIANTS_STREAMS"] = "1"
         assert parallel.validate_env() == 1

@@ -159,7 +159,6 @@ def _record_use(action, family):
 
 #: flags a family reads only under one setting of another flag: flag -> (dest, value, flag)
 _ONLY_WITH = {"--ratios": ("rank_rule", "params", "--rank-rule"),
-              "--ratio-map": ("rank_rule", "params", "--rank-rule"),
               "--energies": ("rank_rule", "energy", "--rank-rule"),
               "--ranks": ("rank_rule", "rank", "--rank-rule")}
 
