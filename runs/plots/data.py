@@ -155,13 +155,12 @@ class Run:
                       near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN),
                       n_bins=N_BINS, numerical_noise=numerical_noise(self.meta,
                                                                      self.path / "run.json"))
-        # the calibration split's count too, where the file is (the plots need only eval's)
-        cal = (self.folder.outputs(name, "calibration")
-               if self.folder.has(name, OUTPUT_FILES["calibration"]) else None)
-        cal_bad = [] if cal is None else cal["ids"].astype(str)[nonfinite_rows(cal)].tolist()
+        # the calibration split's count too, as the judge counts it (a variant folder without
+        # its calibration outputs is not a judged variant: refused, as check refuses it)
+        cal = self.folder.outputs(name, "calibration")
         ev.nonfinite = {"eval": self.outputs(name)["ids"].astype(str)[bad].tolist(),
-                        "calibration": cal_bad,
-                        "rows": int(bad.size + (0 if cal is None else len(cal["ids"])))}
+                        "calibration": cal["ids"].astype(str)[nonfinite_rows(cal)].tolist(),
+                        "rows": int(bad.size + len(cal["ids"]))}
         if drop is None:
             self._evaluations[name] = ev
         return ev
