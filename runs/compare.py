@@ -15,6 +15,7 @@ settings) or data (source, eval rows, eval fingerprint) are refused with one lin
 """
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +190,10 @@ def _statistic(ev, metric, stratum, statistic, idx):
     s = spec(metric)
     out = np.full(idx.shape[0], np.nan)
     if s.kind == SET and rows.all():
+        if idx.shape[1] == 0:  # no row left: only the run's constants (nonfinite_rows) count
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "Mean of empty slice"
+                return np.asarray(s.compute(ev, idx), dtype=np.float64)
         return np.asarray(s.compute(ev, idx), dtype=np.float64)
     if idx.shape[1] == 0:  # no row left (every row NaN or inf on one side): nothing to resample
         return out

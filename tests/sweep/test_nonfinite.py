@@ -237,6 +237,7 @@ def test_compare_pairs_only_the_rows_both_sides_answered_with_numbers(nan_run, t
         _bad_ids(root / "x" / "q8-g64" / "calibration_outputs.npz"))
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # no "Mean of empty slice" lines
 def test_compare_with_every_row_nan_on_one_side_has_no_paired_rows_and_does_not_crash():
     """``variants compare`` of a variant whose every eval row is NaN (``VARIANTS_TEST_NONFINITE
     =all``) against any other: no row is left to pair, so every clause's CI is NaN (no
