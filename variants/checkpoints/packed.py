@@ -62,7 +62,7 @@ def skeleton(path, config, kinds, max_length=None):
     import numpy as np
     from tokenizers import Tokenizer
 
-    from variants.checkpoints.hf_heads import load_head
+    from variants.checkpoints import architectures
 
     Checkpoint, TextTokenizer, _build = kinds  # noqa: N806  (classes)
 
@@ -70,8 +70,8 @@ def skeleton(path, config, kinds, max_length=None):
     mt = files_.model_type(config, config_file)
     args, encoder, _ = _build(mt, config, config_file)
     head = config[BLOCK].get("hf_head") or {}
-    classifier = load_head(mt, {k: mx.array(np.zeros(s, np.float32)) for k, s in head.items()},
-                           args) if head else None
+    zeros = {k: mx.array(np.zeros(s, np.float32)) for k, s in head.items()}
+    classifier = architectures.loader(mt).load_head(mt, zeros, args) if head else None
     tok_file = path / "tokenizer.json"
     try:
         raw_tok = Tokenizer.from_file(str(tok_file))
