@@ -71,12 +71,17 @@ class ModelSource:
     options : list of str or None
         The options when neither the TOML nor the data gives them (a classifier's ``id2label``,
         set by :meth:`bind`).
+    outputs : str
+        What the model's logits are (:mod:`variants.models.head_output`): ``softmax`` (a choice
+        among options: every kind but a checkpoint head that says otherwise), ``multi_label``
+        or ``regression`` (a classifier checkpoint's config.json, read by :meth:`bind`).
     """
 
     name: str
     config: object = None
     factory: str | None = None
     options: list | None = None
+    outputs: str = "softmax"
 
     def __str__(self):
         return self.name
@@ -122,6 +127,14 @@ class ModelSource:
 
         n_out = head(mx.zeros((1, 1, checkpoint.args.hidden_size)),
                      mx.ones((1, 1), dtype=mx.int32)).shape[-1]
+        from variants.models.head_output import SOFTMAX, checkpoint_output_kind
+
+        self.outputs = checkpoint_output_kind(checkpoint, n_out)  # ModelConfigError: refused
+        if self.outputs != SOFTMAX:
+            raise ModelConfigError(
+                f"{checkpoint.path}/config.json: a {self.outputs} head ({n_out} logit"
+                f"{'s' if n_out > 1 else ''}) is not judged yet (its logits are not a softmax "
+                "over options); judge a single-label classifier")
         names = cfg.options if cfg.options is not None else self.options
         if len(names) != n_out:
             where = "options" if cfg.options is not None else \
