@@ -59,11 +59,19 @@ def model_toml(path, checkpoint, name="head"):
     return path
 
 
-def rows_jsonl(path, n=120):
-    """``n`` unlabelled rows (id, text) in a JSONL file at ``path``; split by id hash."""
-    words = ["good", "bad", "fine", "awful", "great", "dull", "movie", "food", "service", "plot"]
+def rows_jsonl(path, n=120, splits=None):
+    """``n`` unlabelled rows (id, text) in a JSONL file at ``path``; split by id hash, or by
+    ``splits`` ({"fit": n1, "calibration": n2, "eval": n3}, in that order, summing to n)."""
+    words = ["good", "bad", "fine", "awful", "great", "dull", "movie", "food", "service", "plot",
+             "not", "very", "the", "was", "is", "it"]
+    names = [s for s, k in (splits or {}).items() for _ in range(k)]
     path = Path(path)
-    path.write_text("".join(json.dumps({"id": f"r{i}", "text": " ".join(
-        words[(i * k + 3) % len(words)] for k in range(1, 3 + i % 5))}) + "\n"
-        for i in range(n)), encoding="utf-8")
+    rows = []
+    for i in range(n):
+        row = {"id": f"r{i}", "text": " ".join(words[(i * k + i // 7) % len(words)]
+                                              for k in range(1, 3 + i % 6))}
+        if names:
+            row["split"] = names[i]
+        rows.append(json.dumps(row) + "\n")
+    path.write_text("".join(rows), encoding="utf-8")
     return path
