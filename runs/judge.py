@@ -94,7 +94,8 @@ def _json_safe(summary):
     return {k: clean(v) for k, v in summary.items()}
 
 
-def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=None):
+def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=None,
+                  outputs="softmax"):
     """Metrics and verdict of one variant from its and the reference's outputs (pure, no files).
 
     Parameters
@@ -104,6 +105,11 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     contract : contracts.checker.Contract
     settings : dict, optional
         As :func:`resolve_settings`; default the contract's (near-tie margin 1.0 if unset).
+    outputs : str, default "softmax"
+        What the model outputs (:func:`run_outputs`). For ``multi_label`` / ``regression`` the
+        evaluation's ``summary`` also holds ``outputs`` and that head's figures
+        (:func:`metrics.head_summary.head_summary`), which the tables and reports show in place
+        of the softmax ones; ``ev.outputs`` is set either way.
 
     Returns
     -------
@@ -163,6 +169,12 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
                     "rows": int(bad_eval.size + bad_cal.size)}
     ev.summary.update(nonfinite_rows=ev.n_nonfinite, nonfinite_eval_ids=ev.nonfinite["eval"],
                       nonfinite_calibration_ids=ev.nonfinite["calibration"])
+    ev.outputs = outputs
+    if outputs != "softmax":  # a softmax run's summary (and files) unchanged
+        from metrics.head_summary import head_summary
+
+        ev.summary.update(outputs=outputs, **head_summary(
+            ev, outputs, st.get("value_tolerance", VALUE_TOLERANCE)))
     verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
                     seed=st["seed"])
     verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force
@@ -170,7 +182,7 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
 
 
 def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, n_bootstrap=None,
-                  seed=None, output_dir=None, texts=None, worst_n=5, write=True):
+                  seed=None, output_dir=None, texts=None, worst_n=5, write=True, outputs=None):
     """Recompute metrics, verdict and reports of variant ``name`` of a run from saved outputs.
 
     This is the sweep's judging step (``Sweep.judge`` calls it), so ``variants sweep`` and
@@ -194,6 +206,10 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
         Example texts for the worst-examples listing; default looked up in the VADER data.
     worst_n : int, default=5
     write : bool, default=True
+    outputs : str, optional
+        What the model outputs (``softmax``, ``multi_label``, ``regression``); default
+        :func:`run_outputs` of run.json (the sweep passes its model's: run.json has no model
+        block while it judges).
 
     Returns
     -------
@@ -222,8 +238,9 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
     st = resolve_settings(contract, run.meta, near_tie_margin=near_tie_margin, alpha=alpha,
                           n_bootstrap=n_bootstrap, seed=seed)
     try:
-        ev, verdict, epsilons = judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract,
-                                              settings=st)
+        ev, verdict, epsilons = judge_outputs(
+            ref_cal, ref_eval, var_cal, var_eval, contract, settings=st,
+            outputs=run_outputs(run.meta) if outputs is None else outputs)
     except ValueError as e:
         raise CheckError(f"{vdir}: {e}") from None
     row = None

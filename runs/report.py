@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
+from runs.head_view import QUALITY, figures_text, not_applicable, summary_outputs
 from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_lines,
                                plausibility_cells, special_only_text, unquantized_cells,
                                unquantized_text)
@@ -21,7 +22,8 @@ from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held
 from runs.report_warmth import cold_cells, cold_column, warm_text
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
-# follow, one pair per timed batch size.
+# follow, one pair per timed batch size. A multi-label or regression head's run shows its own
+# columns after model MB instead (runs.head_view.QUALITY).
 TABLE = (
     ("variant", "variant", "{}"),
     ("bits_per_weight", "bits/w", "{:.2f}"),
@@ -128,9 +130,11 @@ def format_table(summary):
     """The main table as a DataFrame of strings (for Markdown and the terminal)."""
     out = []
     sizes = _batch_sizes(summary)
+    outputs = summary_outputs(summary)
+    columns = TABLE if outputs == "softmax" else TABLE[:3] + QUALITY[outputs]
     for _, r in summary.iterrows():
         cells = {}
-        for col, head, f in TABLE:
+        for col, head, f in columns:
             head = head.format(**r) if "{" in head else head
             value = r.get(col)
             if col == "model_bytes" and value is not None:
@@ -269,10 +273,29 @@ def _cpu_text(info):
     return f"; CPU {text}" if text else ""
 
 
+def _softmax_facts(meta, cfg, outputs):
+    """The run facts' ε / certificate line (a softmax run), or what does not apply (others)."""
+    if outputs != "softmax":
+        return [f"- {not_applicable(outputs)}"]
+    return [f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
+            f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}"]
+
+
+def _temperature_facts(meta, outputs):
+    """The run facts' temperature line (none for a multi-label or regression head: its logits
+    are judged as they are, T = 1 fixed)."""
+    if outputs != "softmax":
+        return []
+    return ["- temperatures per option count: "
+            + ", ".join(f"K={k}: {v:.3f}" + _fit_note(meta, k)
+                        for k, v in meta["temperatures"].items())]
+
+
 def render_report(meta, summary, details, contract, extras=None):
     """report.md text: run facts, the main table, then each variant's clauses."""
     cfg = meta["config"]
     data = meta["data"]
+    outputs = summary_outputs(summary)
     lines = [
         f"# Sweep `{cfg['run']}` — {cfg['model']}, {cfg['family']} ("
         + ", ".join(f"{k} {v if v is not None else 'default'}"
@@ -302,12 +325,10 @@ def render_report(meta, summary, details, contract, extras=None):
         + (f"; {cfg['timing_warmup']} warm-ups and {cfg['timing_rounds']} rounds requested per "
            f"batch size, at most {cfg['timing_budget_s']:g} s each (at least "
            f"{cfg.get('timing_min_rounds', 3)} rounds)" if "timing_rounds" in cfg else ""),
-        f"- ε = largest max|Δlogit| on the calibration split; certified = eval examples whose "
-        f"reference top-2 margin > 2ε; near tie = reference margin < {cfg['near_tie_margin']}",
+        *_softmax_facts(meta, cfg, outputs),
         f"- reference model: {meta.get('reference_model_bytes', float('nan')) / 1e6:.1f} MB "
         f"(fp32), checkpoint sha256 {meta['checkpoint']['sha256'][:12]}…",
-        "- temperatures per option count: "
-        + ", ".join(f"K={k}: {v:.3f}" + _fit_note(meta, k) for k, v in meta["temperatures"].items()),
+        *_temperature_facts(meta, outputs),
         f"- wall time of this invocation: {meta['wall_s']:.0f} s"
         + (f" ({len(meta['reused_variants'])} variants reused from an earlier invocation)"
            if meta.get("reused_variants") else ""),
@@ -357,6 +378,7 @@ def render_report(meta, summary, details, contract, extras=None):
         lines += [
             f"====== {name}: {verdict.word} ======",
             "",
+            figures_text(s, outputs) if outputs != "softmax" else
             f"ε = {s['epsilon']:.4g}, certified {s['certified_share']:.1%}, agreement "
             f"{s['agreement']:.4f}, accuracy {s['accuracy_ref']:.4f} → {s['accuracy_variant']:.4f}, "
             f"KL mean {s['kl_mean']:.2e} / p95 {s['kl_p95']:.2e} / max {s['kl_max']:.2e}, "
@@ -379,7 +401,7 @@ def render_report(meta, summary, details, contract, extras=None):
         frame = frame[["id", "metric", "stratum", "statistic", "value", "CI", "interval", "op",
                        "threshold", "n", "status"]]
         lines += [frame.to_markdown(index=False, floatfmt=".4g"), "", INTERVAL_NOTE, ""]
-        if s.get("certified_flip_ids"):
+        if s.get("certified_flip_ids") and outputs == "softmax":
             lines += ["Certified examples that flipped (ε was exceeded on them): "
                       + ", ".join(s["certified_flip_ids"][:20]), ""]
     return "\n".join(lines) + "\n"

@@ -212,7 +212,8 @@ class Sweep:
 
     def judge(self, name):
         """Recompute metrics, verdict and the variant's own report from its saved outputs."""
-        return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin)
+        return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin,
+                             outputs=self.cfg.resolve_model().outputs)
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self):
