@@ -136,6 +136,22 @@ def _top2(probs, mask):
 #: set-level metrics moved by identifiable rows: those rows rank first among the worst examples
 #: (the accuracy drop is the negative flips' share minus the positive flips'), then by KL
 SET_DRIVERS = {"accuracy_drop": "negative_flip", "accuracy_variant": "negative_flip"}
+#: per-example drift that orders the worst examples of a set-level clause (and breaks ties) for
+#: a head that is not a softmax (a softmax: ``kl``)
+HEAD_DRIFT = {"regression": "value_rel_error", "multi_label": "label_prob_max_abs_diff"}
+
+
+def _answers(ev, i, outputs):
+    """Both models' answers on row ``i``: the top-2 options ("#k p") of a softmax, the output
+    value of a regression head, the labels decided yes (sigmoid >= 0.5) of a multi-label one."""
+    if outputs == "regression":
+        return {"ref_value": _num(ev.ref_logits[i, 0]), "var_value": _num(ev.var_logits[i, 0])}
+    if outputs == "multi_label":
+        def yes(z):
+            return " ".join(f"#{k}" for k in np.flatnonzero((z >= 0) & ev.option_mask[i])) or "none"
+        return {"ref_labels": yes(ev.ref_logits[i]), "var_labels": yes(ev.var_logits[i])}
+    return {"ref_top2": _top2(ev.ref_probs[i], ev.option_mask[i]),
+            "var_top2": _top2(ev.var_probs[i], ev.option_mask[i])}
 
 
 def worst_examples(ev, result, *, texts=None, n=5):
@@ -152,24 +168,28 @@ def worst_examples(ev, result, *, texts=None, n=5):
     Returns
     -------
     list of dict
-        ``id``, ``excerpt``, ``ref_top2`` and ``var_top2`` ("#k p" pairs), ``metric`` (the
-        clause's per-example value; for a set-level metric the example's KL, with the rows
-        that move it first for those in :data:`SET_DRIVERS`), ``label``.
+        ``id``, ``excerpt``, ``ref_top2`` and ``var_top2`` ("#k p" pairs; a regression head:
+        ``ref_value`` / ``var_value``; a multi-label head: ``ref_labels`` / ``var_labels``, the
+        labels decided yes), ``metric`` (the clause's per-example value; for a set-level metric
+        the example's KL, or the head's drift of :data:`HEAD_DRIFT`, with the rows that move it
+        first for those in :data:`SET_DRIVERS`), ``label``.
     """
     from metrics.registry import SET, spec
 
     rows = np.flatnonzero(ev.rows(result.stratum))
     metric = result.metric
     driver = SET_DRIVERS.get(metric)
+    outputs = getattr(ev, "outputs", "softmax")
+    drift = HEAD_DRIFT.get(outputs, "kl")  # what orders rows: KL of a softmax, else the head's
     if spec(metric).kind == SET:
-        metric = "kl"
+        metric = drift
     values = ev._array(metric)[rows]
     lower_is_worse = result.op == ">="  # a min bound: the lowest values drive the clause
     key = np.where(np.isnan(values), -np.inf, -values if lower_is_worse else values)
     if driver is not None:  # the rows that move the set-level value first, then by KL
         key = ev._array(driver)[rows].astype(float)
     # tie-break by KL so that among equal bools the most drifted rows come first
-    kl = ev._array("kl")[rows]
+    kl = ev._array(drift)[rows]
     order = np.lexsort((-kl, -key))[:n]
     out = []
     df = ev.per_example
@@ -180,8 +200,7 @@ def worst_examples(ev, result, *, texts=None, n=5):
         out.append({"id": eid,
                     "excerpt": text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS - 1] + "…",
                     "label": int(df["label"].iat[i]),
-                    "ref_top2": _top2(ev.ref_probs[i], ev.option_mask[i]),
-                    "var_top2": _top2(ev.var_probs[i], ev.option_mask[i]),
+                    **_answers(ev, i, outputs),
                     "metric": _num(ev._array(metric)[i]), "metric_name": metric})
     return out
 
@@ -238,6 +257,12 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
         "detectable": "—" if r.detectable is None else f"{r.detectable:.3g}",
         "status": r.status} for r in verdict.results])
     lines += [_md(frame), "", INTERVAL_NOTE, ""]
+    outputs = getattr(ev, "outputs", "softmax")
+    if outputs != "softmax":  # a multi-label or regression head: no softmax section applies
+        from metrics.head_view import figures_text
+
+        lines += ["====== What the head outputs ======", "", figures_text(s, outputs), ""]
+        return "\n".join(lines + _worst_lines(ev, verdict, texts, worst_n)) + "\n"
 
     # certificate
     lines += ["====== Margin certificate ======", "",
@@ -342,7 +367,12 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
               "positive = the reverse (Yan et al. 2020); rates over labeled examples.", "",
               _md(ft, floatfmt=".4g"), ""]
 
-    # worst examples
+    return "\n".join(lines + _worst_lines(ev, verdict, texts, worst_n)) + "\n"
+
+
+def _worst_lines(ev, verdict, texts, worst_n):
+    """The report's worst examples of each failing clause (none when every clause passes)."""
+    lines = []
     failing = [r for r in verdict.results if r.passed is False]
     if failing:
         lines += ["====== Worst examples of failing clauses ======", ""]
@@ -352,7 +382,7 @@ def render_variant_report(name, ev, verdict, contract, epsilons, *, texts=None, 
                       f"{r.threshold:g} fails):", ""]
             if worst:
                 lines += [_md(pd.DataFrame(worst)), ""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def variant_report_json(name, ev, verdict, contract, epsilons, *, texts=None, worst_n=5):

@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
-from runs.head_view import QUALITY, figures_text, not_applicable, summary_outputs
+from metrics.head_view import QUALITY, figures_text, not_applicable, summary_outputs
 from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_lines,
                                plausibility_cells, special_only_text, unquantized_cells,
                                unquantized_text)

@@ -1,4 +1,5 @@
-"""What the run's tables and reports show of a multi-label or regression head (no MLX): the
+"""What the run's tables and reports show of a multi-label or regression head (no MLX; read by
+runs.report, contracts.report, runs.html and the export's model card): the
 columns of the outputs the run judges (:mod:`metrics.head_summary`) in place of the softmax ones
 (agreement, certified share, ECE, Δscore, Δaction), which mean nothing for those outputs.
 
