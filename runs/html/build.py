@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from metrics.head_view import not_applicable
 from runs.html.data import (HTML_REPORT_SCHEMA_VERSION, N_FLIPPED, clause_rows, clean,
                             judged_text,
                             contract_digest, flipped_examples, num, provenance,
@@ -14,6 +15,20 @@ HEADLINE = ("family", "bits_per_weight", "model_bytes", "param_ratio", "agreemen
             "score_abs_err_max", "accuracy_ref", "accuracy_variant", "negative_flips",
             "positive_flips", "kl_p95", "epsilon", "n_examples", "timed_model_bytes",
             "timed_ref_model_bytes")
+
+
+def _head_block(row, outputs):
+    """A multi-label or regression variant's figures (summary.csv's head columns, the report's
+    paragraph): what the page shows in place of the softmax sections."""
+    from metrics.head_summary import KEYS
+    from metrics.head_view import figures_text
+
+    keys = ("family", "bits_per_weight", "model_bytes", "param_ratio", "n_examples",
+            "timed_model_bytes", "timed_ref_model_bytes") + KEYS[outputs]
+    summary = {k: num(row.get(k)) for k in keys if k in row}
+    return {"summary": clean(summary), "figures": figures_text(row, outputs),
+            "reliability": None, "calibration": {}, "near_tie": [], "n_flipped": 0,
+            "flipped": []}
 
 
 def quantile_ci(times_ms, p, confidence=0.95):
@@ -64,8 +79,9 @@ def _judged(run, judged_dir, name, file):
     return p if p is not None and p.is_file() else run.path / name / file
 
 
-def _variant(run, name, row, texts_of, judged_dir=None):
-    """Everything the report shows about one variant."""
+def _variant(run, name, row, texts_of, judged_dir=None, outputs="softmax"):
+    """Everything the report shows about one variant (a head that is not a softmax: its own
+    figures, and no reliability, near-tie or flipped-example data: :func:`_head_block`)."""
     from contracts.report import flip_table
 
     folder = run.folder
@@ -79,6 +95,22 @@ def _variant(run, name, row, texts_of, judged_dir=None):
     temps = rep.get("temperatures") or clean(ev.temperature_table().to_dict("records"))
     flips = ev.per_example["flip"].to_numpy(bool)
     summary = {k: num(row.get(k)) for k in HEADLINE if k in row}
+    block = {
+        "name": name,
+        "verdict": verdict_word(verdict),
+        "failed": verdict.get("failed", []), "untested": verdict.get("untested", []),
+        "undecided": verdict.get("undecided", []),
+        "settings": verdict.get("settings", {}),
+        "contract": {"name": verdict.get("contract"), "digest": contract_digest(verdict)},
+        "clauses": clause_rows(verdict, settled=rep.get("settled", ())),
+        "build": clean({k: v for k, v in folder.json(name, "build.json").items()
+                        if k in ("family", "config", "bits_per_weight", "model_bytes",
+                                 "param_ratio", "ideal_speedup", "skipped")}),
+        "timing": _timing(folder.json(name, "timing.json")),
+        "temperatures": clean(temps),
+    }
+    if outputs != "softmax":
+        return dict(block, **_head_block(row, outputs))
     return {
         "name": name,
         "verdict": verdict_word(verdict),
@@ -157,8 +189,11 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
 
     rows = {str(r["variant"]): r for r in run.summary.to_dict("records")}
     judged_dir = Path(judged_dir) if judged_dir is not None else None
-    blocks = [_variant(run, n, rows[n], texts_of, judged_dir) for n in names]
+    from runs.judge import run_outputs
+
     meta = run.meta
+    outputs = run_outputs(meta)
+    blocks = [_variant(run, n, rows[n], texts_of, judged_dir, outputs) for n in names]
     cfg = meta.get("config", {})
     settings = [b.pop("settings") for b in blocks]
     timings = {n: run.folder.json(n, "timing.json") for n in names}
@@ -189,6 +224,9 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
         "sweep_time": sweep_time(meta),
         "segment_profile": meta.get("segment_profile"),
         "failed_variants": {k: str(v) for k, v in (meta.get("failed_variants") or {}).items()},
+        # only for a head that is not a softmax (a softmax run's report.json is unchanged)
+        **({"outputs": outputs, "not_applicable": not_applicable(outputs)}
+           if outputs != "softmax" else {}),
     })
 
 

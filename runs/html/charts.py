@@ -16,6 +16,21 @@ from matplotlib.lines import Line2D
 PARETO_Y = (("agreement", "agreement", True),
             ("ece_variant", "ECE (top label)", False),
             ("action_max_abs_diff_max", "max action drift |Δp|", False))
+#: Pareto panels of a head that is not a softmax (run.json ``model.outputs``), as PARETO_Y
+HEAD_PARETO_Y = {
+    "regression": (("value_rel_error_max", "max relative value error", False),
+                   ("within_tolerance", "rows within tolerance", True),
+                   ("value_spearman", "Spearman ρ of values", True)),
+    "multi_label": (("label_set_change_rate", "rows whose label set changed", False),
+                    ("label_flip_rate_max", "largest per-label flip rate", False),
+                    ("label_brier_delta", "worst per-label Brier Δ", False)),
+}
+#: the reference's own value of each panel's figure (the star); ECE: the summary's ``ece_ref``
+REFERENCE_Y = {"agreement": 1.0, "action_max_abs_diff_max": 0.0, "value_rel_error_max": 0.0,
+               "within_tolerance": 1.0, "value_spearman": 1.0, "label_set_change_rate": 0.0,
+               "label_flip_rate_max": 0.0, "label_brier_delta": 0.0}
+#: summary key -> the metric of the contract clause judging it, where the names differ
+CLAUSE_OF = {"value_rel_error_max": "value_rel_error", "label_set_change_rate": "label_flip"}
 #: Verdict → (marker, face colour) of a variant's point.
 VERDICT_STYLE = {"pass": ("o", "#1a7f37"), "fail": ("X", "#cf222e"), "untested": ("s", "#9a6700"),
                  "undecided": ("D", "#bc4c00")}
@@ -69,7 +84,8 @@ def _threshold(v, metric):
 
 def pareto_svg(data, batch_size):
     """Speed-up at ``batch_size`` (top row, 95% CI) and model size (bottom row) against
-    agreement, ECE and action drift; passing variants filled green, the reference a star.
+    agreement, ECE and action drift (a regression or multi-label head: its own figures,
+    :data:`HEAD_PARETO_Y`); passing variants filled green, the reference a star.
     Returns None when no variant was timed at that batch size."""
     import matplotlib
 
@@ -84,7 +100,8 @@ def pareto_svg(data, batch_size):
         fig = _figure(3, 2, 3.0, 2.5)
         axes = fig.subplots(2, 3)
         ref_mb = (data["reference"].get("model_bytes") or math.nan) / 1e6
-        for col, (key, label, higher) in enumerate(PARETO_Y):
+        for col, (key, label, higher) in enumerate(HEAD_PARETO_Y.get(data.get("outputs"),
+                                                                      PARETO_Y)):
             for row, axis in enumerate(("speed", "size")):
                 ax = axes[row][col]
                 for v, t in zip(vs, pts):
@@ -99,7 +116,7 @@ def pareto_svg(data, batch_size):
                             ax.hlines(y, lo, hi, color="0.55", lw=0.8)
                     else:
                         x = (v["summary"].get("model_bytes") or math.nan) / 1e6
-                    ylo, yhi = _clause_ci(v, key)
+                    ylo, yhi = _clause_ci(v, CLAUSE_OF.get(key, key))
                     if ylo is not None and yhi is not None:  # a percentile CI may miss y
                         ax.vlines(x, ylo, yhi, color="0.55", lw=0.8)
                     m, c = VERDICT_STYLE[v["verdict"]]
@@ -107,13 +124,12 @@ def pareto_svg(data, batch_size):
                                zorder=3)
                     ax.annotate(v["name"], (x, y), textcoords="offset points", xytext=(4, 3),
                                 fontsize=6.5)
-                ref_y = {"agreement": 1.0, "action_max_abs_diff_max": 0.0}.get(
-                    key, vs[0]["summary"].get("ece_ref"))
+                ref_y = REFERENCE_Y.get(key, vs[0]["summary"].get("ece_ref"))
                 ref_x = 1.0 if axis == "speed" else ref_mb
                 if ref_y is not None and math.isfinite(ref_x):
                     ax.scatter([ref_x], [ref_y], marker="*", s=110, color="gold",
                                edgecolor="k", lw=0.5, zorder=4)
-                thr = _threshold(vs[0], key)
+                thr = _threshold(vs[0], CLAUSE_OF.get(key, key))
                 if thr:
                     ax.axhline(thr[1], color="#cf222e", ls="--", lw=0.8)
                 ax.set_ylabel(label + (" ↑" if higher else " ↓"))
@@ -178,4 +194,5 @@ def charts(data):
     sizes = sorted({e["B"] for v in data["variants"] for e in v["timing"]["forward"]})
     pareto = [(b, s) for b in sizes if (s := pareto_svg(data, b)) is not None]
     return {"pareto": pareto,
-            "reliability": {v["name"]: reliability_svg(v) for v in data["variants"]}}
+            "reliability": {v["name"]: reliability_svg(v) for v in data["variants"]
+                            if v.get("reliability")}}  # none for a head that is not a softmax
