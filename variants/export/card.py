@@ -1,16 +1,27 @@
 """The exported folder's model card (``README.md``): what was judged, each clause with its value,
-threshold and interval, speed, size, and what was not tested. Markdown from one ``facts`` dict
-(:func:`variants.export.write.export` builds it), so another renderer (an HTML report) can
-take the same facts: pass ``card=`` to ``export``.
+threshold and interval, speed, size, and what was not tested (a multi-label or regression
+head's card says what its clauses measure and that the softmax figures and temperatures do not
+apply). Markdown from one ``facts`` dict (:func:`variants.export.write.export` builds it), so
+another renderer (an HTML report) can take the same facts: pass ``card=`` to ``export``.
 """
 
 import math
+
+from metrics.head_view import not_applicable
 
 
 def _num(x):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return f"{x:.4g}"
+
+
+def _outputs(facts):
+    """What the judged model outputs (run.json ``model.outputs``, :func:`runs.judge.run_outputs`):
+    ``softmax`` (every run before heads were read), ``multi_label`` or ``regression``."""
+    from runs.judge import run_outputs
+
+    return run_outputs(facts.get("run"))
 
 
 def markdown(facts):
@@ -28,6 +39,10 @@ def markdown(facts):
               f"{facts['n_eval']} eval rows"
               + (f" (the winner of the search in `{facts['search']}`)" if facts["search"] else "")
               + ".", ""]
+    outputs = _outputs(facts)
+    if outputs != "softmax":
+        lines += ["Judged on what the head outputs, by the clauses below (computed from the "
+                  "saved outputs of reference and variant). " + not_applicable(outputs), ""]
     fit = facts.get("reference_fit")
     if fit:
         how = {"shipped": "shipped with the package for this configuration",
@@ -97,5 +112,6 @@ def markdown(facts):
               "data, other prompts, longer texts than the tokenizer's max length were not judged",
               "- speed on other machines, batch sizes or sequence lengths than the table's",
               "- the calibration of temperatures on new data (the judged ones are in "
-              "`config.json`)", ""]
+              "`config.json`)" if outputs == "softmax" else
+              "- no temperature: the head's logits are judged as they are (T = 1)", ""]
     return "\n".join(lines)
