@@ -103,3 +103,36 @@ def checkpoint_output_kind(checkpoint, n_out):
     ``n_out`` logits."""
     path = Path(checkpoint.path)
     return output_kind(read_config(path), n_out, where=f"{path / 'config.json'}")
+
+
+#: what each output kind is, in refusals
+DESCRIBED = {MULTI_LABEL: "one sigmoid yes/no per label (multi_label_classification)",
+             REGRESSION: "one output value per row (regression)"}
+
+
+def require_softmax(source, what, fix):
+    """Refuse, in one line, work that trains or decides on a softmax over the options when the
+    model's head outputs something else: a softmax of a regression value is 1 whatever the
+    input, and per-label sigmoids are not one distribution, so such an objective would
+    optimise (or decide on) nothing the head means.
+
+    Parameters
+    ----------
+    source : variants.models.configured.ModelSource or None
+        The bound model (its ``outputs``; None or no ``outputs``: a softmax, nothing refused).
+    what : str
+        What uses the softmax (e.g. "--family student distils KL(teacher || student) between
+        softmaxes over the options").
+    fix : str
+        What to do instead.
+
+    Raises
+    ------
+    ModelConfigError
+        ``"<what>, but model '<name>' outputs <kind>; <fix>"``.
+    """
+    outputs = getattr(source, "outputs", SOFTMAX)
+    if outputs == SOFTMAX:
+        return
+    name = getattr(source, "name", None) or "the model"
+    raise ModelConfigError(f"{what}, but model {name!r} outputs {DESCRIBED[outputs]}; {fix}")

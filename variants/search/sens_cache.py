@@ -201,6 +201,12 @@ def load_rows(payload):
     device.use(cfg.device or device.requested(), cfg.dtype)
     _, checkpoint, tasksets = load_inputs(cfg)
     source = cfg.resolve_model()
+    from variants.models.head_output import require_softmax
+
+    require_softmax(source, "per-layer sensitivity measures the KL between softmaxes of the raw "
+                    "logits and top-1 flips (variants/search/sensitivity.py)",
+                    "sweep fixed settings instead (variants sweep --family quant --bits 8, or "
+                    "lowrank, prune, w8a8), each judged by the head's own contract")
     parts = search_tasksets(cfg, source, payload["n_search"])
     reference, _ = fitted_reference(source, checkpoint, tasksets,
                                     Path(cfg.results_dir) / ".cache", log=payload.get("log") or print,

@@ -55,6 +55,13 @@ def load(payload):
     cfg = SweepConfig(**payload["sweep"]).validate()
     device.use(cfg.device or device.requested(), cfg.dtype)
     contract, checkpoint, tasksets = load_inputs(cfg)
+    from variants.models.head_output import require_softmax
+
+    require_softmax(cfg.resolve_model(), "variants search orders layers and candidates by "
+                    "per-layer sensitivity, the KL between softmaxes of the raw logits "
+                    "(variants/search/sensitivity.py)",
+                    "sweep fixed settings instead (variants sweep --family quant --bits 8, or "
+                    "lowrank, prune, w8a8), each judged by the head's own contract")
     contract = tighten(contract, payload.get("search_margin", 0.0))  # the search split's
     if payload.get("select", "value") == "bound":
         from variants.search.bounds import bounded

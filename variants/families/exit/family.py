@@ -209,10 +209,19 @@ def build(reference, config, inputs=BuildInputs(), mode="simulated"):
                             cache_dir=inputs.cache_dir, fit=inputs.fit)
 
 
+#: what a head that is not a softmax can use instead (:func:`check_model`)
+FIX = ("choose --family quant (rtn, gptq or awq), lowrank, prune, w8a8 or exact, which the "
+       "head's own contract judges")
+
+
 def check_model(encoder, configs, model=None):
     """The family's model check: :func:`variants.families.exit.build.check_model`."""
     from variants.families.exit import build as early_exit
+    from variants.models.head_output import require_softmax
 
+    require_softmax(model, "--family exit stops on the softmax confidence of its exit heads "
+                    "(entropy, top-2 margin, patience of the top option) and fits them by KL to "
+                    "the final head's softmax", FIX)
     early_exit.check_model(encoder, configs, model=model)
 
 

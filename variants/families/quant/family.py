@@ -104,6 +104,12 @@ def check_model(encoder, configs, model=None):
     quantize.check_model(encoder, configs)
     if any(cfg.method == "dwq" for cfg in configs):
         from variants.families.quant import dwq
+        from variants.models.head_output import require_softmax
+
+        require_softmax(model, "--quant-method dwq trains the quantization scales on KL between "
+                        "the reference's and the variant's softmaxes over the options",
+                        "use --quant-method rtn, gptq or awq (fitted on layer outputs, not on a "
+                        "softmax)")
 
         dwq.check_model(encoder)
     for cfg in configs:

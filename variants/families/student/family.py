@@ -204,10 +204,18 @@ def build(reference, config, inputs=BuildInputs(), mode="simulated"):
                          cache_dir=inputs.cache_dir, mode=mode)
 
 
+#: what a head that is not a softmax can use instead (:func:`check_model`)
+FIX = ("choose --family quant (rtn, gptq or awq), lowrank, prune, w8a8 or exact, which the "
+       "head's own contract judges")
+
+
 def check_model(encoder, configs, model=None):
     """The family's model check: :func:`variants.families.student.build.check_model`."""
     from variants.families.student import build as student
+    from variants.models.head_output import require_softmax
 
+    require_softmax(model, "--family student distils by KL(teacher || student) between softmaxes "
+                    "over the options and falls back on the student's softmax confidence", FIX)
     student.check_model(encoder, configs, model=model)
 
 
