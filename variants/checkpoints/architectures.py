@@ -22,6 +22,9 @@ REGISTRY = {
     "roberta": ("variants.checkpoints.hf_bert", "Roberta"),
     "xlm-roberta": ("variants.checkpoints.hf_bert", "XLMRoberta"),
     "modernbert": ("variants.checkpoints.hf_modernbert", "ModernBert"),
+    "distilbert": ("variants.checkpoints.hf_distilbert", "DistilBert"),
+    "electra": ("variants.checkpoints.hf_electra", "Electra"),
+    "albert": ("variants.checkpoints.hf_albert", "Albert"),
 }
 
 
