@@ -170,3 +170,25 @@ def test_electra_relative_positions_and_distilbert_missing_dim_are_refused(tmp_p
         with pytest.raises(CheckpointError, match=re.escape(says)) as e:
             load_checkpoint(folder)
         assert "\n" not in str(e.value)
+
+
+def test_electra_with_embedding_size_equal_to_hidden_has_no_projection_and_is_bert(loaded):
+    """ELECTRA-large's layout (embedding_size == hidden_size: no ``embeddings_project``): the
+    BERT fixture's weights loaded into an ElectraEncoder give BERT's outputs."""
+    from mlx.utils import tree_flatten
+
+    from variants.arch.electra import ElectraArgs, ElectraEncoder
+
+    bert = loaded["bert"]
+    cfg = json.loads((HF / "bert" / "config.json").read_text())
+    enc = ElectraEncoder(ElectraArgs.from_dict(dict(cfg, model_type="electra",
+                                                    embedding_size=cfg["hidden_size"])))
+    assert "project" not in enc.embeddings
+    enc.load_weights(tree_flatten(bert.encoder.parameters()), strict=True)
+    ref = _ref("bert")
+    ids, mask = mx.array(ref["input_ids"]), mx.array(ref["attention_mask"])
+    types = mx.array(ref["token_type_ids"])
+    real = ref["attention_mask"].astype(bool)
+    got = np.array(enc(ids, mask, types).last_hidden)[real]
+    want = np.array(bert.encoder(ids, mask, types).last_hidden)[real]
+    assert np.abs(got - want).max() <= 1e-5 and np.abs(want).std() > 0.1
