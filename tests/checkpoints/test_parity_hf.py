@@ -192,3 +192,26 @@ def test_electra_with_embedding_size_equal_to_hidden_has_no_projection_and_is_be
     got = np.array(enc(ids, mask, types).last_hidden)[real]
     want = np.array(bert.encoder(ids, mask, types).last_hidden)[real]
     assert np.abs(got - want).max() <= 1e-5 and np.abs(want).std() > 0.1
+
+
+def test_albert_layers_of_a_group_share_their_derived_weights(loaded):
+    """The fast paths' folded / transposed weights are built once per group, in the reference
+    and in a deep copy (a variant); a layer whose weights are replaced gets its own, the
+    others keep theirs; outputs unchanged."""
+    import copy
+
+    enc = loaded["albert"].encoder
+    L = enc.layers
+    assert L[0].attention.folded() is L[1].attention.folded()
+    assert L[2].mlp_weights() is L[3].mlp_weights()
+    assert L[1].attention.folded() is not L[2].attention.folded()  # another group
+    ref = _ref("albert")
+    ids, mask = mx.array(ref["input_ids"]), mx.array(ref["attention_mask"])
+    want = np.array(enc(ids, mask).last_hidden)
+    var = copy.deepcopy(enc)
+    a, b = var.layers[0].attention, var.layers[1].attention
+    shared = b.folded()
+    assert a.folded() is shared and shared is not L[0].attention.folded()
+    a.query.weight = a.query.weight * 1.0  # a new array with the same values
+    assert a.folded() is not shared and b.folded() is shared and a.folded() is a.folded()
+    np.testing.assert_array_equal(np.array(var(ids, mask).last_hidden), want)

@@ -15,13 +15,21 @@ it: the same ``mx.array`` objects, so the reference stores them once and
 :func:`variants.runtime.memory.model_bytes` (unique arrays) counts them once. A family that
 rewrites the layers (quantization, low rank, ...) writes one copy per layer, and its size is
 then the size of those copies: an 8-bit ALBERT with 12 passes over one group is reported (and
-exported) as 12 quantized layers, which can be larger than the shared fp32 reference."""
+exported) as 12 quantized layers, which can be larger than the shared fp32 reference.
 
+The fast paths' derived weights (folded q|k|v, transposed MLP, per-stream shards:
+:class:`variants.runtime.derived.DerivedWeights`) are likewise kept once per group
+(:class:`GroupCache`), in the reference and in its deep copies (a pruned or early-exit variant):
+per-layer caches would hold ``num_hidden_layers / num_hidden_groups`` copies of them, 12 x 28 MB
+for ALBERT-base, 12 x 0.8 GB for ALBERT-xxlarge."""
+
+import copy
 import re
 from dataclasses import dataclass
 
 from variants.arch.electra import FactorisedEmbeddings, check_absolute_positions
 from variants.arch.encoder import BertEncoder, ModelArgs, TransformerLayer
+from variants.runtime.derived import DerivedWeights
 
 _GROUP = re.compile(r"^groups\.(\d+)\.(\d+)\.(.*)$")
 
@@ -61,6 +69,49 @@ class AlbertArgs(ModelArgs):
         return [i * n + inner for i in range(self.num_hidden_layers) if self.group_of(i) == group]
 
 
+class GroupStore:
+    """Derived weights of the layers that run one ALBERT group, by the identity of the arrays
+    they were built from (at most ``limit`` entries, oldest dropped first). A deep copy starts
+    empty; the copies of one group's layers share it (``copy.deepcopy``'s memo)."""
+
+    def __init__(self, limit):
+        self.entries, self.limit = {}, limit
+
+    def __deepcopy__(self, memo):
+        return GroupStore(self.limit)
+
+    def get(self, sources, build):
+        """The arrays built from ``sources`` (arrays, or ints such as a shard count), built by
+        ``build()`` on first use."""
+        key = tuple(s if isinstance(s, (int, float, str)) else id(s) for s in sources)
+        hit = self.entries.get(key)
+        if hit is None:
+            if len(self.entries) >= self.limit:
+                self.entries.pop(next(iter(self.entries)))
+            hit = self.entries[key] = (tuple(sources), build())  # sources kept: ids stay theirs
+        return hit[1]
+
+
+class GroupCache(DerivedWeights):
+    """A layer's :class:`variants.runtime.derived.DerivedWeights` that looks in its group's
+    :class:`GroupStore`: layers whose weights are the same arrays get the same derived arrays;
+    a layer whose weights were replaced gets its own entry (the others keep theirs, no
+    rebuilding back and forth). ``clear`` drops nothing (an entry is only ever returned for its
+    own sources)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __deepcopy__(self, memo):
+        return GroupCache(copy.deepcopy(self.store, memo))
+
+    def clear(self):
+        pass
+
+    def get(self, sources, build):
+        return self.store.get(sources, build)
+
+
 class AlbertEncoder(BertEncoder):
     """:class:`BertEncoder` with :class:`variants.arch.electra.FactorisedEmbeddings` (always
     projected) and ``num_hidden_layers * inner_group_num`` layers holding the shared groups'
@@ -73,6 +124,14 @@ class AlbertEncoder(BertEncoder):
         self.embeddings = FactorisedEmbeddings(args, True)
         self.layers = [TransformerLayer(args)
                        for _ in range(args.num_hidden_layers * args.inner_group_num)]
+        for g in range(args.num_hidden_groups):
+            for j in range(args.inner_group_num):
+                sharers = args.shared(g, j)
+                store = GroupStore(3 * len(sharers))  # folded, MLP and shards per layer
+                for i in sharers:
+                    layer = self.layers[i]
+                    layer.attention._folded = GroupCache(store)
+                    layer._mlp, layer._shards = GroupCache(store), GroupCache(store)
 
     def load_weights(self, file_or_weights, strict=True):
         """``nn.Module.load_weights`` that also reads :func:`sanitize`'s shared names
