@@ -52,7 +52,8 @@ class AlbertArgs(ModelArgs):
         check_absolute_positions(self.position_embedding_type)
         for key in ("num_hidden_layers", "num_hidden_groups", "inner_group_num"):
             if int(getattr(self, key)) < 1:
-                raise ValueError(f"{key} {getattr(self, key)} must be at least 1")
+                raise ValueError(f"{key} {getattr(self, key)} must be at least 1; use the "
+                                 "config.json saved with these weights")
         if self.num_hidden_groups > self.num_hidden_layers:
             raise ValueError(f"num_hidden_groups ({self.num_hidden_groups}) exceeds "
                              f"num_hidden_layers ({self.num_hidden_layers}): some groups would "
