@@ -15,8 +15,9 @@ Writes ``tests/fixtures/hf/<name>/``: ``config.json`` + ``model.safetensors``
 (``save_pretrained``), ``tokenizer.json`` (a WordPiece tokenizer over ~2,100 entries of the
 bundled MiniLM vocabulary, so each folder is ~1 MB), ``tokenizer_config.json`` and
 ``reference.npz``: the texts, the padded batch (``input_ids``, ``attention_mask``,
-``token_type_ids`` int32 (B, L)), ``hidden`` (n_layers + 1, N, D): the embeddings and each
-layer's output at the N real tokens (``hidden_states[mask == 1]``; forward hooks, eager
+``token_type_ids`` int32 (B, L)), ``hidden`` (n_layers + 1, N, D): the embeddings (ELECTRA,
+ALBERT: after the projection to hidden_size) and each layer's output (ALBERT: each layer
+application, shared layers once per pass) at the N real tokens (``hidden_states[mask == 1]``; forward hooks, eager
 attention), ``last_hidden`` (N, D) (ModernBERT: after ``final_norm``) and ``logits`` (B, 3). Deterministic (seeded).
 """
 
