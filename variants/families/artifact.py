@@ -39,7 +39,9 @@ BLOCK = "mlx_variants"
 #: tokenizer files copied when the checkpoint has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
+#: the checkpoint tensors of the classification heads (variants.checkpoints.hf_heads and the
+#: loaders': BERT's and ALBERT's poolers, DistilBERT's pre_classifier)
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "albert.pooler.", "pre_classifier.")
 
 
 def quantization_block(module):
