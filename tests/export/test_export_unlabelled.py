@@ -133,3 +133,42 @@ def test_a_report_that_cannot_render_fails_the_sweep_in_one_line(unlabelled_run,
     meta = json.loads((root / "u" / "run.json").read_text())
     assert meta["status"] == "incomplete" and "planted rendering bug" in meta["error"]["error"]
     assert (root / "u" / "report.md").is_file() and not (root / "u" / "report.html").exists()
+
+
+def test_model_card_renders_the_nulls_a_run_may_hold():
+    """timing.json allows null times and speed-ups (a time too short for the clock), verdict.json
+    null values (a clause with no examples), build.json may lack model_bytes: each shows "—"."""
+    from variants.export.card import markdown
+
+    facts = {"name": "q4-g64", "family": "quant", "model": "m", "contract": "default",
+             "n_eval": 40, "search": None, "bytes": 2_000_000, "quantization": None,
+             "lowrank": None, "build": {"bits_per_weight": None},
+             "verdict": {"passed": True, "clauses": [
+                 {"id": "negative-flips", "value": None, "op": "<=", "threshold": 0.02,
+                  "ci_low": None, "ci_high": None, "status": "no examples"}],
+                 "untested": ["negative-flips"]},
+             "timing": {"device": "cpu", "mode": "native", "batches": {
+                 "1": {"seq_len": 12, "ref": {"p50_ms": 2.0}, "var": {"p50_ms": None},
+                       "speedup": None},
+                 "32": {"seq_len": 12, "ref": {"p50_ms": 8.0}, "var": {"p50_ms": 4.0},
+                        "speedup": {"speedup_median": 2.0, "speedup_ci_low": 1.5,
+                                    "speedup_ci_high": float("nan")}}}}}
+    card = markdown(facts)
+    assert "model bytes as judged — MB" in card and "stored bits per quantized weight: —" in card
+    assert "| negative-flips | — | <= 0.02 | — | no examples |" in card
+    assert "| 1 (L=12) | 2.0 | — | — [—, —] |" in card
+    assert "| 32 (L=12) | 8.0 | 4.0 | 2.00× [1.50, —] |" in card
+    assert "clauses with no examples or skipped: negative-flips" in card
+
+
+def test_report_timing_block_takes_a_null_speedup():
+    from runs.html.build import _timing
+
+    ref_ms = [2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7]
+    t = _timing({"mode": "native", "batches": {"1": {"seq_len": 12, "rounds": 8, "speedup": None,
+                                                       "ref_ms": ref_ms, "var_ms": ref_ms}}})
+    (entry,) = t["forward"]
+    assert entry["speedup"] is None and entry["speedup_ci"] == [None, None]
+    # the times are still shown: the median's 95% order-statistic interval of 8 rounds is the
+    # 1st to the 8th (P(at most 1 of 8 below the median) = 9/256 > 0.025)
+    assert entry["B"] == 1 and entry["ref"]["p50_ci"] == [2.0, 2.7]
