@@ -7,10 +7,11 @@ take the same facts: pass ``card=`` to ``export``.
 import math
 
 
-def _num(x):
+def _num(x, spec="{:.4g}"):
+    """``spec.format(x)``, or "—" for None / NaN (timing.json and verdict.json allow null)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
-    return f"{x:.4g}"
+    return spec.format(x)
 
 
 def markdown(facts):
@@ -57,7 +58,8 @@ def markdown(facts):
               "`variants verify THIS_FOLDER` recomputes the judged outputs and checks every file.",
               "", "## Size", "",
               f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (whole model, embeddings "
-              f"and head included); model bytes as judged {b.get('model_bytes', 0) / 1e6:.2f} MB",
+              f"and head included); model bytes as judged "
+              f"{_num(b.get('model_bytes') and b['model_bytes'] / 1e6, '{:.2f}')} MB",
               f"- stored bits per quantized weight: {_num(b.get('bits_per_weight'))}"]
     q = facts.get("quantization")
     if q:
@@ -83,10 +85,13 @@ def markdown(facts):
         lines += ["| batch | reference p50 ms | variant p50 ms | speed-up [95% CI] |",
                   "|---|---|---|---|"]
         for bs, r in t["batches"].items():
-            s = r["speedup"]
-            lines.append(f"| {bs} (L={r.get('seq_len')}) | {r['ref']['p50_ms']:.1f} | "
-                         f"{r['var']['p50_ms']:.1f} | {s['speedup_median']:.2f}× "
-                         f"[{s['speedup_ci_low']:.2f}, {s['speedup_ci_high']:.2f}] |")
+            s = r.get("speedup") or {}  # null: a time too short for the clock
+            lines.append(f"| {bs} (L={r.get('seq_len')}) | "
+                         f"{_num((r.get('ref') or {}).get('p50_ms'), '{:.1f}')} | "
+                         f"{_num((r.get('var') or {}).get('p50_ms'), '{:.1f}')} | "
+                         f"{_num(s.get('speedup_median'), '{:.2f}×')} "
+                         f"[{_num(s.get('speedup_ci_low'), '{:.2f}')}, "
+                         f"{_num(s.get('speedup_ci_high'), '{:.2f}')}] |")
         lines += ["", f"Device {t.get('device')}, timed in `{t.get('mode')}` mode."]
     else:
         lines += ["Not timed."]
