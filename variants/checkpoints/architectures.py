@@ -22,6 +22,8 @@ REGISTRY = {
     "roberta": ("variants.checkpoints.hf_bert", "Roberta"),
     "xlm-roberta": ("variants.checkpoints.hf_bert", "XLMRoberta"),
     "modernbert": ("variants.checkpoints.hf_modernbert", "ModernBert"),
+    "mpnet": ("variants.checkpoints.hf_mpnet", "MPNet"),
+    "deberta-v2": ("variants.checkpoints.hf_deberta", "DebertaV2"),
 }
 
 
