@@ -2,7 +2,9 @@
 random-init checkpoints in ``tests/fixtures/hf/`` (made by ``scripts/make_parity_fixtures.py``;
 PyTorch is not needed here): every layer's hidden states and the logits within 1e-4 max abs,
 with padding in the batch; ModernBERT with a 300-token row beside short ones (window 128 and a
-global-every-2 config with window 64, mean pooling and every bias on). The tokenizer decisions
+global-every-2 config with window 64, mean pooling and every bias on); MPNet and DeBERTa-v3 /
+DeBERTa-v2 (relative positions: :mod:`tests.checkpoints.test_relative_archs`) with a row at the
+model's max length (128 tokens). The tokenizer decisions
 reproduce the ids the script made with ``tokenizers``."""
 
 import json
@@ -16,7 +18,7 @@ import pytest
 from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
-NAMES = ["bert", "roberta", "modernbert", "modernbert_g2"]
+NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "mpnet", "deberta_v3", "deberta_v2"]
 TOL = 1e-4
 
 
@@ -37,7 +39,7 @@ def test_tokenizer_reproduces_the_reference_batch(name, loaded):
     assert n_trunc == 0
     np.testing.assert_array_equal(ids, ref["input_ids"])
     np.testing.assert_array_equal(mask, ref["attention_mask"])
-    assert ck.tokenizer.pad_id == {"roberta": 1}.get(name, 0)
+    assert ck.tokenizer.pad_id == {"roberta": 1, "mpnet": 1}.get(name, 0)
 
 
 @pytest.mark.parametrize("name", NAMES)

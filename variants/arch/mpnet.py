@@ -91,7 +91,7 @@ def relative_position_bucket(relative_position):
     ret = (n < 0).astype(np.int64) * half
     n = np.abs(n)
     exact = half // 2
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # n = 0: log 0, never picked
         large = exact + (np.log(n.astype(np.float32) / np.float32(exact))
                          / np.float32(math.log(MAX_DISTANCE / exact))
                          * np.float32(half - exact)).astype(np.int64)
@@ -102,9 +102,7 @@ def relative_position_bucket(relative_position):
 def bucket_table(span):
     """(2 * span + 1,) int32: the bucket of each relative position -span..span (index
     ``d + span``)."""
-    d = np.arange(-span, span + 1)
-    with np.errstate(invalid="ignore"):
-        return mx.array(relative_position_bucket(d).astype(np.int32))
+    return mx.array(relative_position_bucket(np.arange(-span, span + 1)).astype(np.int32))
 
 
 class Embeddings(nn.Module):
