@@ -262,7 +262,7 @@ def make_deberta_v2(ws, common=COMMON):
                                 max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
                                 position_biased_input=False, norm_rel_ebd="layer_norm",
                                 share_att_key=True, type_vocab_size=0), 6),
-            ("deberta_v2", dict(num_hidden_layers=2, relative_attention=True,
+            ("deberta_v2", dict(num_hidden_layers=3, relative_attention=True,
                                 max_relative_positions=48, pos_att_type="c2p|p2c",
                                 position_biased_input=True, type_vocab_size=2,
                                 share_att_key=False, embedding_size=32, conv_kernel_size=3,

@@ -12,7 +12,10 @@ from variants.checkpoints.hf_heads import _linear
 class DebertaClassifier(nn.Module):
     """``ContextPooler`` + classifier: classifier(act(dense(h[:, 0]))), act =
     ``pooler_hidden_act`` (dropout off). Called as ``head(last_hidden (B, L, D), mask)`` ->
-    logits (B, n_labels)."""
+    logits (B, n_labels). ``pooling`` says which position it reads (as
+    :class:`variants.checkpoints.hf_heads.ModernBertClassifier`'s)."""
+
+    pooling = "cls"
 
     def __init__(self, dense, classifier, activation):
         super().__init__()
