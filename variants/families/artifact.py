@@ -39,7 +39,9 @@ BLOCK = "mlx_variants"
 #: tokenizer files copied when the checkpoint has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
+#: checkpoint tensors of a sequence-classification head (DeBERTa-v2's ContextPooler is the
+#: top-level ``pooler.``)
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "pooler.")
 
 
 def quantization_block(module):
