@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from variants.arch import row_streams
-from variants.arch.encoder import (ACTIVATIONS, Attention, EncoderOutput, LayerNorm,
+from variants.arch.encoder import (ACTIVATIONS, Attention, EncoderOutput, LayerNorm, _keys_first,
                                    attention_bias, check_ids, check_mask)
 from variants.runtime import fast_ops
 from variants.runtime.derived import DerivedWeights
@@ -145,9 +145,12 @@ class MPNetContext(row_streams.RowParts):
         self.position_bias = bias if bias.ndim == 4 else bias[None]
 
     @property
-    def bias(self):
-        """(position_bias, key_bias): what :class:`MPNetAttention` adds to its scores."""
-        return self.position_bias, self.key_bias
+    def position_bias_t(self):
+        """``position_bias`` with its last two axes swapped, contiguous (keys first, the
+        layout :class:`MPNetAttention` adds it in), built once."""
+        if "_bias_t" not in self.__dict__:
+            self._bias_t = mx.contiguous(mx.swapaxes(self.position_bias, -1, -2))
+        return self._bias_t
 
     def take_rows(self, idx):
         """The context of rows ``idx`` (int array) of the batch."""
@@ -168,15 +171,23 @@ class MPNetAttention(Attention):
     """BERT's self-attention (:class:`variants.arch.encoder.Attention`: q, k, v, o projections,
     the fused weights when they are plain Linears; folding the key bias away stays exact, it
     shifts a query's scores by one constant) whose scores also get the relative position bias:
-    ``bias`` is (position_bias (1 or B, heads, Lq, L), key_bias (B, 1, 1, L) or None)."""
+    called as ``attn(x, ctx, return_attention)`` with an :class:`MPNetContext`."""
 
-    def core(self, q, k, v, bias, return_attention=False):
+    def core(self, q, k, v, ctx, return_attention=False):
         """softmax(q kᵀ + position_bias + key_bias) v -> (ctx (B, Lq, D), probs or None)."""
-        position, key = bias
         B, h, Lq, d = q.shape
-        probs = fast_ops.masked_softmax(q @ k.transpose(0, 1, 3, 2) + position, key)
-        ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B, Lq, h * d)
-        return ctx, (probs if return_attention else None)
+        if return_attention:
+            probs = fast_ops.masked_softmax(q @ k.transpose(0, 1, 3, 2) + ctx.position_bias,
+                                            ctx.key_bias)
+            return (probs @ v).transpose(0, 2, 1, 3).reshape(B, Lq, h * d), probs
+        # BERT's layout (Attention.core): scores transposed, keys on axis -2, the row sums from
+        # e^T @ [v, 1]; the bias transposed once per context (contiguous: ~2x faster adds)
+        e = fast_ops.softmax_parts(k @ q.transpose(0, 1, 3, 2) + ctx.position_bias_t,
+                                   _keys_first(ctx.key_bias), total=False, axis=-2)
+        v1 = mx.concatenate([v, mx.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+        r = e.transpose(0, 1, 3, 2) @ v1
+        out = r[..., :d] / r[..., d:]
+        return out.transpose(0, 2, 1, 3).reshape(B, Lq, h * d), None
 
 
 class MPNetLayer(FusedMLP, nn.Module):
@@ -200,7 +211,7 @@ class MPNetLayer(FusedMLP, nn.Module):
     def __call__(self, x, ctx, return_attention=False):
         """``x`` (B, L, D) float32, ``ctx`` an :class:`MPNetContext` -> (x', probs (B, heads,
         L, L) or None)."""
-        a, probs = self.attention(x, ctx.bias, return_attention)
+        a, probs = self.attention(x, ctx, return_attention)
         x = self.attention_norm(x + a)
         return self.output_norm(x + self.mlp(x)), probs
 
