@@ -145,3 +145,14 @@ def test_deberta_config_spellings(tmp_path, loaded):
                                   np.array(loaded["deberta_v3"].encoder(ids, mask).last_hidden))
     assert MPNetArgs(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                      intermediate_size=8, max_position_embeddings=130).position_cap == 128
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_bert_fast_path_runs_these_layers(name, loaded):
+    """BERT's compiled layer and ModernBERT's carry no relative positions: timing records name
+    none of them for these encoders (their layers run on the MLX path)."""
+    from variants.arch import encoder, modernbert
+
+    enc = loaded[name].encoder
+    assert encoder.compiled_paths(enc) is None and modernbert.compiled_paths(enc) is None
+    assert not any(isinstance(m, encoder.TransformerLayer) for _, m in enc.named_modules())
