@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from metrics._checks import short_list, short_path, short_repr
-from metrics.defaults import HUMAN_TIE_GAP, N_BINS
+from metrics.defaults import HUMAN_TIE_GAP, N_BINS, VALUE_TOLERANCE
 from metrics.registry import METRICS, REGISTRY, check_metric_statistic
 from metrics.strata import STRATA, TASK_STRATUM_PREFIX, check_stratum
 
@@ -57,7 +57,14 @@ _SETTING_RANGES = {
     "confidence": (lambda x: 0 < x < 1, "in (0, 1)"),
     "seed": (lambda x: x >= 0, ">= 0"),
     "n_bins": (lambda x: x >= 1, ">= 1"),
+    "value_tolerance": (lambda x: 0 < x <= 1e6, "in (0, 1e6] (units of the reference's spread), "
+                        "e.g. 0.05"),
 }
+#: ``[settings]`` keys read only when a contract gives them (absent from every other contract's
+#: settings and verdicts): their types and defaults. ``value_tolerance``: a regression row is
+#: within tolerance when |variant - reference| <= value_tolerance x the spread of the
+#: reference's values (:mod:`metrics.regression`).
+OPTIONAL_SETTINGS = {"value_tolerance": ((int, float), VALUE_TOLERANCE)}
 #: Comparison of each bound key: ``min`` -> value >= threshold, ``max`` -> value <= threshold.
 OPS = {"min": ">=", "max": "<="}
 DEFAULT_CONTRACT = "default.toml"
@@ -212,14 +219,15 @@ def _parse_settings(raw, where):
     if not isinstance(raw, dict):
         raise ContractError(f"{where}: settings must be a [settings] table, got "
                             f"{short_repr(raw)}.")
-    unknown = sorted(set(raw) - set(SETTINGS))
+    known = {**SETTINGS, **OPTIONAL_SETTINGS}
+    unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ContractError(
             f"{where}: [settings] has unknown key(s) {short_list(unknown)}; allowed: "
-            f"{', '.join(SETTINGS)}."
+            f"{', '.join(known)}."
         )
     for key, value in raw.items():
-        types, _ = SETTINGS[key]
+        types, _ = known[key]
         if isinstance(value, bool) or not isinstance(value, types) or (
                 isinstance(value, float) and not math.isfinite(value)):
             kind = "an integer" if types == (int,) else "a finite number"
@@ -288,7 +296,11 @@ def contract_from_dict(data, *, source="<dict>"):
 
 
 #: Contracts shipped with the package, by name (``load_contract("strict")`` works).
-PACKAGED = ("default", "strict", "lenient")
+PACKAGED = ("default", "strict", "lenient", "multi_label", "regression")
+#: The packaged contracts that judge each kind of model output (metrics.registry.OUTPUT_KINDS),
+#: the first the default (:mod:`contracts.outputs`)
+PACKAGED_FOR = {"softmax": ("default", "strict", "lenient"), "multi_label": ("multi_label",),
+                "regression": ("regression",)}
 
 
 def load_contract(path=None):

@@ -27,7 +27,10 @@ from metrics.evaluation import Evaluation
 from metrics.evaluation_tables import BOUND_ATOL, BOUND_RTOL
 from metrics.flips import agreement, negative_flip, positive_flip, top1
 from metrics.from_logits import kl_columns
+from metrics.defaults import VALUE_TOLERANCE
 from metrics.margin import certified, max_abs_logit_diff, top2_margin
+from metrics.multilabel import label_columns
+from metrics.regression import value_columns
 from metrics.ties import human_near_tie, human_top2_gap
 
 
@@ -40,13 +43,17 @@ def _optional(outputs, name):
 
 
 def build_evaluation(r, v, ref, var, *, epsilon, near_tie_margin, n_bins, epsilon_conformal,
-                     alpha, human_tie_gap):
+                     alpha, human_tie_gap, value_tolerance=VALUE_TOLERANCE):
     """The :class:`metrics.evaluation.Evaluation` (summary still empty) of validated outputs.
 
     ``r``/``v`` hold the required fields of ``ref``/``var`` as arrays (checked by
     :func:`metrics.evaluate.evaluate`: equal shapes, ids and labels); the optional fields
     (``temperature``, ``option_scores``, ``confidence``, ``human_dist``) are read from
-    ``ref``/``var`` when present. The columns are listed in :func:`metrics.evaluate.evaluate`.
+    ``ref``/``var`` when present. The columns are listed in :func:`metrics.evaluate.evaluate`;
+    the ``detail`` table also holds the columns of multi-label heads
+    (:func:`metrics.multilabel.label_columns`) and regression heads
+    (:func:`metrics.regression.value_columns`, rows within ``value_tolerance``), read from the
+    raw logits whatever the model (a contract names the ones of its model's outputs).
     """
     n = r["logits"].shape[0]
     ids = r["ids"].astype(str)
@@ -139,6 +146,8 @@ def build_evaluation(r, v, ref, var, *, epsilon, near_tie_margin, n_bins, epsilo
         "human_top2_gap": gap,
         "score_range": srange,
         "log_ratio_bound": own,
+        **label_columns(r["logits"], v["logits"], mask),
+        **value_columns(r["logits"], v["logits"], value_tolerance),
     })
     evaluation = Evaluation(
         per_example=df, summary={}, epsilon=float(epsilon), near_tie_margin=near_tie_margin,

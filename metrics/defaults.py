@@ -10,6 +10,9 @@ the ECE functions, the plots and the sweep read them from here).
 - ``SMECE_GRID``: points of the trapezoid rule over [0, 1] that integrates the smoothed residual.
 - ``HUMAN_TIE_GAP`` (rater-share units, 0..1): an item is a human near tie when its two most
   chosen options' shares differ by at most this.
+- ``VALUE_TOLERANCE`` (units of the reference's spread): a regression row is within tolerance
+  when ``|variant - reference| <= VALUE_TOLERANCE x std(reference values)``
+  (:mod:`metrics.regression`; the contract's ``[settings] value_tolerance``).
 """
 
 NEAR_TIE_MARGIN = 1.0
@@ -17,6 +20,7 @@ N_BINS = 15
 SMECE_BANDWIDTH = 0.05
 SMECE_GRID = 512
 HUMAN_TIE_GAP = 0.2
+VALUE_TOLERANCE = 0.05
 #: A row is a numerical tie when the reference's raw top-two margin is at most this many times
 #: the reference's own numerical noise (the largest |Δlogit| between two compute paths of the
 #: reference on the eval rows, run.json ``reference_noise``): its answer is not stable across

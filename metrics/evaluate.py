@@ -19,7 +19,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from metrics.columns import build_evaluation
-from metrics.defaults import HUMAN_TIE_GAP, N_BINS, NEAR_TIE_MARGIN, NUMERICAL_TIE_MULTIPLE
+from metrics.defaults import (HUMAN_TIE_GAP, N_BINS, NEAR_TIE_MARGIN, NUMERICAL_TIE_MULTIPLE,
+                              VALUE_TOLERANCE)
 from metrics.evaluation import Evaluation
 from metrics.evaluation_tables import BOUND_ATOL, BOUND_RTOL
 from metrics.registry import (
@@ -76,7 +77,7 @@ def _get(outputs, name, which):
 
 def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BINS,
              epsilon_conformal=None, alpha=None, human_tie_gap=HUMAN_TIE_GAP,
-             numerical_noise=0.0):
+             numerical_noise=0.0, value_tolerance=VALUE_TOLERANCE):
     """Compare a variant's outputs with the reference's on the same examples.
 
     Parameters
@@ -109,6 +110,10 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
         reference margin is at most ``NUMERICAL_TIE_MULTIPLE`` (10, :mod:`metrics.defaults`)
         times it is a numerical tie (``detail`` column ``numerical_tie``; strata
         ``numerical_tie`` and ``decided``, its complement).
+    value_tolerance : float, default=VALUE_TOLERANCE (0.05, :mod:`metrics.defaults`)
+        A regression row is within tolerance (``detail`` column ``within_tolerance``) when
+        ``|variant - reference|`` of its value is at most this many times the spread (standard
+        deviation) of the reference's values (:mod:`metrics.regression`); > 0.
 
     Returns
     -------
@@ -132,7 +137,11 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
         ``kl_reverse`` (KL(variant ‖ ref)), ``prob_tv``, ``delta_top_prob`` (signed Δp of the
         reference's top option), ``abs_delta_top_prob``, ``confidence_drift``, ``action_tv``,
         ``log_ratio_max`` / ``action_log_ratio_max`` (observed max |log p'/p|),
-        ``human_top2_gap``.
+        ``human_top2_gap``; the columns of multi-label heads (``label_flip``,
+        ``label_prob_max_abs_diff``, ``label_prob_mean_abs_diff``: :mod:`metrics.multilabel`)
+        and of regression heads (``value_abs_error``, ``value_rel_error``,
+        ``within_tolerance``: :mod:`metrics.regression`), computed from the raw logits for
+        every model (a contract names those of its model's outputs).
 
         ``summary`` keys: ``n_examples``, ``agreement``, ``flip_rate``, ``negative_flips``,
         ``positive_flips`` (counts), ``accuracy_ref``, ``accuracy_variant``, ``kl_mean``,
@@ -179,9 +188,12 @@ def evaluate(ref, var, *, epsilon, near_tie_margin=NEAR_TIE_MARGIN, n_bins=N_BIN
     if not epsilon_conformal >= 0:
         raise ValueError(f"epsilon_conformal must be >= 0, got {epsilon_conformal}.")
 
+    value_tolerance = float(value_tolerance)
+    if not (math.isfinite(value_tolerance) and value_tolerance > 0):
+        raise ValueError(f"value_tolerance must be a finite number > 0, got {value_tolerance}.")
     evaluation = build_evaluation(r, v, ref, var, epsilon=epsilon, near_tie_margin=near_tie_margin,
                                   n_bins=n_bins, epsilon_conformal=epsilon_conformal, alpha=alpha,
-                                  human_tie_gap=human_tie_gap)
+                                  human_tie_gap=human_tie_gap, value_tolerance=value_tolerance)
     noise = float(numerical_noise)
     if not (math.isfinite(noise) and noise >= 0):
         raise ValueError(f"numerical_noise must be a finite number >= 0, got {numerical_noise}.")

@@ -16,6 +16,8 @@ signed quantity, no direction).
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import metrics.multilabel as ml
+import metrics.regression as rg
 import metrics.set_metrics as sm
 from metrics._checks import short_repr
 from metrics.intervals import BOOTSTRAP_PERCENTILE, CLOPPER_PEARSON, TANGO_PAIRED
@@ -23,6 +25,11 @@ from metrics.statistics import BOOL_STATISTICS, FLOAT_STATISTICS, SET_STATISTICS
 
 BOOL, FLOAT, SET = "bool", "float", "set"
 KINDS = (BOOL, FLOAT, SET)
+#: What a model's logits are (``variants.models.head_output``): a softmax over options (every
+#: logits kind, and single-label classifier heads), one sigmoid per label (multi-label heads),
+#: or one output value (regression heads). A metric measures one of them, or ``ANY``.
+SOFTMAX, MULTI_LABEL, REGRESSION, ANY = "softmax", "multi_label", "regression", "any"
+OUTPUT_KINDS = (SOFTMAX, MULTI_LABEL, REGRESSION)
 #: Where a label-dependent metric is undefined.
 UNKNOWN_LABEL = "unknown label (-1)"
 
@@ -60,6 +67,9 @@ class MetricSpec:
         False for constants of the run and the temperature refit (too costly to resample).
     undefined : str
         Where the metric is NaN / the rows it skips ("" = defined everywhere).
+    outputs : str
+        The outputs it measures (one of ``OUTPUT_KINDS``, or ``ANY``): a contract judging a
+        model may only name metrics of that model's outputs (:func:`metrics_for`).
     """
 
     name: str
@@ -73,6 +83,7 @@ class MetricSpec:
     difference_of: tuple | None = None
     has_interval: bool = True
     undefined: str = ""
+    outputs: str = SOFTMAX
 
     @property
     def statistics(self):
@@ -133,6 +144,9 @@ _SPECS = (
     _b("certified_conformal", True, detail=True), _b("bound_violation", False, detail=True),
     _b("mask_mismatch", False, detail=True), _b("human_near_tie", None, detail=True),
     _b("numerical_tie", None, detail=True),
+    _b("label_flip", False, detail=True, outputs=MULTI_LABEL),  # metrics.multilabel
+    _b("within_tolerance", True, detail=True, outputs=REGRESSION,  # metrics.regression
+       undefined="the reference's values do not vary (spread 0)"),
     # per-example float columns (NaN values are skipped by every statistic)
     _f("ref_margin", None), _f("max_abs_logit_diff", False), _f("kl", False),
     _f("abs_score_error", False, undefined="no score (expected_score NaN)"),
@@ -141,6 +155,11 @@ _SPECS = (
     _f("delta_top_prob", None, detail=True), _f("abs_delta_top_prob", False, detail=True),
     _f("confidence_drift", False, detail=True), _f("action_tv", False, detail=True),
     _f("log_ratio_max", False, detail=True), _f("action_log_ratio_max", False, detail=True),
+    _f("label_prob_max_abs_diff", False, detail=True, outputs=MULTI_LABEL),
+    _f("label_prob_mean_abs_diff", False, detail=True, outputs=MULTI_LABEL),
+    _f("value_abs_error", False, detail=True, outputs=REGRESSION),
+    _f("value_rel_error", False, detail=True, outputs=REGRESSION,
+       undefined="the reference's values do not vary (spread 0)"),
     # set-level metrics, recomputed on the stratum's rows
     _s("accuracy_ref", True, sm.accuracy_ref, events="ref_correct", **_L),
     _s("accuracy_variant", True, sm.accuracy_variant, events="var_correct", **_L),
@@ -156,7 +175,14 @@ _SPECS = (
     _s("epsilon_max", False, sm.constant("epsilon"), has_interval=False),
     _s("epsilon_conformal", False, sm.constant("epsilon_conformal"), has_interval=False),
     # rows of the variant with NaN or inf outputs (both splits), left out of every metric above
-    _s("nonfinite_rows", False, sm.constant("n_nonfinite"), has_interval=False),
+    _s("nonfinite_rows", False, sm.constant("n_nonfinite"), has_interval=False, outputs=ANY),
+    # multi-label heads: one sigmoid decision per label (metrics.multilabel)
+    _s("label_flip_rate_max", False, ml.label_flip_rate_max, outputs=MULTI_LABEL),
+    _s("label_brier_delta", False, ml.label_brier_delta, outputs=MULTI_LABEL),
+    _s("label_ece_delta", False, ml.label_ece_delta, outputs=MULTI_LABEL),
+    # regression heads: the output value (metrics.regression)
+    _s("value_spearman", True, rg.value_spearman, outputs=REGRESSION,
+       undefined="fewer than 2 rows, or constant values on one side"),
 )
 #: name -> MetricSpec, in the order above (the order of the "use one of" messages).
 REGISTRY = {spec.name: spec for spec in _SPECS}
@@ -181,6 +207,12 @@ def spec(metric):
     if not isinstance(metric, str) or metric not in REGISTRY:  # a TOML list: unhashable
         raise ValueError(f"unknown metric {short_repr(metric)}; use one of {', '.join(METRICS)}.")
     return REGISTRY[metric]
+
+
+def metrics_for(outputs):
+    """Names of the metrics that measure ``outputs`` (one of ``OUTPUT_KINDS``), in registry
+    order: its own and those of ``ANY``."""
+    return tuple(s.name for s in _SPECS if s.outputs in (outputs, ANY))
 
 
 def check_metric_statistic(metric, statistic):

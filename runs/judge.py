@@ -128,6 +128,7 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     from metrics.conformal import epsilon_by_bucket
     from metrics.evaluate import evaluate
     from metrics.finite import describe_rows, finite_part, nonfinite_rows
+    from metrics.defaults import VALUE_TOLERANCE
     from metrics.margin import epsilon_max, max_abs_logit_diff
 
     st = resolve_settings(contract) if settings is None else settings
@@ -155,7 +156,8 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
     ev = evaluate(ref_eval, var_eval, epsilon=eps, near_tie_margin=st["near_tie_margin"],
                   n_bins=st["n_bins"], epsilon_conformal=epsilons["all"]["epsilon_conformal"],
                   alpha=st["alpha"], human_tie_gap=st["human_tie_gap"],
-                  numerical_noise=st.get("numerical_noise", 0.0))
+                  numerical_noise=st.get("numerical_noise", 0.0),
+                  value_tolerance=st.get("value_tolerance", VALUE_TOLERANCE))
     ev.nonfinite = {"eval": var_eval_ids[bad_eval].tolist(),
                     "calibration": np.asarray(var_cal["ids"]).astype(str)[bad_cal].tolist(),
                     "rows": int(bad_eval.size + bad_cal.size)}
@@ -241,6 +243,15 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
     return row, ev, verdict
 
 
+def run_outputs(meta):
+    """What the run's model outputs (``softmax``, ``multi_label`` or ``regression``): run.json's
+    ``model.outputs`` (:meth:`variants.models.configured.ModelSource.describe`), ``softmax``
+    when absent (every run before heads were read, and every model but a classifier head's
+    that says otherwise)."""
+    model = (meta or {}).get("model") or {}
+    return model.get("outputs", "softmax") if isinstance(model, dict) else "softmax"
+
+
 def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=None, **kwargs):
     """``variants check``: judge every (or the named) variant of a run; rewrite the sweep files.
 
@@ -254,6 +265,9 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     status to restore), never a "complete" folder of mixed files; a check that then finishes
     restores it.
 
+    ``contract`` None judges with the packaged contract of the run's outputs (:func:`run_outputs`:
+    ``default`` for a softmax, ``multi_label``, ``regression``).
+
     Returns
     -------
     verdicts : dict of str -> contracts.checker.Verdict
@@ -262,6 +276,9 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     ------
     CheckError
         A folder that is not a run, an unknown ``variants`` name, a missing file.
+    contracts.checker.ContractError
+        A contract with a clause that does not measure the run's outputs
+        (:func:`contracts.outputs.check_outputs`).
     runs.readers.CorruptFileError
         A file that does not parse; raised before anything is written.
     """
@@ -276,7 +293,12 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     if not (run_dir / REFERENCE / "outputs.npz").exists():
         raise CheckError(f"{run_dir} has no reference/outputs.npz; pass a folder written by "
                          "`variants sweep`.")
-    contract = load_contract(contract) if contract is None or isinstance(contract, (str, Path)) else contract
+    from contracts.outputs import check_outputs, contract_for
+
+    outputs = run_outputs(run.meta)
+    if contract is None or isinstance(contract, (str, Path)):
+        contract = load_contract(contract_for(outputs, contract))
+    check_outputs(contract, outputs, where=f"the model of {short_path(run_dir)} (run.json)")
     names = run.variants()
     if variants:
         unknown = sorted(set(variants) - set(names))

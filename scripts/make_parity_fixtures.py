@@ -15,8 +15,9 @@ Writes ``tests/fixtures/hf/<name>/``: ``config.json`` + ``model.safetensors``
 (``save_pretrained``), ``tokenizer.json`` (a WordPiece tokenizer over ~2,100 entries of the
 bundled MiniLM vocabulary, so each folder is ~1 MB), ``tokenizer_config.json`` and
 ``reference.npz``: the texts, the padded batch (``input_ids``, ``attention_mask``,
-``token_type_ids`` int32 (B, L)), ``hidden`` (n_layers + 1, N, D): the embeddings and each
-layer's output at the N real tokens (``hidden_states[mask == 1]``; forward hooks, eager
+``token_type_ids`` int32 (B, L)), ``hidden`` (n_layers + 1, N, D): the embeddings (ELECTRA,
+ALBERT: after the projection to hidden_size) and each layer's output (ALBERT: each layer
+application, shared layers once per pass) at the N real tokens (``hidden_states[mask == 1]``; forward hooks, eager
 attention), ``last_hidden`` (N, D) (ModernBERT: after ``final_norm``) and ``logits`` (B, 3). Deterministic (seeded).
 """
 
@@ -99,13 +100,18 @@ def batch(tok, texts, pad_id):
     return ids, mask, types
 
 
-def references(model, base, layers, final, ids, mask, types):
-    """Embeddings, every layer's output and the last hidden state via forward hooks."""
+def references(model, base, layers, final, ids, mask, types, first=None, n_layers=None):
+    """Embeddings, every layer's output and the last hidden state via forward hooks.
+
+    ``first``: the module whose output is the stack's input (default ``base.embeddings``; the
+    embedding projection of ELECTRA / ALBERT); ``n_layers``: the layer applications to keep
+    when ``layers`` are shared modules that run several times (ALBERT: hooks on each distinct
+    layer fire in the order the layers run)."""
     seen = []
 
     def keep(_m, _i, out):
         seen.append((out[0] if isinstance(out, tuple) else out).detach().numpy().copy())
-    hooks = [base.embeddings.register_forward_hook(keep)]
+    hooks = [(base.embeddings if first is None else first).register_forward_hook(keep)]
     hooks += [layer.register_forward_hook(keep) for layer in layers]
     last = []
     if final is not None:
@@ -118,7 +124,7 @@ def references(model, base, layers, final, ids, mask, types):
         logits = model(**kwargs).logits.numpy()
     for h in hooks:
         h.remove()
-    hidden = np.stack(seen[: len(layers) + 1])
+    hidden = np.stack(seen[: (len(layers) if n_layers is None else n_layers) + 1])
     return hidden, (last[0] if last else hidden[-1]), logits
 
 
@@ -293,8 +299,89 @@ def make_deberta_v2(ws, common=COMMON):
              mask, types, h, last, logits, dict(relative=RELATIVE, buckets=buckets.long().numpy()))
 
 
+def longest_text(tok, limit, seed):
+    """A :func:`long_text` whose encoding (special tokens included) is as long as possible but
+    at most ``limit`` tokens: the row that covers 'up to the model's max length'."""
+    n = limit
+    while len(tok.encode(long_text(n, seed)).ids) > limit:
+        n -= 1
+    return long_text(n, seed)
+
+
+#: the newer makers: position tables of 128, one text within a few tokens of it
+SMALL = dict(num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+             attn_implementation="eager", max_position_embeddings=128, pad_token_id=0)
+
+
+def _bert_batch(tok, texts, second_segment=True):
+    ids, mask, types = batch(tok, texts, 0)
+    assert ids.shape[1] >= 120, ids.shape  # a row near the 128 positions
+    if second_segment:
+        types[1, 4:int(mask[1].sum())] = 1  # a second segment: token types matter
+    return ids, mask, types
+
+
+def make_distilbert(ws):
+    # DistilBERT: no token types, positions 0..L-1, a 128-position table filled to ~128
+    torch.manual_seed(10)
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    texts = [SHORT[0], SHORT[1], longest_text(tok, 128, 10), SHORT[2]]
+    cfg = transformers.DistilBertConfig(vocab_size=len(vocab), dim=64, n_layers=3, n_heads=4,
+                                        hidden_dim=128, activation="gelu", **SMALL)
+    model = transformers.DistilBertForSequenceClassification(cfg).eval()
+    perturb(model, 10)
+    ids, mask, types = _bert_batch(tok, texts, second_segment=False)
+    h, last, logits = references(model, model.distilbert, model.distilbert.transformer.layer,
+                                 None, ids, mask, None)
+    save("distilbert", model, tok, {"pad_token": "[PAD]", "model_max_length": 128}, texts, ids,
+         mask, types, h, last, logits)
+
+
+def make_electra(ws):
+    # ELECTRA discriminator: embedding_size 32 != hidden 64, so embeddings_project runs
+    torch.manual_seed(11)
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    texts = [SHORT[0], SHORT[1], longest_text(tok, 128, 11), SHORT[3]]
+    cfg = transformers.ElectraConfig(vocab_size=len(vocab), embedding_size=32, hidden_size=64,
+                                     num_attention_heads=4, num_hidden_layers=3,
+                                     intermediate_size=128, hidden_act="gelu", **SMALL)
+    model = transformers.ElectraForSequenceClassification(cfg).eval()
+    perturb(model, 11)
+    ids, mask, types = _bert_batch(tok, texts)
+    h, last, logits = references(model, model.electra, model.electra.encoder.layer, None, ids,
+                                 mask, types, first=model.electra.embeddings_project)
+    save("electra", model, tok, {"pad_token": "[PAD]", "model_max_length": 128}, texts, ids,
+         mask, types, h, last, logits)
+
+
+def make_albert(ws):
+    # ALBERT: factorised embeddings (32 -> 64), 4 passes over 2 shared groups (0, 0, 1, 1);
+    # albert_inner2: 3 passes over one group of 2 layers (6 layer applications)
+    torch.manual_seed(12)
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    texts = [SHORT[3], SHORT[1], longest_text(tok, 128, 12), SHORT[2]]
+    for name, extra, seed in (
+            ("albert", dict(num_hidden_layers=4, num_hidden_groups=2, inner_group_num=1), 12),
+            ("albert_inner2", dict(num_hidden_layers=3, num_hidden_groups=1, inner_group_num=2,
+                                   layer_norm_eps=1e-6), 13)):
+        cfg = transformers.AlbertConfig(vocab_size=len(vocab), embedding_size=32, hidden_size=64,
+                                        num_attention_heads=4, intermediate_size=128,
+                                        hidden_act="gelu_new", **extra, **SMALL)
+        model = transformers.AlbertForSequenceClassification(cfg).eval()
+        perturb(model, seed)
+        ids, mask, types = _bert_batch(tok, texts)
+        enc = model.albert.encoder
+        shared = [layer for g in enc.albert_layer_groups for layer in g.albert_layers]
+        h, last, logits = references(model, model.albert, shared, None, ids, mask, types,
+                                     first=enc.embedding_hidden_mapping_in,
+                                     n_layers=cfg.num_hidden_layers * cfg.inner_group_num)
+        save(name, model, tok, {"pad_token": "[PAD]", "model_max_length": 128}, texts, ids,
+             mask, types, h, last, logits)
+
+
 #: name -> the function writing its folder(s) (``--only`` picks among these names)
 MAKERS = {"bert": make_bert, "roberta": make_roberta, "modernbert": make_modernbert,
+          "distilbert": make_distilbert, "electra": make_electra, "albert": make_albert,
           "mpnet": make_mpnet, "deberta_v2": make_deberta_v2}
 
 

@@ -243,12 +243,41 @@ def _smooth_ece(probs, labels, mask):
                                     weight=(labels >= 0).astype(float))
 
 
+def _per_label(e, m, i):
+    """Multi-label set metric ``m`` on rows ``i``, label by label in plain loops (sigmoid
+    probabilities, decisions at logit >= 0 as targets, equal-width bins ((k-1)/M, k/M])."""
+    zr, zv, mask = e.ref_logits[i], e.var_logits[i], e.option_mask[i]
+    pr, pv = 1 / (1 + np.exp(-zr)), 1 / (1 + np.exp(-zv))
+    y = (zr >= 0).astype(float)
+
+    def ece(p, yy):
+        b = np.clip(np.ceil(p * e.n_bins).astype(int) - 1, 0, e.n_bins - 1)
+        return sum(abs((yy[b == k] - p[b == k]).sum()) for k in range(e.n_bins)) / len(p)
+
+    per = []
+    for k in range(zr.shape[1]):
+        s = mask[:, k]
+        if not s.any():
+            continue
+        per.append({"label_flip_rate_max": np.mean(y[s, k] != (zv[s, k] >= 0)),
+                    "label_brier_delta": np.mean((pv[s, k] - y[s, k]) ** 2
+                                                 - (pr[s, k] - y[s, k]) ** 2),
+                    "label_ece_delta": ece(pv[s, k], y[s, k]) - ece(pr[s, k], y[s, k])}[m])
+    return max(per)
+
+
 def _one_set(e, m, i):
     """Set metric ``m`` on rows ``i`` by the one-set functions of metrics.calibration and
     metrics.accuracy (independent of the registry's vectorised definitions)."""
+    from scipy.stats import spearmanr
+
     from metrics.accuracy import accuracy
     from metrics.calibration import nll_from_logits
 
+    if m.startswith("label_"):
+        return _per_label(e, m, i)
+    if m == "value_spearman":
+        return spearmanr(e.ref_logits[i, 0], e.var_logits[i, 0]).statistic
     df, mask, t = e.per_example, e.option_mask[i], e.targets[i]
     labels = df["label"].to_numpy()[i]
     if m in ("certified_share", "certified_share_conformal"):

@@ -29,7 +29,8 @@ from variants.arch.encoder import mean_pool
 from variants.datasets.tasks import build_taskset
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
-ARCHS = ["roberta", "modernbert", "modernbert_g2", "mpnet", "deberta_v3", "deberta_v2"]
+ARCHS = ["roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert",
+         "mpnet", "deberta_v3", "deberta_v2"]
 TEXTS = ["Honestly the best pasta I have had in years, and the staff were lovely.",
          "The soup was cold.", "ok", "It is a restaurant on the corner of the main street.",
          "Never again. Rude, slow, and the bill was wrong twice!", "Fine, I guess.",

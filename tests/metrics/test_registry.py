@@ -20,6 +20,10 @@ from metrics.registry import (
     REGISTRY,
     SET,
     SET_METRICS,
+    MULTI_LABEL,
+    REGRESSION,
+    SOFTMAX,
+    metrics_for,
     names,
     spec,
 )
@@ -35,11 +39,19 @@ def pair():
 
 
 def test_old_constants_are_views_of_the_registry_in_the_old_order():
-    assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 16
-    assert FLOAT_METRICS[:3] == ("ref_margin", "max_abs_logit_diff", "kl") and len(FLOAT_METRICS) == 13
-    assert SET_METRICS[-5:] == ("temperature_refit_log_ratio", "certified_share_conformal",
-                                "epsilon_max", "epsilon_conformal", "nonfinite_rows")
-    assert len(SET_METRICS) == 30
+    assert BOOL_METRICS[:3] == ("agreement", "flip", "negative_flip") and len(BOOL_METRICS) == 18
+    assert FLOAT_METRICS[:3] == ("ref_margin", "max_abs_logit_diff", "kl") and len(FLOAT_METRICS) == 17
+    assert SET_METRICS[-9:-4] == ("temperature_refit_log_ratio", "certified_share_conformal",
+                                  "epsilon_max", "epsilon_conformal", "nonfinite_rows")
+    assert BOOL_METRICS[-2:] == ("label_flip", "within_tolerance")
+    assert len(SET_METRICS) == 34
+    # the metrics of multi-label and regression heads come last (metrics.multilabel, .regression)
+    assert metrics_for(MULTI_LABEL) == (
+        "label_flip", "label_prob_max_abs_diff", "label_prob_mean_abs_diff", "nonfinite_rows",
+        "label_flip_rate_max", "label_brier_delta", "label_ece_delta")
+    assert metrics_for(REGRESSION) == ("within_tolerance", "value_abs_error", "value_rel_error",
+                                       "nonfinite_rows", "value_spearman")
+    assert len(metrics_for(SOFTMAX)) == len(METRICS) - 10
     assert METRICS == BOOL_METRICS + FLOAT_METRICS + SET_METRICS == tuple(REGISTRY)
     assert LABELED_METRICS == ("negative_flip", "positive_flip", "ref_correct", "var_correct")
     assert NO_CI_METRICS == ("temperature_refit_log_ratio", "epsilon_max", "epsilon_conformal",
@@ -47,7 +59,7 @@ def test_old_constants_are_views_of_the_registry_in_the_old_order():
     assert BINOMIAL_SET_METRICS == {"accuracy_ref": "ref_correct", "accuracy_variant": "var_correct",
                                     "certified_share": "certified",
                                     "certified_share_conformal": "certified_conformal"}
-    assert len(DETAIL_METRICS) == 15 and DETAIL_METRICS[0] == "epsilon_exceeded"
+    assert len(DETAIL_METRICS) == 21 and DETAIL_METRICS[0] == "epsilon_exceeded"
     assert METRIC_STATISTICS["flip"] == ("rate", "count")
     assert METRIC_STATISTICS["kl"][0] == "mean" and METRIC_STATISTICS["ece_delta"] == ("value",)
     assert names(SET, needs_labels=True) == ("accuracy_ref", "accuracy_variant", "accuracy_drop",

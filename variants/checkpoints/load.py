@@ -163,6 +163,9 @@ class Checkpoint:
 def _build(mt, config, config_file):
     """(args, encoder, sanitize) for architecture ``mt``
     (:mod:`variants.checkpoints.architectures`)."""
+    from variants.checkpoints.config_keys import refuse_unimplemented
+
+    refuse_unimplemented(config, config_file)
     mod = architectures.loader(mt)
     try:
         args, encoder = mod.build(mt, config)

@@ -39,9 +39,11 @@ BLOCK = "mlx_variants"
 #: tokenizer files copied when the checkpoint has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
-#: checkpoint tensors of a sequence-classification head (DeBERTa-v2's ContextPooler is the
-#: top-level ``pooler.``)
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "pooler.")
+#: the checkpoint tensors of the classification heads (variants.checkpoints.hf_heads and the
+#: loaders': BERT's and ALBERT's poolers, DistilBERT's pre_classifier, DeBERTa-v2's top-level
+#: ContextPooler)
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "albert.pooler.", "pre_classifier.",
+                 "pooler.")
 
 
 def quantization_block(module):

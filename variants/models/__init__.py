@@ -127,7 +127,10 @@ def fitted_reference(name, checkpoint, tasksets, cache_dir, log=print, extra_key
     if hasattr(model, "fit_head"):
         log(f"fitting {name} head on {len(tasksets['fit'])} fit examples")
         model.fit_head(tasksets["fit"])
-    if getattr(model, "fixed_temperatures", None) is not None:
+    if getattr(model, "head_outputs", "softmax") != "softmax":
+        log(f"no temperature: the {model.head_outputs} head's logits are not a softmax "
+            "(judged as they are)")
+    elif getattr(model, "fixed_temperatures", None) is not None:
         log(f"using the fixed temperatures {model.fixed_temperatures} of the model config")
     else:
         log(f"fitting temperatures on {len(tasksets['calibration'])} calibration examples")

@@ -71,12 +71,17 @@ class ModelSource:
     options : list of str or None
         The options when neither the TOML nor the data gives them (a classifier's ``id2label``,
         set by :meth:`bind`).
+    outputs : str
+        What the model's logits are (:mod:`variants.models.head_output`): ``softmax`` (a choice
+        among options: every kind but a checkpoint head that says otherwise), ``multi_label``
+        or ``regression`` (a classifier checkpoint's config.json, read by :meth:`bind`).
     """
 
     name: str
     config: object = None
     factory: str | None = None
     options: list | None = None
+    outputs: str = "softmax"
 
     def __str__(self):
         return self.name
@@ -95,9 +100,13 @@ class ModelSource:
         return EXIT_HEAD_KINDS.get(self.kind)
 
     def describe(self):
-        """JSON-able record for run.json's ``model`` block (the parsed TOML, the factory)."""
-        return {"name": self.name, "factory": self.factory,
-                "config": None if self.config is None else self.config.to_dict()}
+        """JSON-able record for run.json's ``model`` block (the parsed TOML, the factory; and
+        ``outputs`` when they are not a softmax: what ``variants check`` judges them by)."""
+        out = {"name": self.name, "factory": self.factory,
+               "config": None if self.config is None else self.config.to_dict()}
+        if self.outputs != "softmax":
+            out["outputs"] = self.outputs
+        return out
 
     # -- the questions ----------------------------------------------------------------------
     def bind(self, checkpoint):
@@ -122,6 +131,9 @@ class ModelSource:
 
         n_out = head(mx.zeros((1, 1, checkpoint.args.hidden_size)),
                      mx.ones((1, 1), dtype=mx.int32)).shape[-1]
+        from variants.models.head_output import checkpoint_output_kind
+
+        self.outputs = checkpoint_output_kind(checkpoint, n_out)  # ModelConfigError: refused
         names = cfg.options if cfg.options is not None else self.options
         if len(names) != n_out:
             where = "options" if cfg.options is not None else \
@@ -173,6 +185,8 @@ class ModelSource:
         from variants.datasets import bundled as data
         from variants.datasets.tasks import build_taskset
 
+        if self.outputs != "softmax":
+            return self._unlabelled_taskset(frame)
         tasks = self.config.tasks if self.config is not None else None
         if tasks is None:
             fixed = self.fixed_options()
@@ -215,6 +229,18 @@ class ModelSource:
         names_a = self.action_names()
         return build_taskset(rows, k_max=max(len(s["options"]) for s in tasks.values()),
                              action_names=names_a)
+
+    def _unlabelled_taskset(self, frame):
+        """The VADER texts as unlabelled rows of a multi-label or regression head (task
+        ``outputs``, its labels as the options): it is judged against the reference's outputs,
+        and VADER has no label sets or target values to read."""
+        from variants.datasets.tasks import build_taskset
+
+        opts = list(self.options)
+        rows = [dict(id=r.id, task="outputs", text=r.text, options=opts, scores=None,
+                     actions=opts, label=-1, human=None)
+                for r in frame.itertuples(index=False)]
+        return build_taskset(rows, k_max=len(opts), action_names=opts)
 
     def _where(self):
         return self.config.path if self.config is not None else f"--model {self.factory}"
@@ -265,7 +291,7 @@ class ModelSource:
             from variants.models import classifier
 
             self.bind(checkpoint)
-            model = classifier.build(checkpoint)
+            model = classifier.build(checkpoint, outputs=self.outputs)
         else:
             from variants.models import marker
 

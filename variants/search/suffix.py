@@ -9,7 +9,8 @@ bytes of its ``input_ids``, ``attention_mask`` and ``token_type_ids``), the inpu
 layer; inside :meth:`SuffixCache.start_at` the encoder's call on a recorded batch runs from
 layer ``i``; a batch it has not recorded runs the whole stack as before.
 
-Applies to a plain :class:`variants.arch.encoder.BertEncoder` whose layers are all
+Applies to a plain :class:`variants.arch.encoder.BertEncoder` (or a subclass with other
+embeddings: DistilBERT, ELECTRA, ALBERT) whose layers are all
 :class:`variants.arch.encoder.TransformerLayer`, to a
 :class:`variants.arch.modernbert.ModernBertEncoder` whose layers are all
 :class:`variants.arch.modernbert_layers.ModernBertLayer`, and to MPNet / DeBERTa-v2 stacks
@@ -47,13 +48,19 @@ _STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer,
            MPNetEncoder: MPNetLayer, DebertaEncoder: DebertaLayer}
 
 
+def _stack_of(cls):
+    """The :data:`_STACKS` class ``cls`` is (or subclasses: DistilBERT, ELECTRA and ALBERT are
+    BERT stacks with their own embeddings), or None."""
+    return next((base for base in cls.__mro__ if base in _STACKS), None)
+
+
 def applies(module):
-    """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder`, every layer a
-    :class:`TransformerLayer`), a ModernBERT stack (:class:`ModernBertEncoder`, every layer
-    a :class:`ModernBertLayer`) or an MPNet / DeBERTa-v2 one (:data:`_STACKS`)."""
+    """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder` or a subclass,
+    every layer a :class:`TransformerLayer`), a ModernBERT stack (:class:`ModernBertEncoder`,
+    every layer a :class:`ModernBertLayer`) or an MPNet / DeBERTa-v2 one (:data:`_STACKS`)."""
     enc = getattr(module, "encoder", None)
-    kind = _STACKS.get(type(enc))
-    return kind is not None and all(type(layer) is kind for layer in enc.layers)
+    stack = _stack_of(type(enc))
+    return stack is not None and all(type(layer) is _STACKS[stack] for layer in enc.layers)
 
 
 def layer_of(path):
@@ -77,9 +84,14 @@ def _suffixed_call(self, input_ids, attention_mask, token_type_ids=None, **kw):
 
 
 #: encoder class -> a subclass whose call reads its :class:`SuffixCache` (set while the
-#: cache's context is open; the instance's class is swapped back on exit)
-_SUFFIXED = {cls: type(f"_Suffixed{cls.__name__}", (cls,), {"__call__": _suffixed_call})
-             for cls in _STACKS}
+#: cache's context is open; the instance's class is swapped back on exit); made on first use
+_SUFFIXED = {}
+
+
+def _suffixed(cls):
+    if cls not in _SUFFIXED:
+        _SUFFIXED[cls] = type(f"_Suffixed{cls.__name__}", (cls,), {"__call__": _suffixed_call})
+    return _SUFFIXED[cls]
 
 
 class SuffixCache:
@@ -117,7 +129,7 @@ class SuffixCache:
             return full(enc, input_ids, attention_mask, token_type_ids, **kw)
         self.hits += 1
         i = int(self.mode)
-        if self.cls is ModernBertEncoder:
+        if issubclass(self.cls, ModernBertEncoder):
             return EncoderOutput(enc.finish(enc.layers_from(i, xs[i], attention_mask)))
         x, ctx = xs[i], enc.context(attention_mask)
         for j in range(i, len(enc.layers)):
@@ -130,7 +142,7 @@ class SuffixCache:
         cls = type(enc)
         self.mode = mode
         enc.__dict__["_suffix_cache"] = self
-        enc.__class__ = _SUFFIXED[cls]
+        enc.__class__ = _suffixed(cls)
         try:
             yield self
         finally:

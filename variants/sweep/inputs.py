@@ -32,6 +32,7 @@ def load_inputs(cfg):
         decision = module.build(checkpoint)
     except ModelConfigError as e:
         raise SweepError(str(e)) from None
+    contract = _contract_of_outputs(cfg, contract, module, checkpoint)
     family = get_family(cfg.family)
     try:  # family checks that need the model's shapes and its readout (before any write)
         family.check_model(decision.module, cfg.variants, model=module)
@@ -62,6 +63,22 @@ def load_inputs(cfg):
     _check_option_counts(decision, tasksets)
     _check_markers(decision, tasksets, "the bundled data")
     return _checked(cfg, contract, checkpoint, tasksets, decision)
+
+
+def _contract_of_outputs(cfg, contract, module, checkpoint):
+    """The contract that judges what the model outputs (:mod:`contracts.outputs`): without
+    ``--contract`` a multi-label or regression head gets its packaged one (``cfg.contract`` is
+    set to its name, so run.json and an export record it); a contract with a clause that does
+    not measure those outputs is refused (ContractError, one line)."""
+    from contracts.outputs import check_outputs, contract_for
+
+    outputs = module.outputs
+    if cfg.contract is None and outputs != "softmax":
+        cfg.contract = contract_for(outputs)
+        contract = load_contract(cfg.contract)
+    check_outputs(contract, outputs,
+                  where=f"{checkpoint.path}/config.json" if outputs != "softmax" else "the model")
+    return contract
 
 
 def _check_option_counts(decision, tasksets):

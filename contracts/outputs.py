@@ -1,0 +1,56 @@
+"""Which contract judges which model outputs: a softmax over options (every logits kind, and
+single-label classifier heads), per-label sigmoids (multi-label heads) or an output value
+(regression heads; :mod:`variants.models.head_output` reads which from config.json).
+
+Each metric of :mod:`metrics.registry` names the outputs it measures (``MetricSpec.outputs``); a
+contract that judges a model may name only those (and ``nonfinite_rows``, which measures any):
+a softmax clause on a regression head would be 1 / 0 / 0 by construction, a verdict that means
+nothing. Without ``--contract`` a model gets the packaged contract of its outputs
+(:data:`contracts.contract.PACKAGED_FOR`: ``default``, ``multi_label``, ``regression``).
+"""
+
+from metrics.registry import OUTPUT_KINDS, SOFTMAX, metrics_for, spec
+
+from contracts.contract import PACKAGED_FOR, ContractError
+
+#: what each kind of output is, in messages
+DESCRIBED = {"softmax": "a softmax over options", "multi_label": "one sigmoid per label "
+             "(multi_label_classification)", "regression": "one output value (regression)"}
+
+
+def default_contract(outputs):
+    """The packaged contract name judging ``outputs`` by default (``'default'`` for a softmax).
+
+    Raises
+    ------
+    ValueError
+        ``outputs`` is not one of ``OUTPUT_KINDS``.
+    """
+    if outputs not in OUTPUT_KINDS:
+        raise ValueError(f"unknown outputs {outputs!r}; use one of {', '.join(OUTPUT_KINDS)}")
+    return PACKAGED_FOR[outputs][0]
+
+
+def contract_for(outputs, contract=None):
+    """What to load: ``contract`` (a path or packaged name) when given, else
+    :func:`default_contract` of ``outputs`` (None for a softmax: the packaged default, as
+    before)."""
+    if contract is not None:
+        return contract
+    return None if outputs == SOFTMAX else default_contract(outputs)
+
+
+def check_outputs(contract, outputs, where="the model"):
+    """Raise :class:`ContractError` (one line) unless every clause of ``contract`` measures
+    ``outputs`` (:func:`metrics.registry.metrics_for`).
+
+    ``where`` names the model in the message (e.g. the checkpoint's config.json)."""
+    fits = set(metrics_for(outputs))
+    for c in contract.clauses:
+        if c.metric not in fits:
+            theirs = spec(c.metric).outputs
+            raise ContractError(
+                f"contract {contract.name!r}: clause {c.id!r} measures {c.metric!r}, a metric of "
+                f"{DESCRIBED.get(theirs, theirs)}, but {where} outputs {DESCRIBED[outputs]}; use "
+                f"--contract {' or '.join(PACKAGED_FOR[outputs])}, or clauses on "
+                f"{', '.join(m for m in metrics_for(outputs) if m != 'nonfinite_rows')}")
