@@ -138,8 +138,8 @@ def test_new_architectures_read_their_configs_and_share_albert_groups(loaded):
 
 
 @pytest.mark.parametrize("key,value,says", [
-    ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key' is not "
-                                                 "supported"),
+    ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key', which is "
+                                                 "not implemented"),
     ("num_hidden_groups", 5, "num_hidden_groups (5) exceeds num_hidden_layers (4)"),
 ])
 def test_albert_config_values_not_computed_are_refused_in_one_line(tmp_path, key, value, says):
@@ -160,7 +160,7 @@ def test_electra_relative_positions_and_distilbert_missing_dim_are_refused(tmp_p
 
     for name, edit, says in (
             ("electra", {"position_embedding_type": "relative_key_query"},
-             "position_embedding_type 'relative_key_query' is not supported"),
+             "position_embedding_type 'relative_key_query', which is not implemented"),
             ("distilbert", {"dim": None}, "is incomplete for model_type distilbert (missing \"'dim'\")")):
         folder = tmp_path / name
         shutil.copytree(HF / name, folder)
