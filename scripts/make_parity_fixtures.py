@@ -128,7 +128,8 @@ def references(model, base, layers, final, ids, mask, types, first=None, n_layer
     return hidden, (last[0] if last else hidden[-1]), logits
 
 
-def save(name, model, tok, tok_config, texts, ids, mask, types, hidden, last, logits):
+def save(name, model, tok, tok_config, texts, ids, mask, types, hidden, last, logits,
+         extra=None):
     folder = OUT / name
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
@@ -137,7 +138,7 @@ def save(name, model, tok, tok_config, texts, ids, mask, types, hidden, last, lo
     real = mask.astype(bool)  # real tokens only (padded positions carry no meaning)
     np.savez_compressed(folder / "reference.npz", texts=np.array(texts), input_ids=ids,
                         attention_mask=mask, token_type_ids=types, hidden=hidden[:, real],
-                        last_hidden=last[real], logits=logits)
+                        last_hidden=last[real], logits=logits, **(extra or {}))
     size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
     print(f"{name}: {len(model.config.to_dict())} config keys, batch {ids.shape}, "
           f"{size:.2f} MB")
@@ -212,6 +213,90 @@ def make_modernbert(ws, common=COMMON):
                                      model.model.final_norm, ids, mask, None)
         save(name, model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, texts, ids,
              mask, types, h, last, logits)
+
+
+def text_of_length(tok, n_tokens, seed):
+    """A :func:`long_text` cut (then filled with one-token words) to exactly ``n_tokens`` tokens,
+    specials included."""
+    words = []
+    for w in long_text(4 * n_tokens, seed).split():
+        for cand in (w, "the"):
+            if len(tok.encode(" ".join(words + [cand])).ids) <= n_tokens:
+                words.append(cand)
+                break
+        if len(tok.encode(" ".join(words)).ids) == n_tokens:
+            return " ".join(words)
+    raise SystemExit(f"no long_text of {n_tokens} tokens")
+
+
+#: relative distances the bucket tables are stored for (reference.npz ``relative``)
+RELATIVE = np.arange(-1024, 1025)
+
+
+def make_mpnet(ws, common=COMMON):
+    # MPNet: 130 positions = 128 tokens after padding_idx 1; one text at that length, so the
+    # relative bias (32 buckets, log above distance 8) is checked at every distance up to 127
+    torch.manual_seed(5)
+    tok, vocab = make_tokenizer(ws, ROBERTA_SPECIALS, "<s>", "</s>", "<unk>")
+    texts = SHORT + [text_of_length(tok, 128, 5)]
+    cfg = transformers.MPNetConfig(vocab_size=len(vocab), num_hidden_layers=3,
+                                   intermediate_size=128, max_position_embeddings=130,
+                                   relative_attention_num_buckets=32, pad_token_id=1,
+                                   bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, **common)
+    model = transformers.MPNetForSequenceClassification(cfg).eval()
+    perturb(model, 5)
+    ids, mask, types = batch(tok, texts, 1)
+    h, last, logits = references(model, model.mpnet, model.mpnet.encoder.layer, None, ids, mask,
+                                 None)
+    buckets = model.mpnet.encoder.relative_position_bucket(torch.tensor(RELATIVE)).numpy()
+    save("mpnet", model, tok, {"pad_token": "<pad>", "model_max_length": 512}, texts, ids, mask,
+         types, h, last, logits, dict(relative=RELATIVE, buckets=buckets))
+
+
+def make_deberta_v2(ws, common=COMMON):
+    # deberta_v3: the v3 / mDeBERTa-v3 layout (relative attention only, log buckets at 32 so a
+    # 128-token text reaches the log range, shared keys, normed table); deberta_v2: the v2
+    # layout (absolute positions too, token types, unshared position projections, raw distances
+    # clipped at 48, a factorised embedding, the convolution after layer 0, a tanh pooler)
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    torch.manual_seed(6)
+    tok, vocab = make_tokenizer(ws, BERT_SPECIALS, "[CLS]", "[SEP]", "[UNK]")
+    texts = SHORT + [text_of_length(tok, 128, 6)]
+    for name, extra, seed in (
+            ("deberta_v3", dict(num_hidden_layers=3, relative_attention=True, position_buckets=32,
+                                max_relative_positions=-1, pos_att_type=["p2c", "c2p"],
+                                position_biased_input=False, norm_rel_ebd="layer_norm",
+                                share_att_key=True, type_vocab_size=0), 6),
+            ("deberta_v2", dict(num_hidden_layers=3, relative_attention=True,
+                                max_relative_positions=48, pos_att_type="c2p|p2c",
+                                position_biased_input=True, type_vocab_size=2,
+                                share_att_key=False, embedding_size=32, conv_kernel_size=3,
+                                conv_act="gelu", pooler_hidden_act="tanh",
+                                layer_norm_eps=1e-5), 7)):
+        cfg = transformers.DebertaV2Config(vocab_size=len(vocab), intermediate_size=128,
+                                           max_position_embeddings=128, pad_token_id=0,
+                                           hidden_act="gelu", **extra, **common)
+        model = transformers.DebertaV2ForSequenceClassification(cfg).eval()
+        perturb(model, seed)
+        ids, mask, types = batch(tok, texts, 0)
+        if cfg.type_vocab_size > 1:
+            types[1, 4:int(mask[1].sum())] = 1  # a second segment: token types matter
+        h, last, logits = references(model, model.deberta, model.deberta.encoder.layer, None,
+                                     ids, mask, types)
+        # transformers' own hidden_states: layer 0's output after the convolution (the layer's
+        # forward hook sees it before)
+        with torch.no_grad():
+            out = model.deberta(input_ids=torch.tensor(ids, dtype=torch.long),
+                                attention_mask=torch.tensor(mask, dtype=torch.long),
+                                token_type_ids=torch.tensor(types, dtype=torch.long),
+                                output_hidden_states=True)
+        h = np.stack([t.numpy() for t in out.hidden_states])
+        assert np.array_equal(h[-1], last)
+        rel = torch.tensor(RELATIVE)
+        buckets = (make_log_bucket_position(rel, 32, 128) if name == "deberta_v3" else rel)
+        save(name, model, tok, {"pad_token": "[PAD]", "model_max_length": 512}, texts, ids,
+             mask, types, h, last, logits, dict(relative=RELATIVE, buckets=buckets.long().numpy()))
 
 
 def longest_text(tok, limit, seed):
@@ -296,7 +381,8 @@ def make_albert(ws):
 
 #: name -> the function writing its folder(s) (``--only`` picks among these names)
 MAKERS = {"bert": make_bert, "roberta": make_roberta, "modernbert": make_modernbert,
-          "distilbert": make_distilbert, "electra": make_electra, "albert": make_albert}
+          "distilbert": make_distilbert, "electra": make_electra, "albert": make_albert,
+          "mpnet": make_mpnet, "deberta_v2": make_deberta_v2}
 
 
 def main():

@@ -4,7 +4,8 @@ PyTorch is not needed here): every layer's hidden states and the logits within 1
 with padding in the batch; ModernBERT with a 300-token row beside short ones (window 128 and a
 global-every-2 config with window 64, mean pooling and every bias on); DistilBERT, ELECTRA
 (embedding_size 32 projected to 64) and ALBERT (4 passes over 2 shared groups; 3 passes over
-one group of 2 layers) with a row of 125-128 tokens, their 128-position tables' limit. The
+one group of 2 layers) with a row of 125-128 tokens, their 128-position tables' limit; MPNet and DeBERTa-v3 / DeBERTa-v2 (relative
+positions: :mod:`tests.checkpoints.test_relative_archs`) with a row of 128 tokens. The
 tokenizer decisions reproduce the ids the script made with ``tokenizers``."""
 
 import json
@@ -20,7 +21,7 @@ from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
 NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert",
-         "albert_inner2"]
+         "albert_inner2", "mpnet", "deberta_v3", "deberta_v2"]
 TOL = 1e-4
 
 
@@ -41,7 +42,7 @@ def test_tokenizer_reproduces_the_reference_batch(name, loaded):
     assert n_trunc == 0
     np.testing.assert_array_equal(ids, ref["input_ids"])
     np.testing.assert_array_equal(mask, ref["attention_mask"])
-    assert ck.tokenizer.pad_id == {"roberta": 1}.get(name, 0)
+    assert ck.tokenizer.pad_id == {"roberta": 1, "mpnet": 1}.get(name, 0)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -26,6 +26,8 @@ REGISTRY = {
     "distilbert": ("variants.checkpoints.hf_distilbert", "DistilBert"),
     "electra": ("variants.checkpoints.hf_electra", "Electra"),
     "albert": ("variants.checkpoints.hf_albert", "Albert"),
+    "mpnet": ("variants.checkpoints.hf_mpnet", "MPNet"),
+    "deberta-v2": ("variants.checkpoints.hf_deberta", "DebertaV2"),
 }
 
 

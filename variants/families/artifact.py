@@ -40,8 +40,10 @@ BLOCK = "mlx_variants"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
 #: the checkpoint tensors of the classification heads (variants.checkpoints.hf_heads and the
-#: loaders': BERT's and ALBERT's poolers, DistilBERT's pre_classifier)
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "albert.pooler.", "pre_classifier.")
+#: loaders': BERT's and ALBERT's poolers, DistilBERT's pre_classifier, DeBERTa-v2's top-level
+#: ContextPooler)
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.", "albert.pooler.", "pre_classifier.",
+                 "pooler.")
 
 
 def quantization_block(module):

@@ -11,9 +11,11 @@ layer ``i``; a batch it has not recorded runs the whole stack as before.
 
 Applies to a plain :class:`variants.arch.encoder.BertEncoder` (or a subclass with other
 embeddings: DistilBERT, ELECTRA, ALBERT) whose layers are all
-:class:`variants.arch.encoder.TransformerLayer` and to a
+:class:`variants.arch.encoder.TransformerLayer`, to a
 :class:`variants.arch.modernbert.ModernBertEncoder` whose layers are all
-:class:`variants.arch.modernbert_layers.ModernBertLayer` (:func:`applies`); embedding tables
+:class:`variants.arch.modernbert_layers.ModernBertLayer`, and to MPNet / DeBERTa-v2 stacks
+(:class:`variants.arch.mpnet.MPNetEncoder`, :class:`variants.arch.deberta.DebertaEncoder`: run
+from layer ``i`` as BERT's, through ``apply_layer``) (:func:`applies`); embedding tables
 and any other unit keep the full forward. On BERT the suffix runs each layer as
 :meth:`BertEncoder.apply_layer` does, so logits equal the full forward's to float round-off
 (measured on MiniLM, 60 rows, 36 Linears x 5 widths: mean KL within 2.7e-8 nats, max
@@ -31,15 +33,19 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
+from variants.arch.deberta import DebertaEncoder
+from variants.arch.deberta_attention import DebertaLayer
 from variants.arch.encoder import BertEncoder, EncoderOutput, TransformerLayer
 from variants.arch.modernbert import ModernBertEncoder
 from variants.arch.modernbert_layers import ModernBertLayer
+from variants.arch.mpnet import MPNetEncoder, MPNetLayer
 
 _UNIT = re.compile(r"^encoder\.layers\.(\d+)\.")
 
 
 #: encoder class -> the class of its layers that the suffix forward knows
-_STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer}
+_STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer,
+           MPNetEncoder: MPNetLayer, DebertaEncoder: DebertaLayer}
 
 
 def _stack_of(cls):
@@ -50,8 +56,8 @@ def _stack_of(cls):
 
 def applies(module):
     """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder` or a subclass,
-    every layer a :class:`TransformerLayer`) or a ModernBERT stack (:class:`ModernBertEncoder`,
-    every layer a :class:`ModernBertLayer`)."""
+    every layer a :class:`TransformerLayer`), a ModernBERT stack (:class:`ModernBertEncoder`,
+    every layer a :class:`ModernBertLayer`) or an MPNet / DeBERTa-v2 one (:data:`_STACKS`)."""
     enc = getattr(module, "encoder", None)
     stack = _stack_of(type(enc))
     return stack is not None and all(type(layer) is _STACKS[stack] for layer in enc.layers)
@@ -94,14 +100,14 @@ class SuffixCache:
     Parameters
     ----------
     module : mlx.nn.Module
-        A decision model's module with a plain BERT or ModernBERT ``.encoder`` (:func:`applies`
-        must be True, else ValueError).
+        A decision model's module with a plain BERT, ModernBERT, MPNet or DeBERTa-v2
+        ``.encoder`` (:func:`applies` must be True, else ValueError).
     """
 
     def __init__(self, module):
         if not applies(module):
-            raise ValueError("suffix forwards need a plain BertEncoder or ModernBertEncoder "
-                             "(module.encoder)")
+            raise ValueError("suffix forwards need a plain BertEncoder, ModernBertEncoder, "
+                             "MPNetEncoder or DebertaEncoder (module.encoder)")
         self.encoder = module.encoder
         self.cls = type(module.encoder)
         self.states = {}  # key -> [input of layer 0, ..., input of layer N-1]
