@@ -3,12 +3,13 @@ classification head) packed as exported, nothing re-quantized.
 
 The folder's ``config.json`` is the original checkpoint's plus mlx-lm's ``quantization`` block
 and an ``mlx_variants`` block (:mod:`variants.export`). The encoder's skeleton is built from the
-config, ``mlx.nn.quantize`` is applied with mlx-lm's predicate (a module the block lists takes
-its entry, ``false`` keeps it full precision; any other is quantized when the file holds its
-``scales``), factored layers the ``mlx_variants`` block lists are put in place first (two
-Linears each), and the file's ``encoder.*`` (and ``classifier.*``) arrays fill it strictly. The
-whole decision model (a fitted head, temperatures) is
-:func:`variants.families.artifact.load_variant`'s.
+config, factored layers the ``mlx_variants`` block lists are put in place first (two Linears
+each), the stored tensors are put at their module paths (:func:`module_weights`: a folder of
+format 2 names them as the original checkpoint does), ``mlx.nn.quantize`` is applied with
+mlx-lm's predicate (a module the block lists takes its entry, ``false`` keeps it full
+precision; any other is quantized when the file holds its ``scales``), and the ``encoder.*``
+(and ``classifier.*``) arrays fill it strictly. The whole decision model (a fitted head,
+temperatures) is :func:`variants.families.artifact.load_variant`'s.
 """
 
 import json

@@ -1,14 +1,18 @@
 """A built variant's weights folder: what ``variants export`` ships and what a sweep's cold start
 loads (the same files, byte for byte in layout).
 
-:func:`write_weights` writes ``model.safetensors`` (the decision model's parameters by module
-path; each quantized module as ``weight`` packed uint32, ``scales`` and ``biases`` exactly as
-``mlx.nn.quantize`` makes them), ``config.json`` (the original checkpoint's config, plus
-mlx-lm's ``quantization`` block and an ``mlx_variants`` block: the decision model's kind,
-temperatures, low-rank factor shapes, head skeleton), the tokenizer files and ``model.toml``.
-:func:`load_variant` loads it back packed: the skeleton from the configs, factored layers put in
-place, ``mlx.nn.quantize`` with mlx-lm's predicate, ``load_weights(strict=True)`` — nothing
-re-quantized, no fp32 checkpoint read, nothing built.
+:func:`write_weights` writes ``model.safetensors`` (every tensor of the reference checkpoint
+under its transformers name, :mod:`variants.checkpoints.hf_names`: each quantized module as
+``weight`` packed uint32, ``scales`` and ``biases`` exactly as ``mlx.nn.quantize`` makes them,
+what the variant does not change as the checkpoint has it), ``decision_head.safetensors`` (a
+decision head fitted here, by module path; only when there is one), ``config.json`` (the
+original checkpoint's config, plus mlx-lm's ``quantization`` block keyed by the same names and
+an ``mlx_variants`` block: the decision model's kind, temperatures, low-rank factor shapes, head
+skeleton, names map), the tokenizer files and ``model.toml``. :func:`load_variant` loads it
+back packed: the skeleton from the configs, factored layers put in place, each stored tensor
+put at its module path, ``mlx.nn.quantize`` with mlx-lm's predicate,
+``load_weights(strict=True)`` — nothing re-quantized, no fp32 checkpoint read, nothing built.
+A folder of format 1 (module paths as names) still loads.
 
 Only families whose variant is a set of weights MLX loads write one (:data:`EXPORTABLE`); the
 others say why in one line (:data:`NOT_EXPORTABLE`).
