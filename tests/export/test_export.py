@@ -81,6 +81,10 @@ def test_folder_is_mlx_layout_with_a_manifest(exported, runs):
     assert set(manifest["versions"]) == {"mlx-variants", "mlx", "numpy"}
     card = (q / "README.md").read_text()
     assert "## Contract clauses" in card and "What was not tested" in card
+    assert "Architecture: `BertModel` (`model_type` bert)" in card
+    assert "(3 the decision model does not read: `embeddings.position_ids`, `pooler." in card
+    assert "- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`" in card
+    assert "not the decision head" in card and "`decision_head.safetensors`" in card
     # the whole model at 4 bits (word table and values at 8) is far below fp32's 90.3 MB
     assert (q / "model.safetensors").stat().st_size < 30e6
     lr = json.loads((exported["lr"] / "config.json").read_text())

@@ -5,13 +5,18 @@ mlx-embeddings reads an exported folder exactly when it reads the original check
 names, the packed layout and the ``quantization`` block are the ones it loads);
 :data:`MLX_EMBEDDINGS` lists the architectures that was checked for (mlx-embeddings 0.1.0,
 MLX 0.32: an exported all-MiniLM-L6-v2 at 4 and 8 bits gives its last hidden states within
-4.5e-6 of the judged encoder's). It refuses ``BertForSequenceClassification`` checkpoints (it
-has no such class; their ``bert.`` names are "parameters not in model"), as it refuses the
-original.
+4.5e-6 of the judged encoder's; a ModernBERT classifier's class probabilities agree with the
+judged logits' softmax within 6.6e-5, as for the original checkpoint, its own implementation's
+difference). It refuses ``BertForSequenceClassification`` checkpoints (it has no such class;
+their ``bert.`` names are "parameters not in model"), as it refuses the original.
 """
 
 #: ``architectures[0]`` values whose exported folders mlx-embeddings 0.1.0 was seen to load
 MLX_EMBEDDINGS = ("BertModel", "ModernBertForSequenceClassification")
+#: ... and those it was seen to refuse, as it refuses the original checkpoint
+MLX_EMBEDDINGS_REFUSES = ("BertForSequenceClassification",)
+#: the encoder model types mlx-embeddings 0.1.0 has a module for
+MLX_EMBEDDINGS_TYPES = ("bert", "modernbert", "xlm-roberta")
 
 RECIPE = '''```python
 import json
@@ -90,14 +95,20 @@ def section(facts):
         return lines
     lines += [f"- plain MLX, with the recipe below, into an MLX port of `{arch}` whose "
               "parameter paths are transformers';"]
+    mine = "; it gives the encoder's outputs, not the decision head" if \
+        facts.get("decision_head") else ""
     if facts.get("architecture") in MLX_EMBEDDINGS:
         lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`, as it reads the "
-                  "original checkpoint (checked with mlx-embeddings 0.1.0)"
-                  + ("; it gives the encoder's outputs, not the decision head" if
-                     facts.get("decision_head") else "") + "."]
+                  f"original checkpoint (checked with mlx-embeddings 0.1.0){mine}."]
+    elif facts.get("model_type") not in MLX_EMBEDDINGS_TYPES:
+        lines += [f"- not mlx-embeddings 0.1.0: it has no `{facts.get('model_type')}` model "
+                  "type."]
+    elif facts.get("architecture") in MLX_EMBEDDINGS_REFUSES:
+        lines += [f"- not mlx-embeddings 0.1.0: it has no `{arch}` class and refuses the "
+                  "original checkpoint alike."]
     else:
-        lines += [f"- not mlx-embeddings 0.1.0: it does not read `{arch}` checkpoints (nor the "
-                  "original)."]
+        lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")` should read it as "
+                  f"it reads the original checkpoint (not checked for `{arch}`){mine}."]
     port = "".join(c for c in str(facts.get("architecture") or "Model") if c.isalnum())
     lines += ["", RECIPE.format(port=f"My{port}",
                                 quantize=QUANTIZE if facts.get("quantization") else ""), ""]
