@@ -279,3 +279,28 @@ def _flat(ck):
 
     return ([("encoder." + p, v) for p, v in tree_flatten(ck.encoder.parameters())]
             + [("classifier." + p, v) for p, v in tree_flatten(ck.classifier.parameters())])
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda b: b.update(names=["encoder"]), "mlx_variants.names, .kept or .head_quantization "
+                                            "is not what export writes"),
+    (lambda b: b.update(kept="pooler"), "is not what export writes"),
+    (lambda b: b["names"].pop("encoder.layers.0.attention.query"),
+     "holds 'bert.encoder.layer.0.attention.self.query.bias', which config.json's "
+     "mlx_variants.names places nowhere"),
+])
+def test_a_bad_names_map_is_refused_in_one_line_by_both_loaders(bert, tmp_path, edit, says):
+    from variants.checkpoints.files import CheckpointError
+    from variants.checkpoints.load import load_checkpoint
+    from variants.export.load import load_variant
+
+    folder = tmp_path / "x"
+    shutil.copytree(bert, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    edit(cfg["mlx_variants"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for load in (load_checkpoint, load_variant):
+        with pytest.raises(CheckpointError) as e:
+            load(folder)
+        msg = str(e.value)
+        assert says in msg and "\n" not in msg and msg.endswith("export the variant again")

@@ -95,7 +95,16 @@ def module_weights(path, config):
     names = block.get("names")
     if names is None:  # format 1: module paths
         return weights, quant
-    inverse, kept = invert(names), set(block.get("kept") or ())
+    kept, head_q = block.get("kept") or [], block.get("head_quantization") or {}
+    if not (isinstance(names, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in names.items())
+            and isinstance(kept, list) and all(isinstance(k, str) for k in kept)
+            and isinstance(head_q, dict)):
+        raise CheckpointError(f"{short_path(path / 'config.json')}: {BLOCK}.names, .kept or "
+                              ".head_quantization is not what export writes (a {path: name} "
+                              "map, a list of names, a {path: entry} map); export the variant "
+                              "again")
+    inverse, kept = invert(names), set(kept)
     out = {}
     for k, v in weights.items():
         if k in kept:
@@ -111,7 +120,7 @@ def module_weights(path, config):
     for k, e in quant.items():
         if k not in DEFAULTS:
             mine.update((p, e) for p in paths_of(k, inverse))
-    mine.update(block.get("head_quantization") or {})
+    mine.update(head_q)
     return out, mine
 
 
