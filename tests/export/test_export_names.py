@@ -304,3 +304,41 @@ def test_a_bad_names_map_is_refused_in_one_line_by_both_loaders(bert, tmp_path, 
             load(folder)
         msg = str(e.value)
         assert says in msg and "\n" not in msg and msg.endswith("export the variant again")
+
+
+@pytest.mark.parametrize("kind", ["minilm-choice", "examples/model-marker.toml",
+                                  "examples.own_model:build"])
+def test_every_model_kind_round_trips_under_the_checkpoint_s_names(kind, tmp_path):
+    """The cosine kind (no head of its own), the marker kind (a fitted ``scorer``) and a
+    factory network (its own ``proto``): model.safetensors has MiniLM's names (plus
+    ``.scales`` / ``.biases``), what the decision model adds is in decision_head.safetensors by
+    module path, and load_variant puts back every parameter, path for path, bit for bit."""
+    from mlx.utils import tree_flatten
+
+    from variants.checkpoints.load import load_checkpoint, minilm_path
+    from variants.families import get_family
+    from variants.families.artifact import load_variant
+    from variants.families.family import BuildInputs
+    from variants.families.quant.config import QuantConfig
+    from variants.models import resolve
+
+    source = resolve(model_config=kind) if kind.endswith(".toml") else resolve(model=kind)
+    ck = load_checkpoint()
+    source.bind(ck)
+    variant, _ = get_family("quant").build(source.build(ck), QuantConfig(bits=8),
+                                           BuildInputs(), mode="native")
+    cfg = _write(variant, ck, source, tmp_path / "v")
+    got = mx.load(str(tmp_path / "v" / "model.safetensors"))
+    assert {k for k in got if not k.endswith((".scales", ".biases"))} == \
+        _source_keys(minilm_path())
+    own = {"minilm-choice": None, "examples/model-marker.toml": ["scorer.bias", "scorer.weight"],
+           "examples.own_model:build": ["proto.bias", "proto.weight"]}[kind]
+    assert cfg["mlx_variants"]["decision_head"] == (own and "decision_head.safetensors")
+    if own:
+        assert sorted(mx.load(str(tmp_path / "v" / "decision_head.safetensors"))) == own
+    model, _ = load_variant(tmp_path / "v")
+    a = dict(tree_flatten(variant.module.parameters()))
+    b = dict(tree_flatten(model.module.parameters()))
+    assert sorted(a) == sorted(b)
+    for p in a:
+        assert a[p].dtype == b[p].dtype and mx.array_equal(a[p], b[p]), p
