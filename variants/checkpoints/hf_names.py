@@ -31,10 +31,6 @@ name (None).
 
 from pathlib import Path
 
-#: the tensor a quantized module stores beside its packed ``weight``
-QUANT_SUFFIXES = (".scales", ".biases")
-
-
 def _same(a, b):
     """Whether MLX arrays ``a`` and ``b`` hold the same values (shape, dtype and elements)."""
     import mlx.core as mx
@@ -43,14 +39,15 @@ def _same(a, b):
                       and bool(mx.array_equal(a, b).item()))
 
 
-def sanitize_names(sanitize, weights, prefix="encoder."):
+def sanitize_names(sanitize, weights, params, prefix="encoder."):
     """``{parameter path: source key}``: ``prefix`` + each name ``sanitize({key: array})``
     keeps the array of ``key`` under (a rename; a key it drops or whose array it changes names
-    nothing). ``weights``: the checkpoint's ``{key: mx.array}``."""
+    nothing), when that path is one of ``params`` (the encoder's parameter paths, with
+    ``prefix``). ``weights``: the checkpoint's ``{key: mx.array}``."""
     out = {}
     for key, arr in weights.items():
         for name, got in sanitize({key: arr}).items():
-            if _same(got, arr):
+            if prefix + name in params and _same(got, arr):
                 out[prefix + name] = key
     return out
 
@@ -153,6 +150,7 @@ def checkpoint_names(checkpoint, with_head):
     import json
 
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
     from variants.checkpoints import architectures, files as files_
 
@@ -174,7 +172,8 @@ def checkpoint_names(checkpoint, with_head):
         source.update(mx.load(str(f)))
     mt = files_.model_type(config, path / "config.json")
     loader = architectures.loader(mt)
-    params = sanitize_names(loader.sanitize, source)
+    encoder = {"encoder." + p for p, _ in tree_flatten(checkpoint.encoder.parameters())}
+    params = sanitize_names(loader.sanitize, source, encoder)
     head = {}
     if with_head:
         reads = _Reads(source)
