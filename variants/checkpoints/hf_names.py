@@ -8,10 +8,11 @@ to the checkpoint's: a module path (``encoder.layers.0.attention.query`` ->
 last component (``weight``, ``bias``), else one entry per parameter. It is derived, not
 written by hand:
 
-- the encoder: the architecture loader's ``sanitize`` (:mod:`variants.checkpoints.architectures`),
-  a rename transformers name -> encoder name, applied to each of the checkpoint's keys alone;
-  a key it keeps with the same array is where that encoder parameter came from (one key may
-  feed several parameters: ALBERT's layers share one set);
+- the encoder: a fresh skeleton filled the way ``load_checkpoint`` fills it, by the
+  architecture loader's ``sanitize`` (:mod:`variants.checkpoints.architectures`) and the
+  encoder's own ``load_weights``; a parameter that holds a checkpoint array unchanged (the same
+  object) is named by its key (one key may feed several parameters: ALBERT's layers share one
+  set, stored once; a variant that changed the copies differently is refused in one line);
 - the checkpoint's classification head (``classifier`` in the decision model): the head
   ``load_head`` builds from the checkpoint's arrays, each head parameter matched to the key
   whose array it holds.
@@ -39,17 +40,20 @@ def _same(a, b):
                       and bool(mx.array_equal(a, b).item()))
 
 
-def sanitize_names(sanitize, weights, params, prefix="encoder."):
-    """``{parameter path: source key}``: ``prefix`` + each name ``sanitize({key: array})``
-    keeps the array of ``key`` under (a rename; a key it drops or whose array it changes names
-    nothing), when that path is one of ``params`` (the encoder's parameter paths, with
-    ``prefix``). ``weights``: the checkpoint's ``{key: mx.array}``."""
-    out = {}
-    for key, arr in weights.items():
-        for name, got in sanitize({key: arr}).items():
-            if prefix + name in params and _same(got, arr):
-                out[prefix + name] = key
-    return out
+def encoder_names(loader, model_type, config, weights, prefix="encoder."):
+    """``{parameter path: source key}`` of the encoder: a fresh skeleton of the architecture
+    (``loader.build``) filled as :func:`variants.checkpoints.load.load_checkpoint` fills it
+    (``loader.sanitize``, then the encoder's own ``load_weights``, which may place one array on
+    several layers: ALBERT's shared groups); each parameter holding one of ``weights``' arrays
+    (the same object: a rename) is named by its key, ``prefix`` prepended. ``weights``: the
+    checkpoint's ``{key: mx.array}`` (lazy; nothing is read)."""
+    from mlx.utils import tree_flatten
+
+    _, skeleton = loader.build(model_type, config)
+    skeleton.load_weights(list(loader.sanitize(weights).items()), strict=False)
+    keys = {id(v): k for k, v in weights.items()}
+    return {prefix + p: keys[id(a)] for p, a in tree_flatten(skeleton.parameters())
+            if id(a) in keys}
 
 
 def head_names(head, weights, prefix="classifier."):
@@ -150,7 +154,6 @@ def checkpoint_names(checkpoint, with_head):
     import json
 
     import mlx.core as mx
-    from mlx.utils import tree_flatten
 
     from variants.checkpoints import architectures, files as files_
 
@@ -172,8 +175,7 @@ def checkpoint_names(checkpoint, with_head):
         source.update(mx.load(str(f)))
     mt = files_.model_type(config, path / "config.json")
     loader = architectures.loader(mt)
-    encoder = {"encoder." + p for p, _ in tree_flatten(checkpoint.encoder.parameters())}
-    params = sanitize_names(loader.sanitize, source, encoder)
+    params = encoder_names(loader, mt, config, source)
     head = {}
     if with_head:
         reads = _Reads(source)
