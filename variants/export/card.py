@@ -6,6 +6,8 @@ take the same facts: pass ``card=`` to ``export``.
 
 import math
 
+from variants.export import card_load
+
 
 def _num(x, spec="{:.4g}"):
     """``spec.format(x)``, or "—" for None / NaN (timing.json and verdict.json allow null)."""
@@ -17,7 +19,9 @@ def _num(x, spec="{:.4g}"):
 def markdown(facts):
     """The model card (Markdown) of ``facts``: ``name``, ``family``, ``build``, ``verdict``,
     ``run``, ``model``, ``kind``, ``contract``, ``n_eval``, ``timing``, ``bytes``, ``search``,
-    ``quantization``, ``lowrank``, ``reference_fit`` (optional)."""
+    ``quantization``, ``lowrank``, ``reference_fit`` (optional) and those of
+    :func:`variants.export.card_load.section` (``architecture``, ``model_type``, ``names``,
+    ``kept``, ``decision_head``, ``input_scaled``)."""
     v, b = facts["verdict"], facts["build"]
     status = "PASS" if v.get("passed") else "FAIL"
     lines = [f"# {facts['model']} — {facts['name']} ({facts['family']})", ""]
@@ -37,28 +41,13 @@ def markdown(facts):
         lines += [f"Judged against the reference whose head and temperatures are "
                   f"`{fit['file']}` ({how}; array sha256 `{fit['sha256']}`, checked by "
                   "`variants verify`).", ""]
-    lines += ["## Use it", "",
-              "```python",
-              "from variants.export.load import load_variant",
-              "model, checkpoint = load_variant(\"THIS_FOLDER\")  # packed, nothing re-quantized",
-              "outputs = model.outputs(taskset)",
-              "```", "",
-              "Plain MLX: build the network"
-              + (", replace each Linear that `config.json`'s `mlx_variants.lowrank` lists "
-                 "(`{path: {in, rank, out, bias}}`) by a module holding two Linears applied in "
-                 "turn, `down = nn.Linear(in, rank, bias=False)` then `up = nn.Linear(rank, "
-                 "out, bias=bias)`" if facts.get("lowrank") else "")
-              + (", `nn.quantize(model, group_size, bits, class_predicate)` with "
-                 "`config.json`'s `quantization` block (mlx-lm's rule)"
-                 if facts.get("quantization") else "")
-              + ", then `model.load_weights(\"model.safetensors\", strict=True)`. "
-              "`load_checkpoint(THIS_FOLDER)` gives the encoder (and a checkpoint's own "
-              "classification head) as exported, packed and factored, for `variants sweep "
-              "--checkpoint THIS_FOLDER`. "
-              "`variants verify THIS_FOLDER` recomputes the judged outputs and checks every file.",
-              "", "## Size", "",
-              f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (whole model, embeddings "
-              f"and head included); model bytes as judged "
+    lines += card_load.section(facts)
+    lines += ["## Size", "",
+              f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (the checkpoint's "
+              "tensors, embeddings included"
+              + (f"; the decision head is `{facts['decision_head']}`"
+                 if facts.get("decision_head") else "")
+              + f"); model bytes as judged "
               f"{_num(b.get('model_bytes') and b['model_bytes'] / 1e6, '{:.2f}')} MB",
               f"- stored bits per quantized weight: {_num(b.get('bits_per_weight'))}"]
     q = facts.get("quantization")
