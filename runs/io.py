@@ -50,12 +50,12 @@ class WriteError(OSError):
 class RunIncomplete(RuntimeError):
     """A run whose outputs could not all be made for a reason other than a failed write (e.g. a
     plotting bug): its run.json says ``"incomplete"``. ``file`` is the output missing, ``error``
-    why (text)."""
+    why (text); ``said``: what the files left behind say (default "run.json says incomplete")."""
 
-    def __init__(self, file, error):
+    def __init__(self, file, error, said="run.json says incomplete"):
         self.file, self.error = file, error
-        super().__init__(f"{file} not written ({error}); run.json says incomplete. Rerun the "
-                         "same command to retry, or report the error")
+        super().__init__(f"{file} not written ({error}); {said}. Rerun the same command to "
+                         "retry, or report the error")
 
 
 def _atomic(path, write, mode):

@@ -340,7 +340,8 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
         before = meta.pop("status_before_check", meta.get("status"))
         write_json(run_dir / "run.json", dict(meta, status="checking", status_before_check=before))
     try:
-        verdicts = _judge_and_write(run, names, contract, out_dir, variants, log, kwargs)
+        verdicts = _judge_and_write(run, names, contract, out_dir, variants, log, kwargs,
+                                    in_place)
     except BaseException as e:
         if in_place:  # the folder now mixes new and old files: say so (best effort)
             try:
@@ -358,8 +359,10 @@ def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=Non
     return verdicts
 
 
-def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
-    """The writing half of :func:`check_run` (every file already read and validated)."""
+def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs, in_place):
+    """The writing half of :func:`check_run` (every file already read and validated); a
+    report.html that cannot be rendered raises :class:`runs.io.RunIncomplete` after report.md
+    is written."""
     import pandas as pd
 
     from contracts.report import REPORT_SCHEMA_VERSION
@@ -392,6 +395,8 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs):
         extras = run.family_texts(names)  # <variant>/family.md, else run.json's extras
         write_text(out_dir / "report.md", render_report(meta, summary, details, contract, extras)
                    + report_tail(run, out_dir))
-        write_beside_markdown(run, out_dir=out_dir, log=log or print,
-                              evaluations={n: ev for n, (ev, _) in details.items()})
+        write_beside_markdown(run, out_dir=out_dir,
+                              evaluations={n: ev for n, (ev, _) in details.items()},
+                              said="run.json says incomplete" if in_place else
+                              f"check.json, summary.csv and report.md in {out_dir} are written")
     return verdicts

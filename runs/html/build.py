@@ -50,7 +50,7 @@ def _timing(t):
     def region(entries):
         out = []
         for b, e in sorted(entries.items(), key=lambda kv: int(kv[0])):
-            sp = e.get("speedup", {})
+            sp = e.get("speedup") or {}  # null: a time too short for the clock
             out.append({"B": int(b), "seq_len": e.get("seq_len"), "rounds": e.get("rounds"),
                         "rounds_requested": e.get("rounds_requested"),
                         "stopped_by": e.get("stopped_by"),

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from runs.io import digest
 from runs.report_facts import cpu_text
@@ -102,9 +103,17 @@ def _top(probs, logits, mask):
     return k, float(probs[k]), margin
 
 
+def _true(x):
+    """``x`` is True: False for pandas' NA (the label-dependent columns of an unlabelled row)."""
+    return x is not None and x is not pd.NA and bool(x)
+
+
 def flipped_examples(ref, var, per_example, texts, n=N_FLIPPED):
     """The first ``n`` eval rows (eval order) whose top option differs, with their text and both
-    models' top option, its probability and top-2 logit margin.
+    models' top option, its probability and top-2 logit margin. ``kind``: "negative" (the
+    reference right, the variant wrong), "positive" (the other way), "both wrong" (a labelled
+    row neither gets right) or "unlabelled" (label -1, where ``negative_flip`` and
+    ``positive_flip`` are NA).
 
     Parameters
     ----------
@@ -112,7 +121,8 @@ def flipped_examples(ref, var, per_example, texts, n=N_FLIPPED):
         outputs.npz arrays (``logits``, ``probs`` (N, K) float32, ``option_mask`` (N, K) bool).
     per_example : pandas.DataFrame
         ``metrics.evaluate.Evaluation.per_example`` (``id``, ``flip``, ``label``,
-        ``negative_flip``, ``positive_flip``, ``near_tie``, ``certified``).
+        ``negative_flip``, ``positive_flip`` (nullable ``boolean``, NA where the label is -1),
+        ``near_tie``, ``certified``).
     texts : mapping of id -> str
     """
     rows = []
@@ -122,13 +132,16 @@ def flipped_examples(ref, var, per_example, texts, n=N_FLIPPED):
         rk, rp, rm = _top(ref["probs"][i], ref["logits"][i], mask[i])
         vk, vp, vm = _top(var["probs"][i], var["logits"][i], mask[i])
         text = " ".join((texts.get(eid) or "").split())
+        label = int(per_example["label"].iat[i])
         rows.append({"row": int(i), "id": eid,
                      "text": text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 1] + "…",
-                     "label": int(per_example["label"].iat[i]),
+                     "label": label,
                      "ref_top": rk, "ref_prob": rp, "ref_margin": num(rm),
                      "var_top": vk, "var_prob": vp, "var_margin": num(vm),
-                     "kind": ("negative" if per_example["negative_flip"].iat[i] else
-                              "positive" if per_example["positive_flip"].iat[i] else "unlabelled"),
+                     "kind": ("unlabelled" if label < 0 else
+                              "negative" if _true(per_example["negative_flip"].iat[i]) else
+                              "positive" if _true(per_example["positive_flip"].iat[i]) else
+                              "both wrong"),
                      "near_tie": bool(per_example["near_tie"].iat[i]),
                      "certified": bool(per_example["certified"].iat[i])})
     return rows

@@ -121,17 +121,20 @@ def write_html_report(run_dir, *, variants=None, evaluations=None, out_dir=None,
     return out / "report.html"
 
 
-def write_beside_markdown(run_dir, *, out_dir=None, evaluations=None, log=print, status=None):
+def write_beside_markdown(run_dir, *, out_dir=None, evaluations=None, status=None,
+                          said="run.json says incomplete"):
     """:func:`write_html_report` where report.md was just written (the sweep and ``variants
-    check``): a rendering bug is logged and leaves report.md and the run standing (as a plotting
-    bug does); a write error (disk full, permissions) is raised. Returns the path or None."""
-    from runs.io import WriteError
+    check``). A report that cannot be rendered is a failed output, never skipped in silence:
+    it raises :class:`runs.io.RunIncomplete` naming report.html and why (the caller's report.md
+    and run files stay; ``said`` is what they say, in that error's one line); a write error
+    (disk full, permissions) is raised as it is. Returns the path."""
+    from runs.io import RunIncomplete, WriteError
 
+    out = Path(out_dir) if out_dir is not None else Path(getattr(run_dir, "path", run_dir))
     try:
         return write_html_report(run_dir, out_dir=out_dir, evaluations=evaluations,
                                  status=status)
     except WriteError:
         raise
-    except Exception as e:  # noqa: BLE001 - the report.md and run files stay valid
-        log(f"report.html: not written ({type(e).__name__}: {e})")
-        return None
+    except Exception as e:  # noqa: BLE001 - one line naming the file; report.md stays valid
+        raise RunIncomplete(out / "report.html", f"{type(e).__name__}: {e}", said) from e

@@ -53,10 +53,12 @@ def render_search_html(data):
         data_json=Markup(embedded_json(data)))
 
 
-def write_search_html(out, log=print):
-    """Write ``<out>/report.html`` from ``<out>/search.json`` (just written by the search); a
-    rendering bug is logged and leaves the search's files standing. Returns the path or None."""
-    from runs.io import WriteError, write_text
+def write_search_html(out):
+    """Write ``<out>/report.html`` from ``<out>/search.json`` (just written by the search) and
+    return its path. A page that cannot be rendered is a failed output, never skipped in
+    silence: :class:`runs.io.RunIncomplete` names report.html and why (search.json and search.md
+    stay); a write error (disk full, permissions) is raised as it is."""
+    from runs.io import RunIncomplete, WriteError, write_text
 
     out = Path(out)
     try:
@@ -65,6 +67,6 @@ def write_search_html(out, log=print):
         return out / "report.html"
     except WriteError:
         raise
-    except Exception as e:  # noqa: BLE001 - search.json and search.md stay valid
-        log(f"report.html: not written ({type(e).__name__}: {e})")
-        return None
+    except Exception as e:  # noqa: BLE001 - one line naming the file
+        raise RunIncomplete(out / "report.html", f"{type(e).__name__}: {e}",
+                            f"search.json and search.md in {out} are written") from e

@@ -13,7 +13,7 @@ import pytest
 from variants.checkpoints.load import CheckpointError, load_checkpoint
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
-NAMES = ["bert", "roberta", "modernbert", "modernbert_g2"]
+NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert"]
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +200,42 @@ def test_the_bundled_minilm_decides_what_it_always_used(checkpoint):
     assert checkpoint.classifier is None and checkpoint.id2label is None
     x = mx.arange(6.0).reshape(1, 2, 3)
     assert np.array_equal(np.array(checkpoint.encoder.finish(x)), np.array(x))  # BERT: identity
+
+
+#: the new architectures' head tensors (as the checkpoint names them)
+HEADS = {"distilbert": ("pre_classifier.", "classifier."), "electra": ("classifier.",),
+         "albert": ("albert.pooler.", "classifier.")}
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_new_architectures_load_by_architectures_alone_and_without_a_head(tmp_path, name,
+                                                                          loaded):
+    """No model_type: ``architectures[0]`` (``DistilBertFor...``, not BERT's prefix) decides;
+    without the head tensors the folder loads with no classifier; half a head is refused."""
+    folder = _copy(tmp_path, name)
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["model_type"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ck = load_checkpoint(folder)
+    assert ck.args.model_type == name and ck.classifier is not None
+    ids, mask, types, real = _batch(name)
+    got = np.array(ck.encoder(ids, mask, types).last_hidden)[real]
+    np.testing.assert_array_equal(got, np.array(loaded[name].encoder(ids, mask, types)
+                                                .last_hidden)[real])
+    w = mx.load(str(folder / "model.safetensors"))
+    mx.eval(w)  # read before the file is rewritten
+    mx.save_safetensors(str(folder / "model.safetensors"),
+                        {k: v for k, v in w.items() if not k.startswith(HEADS[name])})
+    assert load_checkpoint(folder).classifier is None
+    first = HEADS[name][0]  # the head's first part gone, its last kept
+    mx.save_safetensors(str(folder / "model.safetensors"),
+                        {k: v for k, v in w.items() if not k.startswith(first)
+                         or name == "electra" and "out_proj" in k})
+    _one_line_error(folder, "model.safetensors does not match config.json")
+
+
+def test_albert_weights_of_groups_the_config_lacks_are_refused(tmp_path):
+    folder = _copy(tmp_path, "albert")
+    _edit_config(folder, num_hidden_groups=1)
+    _one_line_error(folder, "model.safetensors does not match config.json",
+                    "groups.1.0", "outside the config's 1 group(s) of 1 layer(s)")

@@ -52,31 +52,39 @@ def test_folder_is_mlx_layout_with_a_manifest(exported, runs):
     q = exported["q"]
     cfg = json.loads((q / "config.json").read_text())
     assert cfg["model_type"] == "bert" and cfg["hidden_size"] == 384  # the original config
-    quant = cfg["quantization"]
-    assert quant["group_size"] == 64 and quant["bits"] == 4
-    assert quant["encoder.embeddings.word_embeddings"] == {"group_size": 64, "bits": 8}
-    assert quant["encoder.layers.0.attention.value"] == {"group_size": 64, "bits": 8}
-    assert quant["head"] is False  # the decision head by role, full precision
+    quant = cfg["quantization"]  # keyed by transformers' module paths (BertModel's)
+    assert quant["group_size"] == 64 and quant["bits"] == 4 and quant["mode"] == "affine"
+    assert quant["embeddings.word_embeddings"] == {"group_size": 64, "bits": 8}
+    assert quant["encoder.layer.0.attention.self.value"] == {"group_size": 64, "bits": 8}
+    assert "head" not in quant  # the decision head by role, full precision, no such name
+    assert cfg["mlx_variants"]["head_quantization"] == {"head": False}
     import mlx.core as mx
 
     w = mx.load(str(q / "model.safetensors"))
-    assert w["encoder.layers.0.attention.query.weight"].dtype == mx.uint32
-    assert w["encoder.layers.0.attention.query.weight"].shape == (384, 384 * 4 // 32)
-    assert w["encoder.layers.0.attention.value.weight"].shape == (384, 384 * 8 // 32)
-    assert w["encoder.layers.0.attention.query.scales"].shape == (384, 384 // 64)
-    assert w["encoder.embeddings.position_embeddings.weight"].shape == (512, 384 * 4 // 32)
-    assert w["head.weight"].dtype == mx.float32 and w["head.weight"].shape == (3, 384)
+    assert w["encoder.layer.0.attention.self.query.weight"].dtype == mx.uint32
+    assert w["encoder.layer.0.attention.self.query.weight"].shape == (384, 384 * 4 // 32)
+    assert w["encoder.layer.0.attention.self.value.weight"].shape == (384, 384 * 8 // 32)
+    assert w["encoder.layer.0.attention.self.query.scales"].shape == (384, 384 // 64)
+    assert w["embeddings.position_embeddings.weight"].shape == (512, 384 * 4 // 32)
+    assert w["pooler.dense.weight"].dtype == mx.float32  # kept as the checkpoint has it
+    own = mx.load(str(q / "decision_head.safetensors"))
+    assert sorted(own) == ["head.bias", "head.weight"]
+    assert own["head.weight"].dtype == mx.float32 and own["head.weight"].shape == (3, 384)
     manifest = json.loads((q / "manifest.json").read_text())
     files = sorted(p.relative_to(q).as_posix() for p in q.rglob("*") if p.is_file()
                    and p.name != "manifest.json")
     assert sorted(manifest["files"]) == files
     assert all(sha256(q / f) == h for f, h in manifest["files"].items())
     for f in ("tokenizer.json", "model.toml", "contract.toml", "verdict.json", "README.md",
-              "outputs.npz", "eval_rows.npz"):
+              "outputs.npz", "eval_rows.npz", "decision_head.safetensors"):
         assert f in manifest["files"], f
     assert set(manifest["versions"]) == {"mlx-variants", "mlx", "numpy"}
     card = (q / "README.md").read_text()
     assert "## Contract clauses" in card and "What was not tested" in card
+    assert "Architecture: `BertModel` (`model_type` bert)" in card
+    assert "(3 the decision model does not read: `embeddings.position_ids`, `pooler." in card
+    assert "- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`" in card
+    assert "not the decision head" in card and "`decision_head.safetensors`" in card
     # the whole model at 4 bits (word table and values at 8) is far below fp32's 90.3 MB
     assert (q / "model.safetensors").stat().st_size < 30e6
     lr = json.loads((exported["lr"] / "config.json").read_text())
@@ -115,45 +123,48 @@ def test_verify_recomputes_the_judged_outputs(exported, run):
 
 
 def test_loaded_packed_and_by_plain_mlx_give_the_judged_logits(exported):
-    """load_variant keeps the file's packed arrays (no re-quantization); plain MLX (the network
-    skeleton, nn.quantize with mlx-lm's predicate over config.json's block, load_weights
-    strict) gives the same logits as the packed load, bit for bit."""
+    """load_variant keeps the file's packed arrays (no re-quantization); plain MLX following
+    the model card (a transformers-named BertModel port, tests/export/plain_bert.py;
+    nn.quantize with mlx-lm's predicate over config.json's block; load_weights strict), with
+    the fitted head from decision_head.safetensors on its mean-pooled output, gives the judged
+    logits."""
     import mlx.core as mx
     import mlx.nn as nn
 
+    import plain_bert
     from runs.outputs import DecisionOutputs
     from variants.checkpoints.load import load_checkpoint
-    from variants.arch.encoder import BertEncoder, ModelArgs
     from variants.export.load import load_variant
     from variants.export.write import load_taskset
-    from variants.models.sentiment import SentimentNet
 
     q = exported["q"]
     model, ck = load_variant(q)
     file = mx.load(str(q / "model.safetensors"))
     qv = model.module.encoder.layers[0].attention.value
     assert isinstance(qv, nn.QuantizedLinear) and qv.bits == 8
-    assert mx.array_equal(qv.weight, file["encoder.layers.0.attention.value.weight"])
+    assert mx.array_equal(qv.weight, file["encoder.layer.0.attention.self.value.weight"])
     assert isinstance(model.module.encoder.embeddings.word_embeddings, nn.QuantizedEmbedding)
     assert type(model.module.head) is nn.Linear
     assert isinstance(load_checkpoint(q).encoder.layers[3].intermediate, nn.QuantizedLinear)
     ts = load_taskset(q / "eval_rows.npz")
     batches, _ = model.prepare(ts, 32)
     ours = np.asarray(model.raw_logits(ts, batches))
-    # plain MLX: the same network from config.json, quantized by the block, weights strict
+    # plain MLX: transformers' BertModel from config.json, quantized by the block, strict
     cfg = json.loads((q / "config.json").read_text())
-    net = SentimentNet(BertEncoder(ModelArgs.from_dict(cfg)))
-    block = cfg["quantization"]
+    net = plain_bert.load_as_the_card_says(q, plain_bert.BertModel(cfg))
+    assert isinstance(net.encoder.layer[0].attention.self.value, nn.QuantizedLinear)
+    assert net.encoder.layer[0].attention.self.value.bits == 8
+    head = nn.Linear(384, 3)
+    head.load_weights([(k[5:], v) for k, v in
+                       mx.load(str(q / "decision_head.safetensors")).items()], strict=True)
 
-    def predicate(p, m):  # mlx_lm.utils.load_model's rule
-        if p in block:
-            return block[p]
-        return hasattr(m, "to_quantized") and f"{p}.scales" in file
-    nn.quantize(net, group_size=block["group_size"], bits=block["bits"],
-                class_predicate=predicate)
-    net.load_weights(str(q / "model.safetensors"), strict=True)
-    plain = np.concatenate([np.asarray(net(b.input_ids, b.attention_mask, b.token_type_ids))
-                            for b in batches])
+    def logits(b):
+        hidden, _ = net(b.input_ids, b.attention_mask, b.token_type_ids)
+        m = b.attention_mask.astype(mx.float32)[..., None]
+        pooled = (hidden * m).sum(axis=1) / m.sum(axis=1)  # sentence-transformers' mean
+        return head(pooled / mx.linalg.norm(pooled, axis=-1, keepdims=True))
+
+    plain = np.concatenate([np.asarray(logits(b)) for b in batches])
     order = np.concatenate([b.index for b in batches])
     judged = DecisionOutputs.load(q / "outputs.npz", "judged")
     np.testing.assert_allclose(plain[np.argsort(order)], ours, rtol=0, atol=1e-5)
@@ -197,7 +208,7 @@ def test_run_records_the_reference_fit_and_export_carries_it(runs, exported):
         assert manifest["reference_fit"] == dict(recs[r], file="judged/reference_fitted.npz")
         shipped = fs.read_state(exported[r] / "judged" / "reference_fitted.npz")
         assert fs.state_sha256(shipped) == recs[r]["sha256"]
-    head = mx.load(str(exported["q"] / "model.safetensors"))["head.weight"]  # kept full precision
+    head = mx.load(str(exported["q"] / "decision_head.safetensors"))["head.weight"]  # fp32
     np.testing.assert_array_equal(np.array(head), state["head_weight"])
     assert recs["q"]["sha256"] in (exported["q"] / "README.md").read_text()
 
@@ -270,16 +281,14 @@ def test_bad_export_exits_2_with_nothing_written(runs, tmp_path, capsys, case, m
     assert not list(tmp_path.glob(".*export-tmp"))
 
 
-def test_low_rank_export_loads_with_load_checkpoint_and_plain_mlx(exported):
+def test_low_rank_export_loads_with_load_checkpoint(exported):
     """load_checkpoint(DIR) of a low-rank export puts the factored layers back as two Linears
-    from the file (nothing factored again); its encoder with the exported head gives the judged
-    logits, and so does plain MLX following the model card (two Linears per listed path,
-    ``load_weights(strict=True)``)."""
+    from the file (nothing factored again), stored under the Linear's transformers name plus
+    ``.down`` / ``.up``; its encoder with the exported head gives the judged logits. The model
+    card says only this package's loaders read such a folder (no plain-MLX recipe)."""
     import mlx.core as mx
-    import mlx.nn as nn
 
     from runs.outputs import DecisionOutputs
-    from variants.arch.encoder import BertEncoder, ModelArgs
     from variants.arch.lowrank import LowRankLinear
     from variants.checkpoints.load import load_checkpoint
     from variants.export.load import load_variant
@@ -290,10 +299,12 @@ def test_low_rank_export_loads_with_load_checkpoint_and_plain_mlx(exported):
     cfg = json.loads((lr / "config.json").read_text())
     factored = cfg["mlx_variants"]["lowrank"]
     file = mx.load(str(lr / "model.safetensors"))
+    assert "encoder.layer.0.intermediate.dense.weight" not in file  # replaced by its factors
     ck = load_checkpoint(lr)
     layer = ck.encoder.layers[0].intermediate
     assert isinstance(layer, LowRankLinear)
-    assert mx.array_equal(layer.down.weight, file["encoder.layers.0.intermediate.down.weight"])
+    assert mx.array_equal(layer.down.weight, file["encoder.layer.0.intermediate.dense.down.weight"])
+    assert mx.array_equal(layer.up.bias, file["encoder.layer.0.intermediate.dense.up.bias"])
     mine = [p for p, m in ck.encoder.named_modules() if isinstance(m, LowRankLinear)]
     assert sorted("encoder." + p for p in mine) == sorted(factored)
     judged = np.asarray(DecisionOutputs.load(lr / "outputs.npz", "judged").logits)
@@ -301,36 +312,16 @@ def test_low_rank_export_loads_with_load_checkpoint_and_plain_mlx(exported):
     model, _ = load_variant(lr)
     batches, _ = model.prepare(ts, 32)
     order = np.argsort(np.concatenate([b.index for b in batches]))
-
-    def logits(net):
-        return np.concatenate([np.asarray(net(b.input_ids, b.attention_mask, b.token_type_ids))
-                               for b in batches])[order]
-
     net = SentimentNet(ck.encoder)
-    net.head.load_weights([(k[5:], v) for k, v in file.items() if k.startswith("head.")],
-                          strict=True)
-    np.testing.assert_allclose(logits(net), judged, rtol=0, atol=1e-5)
-    # plain MLX, as the model card describes it
+    net.head.load_weights([(k[5:], v) for k, v in
+                           mx.load(str(lr / "decision_head.safetensors")).items()], strict=True)
+    got = np.concatenate([np.asarray(net(b.input_ids, b.attention_mask, b.token_type_ids))
+                          for b in batches])[order]
+    np.testing.assert_allclose(got, judged, rtol=0, atol=1e-5)
     card = (lr / "README.md").read_text()
-    assert "`down = nn.Linear(in, rank, bias=False)` then `up = nn.Linear(rank, out, " in card
-    assert "`quantization` block" not in card  # nothing quantized: no nn.quantize step
-
-    class TwoLinears(nn.Module):
-        def __init__(self, n, k, m, bias):
-            super().__init__()
-            self.down = nn.Linear(n, k, bias=False)
-            self.up = nn.Linear(k, m, bias=bias)
-
-        def __call__(self, x):
-            return self.up(self.down(x))
-
-    plain = SentimentNet(BertEncoder(ModelArgs.from_dict(cfg)))
-    mods = dict(plain.named_modules())
-    for path, f in factored.items():
-        parent, _, name = path.rpartition(".")
-        setattr(mods[parent], name, TwoLinears(f["in"], f["rank"], f["out"], f["bias"]))
-    plain.load_weights(str(lr / "model.safetensors"), strict=True)
-    np.testing.assert_allclose(logits(plain), judged, rtol=0, atol=1e-5)
+    assert "`<name>.down.weight`, `<name>.up.weight`" in card
+    assert "only this package's loaders read this folder" in card
+    assert "nn.quantize" not in card and "mlx_embeddings.load" not in card
 
 
 def test_sweep_cold_start_loads_the_variant_s_exported_weights(runs, exported):
@@ -347,12 +338,14 @@ def test_sweep_cold_start_loads_the_variant_s_exported_weights(runs, exported):
     fp32 = str(minilm_path() / "model.safetensors")
     assert ref["source"] == "fp32 checkpoint" and fp32 in ref["weight_files_read"]
     assert cold["source"] == "exported artifact" and cold["build_s"] == 0.0
-    assert [p.rsplit("/", 1)[1] for p in cold["weight_files_read"]] == ["model.safetensors"]
+    assert sorted(p.rsplit("/", 1)[1] for p in cold["weight_files_read"]) == [
+        "decision_head.safetensors", "model.safetensors"]
     assert fp32 not in cold["weight_files_read"]
-    # the same format as variants export's folder: the same bytes of model.safetensors
-    assert cold["artifact_bytes"] == (exported["q"] / "model.safetensors").stat().st_size
-    # loading holds the packed arrays (the file less its header; within 5%), nothing more;
-    # the fp32 reference all 90.3 MB
+    # the same format as variants export's folder: the same bytes of its weight files
+    assert cold["artifact_bytes"] == sum((exported["q"] / f).stat().st_size for f in (
+        "model.safetensors", "decision_head.safetensors"))
+    # loading holds the packed arrays (the files less their headers and the pooler the
+    # model does not run, 0.59 MB; within 5%), nothing more; the fp32 reference all 90.3 MB
     assert 0 < cold["artifact_bytes"] - cold["model_bytes"] < 1e6
     assert cold["model_bytes"] <= cold["load_peak_memory_bytes"] <= 1.05 * cold["model_bytes"]
     assert ref["load_peak_memory_bytes"] >= 90e6 > 3 * cold["load_peak_memory_bytes"]
@@ -423,12 +416,12 @@ def test_weights_that_give_nan_are_outputs_that_differ_not_bad_input(exported, t
 
     copy = tmp_path / "nan"
     shutil.copytree(exported["q"], copy)
-    weights = dict(mx.load(str(copy / "model.safetensors")))
-    head = next(k for k in weights if k.startswith("head.") and k.endswith("weight"))
-    weights[head] = mx.full(weights[head].shape, float("nan"))
-    mx.save_safetensors(str(copy / "model.safetensors"), weights, metadata={"format": "mlx"})
+    weights = dict(mx.load(str(copy / "decision_head.safetensors")))
+    weights["head.weight"] = mx.full(weights["head.weight"].shape, float("nan"))
+    mx.save_safetensors(str(copy / "decision_head.safetensors"), weights,
+                        metadata={"format": "mlx"})
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["files"]["model.safetensors"] = sha256(copy / "model.safetensors")
+    manifest["files"]["decision_head.safetensors"] = sha256(copy / "decision_head.safetensors")
     (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
     assert main(["verify", str(copy)]) == 1
     out = capsys.readouterr().out

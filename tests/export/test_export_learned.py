@@ -47,13 +47,18 @@ def test_input_scaled_layers_load_packed_and_verify(exported, name):
     assert len(listed) == build["input_scaled_layers"]
     model, _ = load_variant(folder)
     file = mx.load(str(folder / "model.safetensors"))
+    names = json.loads((folder / "config.json").read_text())["mlx_variants"]["names"]
     mods = dict(model.module.named_modules())
     for path in listed:
         layer = mods[path]
         assert isinstance(layer, InputScaledLinear)
         assert isinstance(layer.linear, nn.QuantizedLinear) and layer.linear.bits == 4
-        assert mx.array_equal(layer.input_scale, file[f"{path}.input_scale"])
-        assert mx.array_equal(layer.linear.weight, file[f"{path}.linear.weight"])
+        # stored under the Linear's transformers name, e.g.
+        # bert.encoder.layer.0.attention.self.query.input_scale
+        name = names[path]
+        assert name.startswith("bert.encoder.layer.")
+        assert mx.array_equal(layer.input_scale, file[f"{name}.input_scale"])
+        assert mx.array_equal(layer.linear.weight, file[f"{name}.linear.weight"])
         assert not np.allclose(np.asarray(layer.input_scale), 1.0)  # AWQ's 1/s, not the default
     res = verify(folder, log=lambda m: None)
     assert res["ok"] and res["changed"] == [] and res["max_abs_dlogit"] <= 1e-5

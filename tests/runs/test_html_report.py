@@ -127,6 +127,17 @@ def test_flipped_examples_hand_computed():
     # the masked option (-9, third) takes no part: margins over the two valid options only
     assert (c["ref_top"], c["var_top"], c["kind"]) == (0, 1, "unlabelled")
     assert c["ref_margin"] == pytest.approx(1.0) and c["var_margin"] == pytest.approx(1.5)
+    # as metrics.evaluate makes them: the label-dependent columns are nullable booleans, NA on
+    # an unlabelled row (bool(pd.NA) raises); a labelled row both models get wrong is
+    # "both wrong" (neither flip kind), not "unlabelled"
+    per["label"] = [2, 2, -1]  # row a: reference 0, variant 1, label 2
+    for col, vals in (("negative_flip", [False, False, pd.NA]),
+                      ("positive_flip", [False, False, pd.NA])):
+        per[col] = pd.array(vals, dtype="boolean")
+    rows = flipped_examples({"logits": logits, "probs": soft(logits), "option_mask": mask},
+                            {"logits": var, "probs": soft(var), "option_mask": mask}, per, {})
+    assert [(r["id"], r["label"], r["kind"]) for r in rows] == [("a", 2, "both wrong"),
+                                                                  ("c", -1, "unlabelled")]
 
 
 def test_embedded_json_cannot_end_its_script(page):
@@ -209,15 +220,20 @@ def test_one_variant_model_card(html_sweep_small, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_rendering_bug_leaves_the_run_standing(html_sweep_small, tmp_path, monkeypatch):
+def test_a_rendering_bug_is_one_line_naming_report_html(html_sweep_small, tmp_path,
+                                                       monkeypatch):
+    """A report that cannot render is a failed output (RunIncomplete: exit 1 in the CLI, one
+    line naming report.html and why), never skipped in silence; nothing half-written."""
     import runs.html.render as render
+    from runs.io import RunIncomplete
 
     def broken(data, charts=None):
         raise KeyError("ece_width")
 
     monkeypatch.setattr(render, "render_html", broken)
-    said = []
-    assert render.write_beside_markdown(html_sweep_small, out_dir=tmp_path,
-                                        log=said.append) is None
-    assert said == ["report.html: not written (KeyError: 'ece_width')"]
+    with pytest.raises(RunIncomplete) as e:
+        render.write_beside_markdown(html_sweep_small, out_dir=tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'report.html'} not written (KeyError: 'ece_width'); "
+                            "run.json says incomplete. Rerun the same command to retry, or "
+                            "report the error")
     assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.json").exists()

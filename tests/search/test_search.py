@@ -260,9 +260,11 @@ def test_cli_bad_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message)
     assert not out.exists() and not (tmp_path / "r").exists()
 
 
+# --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122
+# rows; the search stops before it begins, tests/search/test_search_rows.py)
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
          "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
-         "--strategy", "greedy"]
+         "--strategy", "greedy", "--select", "value"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -570,10 +572,14 @@ def test_rows_a_rate_bound_needs_by_hand():
     assert rows_needed(by_id["kl-p95"]) is None and rows_needed(by_id["certified-flips"]) is None
     assert clopper_pearson(122, 122)[0] >= 0.97 > clopper_pearson(121, 121)[0]
     assert clopper_pearson(0, 183)[1] <= 0.02 < clopper_pearson(0, 182)[1]
-    assert [i for i, _ in unreachable(b, 150)] == ["negative-flips"]
-    assert {i for i, _ in unreachable(b, 100)} == {"agreement", "negative-flips",
-                                                     "action-agreement"}
+    assert unreachable(b, 150) == [("negative-flips", 183, 150)]
+    assert {i for i, _, _ in unreachable(b, 100)} == {"agreement", "negative-flips",
+                                                        "action-agreement"}
     assert unreachable(b, 400) == []
+    # negative flips count the labelled rows; with none the clause has no examples (no FAIL)
+    assert unreachable(b, 400, n_labelled=150) == [("negative-flips", 183, 150)]
+    assert [i for i, _, _ in unreachable(b, 100, n_labelled=0)] == ["agreement",
+                                                                    "action-agreement"]
 
 
 # ---- one search at a time per output folder ----

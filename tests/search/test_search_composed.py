@@ -246,8 +246,10 @@ def test_cli_bad_family_strategy_exit_2(tmp_path, capsys, argv, message):
     assert not out.exists() and not (tmp_path / "r").exists()
 
 
+# --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122)
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
-         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress"]
+         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
+         "--select", "value"]
 
 
 def test_tiny_optuna_search_quant_prune_resumes(tmp_path, capsys):

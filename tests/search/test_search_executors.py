@@ -14,9 +14,10 @@ try:
 except ImportError:
     HAVE_RAY = False
 
+# --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122)
 TINY = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
-        "--max-candidates", "4", "--batch", "2", "--strategy", "greedy"]
+        "--max-candidates", "4", "--batch", "2", "--strategy", "greedy", "--select", "value"]
 # what may differ between executors: times, and whether a record was reused
 VOLATILE = ("wall_s", "saved_s", "reused", "schema_version")
 
@@ -99,7 +100,8 @@ def test_worker_payload_is_plain_and_reads_the_driver_caches(shared, monkeypatch
 
     root, _ = shared
     opts = driver.SearchOptions(n_fit=100, n_calibration=40, n_eval=40, n_search=40,
-                                chunk_size=10, bits=(4, 8), results_dir=str(root / "r"))
+                                chunk_size=10, bits=(4, 8), results_dir=str(root / "r"),
+                                select="value")
     s = driver.Search(opts.validate(), log=lambda m: None)
     s.prepare()
     worker.prepare_reference(s.state, s.payload)  # the caches exist (the module's search)

@@ -51,7 +51,7 @@ def test_the_search_reads_the_commands_rows_and_measures_nothing(first):
     lines = []
     opts = SearchOptions(n_fit=100, n_calibration=40, n_eval=40, n_search=40, n_sensitivity=10,
                          bits=(4, 8), results_dir=str(root / "r"), finalize=False,
-                         progress=False).validate()
+                         progress=False, select="value").validate()
     s = Search(opts, log=lines.append)
     s.prepare()
     worker.prepare_reference(s.state, s.payload)

@@ -7,7 +7,8 @@ A loader module provides
   :class:`variants.arch.encoder.BertEncoder`); raises KeyError / TypeError for a missing config
   key and ValueError (one line, naming the key and the fix) for a value it cannot compute;
 - ``sanitize(weights) -> dict``: the checkpoint's (transformers') parameter names -> the
-  encoder's, dropping the head and buffers;
+  encoder's, dropping the head and buffers (names the encoder's own ``load_weights`` places:
+  ALBERT's shared ``groups.G.J.*`` go to every layer that runs them);
 - ``load_head(model_type, weights, args) -> nn.Module | None``: the sequence-classification
   head from the un-renamed weights, called as ``head(last_hidden (B, L, D), mask (B, L))``;
 - optionally ``position_cap(model_type, config) -> int``: the longest input its positions allow
@@ -22,6 +23,11 @@ REGISTRY = {
     "roberta": ("variants.checkpoints.hf_bert", "Roberta"),
     "xlm-roberta": ("variants.checkpoints.hf_bert", "XLMRoberta"),
     "modernbert": ("variants.checkpoints.hf_modernbert", "ModernBert"),
+    "distilbert": ("variants.checkpoints.hf_distilbert", "DistilBert"),
+    "electra": ("variants.checkpoints.hf_electra", "Electra"),
+    "albert": ("variants.checkpoints.hf_albert", "Albert"),
+    "mpnet": ("variants.checkpoints.hf_mpnet", "MPNet"),
+    "deberta-v2": ("variants.checkpoints.hf_deberta", "DebertaV2"),
 }
 
 

@@ -1,7 +1,7 @@
 """Locate and load a local Hugging Face checkpoint folder (config.json, model.safetensors or
-shards, tokenizer.json): BERT, RoBERTa / XLM-R (:mod:`variants.arch.encoder`) or ModernBERT
-(:mod:`variants.arch.modernbert`), with its sequence-classification head when the file has one
-(:mod:`variants.checkpoints.hf_heads`). Nothing is downloaded."""
+shards, tokenizer.json) of any architecture in :mod:`variants.checkpoints.architectures` (BERT,
+RoBERTa, XLM-R, ModernBERT, DistilBERT, ELECTRA, ALBERT, MPNet, DeBERTa-v2/v3), with its
+sequence-classification head when the file has one. Nothing is downloaded."""
 
 import hashlib
 import importlib
@@ -185,7 +185,7 @@ def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
     path : str or Path, optional
         An exported variant's folder (``variants export``: loaded packed,
         :func:`variants.checkpoints.packed.load_packed`), or a folder with ``config.json``
-        (``model_type`` bert, roberta, xlm-roberta or modernbert),
+        (a ``model_type`` of :data:`variants.checkpoints.architectures.REGISTRY`),
         ``model.safetensors`` (or shards and ``model.safetensors.index.json``) and
         ``tokenizer.json`` (optional ``tokenizer_config.json``).
     dtype : mx.Dtype, default=mx.float32

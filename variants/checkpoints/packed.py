@@ -3,12 +3,13 @@ classification head) packed as exported, nothing re-quantized.
 
 The folder's ``config.json`` is the original checkpoint's plus mlx-lm's ``quantization`` block
 and an ``mlx_variants`` block (:mod:`variants.export`). The encoder's skeleton is built from the
-config, ``mlx.nn.quantize`` is applied with mlx-lm's predicate (a module the block lists takes
-its entry, ``false`` keeps it full precision; any other is quantized when the file holds its
-``scales``), factored layers the ``mlx_variants`` block lists are put in place first (two
-Linears each), and the file's ``encoder.*`` (and ``classifier.*``) arrays fill it strictly. The
-whole decision model (a fitted head, temperatures) is
-:func:`variants.families.artifact.load_variant`'s.
+config, factored layers the ``mlx_variants`` block lists are put in place first (two Linears
+each), the stored tensors are put at their module paths (:func:`module_weights`: a folder of
+format 2 names them as the original checkpoint does), ``mlx.nn.quantize`` is applied with
+mlx-lm's predicate (a module the block lists takes its entry, ``false`` keeps it full
+precision; any other is quantized when the file holds its ``scales``), and the ``encoder.*``
+(and ``classifier.*``) arrays fill it strictly. The whole decision model (a fitted head,
+temperatures) is :func:`variants.families.artifact.load_variant`'s.
 """
 
 import json
@@ -23,6 +24,11 @@ from variants.checkpoints.files import CheckpointError
 
 #: the config.json block that marks an exported folder
 BLOCK = "mlx_variants"
+#: the file of the parameters with no transformers name (a decision head fitted here), by
+#: module path; absent when there are none
+OWN_FILE = "decision_head.safetensors"
+#: a quantization block's defaults (every other key is a module's entry)
+DEFAULTS = ("group_size", "bits", "mode")
 
 
 def is_export(path):
@@ -47,12 +53,75 @@ def quant_predicate(quantization, weights, prefix=""):
     a module's path (``"encoder."`` for the encoder alone)."""
     def predicate(path, module):
         full = prefix + path
-        if full in quantization:
+        if full in quantization and full not in DEFAULTS:
             return quantization[full]
         if not hasattr(module, "to_quantized"):
             return False
         return f"{full}.scales" in weights
     return predicate
+
+
+def _read(wfile):
+    try:
+        return mx.load(str(wfile))
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{short_path(wfile)} cannot be read ({one_line(e)}); export the "
+                              "variant again") from None
+
+
+def module_weights(path, config):
+    """``(weights, quantization)`` of exported folder ``path`` (its ``config.json`` dict
+    ``config``), both keyed by the decision model's paths: the stored arrays (lazy) and
+    mlx-lm's ``quantization`` block (plus the ``mlx_variants.head_quantization`` entries).
+
+    A folder of format 2 stores them under the original checkpoint's names: each is put at the
+    paths ``mlx_variants.names`` gives it (:func:`variants.checkpoints.hf_names.paths_of`;
+    several for layers sharing one tensor), the checkpoint's tensors the model does not read
+    (``mlx_variants.kept``) are left out, and :data:`OWN_FILE`'s parameters are added as they
+    are. A folder written before (no ``names``) stores module paths already.
+
+    Raises
+    ------
+    CheckpointError
+        A file that does not read; a stored name the map places nowhere.
+    """
+    from variants.checkpoints.hf_names import invert, paths_of
+
+    path = Path(path)
+    block = config[BLOCK]
+    wfile = path / "model.safetensors"
+    weights = _read(wfile)
+    quant = dict(config.get("quantization") or {})
+    names = block.get("names")
+    if names is None:  # format 1: module paths
+        return weights, quant
+    kept, head_q = block.get("kept") or [], block.get("head_quantization") or {}
+    if not (isinstance(names, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in names.items())
+            and isinstance(kept, list) and all(isinstance(k, str) for k in kept)
+            and isinstance(head_q, dict)):
+        raise CheckpointError(f"{short_path(path / 'config.json')}: {BLOCK}.names, .kept or "
+                              ".head_quantization is not what export writes (a {path: name} "
+                              "map, a list of names, a {path: entry} map); export the variant "
+                              "again")
+    inverse, kept = invert(names), set(kept)
+    out = {}
+    for k, v in weights.items():
+        if k in kept:
+            continue
+        paths = paths_of(k, inverse)
+        if not paths:
+            raise CheckpointError(f"{short_path(wfile)} holds {short_repr(k)}, which config.json's "
+                                  f"{BLOCK}.names places nowhere; export the variant again")
+        out.update((p, v) for p in paths)
+    if block.get("decision_head"):
+        out.update(_read(path / OWN_FILE))
+    mine = {k: e for k, e in quant.items() if k in DEFAULTS}
+    for k, e in quant.items():
+        if k not in DEFAULTS:
+            mine.update((p, e) for p in paths_of(k, inverse))
+    mine.update(head_q)
+    return out, mine
 
 
 def skeleton(path, config, kinds, max_length=None):
@@ -108,17 +177,12 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
                               "judged; load it with dtype float32")
     ck = skeleton(path, config, kinds, max_length)
     wfile = path / "model.safetensors"
-    try:
-        weights = mx.load(str(wfile))
-    except (OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"{short_path(wfile)} cannot be read ({one_line(e)}); export the "
-                              "variant again") from None
+    weights, q = module_weights(path, config)
     try:
         scaled = check_paths(config[BLOCK].get("input_scaled"))
     except ValueError as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e}); export the variant again") from None
-    q = config.get("quantization") or {}
     factored = config[BLOCK].get("lowrank") or {}
     parts = {"encoder": ck.encoder, "classifier": ck.classifier}
     try:
@@ -127,8 +191,9 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
                 continue
             place_lowrank(module, factored, f"{name}.")
             place_input_scales(module, scaled, f"{name}.")
-            if q:
+            if "group_size" in q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
+                            mode=q.get("mode", "affine"),
                             class_predicate=quant_predicate(q, weights, f"{name}."))
             mine = [(k[len(name) + 1:], v) for k, v in weights.items()
                     if k.startswith(name + ".")]

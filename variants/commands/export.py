@@ -12,8 +12,10 @@ def configure(sub):
     p = sub.add_parser(
         "export", help="write a judged variant as an MLX checkpoint folder",
         description="Write a judged variant as an MLX checkpoint folder: model.safetensors "
-                    "(packed quantized weight / scales / biases as mlx.nn.quantize makes them, "
-                    "factored Linears as two), config.json with mlx-lm's quantization block, "
+                    "(the original checkpoint's tensors under their transformers names, "
+                    "quantized ones as packed weight / scales / biases as mlx.nn.quantize makes "
+                    "them, factored Linears as two), config.json with mlx-lm's quantization "
+                    "block keyed by those names, "
                     "the tokenizer files, model.toml, contract.toml, verdict.json, the judged "
                     "outputs and eval rows, manifest.json (SHA-256 of every file) and a "
                     f"README.md model card. Families: {', '.join(EXPORTABLE)} (not "

@@ -87,7 +87,10 @@ def configure(sub):
     p.add_argument("--n-search", type=int, default=d.n_search,
                    help="search-split rows (from unused fit rows), halved into calibration and "
                         "eval parts (default: 1600 on the bundled data; with --data, half the "
-                        "file's fit-split rows, or all of them for a model that fits nothing)")
+                        "file's fit-split rows, or all of them for a model that fits nothing); "
+                        "too few eval rows for a clause's confidence bound to pass at all (the "
+                        "default contract's agreement: 122) stop the search before it starts "
+                        "(exit 2)")
     p.add_argument("--n-sensitivity", type=int, default=d.n_sensitivity,
                    help="search-calibration rows the per-layer sensitivity is measured on (as "
                         "variants sensitivity --n-examples)")

@@ -33,7 +33,8 @@ def configure(sub):
             "2 naming the holder (RESULTS_DIR/RUN/.lock). Exit status: 0 the sweep completed "
             "(whatever the verdicts: they are in summary.csv and report.md), 1 a variant fails "
             "its contract with --fail-on-violation, or an output could not be written (disk "
-            "full, permissions: run.json then says incomplete; rerun to finish), 2 bad input, "
+            "full, permissions, a plot or report.html that could not be rendered: run.json "
+            "then says incomplete; rerun to finish), 2 bad input, "
             "the run folder in use, or a variant that could not be built.", width=92),
         epilog=SCHEMA_HELP, formatter_class=HelpFormatter)
     p.add_argument("--model", default=None, metavar="NAME|package.module:factory",

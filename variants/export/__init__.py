@@ -2,17 +2,22 @@
 load it packed (:mod:`variants.export.load`), and prove the folder is the model that was judged
 (:mod:`variants.export.verify`).
 
-The folder is the layout MLX users already load (mlx-lm's): ``model.safetensors`` holds the
-decision model's parameters by module path, each quantized module as ``weight`` (packed
-uint32), ``scales`` and ``biases`` exactly as ``mlx.nn.quantize`` makes them; ``config.json`` is
-the original checkpoint's config plus a ``quantization`` block (``group_size``, ``bits``, and a
-``{"group_size", "bits"}`` entry per module that differs, ``false`` for a module of a quantizable
-type left full precision) as mlx-lm writes it, plus an ``mlx_variants`` block (the decision
-model: kind, temperatures, low-rank factor shapes, the head skeleton). Next to them: the
+The folder is the layout MLX users already load (mlx-lm's, mlx-embeddings'):
+``model.safetensors`` holds every tensor of the original checkpoint under its transformers name
+(:mod:`variants.checkpoints.hf_names`), each quantized module as ``weight`` (packed uint32),
+``scales`` and ``biases`` exactly as ``mlx.nn.quantize`` makes them, the tensors the variant
+does not change (a pooler, buffers) as the checkpoint has them; ``config.json`` is the original
+checkpoint's config plus a ``quantization`` block keyed by those names (``group_size``,
+``bits``, ``mode``, and a ``{"group_size", "bits"}`` entry per module that differs, ``false``
+for a module of a quantizable type left full precision) as mlx-lm writes it, plus an
+``mlx_variants`` block (the decision model: kind, temperatures, low-rank factor shapes, the
+head skeleton, the names map). A decision head fitted here (no transformers name) is in
+``decision_head.safetensors`` by module path. Next to them: the
 tokenizer files, ``model.toml``, ``contract.toml``, ``verdict.json``, the judged
 ``outputs.npz`` and the eval rows (``eval_rows.npz``) that ``variants verify`` recomputes,
 ``manifest.json`` (SHA-256 of every file, the reference checkpoint's, the data fingerprint,
-package / MLX / NumPy versions) and a ``README.md`` model card.
+package / MLX / NumPy versions) and a ``README.md`` model card that names the architecture and
+the loaders that read the folder.
 """
 
 from variants.families.artifact import (EXPORTABLE, FORMAT_VERSION,  # noqa: F401

@@ -8,12 +8,14 @@ another renderer (an HTML report) can take the same facts: pass ``card=`` to ``e
 import math
 
 from metrics.head_view import not_applicable
+from variants.export import card_load
 
 
-def _num(x):
+def _num(x, spec="{:.4g}"):
+    """``spec.format(x)``, or "—" for None / NaN (timing.json and verdict.json allow null)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
-    return f"{x:.4g}"
+    return spec.format(x)
 
 
 def _outputs(facts):
@@ -27,7 +29,9 @@ def _outputs(facts):
 def markdown(facts):
     """The model card (Markdown) of ``facts``: ``name``, ``family``, ``build``, ``verdict``,
     ``run``, ``model``, ``kind``, ``contract``, ``n_eval``, ``timing``, ``bytes``, ``search``,
-    ``quantization``, ``lowrank``, ``reference_fit`` (optional)."""
+    ``quantization``, ``lowrank``, ``reference_fit`` (optional) and those of
+    :func:`variants.export.card_load.section` (``architecture``, ``model_type``, ``names``,
+    ``kept``, ``decision_head``, ``input_scaled``)."""
     v, b = facts["verdict"], facts["build"]
     status = "PASS" if v.get("passed") else "FAIL"
     lines = [f"# {facts['model']} — {facts['name']} ({facts['family']})", ""]
@@ -51,28 +55,14 @@ def markdown(facts):
         lines += [f"Judged against the reference whose head and temperatures are "
                   f"`{fit['file']}` ({how}; array sha256 `{fit['sha256']}`, checked by "
                   "`variants verify`).", ""]
-    lines += ["## Use it", "",
-              "```python",
-              "from variants.export.load import load_variant",
-              "model, checkpoint = load_variant(\"THIS_FOLDER\")  # packed, nothing re-quantized",
-              "outputs = model.outputs(taskset)",
-              "```", "",
-              "Plain MLX: build the network"
-              + (", replace each Linear that `config.json`'s `mlx_variants.lowrank` lists "
-                 "(`{path: {in, rank, out, bias}}`) by a module holding two Linears applied in "
-                 "turn, `down = nn.Linear(in, rank, bias=False)` then `up = nn.Linear(rank, "
-                 "out, bias=bias)`" if facts.get("lowrank") else "")
-              + (", `nn.quantize(model, group_size, bits, class_predicate)` with "
-                 "`config.json`'s `quantization` block (mlx-lm's rule)"
-                 if facts.get("quantization") else "")
-              + ", then `model.load_weights(\"model.safetensors\", strict=True)`. "
-              "`load_checkpoint(THIS_FOLDER)` gives the encoder (and a checkpoint's own "
-              "classification head) as exported, packed and factored, for `variants sweep "
-              "--checkpoint THIS_FOLDER`. "
-              "`variants verify THIS_FOLDER` recomputes the judged outputs and checks every file.",
-              "", "## Size", "",
-              f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (whole model, embeddings "
-              f"and head included); model bytes as judged {b.get('model_bytes', 0) / 1e6:.2f} MB",
+    lines += card_load.section(facts)
+    lines += ["## Size", "",
+              f"- `model.safetensors`: {facts['bytes'] / 1e6:.2f} MB (the checkpoint's "
+              "tensors, embeddings included"
+              + (f"; the decision head is `{facts['decision_head']}`"
+                 if facts.get("decision_head") else "")
+              + f"); model bytes as judged "
+              f"{_num(b.get('model_bytes') and b['model_bytes'] / 1e6, '{:.2f}')} MB",
               f"- stored bits per quantized weight: {_num(b.get('bits_per_weight'))}"]
     q = facts.get("quantization")
     if q:
@@ -98,10 +88,13 @@ def markdown(facts):
         lines += ["| batch | reference p50 ms | variant p50 ms | speed-up [95% CI] |",
                   "|---|---|---|---|"]
         for bs, r in t["batches"].items():
-            s = r["speedup"]
-            lines.append(f"| {bs} (L={r.get('seq_len')}) | {r['ref']['p50_ms']:.1f} | "
-                         f"{r['var']['p50_ms']:.1f} | {s['speedup_median']:.2f}× "
-                         f"[{s['speedup_ci_low']:.2f}, {s['speedup_ci_high']:.2f}] |")
+            s = r.get("speedup") or {}  # null: a time too short for the clock
+            lines.append(f"| {bs} (L={r.get('seq_len')}) | "
+                         f"{_num((r.get('ref') or {}).get('p50_ms'), '{:.1f}')} | "
+                         f"{_num((r.get('var') or {}).get('p50_ms'), '{:.1f}')} | "
+                         f"{_num(s.get('speedup_median'), '{:.2f}×')} "
+                         f"[{_num(s.get('speedup_ci_low'), '{:.2f}')}, "
+                         f"{_num(s.get('speedup_ci_high'), '{:.2f}')}] |")
         lines += ["", f"Device {t.get('device')}, timed in `{t.get('mode')}` mode."]
     else:
         lines += ["Not timed."]

@@ -66,16 +66,18 @@ def _fp32(folder):
     from variants.families import get_family
     from variants.families.family import BuildInputs
     from variants.checkpoints.load import load_checkpoint
+    from variants.checkpoints.packed import module_weights
     from variants.models import resolve
 
     folder = Path(folder)
-    block = json.loads((folder / "config.json").read_text())["mlx_variants"]
+    config = json.loads((folder / "config.json").read_text())
+    block = config["mlx_variants"]
     ck = load_checkpoint(block.get("reference_checkpoint"))
     toml = folder / "model.toml"
     source = resolve(model_config=toml) if toml.exists() else resolve(model=block["factory"])
     source.bind(ck)
     model = source.build(ck)
-    file = mx.load(str(folder / "model.safetensors"))
+    file, _ = module_weights(folder, config)  # by the decision model's paths
     head = [(k, v) for k, v in file.items() if not k.startswith("encoder.")
             and not k.endswith((".scales", ".biases"))]
     if head:  # the fitted head as exported (fp32 unless --quantize-head)

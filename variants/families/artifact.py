@@ -1,19 +1,24 @@
 """A built variant's weights folder: what ``variants export`` ships and what a sweep's cold start
 loads (the same files, byte for byte in layout).
 
-:func:`write_weights` writes ``model.safetensors`` (the decision model's parameters by module
-path; each quantized module as ``weight`` packed uint32, ``scales`` and ``biases`` exactly as
-``mlx.nn.quantize`` makes them), ``config.json`` (the original checkpoint's config, plus
-mlx-lm's ``quantization`` block and an ``mlx_variants`` block: the decision model's kind,
-temperatures, low-rank factor shapes, head skeleton), the tokenizer files and ``model.toml``.
-:func:`load_variant` loads it back packed: the skeleton from the configs, factored layers put in
-place, ``mlx.nn.quantize`` with mlx-lm's predicate, ``load_weights(strict=True)`` — nothing
-re-quantized, no fp32 checkpoint read, nothing built.
+:func:`write_weights` writes ``model.safetensors`` (every tensor of the reference checkpoint
+under its transformers name, :mod:`variants.checkpoints.hf_names`: each quantized module as
+``weight`` packed uint32, ``scales`` and ``biases`` exactly as ``mlx.nn.quantize`` makes them,
+what the variant does not change as the checkpoint has it), ``decision_head.safetensors`` (a
+decision head fitted here, by module path; only when there is one), ``config.json`` (the
+original checkpoint's config, plus mlx-lm's ``quantization`` block keyed by the same names and
+an ``mlx_variants`` block: the decision model's kind, temperatures, low-rank factor shapes, head
+skeleton, names map), the tokenizer files and ``model.toml``. :func:`load_variant` loads it
+back packed: the skeleton from the configs, factored layers put in place, each stored tensor
+put at its module path, ``mlx.nn.quantize`` with mlx-lm's predicate,
+``load_weights(strict=True)`` — nothing re-quantized, no fp32 checkpoint read, nothing built.
+A folder of format 1 (module paths as names) still loads.
 
 Only families whose variant is a set of weights MLX loads write one (:data:`EXPORTABLE`); the
 others say why in one line (:data:`NOT_EXPORTABLE`).
 """
 
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -22,7 +27,9 @@ from pathlib import Path
 from metrics._checks import short_path
 from runs.io import file_sha256
 
-FORMAT_VERSION = 1
+#: 2: model.safetensors under the original checkpoint's names (1: the decision model's module
+#: paths, still read)
+FORMAT_VERSION = 2
 #: families whose variant is a set of weights MLX loads (quantized and/or factored Linears)
 EXPORTABLE = ("quant", "lowrank")
 #: why the other families do not export (one line each)
@@ -39,46 +46,61 @@ BLOCK = "mlx_variants"
 #: tokenizer files copied when the checkpoint has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
-HEAD_PREFIXES = ("classifier.", "bert.pooler.", "head.")
 
 
-def quantization_block(module):
-    """mlx-lm's ``quantization`` config block of ``module``: the most common (group size, bits)
+def _entry(setting, default=None):
+    """A quantization block's entry for ``setting`` ((group size, bits, mode) or False)."""
+    if setting is False:
+        return False
+    gs, bits, mode = setting
+    entry = {"group_size": int(gs), "bits": int(bits)}
+    if mode != (default[2] if default else "affine"):
+        entry["mode"] = mode
+    return entry
+
+
+def quantization_blocks(module, names):
+    """``(block, head_block)``: mlx-lm's ``quantization`` config block of ``module`` keyed by
+    transformers module paths (names map ``names``,
+    :func:`variants.checkpoints.hf_names.name_of`): the most common (group size, bits, mode)
     as defaults, a ``{"group_size", "bits"}`` entry per quantized module that differs, and
-    ``false`` for each module of a quantizable type left full precision; None when nothing is
-    quantized."""
+    ``false`` for each module of a quantizable type left full precision; and the entries of
+    the modules with no transformers name (a fitted decision head), keyed by module path and
+    each explicit. ``(None, None)`` when nothing is quantized.
+
+    Raises
+    ------
+    ValueError
+        Modules sharing one stored tensor (ALBERT's layers) quantized differently.
+    """
     import mlx.nn as nn
 
-    quant = {p: (m.group_size, m.bits) for p, m in module.named_modules()
-             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
-    if not quant:
-        return None
-    (gs, bits), _ = max(Counter(quant.values()).items(), key=lambda kv: (kv[1], -kv[0][1]))
-    block = {"group_size": int(gs), "bits": int(bits)}
-    for p, m in sorted(module.named_modules()):
-        if p in quant:
-            if quant[p] != (gs, bits):
-                block[p] = {"group_size": int(quant[p][0]), "bits": int(quant[p][1])}
+    from variants.checkpoints.hf_names import name_of
+
+    settings = {}
+    for p, m in module.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            settings[p] = (m.group_size, m.bits, getattr(m, "mode", "affine"))
         elif type(m) in (nn.Linear, nn.Embedding):
-            block[p] = False
-    return block
-
-
-def hf_head_shapes(checkpoint):
-    """``{name: shape}`` of the checkpoint file's classification-head tensors (what
-    :func:`variants.checkpoints.hf_heads.load_head` reads), so a loader can build the head's
-    skeleton."""
-    from safetensors import safe_open
-
-    from variants.checkpoints import files as files_
-
-    shapes = {}
-    for f in files_.weight_files(checkpoint.path):
-        with safe_open(str(f), framework="numpy") as st:
-            for k in st.keys():
-                if k.startswith(HEAD_PREFIXES):
-                    shapes[k] = list(st.get_slice(k).get_shape())
-    return dict(sorted(shapes.items()))
+            settings[p] = False
+    quant = [s for s in settings.values() if s is not False]
+    if not quant:
+        return None, None
+    default, _ = max(Counter(quant).items(), key=lambda kv: (kv[1], -kv[0][1]))
+    named, own, by = {}, {}, {}
+    for p, s in sorted(settings.items()):
+        name = name_of(p, names)
+        if name is None:
+            own[p] = _entry(s)
+        elif name in named and named[name] != s:
+            raise ValueError(f"{by[name]} and {p} share the checkpoint's {name} but are "
+                             "quantized differently; export a variant that treats shared "
+                             "layers alike")
+        else:
+            named[name], by[name] = s, p
+    block = {"group_size": int(default[0]), "bits": int(default[1]), "mode": default[2]}
+    block.update({n: _entry(s, default) for n, s in sorted(named.items()) if s != default})
+    return block, own
 
 
 def toml_text(source):
@@ -126,19 +148,29 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
 
     from variants.arch.input_scaled import input_scaled_paths
     from variants.arch.lowrank import factor_shapes
+    from variants.checkpoints import hf_names
+    from variants.checkpoints.packed import OWN_FILE
 
     out = Path(out)
     module = model.module
-    weights = dict(tree_flatten(module.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    with_head = (getattr(module, "classifier", None) is not None
+                 and checkpoint.classifier is not None)
+    names, stored, kept, head = hf_names.checkpoint_names(checkpoint, with_head)
+    named, own = hf_names.split(dict(tree_flatten(module.parameters())), names)
+    named.update({k: stored[k] for k in kept})  # as the checkpoint has them
+    quant, own_quant = quantization_blocks(module, names)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(sorted(named.items())),
+                        metadata={"format": "mlx"})
+    sha = file_sha256(out / "model.safetensors")
+    if own:
+        mx.save_safetensors(str(out / OWN_FILE), own, metadata={"format": "mlx"})
+        blob = f"model.safetensors {sha}\n{OWN_FILE} {file_sha256(out / OWN_FILE)}"
+        sha = hashlib.sha256(blob.encode()).hexdigest()
     config = json.loads((Path(checkpoint.path) / "config.json").read_text())
     config.pop(BLOCK, None)
     config.pop("quantization", None)
-    quant = quantization_block(module)
     if quant:
         config["quantization"] = quant
-    head = (hf_head_shapes(checkpoint) if getattr(module, "classifier", None) is not None
-            and checkpoint.classifier is not None else {})
     config[BLOCK] = {
         "format_version": FORMAT_VERSION, "variant": variant, "family": family,
         "variant_config": variant_config, "model": source.name, "kind": source.kind,
@@ -147,7 +179,8 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
         "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
         "input_scaled": input_scaled_paths(module), "hf_head": head,
-        "weights_sha256": file_sha256(out / "model.safetensors")}
+        "names": names, "kept": kept, "decision_head": OWN_FILE if own else None,
+        "head_quantization": own_quant or None, "weights_sha256": sha}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (Path(checkpoint.path) / name).is_file():
@@ -186,7 +219,8 @@ def load_variant(path, max_length=None):
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
-    from variants.checkpoints.packed import is_export, one_line, quant_predicate, skeleton
+    from variants.checkpoints.packed import (is_export, module_weights, one_line,
+                                             quant_predicate, skeleton)
     from variants.models import resolve
     from variants.runtime import qlinear
 
@@ -209,15 +243,10 @@ def load_variant(path, max_length=None):
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e.args[0]}); export the variant again") from None
     wfile = path / "model.safetensors"
-    try:
-        weights = mx.load(str(wfile))
-    except (OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"{short_path(wfile)} cannot be read ({e}); export the variant "
-                              "again") from None
-    if "quantization" in config:
-        q = config["quantization"]
+    weights, q = module_weights(path, config)
+    if "group_size" in q:
         nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
-                    class_predicate=quant_predicate(q, weights))
+                    mode=q.get("mode", "affine"), class_predicate=quant_predicate(q, weights))
     try:
         module.load_weights(list(weights.items()), strict=True)
     except (ValueError, KeyError) as e:

@@ -115,13 +115,45 @@ def rows_needed(clause, confidence=0.95):
     return math.ceil(math.log(tail) / math.log(target))
 
 
-def unreachable(contract, n_rows, confidence=0.95):
-    """``[(clause id, rows needed)]`` of the ``all``- and ``decided``-stratum rate clauses whose bound cannot
-    pass on ``n_rows`` rows whatever the candidate (:func:`rows_needed`)."""
+def unreachable(contract, n_rows, confidence=0.95, n_labelled=None):
+    """``[(clause id, rows needed, rows there)]`` of the ``all``- and ``decided``-stratum rate
+    clauses whose bound cannot pass on ``n_rows`` rows whatever the candidate
+    (:func:`rows_needed`). A clause on a metric that needs labels counts the ``n_labelled``
+    labelled rows (None: every row is); with none it has no examples, which does not fail a
+    verdict (:mod:`contracts.checker`), so it is not listed. "decided" is every row but the
+    numerical ties (none, or a few; known only once the reference ran): counting every row,
+    a clause listed here cannot pass on the decided ones either."""
     out = []
     for c in contract.clauses:
-        # "decided" is every row but the numerical ties (none, or a few): as many as "all"
         need = rows_needed(c, confidence) if c.stratum in ("all", "decided") else None
-        if need is not None and need > n_rows:
-            out.append((c.id, need))
+        have = n_labelled if n_labelled is not None and spec(c.metric).needs_labels else n_rows
+        if need is not None and have > 0 and need > have:
+            out.append((c.id, need, have))
     return out
+
+
+def check_rows(contract, n_search, labels, select, confidence=0.95):
+    """Raise ValueError (one line: the rows there, the rows needed, the fix) when some clause of
+    the search's ``contract`` cannot pass on the search-eval rows whatever the candidate
+    (:func:`unreachable`): the row-count arithmetic, done before any sensitivity or candidate
+    work. ``labels``: the search-eval rows' labels ((N,) int, -1 unlabelled); ``n_search``:
+    the search split's rows (``n_search // 2`` calibration, the rest eval, as
+    :func:`variants.search.split.search_tasksets` halves it); ``select``: ``--select``."""
+    labels = np.asarray(labels)
+    n, n_lab = int(labels.size), int((labels >= 0).sum())
+    far = unreachable(contract, n, confidence, n_labelled=n_lab)
+    if not far:
+        return
+    # search-eval rows that would do: the labelled share of the rows taken as it is here
+    rows = max(need if have == n else math.ceil(need * n / have) for _, need, have in far)
+    labelled = any(have < n for _, _, have in far)
+    looser = ("judge point values with --select value" if select == "bound" else
+              'drop compare = "ci" from those clauses of the contract')
+    raise ValueError(
+        f"--n-search {n_search} gives {n} search-eval rows"
+        + (f" ({n_lab} labelled)" if labelled else "") + ", but no candidate can pass "
+        + ", ".join(f"{i} on fewer than {need}" + (" labelled" if have < n else "")
+                    for i, need, have in far)
+        + f" (the {confidence:.0%} confidence bound of a rate with no error at all); raise "
+        f"--n-search to {2 * rows - 1} or more (--data with more fit-split rows"
+        + (", labelled," if labelled else "") + f" if it has fewer), or {looser}")

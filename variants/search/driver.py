@@ -3,7 +3,8 @@ candidate on the search split, then judge the finalists on the real calibration 
 through the sweep (their folders and reports are a sweep's), and write search.json / .md / .png.
 
 Bad input (a flag out of range, a budget below the cheapest candidate, an --out holding a
-search with other settings) raises ValueError with one line before anything is written. A
+search with other settings, too few search-eval rows for a clause's bound to pass at all)
+raises ValueError with one line before anything is written or measured. A
 contract no candidate passes is a result: :attr:`SearchResult.found` is False and the outcome
 names the closest candidate and the clause that blocks it.
 """
@@ -72,6 +73,12 @@ class Search:
             raise ValueError(f"--n-search {o.n_search} gives {o.n_search // 2} search-calibration "
                              f"rows, but the contract's alpha={alpha} needs at least {need} for "
                              f"the split-conformal ε; raise --n-search to {2 * need} or more")
+        from variants.search.bounds import check_rows
+
+        # before any sensitivity or candidate work: a clause no candidate can pass on these
+        # rows (its bound needs more, even with no error at all) stops the search here
+        check_rows(self.state["contract"], o.n_search, self.state["parts"]["search-eval"].labels,
+                   o.select, self.state["contract"].settings.get("confidence", 0.95))
         model = self.state["source"].build(self.state["checkpoint"])
         module = model.module
         self.units = search_units(module, model, group_size=o.group_size,

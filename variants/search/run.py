@@ -95,17 +95,8 @@ def _conclude(s, opts, records, t0, log):
                       f"blocked by {', '.join(close['failed']) or close['tightest']} "
                       f"(tightest: {close['tightest']}, slack {close['slack']:+.3f})."
                       if close else "") + _undecided_text(records, len(s.state["parts"]["search-eval"])))
-        if opts.select == "bound":
-            from variants.search.bounds import unreachable
-
-            n = len(s.state["parts"]["search-eval"])
-            far = unreachable(s.state["contract"], n,
-                              s.state["contract"].settings.get("confidence", 0.95))
-            if far:
-                outcome += (f" On {n} search-eval rows no candidate can pass "
-                            + ", ".join(f"{i} (its bound needs {k} rows)" for i, k in far)
-                            + ": add rows (--n-search, or more fit rows in the data), or judge "
-                            "point values with --select value.")
+        # (a clause no candidate can pass on these rows stopped the search before it began:
+        # variants.search.bounds.check_rows in Search.prepare)
     elif opts.finalize and not getattr(s, "finalizable", lambda r: True)(passing[0]):
         winner = passing[0]
         outcome = (f"Cheapest passing on the search split: {winner['name']} ({opts.cost} "

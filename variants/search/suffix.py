@@ -9,10 +9,13 @@ bytes of its ``input_ids``, ``attention_mask`` and ``token_type_ids``), the inpu
 layer; inside :meth:`SuffixCache.start_at` the encoder's call on a recorded batch runs from
 layer ``i``; a batch it has not recorded runs the whole stack as before.
 
-Applies to a plain :class:`variants.arch.encoder.BertEncoder` whose layers are all
-:class:`variants.arch.encoder.TransformerLayer` and to a
+Applies to a plain :class:`variants.arch.encoder.BertEncoder` (or a subclass with other
+embeddings: DistilBERT, ELECTRA, ALBERT) whose layers are all
+:class:`variants.arch.encoder.TransformerLayer`, to a
 :class:`variants.arch.modernbert.ModernBertEncoder` whose layers are all
-:class:`variants.arch.modernbert_layers.ModernBertLayer` (:func:`applies`); embedding tables
+:class:`variants.arch.modernbert_layers.ModernBertLayer`, and to MPNet / DeBERTa-v2 stacks
+(:class:`variants.arch.mpnet.MPNetEncoder`, :class:`variants.arch.deberta.DebertaEncoder`: run
+from layer ``i`` as BERT's, through ``apply_layer``) (:func:`applies`); embedding tables
 and any other unit keep the full forward. On BERT the suffix runs each layer as
 :meth:`BertEncoder.apply_layer` does, so logits equal the full forward's to float round-off
 (measured on MiniLM, 60 rows, 36 Linears x 5 widths: mean KL within 2.7e-8 nats, max
@@ -30,24 +33,34 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
+from variants.arch.deberta import DebertaEncoder
+from variants.arch.deberta_attention import DebertaLayer
 from variants.arch.encoder import BertEncoder, EncoderOutput, TransformerLayer
 from variants.arch.modernbert import ModernBertEncoder
 from variants.arch.modernbert_layers import ModernBertLayer
+from variants.arch.mpnet import MPNetEncoder, MPNetLayer
 
 _UNIT = re.compile(r"^encoder\.layers\.(\d+)\.")
 
 
 #: encoder class -> the class of its layers that the suffix forward knows
-_STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer}
+_STACKS = {BertEncoder: TransformerLayer, ModernBertEncoder: ModernBertLayer,
+           MPNetEncoder: MPNetLayer, DebertaEncoder: DebertaLayer}
+
+
+def _stack_of(cls):
+    """The :data:`_STACKS` class ``cls`` is (or subclasses: DistilBERT, ELECTRA and ALBERT are
+    BERT stacks with their own embeddings), or None."""
+    return next((base for base in cls.__mro__ if base in _STACKS), None)
 
 
 def applies(module):
-    """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder`, every layer a
-    :class:`TransformerLayer`) or a ModernBERT stack (:class:`ModernBertEncoder`, every layer
-    a :class:`ModernBertLayer`)."""
+    """True when ``module.encoder`` is a plain BERT stack (:class:`BertEncoder` or a subclass,
+    every layer a :class:`TransformerLayer`), a ModernBERT stack (:class:`ModernBertEncoder`,
+    every layer a :class:`ModernBertLayer`) or an MPNet / DeBERTa-v2 one (:data:`_STACKS`)."""
     enc = getattr(module, "encoder", None)
-    kind = _STACKS.get(type(enc))
-    return kind is not None and all(type(layer) is kind for layer in enc.layers)
+    stack = _stack_of(type(enc))
+    return stack is not None and all(type(layer) is _STACKS[stack] for layer in enc.layers)
 
 
 def layer_of(path):
@@ -71,9 +84,14 @@ def _suffixed_call(self, input_ids, attention_mask, token_type_ids=None, **kw):
 
 
 #: encoder class -> a subclass whose call reads its :class:`SuffixCache` (set while the
-#: cache's context is open; the instance's class is swapped back on exit)
-_SUFFIXED = {cls: type(f"_Suffixed{cls.__name__}", (cls,), {"__call__": _suffixed_call})
-             for cls in _STACKS}
+#: cache's context is open; the instance's class is swapped back on exit); made on first use
+_SUFFIXED = {}
+
+
+def _suffixed(cls):
+    if cls not in _SUFFIXED:
+        _SUFFIXED[cls] = type(f"_Suffixed{cls.__name__}", (cls,), {"__call__": _suffixed_call})
+    return _SUFFIXED[cls]
 
 
 class SuffixCache:
@@ -82,14 +100,14 @@ class SuffixCache:
     Parameters
     ----------
     module : mlx.nn.Module
-        A decision model's module with a plain BERT or ModernBERT ``.encoder`` (:func:`applies`
-        must be True, else ValueError).
+        A decision model's module with a plain BERT, ModernBERT, MPNet or DeBERTa-v2
+        ``.encoder`` (:func:`applies` must be True, else ValueError).
     """
 
     def __init__(self, module):
         if not applies(module):
-            raise ValueError("suffix forwards need a plain BertEncoder or ModernBertEncoder "
-                             "(module.encoder)")
+            raise ValueError("suffix forwards need a plain BertEncoder, ModernBertEncoder, "
+                             "MPNetEncoder or DebertaEncoder (module.encoder)")
         self.encoder = module.encoder
         self.cls = type(module.encoder)
         self.states = {}  # key -> [input of layer 0, ..., input of layer N-1]
@@ -111,7 +129,7 @@ class SuffixCache:
             return full(enc, input_ids, attention_mask, token_type_ids, **kw)
         self.hits += 1
         i = int(self.mode)
-        if self.cls is ModernBertEncoder:
+        if issubclass(self.cls, ModernBertEncoder):
             return EncoderOutput(enc.finish(enc.layers_from(i, xs[i], attention_mask)))
         x, ctx = xs[i], enc.context(attention_mask)
         for j in range(i, len(enc.layers)):
@@ -124,7 +142,7 @@ class SuffixCache:
         cls = type(enc)
         self.mode = mode
         enc.__dict__["_suffix_cache"] = self
-        enc.__class__ = _SUFFIXED[cls]
+        enc.__class__ = _suffixed(cls)
         try:
             yield self
         finally:

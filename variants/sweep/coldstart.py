@@ -22,7 +22,8 @@ JSON object with each stage timed separately:
   reference and for an artifact);
 - ``weight_files_read``: every ``.safetensors`` / ``.npz`` file the child opened (Python's
   ``open`` audit events and ``mx.load``), absolute paths: the record that an artifact's cold
-  start never read the fp32 checkpoint; ``artifact_bytes``: its ``model.safetensors`` size;
+  start never read the fp32 checkpoint; ``artifact_bytes``: the size of its weight files
+  (``model.safetensors``, and ``decision_head.safetensors`` when it has one);
 - ``first_tokenise_ms`` and ``first_forward_ms``: the first tokenisation and the first forward
   (``mx.eval`` inside) of one batch; ``second_forward_ms`` is the next, warm call of the same
   batch, for comparison;
@@ -145,6 +146,7 @@ def run_spec(spec, spawned_at=None, main_at=None, reads=None):
         t0 += _now() - t_load  # unpickling is not an import
     artifact = spec.get("artifact")
     if artifact:
+        from variants.checkpoints.packed import OWN_FILE
         from variants.families.artifact import load_variant
     family = None
     if spec.get("family") and not artifact:
@@ -165,7 +167,8 @@ def run_spec(spec, spawned_at=None, main_at=None, reads=None):
         out["weight_load_s"] = _now() - t0
         out["build_s"] = 0.0
         out["source"] = SOURCES["artifact"]
-        out["artifact_bytes"] = (Path(artifact) / "model.safetensors").stat().st_size
+        out["artifact_bytes"] = sum(f.stat().st_size for f in (
+            Path(artifact) / "model.safetensors", Path(artifact) / OWN_FILE) if f.exists())
     else:
         model = _fp32_and_build(spec, out, module, family, t0)
     _first_calls(model, spec, out)

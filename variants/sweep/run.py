@@ -224,8 +224,9 @@ class Sweep:
         plots/, report.md); only then is its final status written: ``"complete"``, or
         ``"partial"``/``"failed"`` when variants failed to build. A write that fails (disk full,
         permission denied) leaves ``"incomplete"`` with ``error`` {file, error} and raises
-        :class:`runs.io.WriteError`; a plotting bug leaves ``"incomplete"`` too (summary.csv
-        and report.md, without plots, are written) and raises :class:`RunIncomplete`. Rerunning
+        :class:`runs.io.WriteError`; a plotting bug, or a report.html that cannot be rendered,
+        leaves ``"incomplete"`` too (summary.csv and report.md are written) and raises
+        :class:`RunIncomplete` naming the missing output and why (exit 1, one line). Rerunning
         the same command finishes such a run. On start, temp files a killed writer left in the
         run folder (and in the cache, when no other sweep uses it) are removed.
         """
@@ -360,7 +361,8 @@ class Sweep:
             write_text(self.out / "report.md",
                        render_report(meta, summary, details, self.contract, extras)
                        + plots_markdown(plot_paths, self.out))
-            write_beside_markdown(self.out, log=self.log, status=meta["status"],
+            # a report that cannot render fails the run (RunIncomplete: run.json incomplete)
+            write_beside_markdown(self.out, status=meta["status"],
                                   evaluations={n: ev for n, (ev, _) in details.items()})
         if plot_error is not None:
             raise plot_error

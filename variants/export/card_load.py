@@ -1,0 +1,115 @@
+"""The model card's "Load it" section (:func:`section`): the architecture the folder stores, how
+its tensors are named, which loaders read it, and a runnable plain-MLX recipe.
+
+mlx-embeddings reads an exported folder exactly when it reads the original checkpoint (the
+names, the packed layout and the ``quantization`` block are the ones it loads);
+:data:`MLX_EMBEDDINGS` lists the architectures that was checked for (mlx-embeddings 0.1.0,
+MLX 0.32: an exported all-MiniLM-L6-v2 at 4 and 8 bits gives its last hidden states within
+4.5e-6 of the judged encoder's; a ModernBERT classifier's class probabilities agree with the
+judged logits' softmax within 6.6e-5, as for the original checkpoint, its own implementation's
+difference). It refuses ``BertForSequenceClassification`` checkpoints (it has no such class;
+their ``bert.`` names are "parameters not in model"), as it refuses the original.
+"""
+
+#: ``architectures[0]`` values whose exported folders mlx-embeddings 0.1.0 was seen to load
+MLX_EMBEDDINGS = ("BertModel", "ModernBertForSequenceClassification")
+#: ... and those it was seen to refuse, as it refuses the original checkpoint
+MLX_EMBEDDINGS_REFUSES = ("BertForSequenceClassification",)
+#: the encoder model types mlx-embeddings 0.1.0 has a module for
+MLX_EMBEDDINGS_TYPES = ("bert", "modernbert", "xlm-roberta")
+
+RECIPE = '''```python
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+
+config = json.load(open("THIS_FOLDER/config.json"))
+weights = {{k: v for k, v in mx.load("THIS_FOLDER/model.safetensors").items()
+           if not k.endswith("position_ids")}}  # a buffer, not a parameter
+model = {port}(config)  # your MLX port: transformers' parameter paths
+{quantize}model.load_weights(list(weights.items()), strict=True)
+```'''
+
+QUANTIZE = '''q = config["quantization"]  # mlx-lm's rule: a listed module takes its entry
+nn.quantize(model, q["group_size"], q["bits"], mode=q.get("mode", "affine"),
+            class_predicate=lambda p, m: q[p] if p in q else
+            hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+'''
+
+
+def _codes(items, n=4):
+    items = list(items)
+    return ", ".join(f"`{x}`" for x in items[:n]) + (", …" if len(items) > n else "")
+
+
+def section(facts):
+    """The "Load it" lines (Markdown) of ``facts``: ``architecture`` (config.json's
+    ``architectures[0]``, None when absent), ``model_type``, ``names`` (the names map,
+    :mod:`variants.checkpoints.hf_names`), ``kept`` (the checkpoint's tensors copied unread),
+    ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``."""
+    arch = facts.get("architecture") or f"the {facts.get('model_type')} checkpoint"
+    names = facts.get("names") or {}
+    own_names = all(k == v for k, v in names.items())
+    only_ours = own_names or facts.get("lowrank") or facts.get("input_scaled")
+    lines = ["## Load it", ""]
+    if own_names:
+        lines += [f"Architecture: `{arch}` (`model_type` {facts.get('model_type')}). "
+                  "`model.safetensors` holds the parameters under this package's module paths "
+                  "(the reference was a folder exported before transformers' names were kept).",
+                  ""]
+    else:
+        kept = facts.get("kept") or []
+        lines += [f"Architecture: `{arch}` (`model_type` {facts.get('model_type')}). "
+                  "`model.safetensors` holds every tensor of the original checkpoint under its "
+                  "transformers name, those the variant does not change as the checkpoint has "
+                  "them"
+                  + (f" ({len(kept)} the decision model does not read: {_codes(kept)})"
+                     if kept else "")
+                  + (". Each quantized Linear / Embedding is stored as MLX packs it "
+                     "(`<name>.weight` uint32, `<name>.scales`, `<name>.biases`), and "
+                     "`config.json`'s `quantization` block is keyed by the same names "
+                     "(mlx-lm's layout: `group_size`, `bits`, `mode`; an entry per module at "
+                     "another width; `false` for one left full precision)"
+                     if facts.get("quantization") else "") + ".", ""]
+    if facts.get("lowrank") or facts.get("input_scaled"):
+        lines += ["Factored Linears are stored as `<name>.down.weight`, `<name>.up.weight` "
+                  "(`<name>.up.bias`) and input-scaled ones as `<name>.input_scale` beside "
+                  "`<name>.linear.*` (`config.json`'s `mlx_variants.lowrank` / `input_scaled` "
+                  "list them): no transformers layout has them, so only this package's loaders "
+                  "read this folder.", ""]
+    if facts.get("decision_head"):
+        lines += [f"The decision head fitted here has no transformers name: it is in "
+                  f"`{facts['decision_head']}` by module path (`mlx_variants.head_quantization` "
+                  "says how each of its layers is stored); the `model.toml` kind says how it "
+                  "reads the encoder's output.", ""]
+    lines += ["Loaders that read this folder:", "",
+              "- this package: `load_variant(\"THIS_FOLDER\")` "
+              "(`from variants.export.load import load_variant`: the decision model, packed, "
+              "nothing re-quantized; `model.outputs(taskset)`), `load_checkpoint(THIS_FOLDER)` "
+              "(the encoder and the checkpoint's own head, for `variants sweep --checkpoint "
+              "THIS_FOLDER`), `variants verify THIS_FOLDER` (recomputes the judged outputs and "
+              "checks every file);"]
+    if only_ours:
+        lines += ["- no other loader: the names above are this package's.", ""]
+        return lines
+    lines += [f"- plain MLX, with the recipe below, into an MLX port of `{arch}` whose "
+              "parameter paths are transformers';"]
+    mine = "; it gives the encoder's outputs, not the decision head" if \
+        facts.get("decision_head") else ""
+    if facts.get("architecture") in MLX_EMBEDDINGS:
+        lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`, as it reads the "
+                  f"original checkpoint (checked with mlx-embeddings 0.1.0){mine}."]
+    elif facts.get("model_type") not in MLX_EMBEDDINGS_TYPES:
+        lines += [f"- not mlx-embeddings 0.1.0: it has no `{facts.get('model_type')}` model "
+                  "type."]
+    elif facts.get("architecture") in MLX_EMBEDDINGS_REFUSES:
+        lines += [f"- not mlx-embeddings 0.1.0: it has no `{arch}` class and refuses the "
+                  "original checkpoint alike."]
+    else:
+        lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")` should read it as "
+                  f"it reads the original checkpoint (not checked for `{arch}`){mine}."]
+    port = "".join(c for c in str(facts.get("architecture") or "Model") if c.isalnum())
+    lines += ["", RECIPE.format(port=f"My{port}",
+                                quantize=QUANTIZE if facts.get("quantization") else ""), ""]
+    return lines
