@@ -379,10 +379,64 @@ def make_albert(ws):
              mask, types, h, last, logits)
 
 
+def make_unigram_tokenizer(vocab_words):
+    """A SentencePiece-style Unigram tokenizer as ``XLMRobertaTokenizerFast`` converts one
+    (``transformers.convert_slow_tokenizer.XLMRobertaConverter``): ``<s> <pad> </s> <unk>`` at
+    ids 0-3, the pieces, ``<mask>`` last; Metaspace (``▁`` marks a word start, prepended
+    always), ``<s> $A </s>`` / ``<s> $A </s> </s> $B </s>``. The pieces: ``▁w`` for each
+    whole word of ``vocab_words``, ``x`` for each continuation ``##x`` (and each character,
+    so any lowercased word splits); scores fall with the entry's rank (frequent words first).
+    Lowercased (the vocabulary is MiniLM's uncased one)."""
+    from tokenizers import Regex, decoders
+    from tokenizers.models import Unigram
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    pieces = {}
+    for rank, w in enumerate(vocab_words):
+        piece = w[2:] if w.startswith("##") else "\u2581" + w
+        pieces.setdefault(piece, -5.0 - 1e-3 * rank)
+    for ch in sorted({c for w in vocab_words for c in w.lstrip("#")} | {"\u2581"}):
+        pieces.setdefault(ch, -12.0)
+    vocab = [(t, 0.0) for t in specials] + list(pieces.items()) + [("<mask>", 0.0)]
+    tok = Tokenizer(Unigram(vocab, unk_id=3, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([
+        normalizers.NFKC(), normalizers.Lowercase(), normalizers.Strip(left=False, right=True),
+        normalizers.Replace(Regex(" {2,}"), "\u2581")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    ids = {t: i for i, (t, _) in enumerate(vocab)}
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    tok.add_special_tokens(specials + ["<mask>"])
+    return tok, ids
+
+
+def make_xlm_roberta(ws):
+    # XLM-R: RoBERTa's network under model_type xlm-roberta with a SentencePiece (Unigram)
+    # tokenizer; 130 positions less pad_token_id 1 less 1 = 128 tokens, one text at that length
+    torch.manual_seed(14)
+    tok, vocab = make_unigram_tokenizer(ws)
+    texts = [SHORT[0], text_of_length(tok, 128, 14), SHORT[2], SHORT[1]]
+    cfg = transformers.XLMRobertaConfig(vocab_size=len(vocab), num_hidden_layers=3,
+                                        intermediate_size=128, max_position_embeddings=130,
+                                        pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                        type_vocab_size=1, layer_norm_eps=1e-5, **COMMON)
+    model = transformers.XLMRobertaForSequenceClassification(cfg).eval()
+    perturb(model, 14)
+    ids, mask, types = batch(tok, texts, 1)
+    assert ids.shape[1] == 128 and (ids == 3).sum() == 0, ids.shape  # no <unk>: pieces cover
+    h, last, logits = references(model, model.roberta, model.roberta.encoder.layer, None, ids,
+                                 mask, None)
+    save("xlm_roberta", model, tok, {"pad_token": "<pad>", "model_max_length": 512}, texts,
+         ids, mask, types, h, last, logits)
+
+
 #: name -> the function writing its folder(s) (``--only`` picks among these names)
 MAKERS = {"bert": make_bert, "roberta": make_roberta, "modernbert": make_modernbert,
           "distilbert": make_distilbert, "electra": make_electra, "albert": make_albert,
-          "mpnet": make_mpnet, "deberta_v2": make_deberta_v2}
+          "mpnet": make_mpnet, "deberta_v2": make_deberta_v2,
+          "xlm_roberta": make_xlm_roberta}
 
 
 def main():

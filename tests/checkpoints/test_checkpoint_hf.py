@@ -13,7 +13,8 @@ import pytest
 from variants.checkpoints.load import CheckpointError, load_checkpoint
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
-NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert"]
+NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert",
+         "xlm_roberta"]
 
 
 @pytest.fixture(scope="module")
@@ -202,22 +203,25 @@ def test_the_bundled_minilm_decides_what_it_always_used(checkpoint):
     assert np.array_equal(np.array(checkpoint.encoder.finish(x)), np.array(x))  # BERT: identity
 
 
-#: the new architectures' head tensors (as the checkpoint names them)
+#: the new architectures' head tensors (as the checkpoint names them), and XLM-R's (RoBERTa's head:
+#: its ``XLMRobertaFor...`` must give model_type xlm-roberta)
 HEADS = {"distilbert": ("pre_classifier.", "classifier."), "electra": ("classifier.",),
-         "albert": ("albert.pooler.", "classifier.")}
+         "albert": ("albert.pooler.", "classifier."),
+         "xlm_roberta": ("classifier.dense.", "classifier.out_proj.")}
 
 
 @pytest.mark.parametrize("name", list(HEADS))
 def test_new_architectures_load_by_architectures_alone_and_without_a_head(tmp_path, name,
                                                                           loaded):
-    """No model_type: ``architectures[0]`` (``DistilBertFor...``, not BERT's prefix) decides;
+    """No model_type: ``architectures[0]`` (``DistilBertFor...``, not BERT's prefix;
+    ``XLMRobertaFor...``, not RoBERTa) decides;
     without the head tensors the folder loads with no classifier; half a head is refused."""
     folder = _copy(tmp_path, name)
     cfg = json.loads((folder / "config.json").read_text())
     del cfg["model_type"]
     (folder / "config.json").write_text(json.dumps(cfg))
     ck = load_checkpoint(folder)
-    assert ck.args.model_type == name and ck.classifier is not None
+    assert ck.args.model_type == name.replace("_", "-") and ck.classifier is not None
     ids, mask, types, real = _batch(name)
     got = np.array(ck.encoder(ids, mask, types).last_hidden)[real]
     np.testing.assert_array_equal(got, np.array(loaded[name].encoder(ids, mask, types)

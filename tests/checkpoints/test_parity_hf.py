@@ -5,8 +5,10 @@ with padding in the batch; ModernBERT with a 300-token row beside short ones (wi
 global-every-2 config with window 64, mean pooling and every bias on); DistilBERT, ELECTRA
 (embedding_size 32 projected to 64) and ALBERT (4 passes over 2 shared groups; 3 passes over
 one group of 2 layers) with a row of 125-128 tokens, their 128-position tables' limit; MPNet and DeBERTa-v3 / DeBERTa-v2 (relative
-positions: :mod:`tests.checkpoints.test_relative_archs`) with a row of 128 tokens. The
-tokenizer decisions reproduce the ids the script made with ``tokenizers``."""
+positions: :mod:`tests.checkpoints.test_relative_archs`) with a row of 128 tokens; XLM-R
+(RoBERTa's network, a SentencePiece-style Unigram tokenizer) with a row of 128 tokens, its
+130-position table's limit after ``pad_token_id`` 1. The tokenizer decisions reproduce the ids
+the script made with ``tokenizers``."""
 
 import json
 import re
@@ -21,7 +23,7 @@ from variants.checkpoints.load import load_checkpoint
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
 NAMES = ["bert", "roberta", "modernbert", "modernbert_g2", "distilbert", "electra", "albert",
-         "albert_inner2", "mpnet", "deberta_v3", "deberta_v2"]
+         "albert_inner2", "mpnet", "deberta_v3", "deberta_v2", "xlm_roberta"]
 TOL = 1e-4
 
 
@@ -42,7 +44,7 @@ def test_tokenizer_reproduces_the_reference_batch(name, loaded):
     assert n_trunc == 0
     np.testing.assert_array_equal(ids, ref["input_ids"])
     np.testing.assert_array_equal(mask, ref["attention_mask"])
-    assert ck.tokenizer.pad_id == {"roberta": 1, "mpnet": 1}.get(name, 0)
+    assert ck.tokenizer.pad_id == {"roberta": 1, "mpnet": 1, "xlm_roberta": 1}.get(name, 0)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -106,6 +108,15 @@ def test_tokenizer_decisions_follow_the_files(loaded):
     assert rob["max_length"] == 128 and "capped" in rob["decided"]["max_length"]
     assert rob["pad_id"] == 1 and "<pad>" in rob["padding"]
     assert loaded["bert"].tokenizer.fingerprint() != loaded["roberta"].tokenizer.fingerprint()
+    # XLM-R: the same rule and pad token through a SentencePiece (Unigram) tokenizer; the
+    # 128-token reference row puts its last token at position 129, the table's last row
+    xlmr = loaded["xlm_roberta"]
+    x = xlmr.tokenizer.settings()
+    assert x["max_length"] == 128 and "capped" in x["decided"]["max_length"]
+    assert x["pad_id"] == 1 and xlmr.args.model_type == "xlm-roberta"
+    assert json.loads(xlmr.tokenizer.tokenizer.to_str())["model"]["type"] == "Unigram"
+    assert type(xlmr.classifier) is type(loaded["roberta"].classifier)
+    assert _ref("xlm_roberta")["attention_mask"].sum(1).max() == 128
 
 
 def test_new_architectures_read_their_configs_and_share_albert_groups(loaded):

@@ -127,7 +127,9 @@ def module_weights(path, config):
 def skeleton(path, config, kinds, max_length=None):
     """A Checkpoint of ``path`` whose encoder (and classifier head) are unfilled skeletons;
     ``kinds`` = ``(Checkpoint, TextTokenizer, build)`` of :mod:`variants.checkpoints.load`
-    (handed in: that module calls this one)."""
+    (handed in: that module calls this one). ``max_length`` None: the length the variant was
+    judged at (the block's ``max_length``; a folder exported before it was recorded: its
+    tokenizer files decide)."""
     import numpy as np
     from tokenizers import Tokenizer
 
@@ -147,6 +149,9 @@ def skeleton(path, config, kinds, max_length=None):
     except Exception as e:  # tokenizers raises its own Exception type
         raise CheckpointError(f"{short_path(tok_file)} cannot be read as a tokenizer "
                               f"({short_repr(str(e))}); export the variant again") from None
+    judged_at = config[BLOCK].get("max_length")
+    if max_length is None and judged_at:
+        max_length = (int(judged_at[0]), f"the length it was judged at ({judged_at[1]})")
     max_length, pad_token, _, decided = files_.decide_tokenizer(path, raw_tok, mt, config,
                                                                 max_length)
     tokenizer = TextTokenizer(tok_file, max_length=max_length, pad_token=pad_token,

@@ -137,6 +137,10 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     batch_size : int, optional
     near_tie_margin : float, optional
 
+    The block records ``max_length`` ([tokens, where the run's choice came from]): the
+    folder loads at the length it was judged at, a model TOML's or ``--max-length``'s
+    included (:func:`variants.checkpoints.packed.skeleton`).
+
     Returns
     -------
     dict
@@ -180,7 +184,9 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
         "input_scaled": input_scaled_paths(module), "hf_head": head,
         "names": names, "kept": kept, "decision_head": OWN_FILE if own else None,
-        "head_quantization": own_quant or None, "weights_sha256": sha}
+        "head_quantization": own_quant or None, "weights_sha256": sha,
+        "max_length": [int(checkpoint.tokenizer.max_length), str(
+            (checkpoint.tokenizer.decided or {}).get("max_length", "the judged tokenizer"))]}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (Path(checkpoint.path) / name).is_file():
