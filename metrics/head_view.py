@@ -83,3 +83,12 @@ def not_applicable(outputs):
     return (f"The model outputs {DESCRIBED.get(outputs, outputs)}: agreement, top-2 margin "
             "certificates, flips of the top option, ECE, KL and temperatures are softmax figures "
             "and do not apply (not shown).")
+
+
+def run_outputs(meta):
+    """What the run's model outputs (``softmax``, ``multi_label`` or ``regression``): run.json's
+    ``model.outputs`` (:meth:`variants.models.configured.ModelSource.describe`), ``softmax``
+    when absent (every run before heads were read, and every model but a classifier head's
+    that says otherwise)."""
+    model = (meta or {}).get("model") or {}
+    return model.get("outputs", "softmax") if isinstance(model, dict) else "softmax"

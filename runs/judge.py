@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from metrics.head_view import run_outputs  # noqa: F401  (re-exported)
 from metrics._checks import short_list, short_path, short_repr
 from runs.family_text import family_extras  # noqa: F401  (re-exported: the sweep's name)
 from runs.folder import REFERENCE, CheckError, RunFolder
@@ -258,15 +259,6 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
         write_json(odir / "report.json", variant_report_json(name, ev, verdict, contract, epsilons,
                                                              texts=texts, worst_n=worst_n))
     return row, ev, verdict
-
-
-def run_outputs(meta):
-    """What the run's model outputs (``softmax``, ``multi_label`` or ``regression``): run.json's
-    ``model.outputs`` (:meth:`variants.models.configured.ModelSource.describe`), ``softmax``
-    when absent (every run before heads were read, and every model but a classifier head's
-    that says otherwise)."""
-    model = (meta or {}).get("model") or {}
-    return model.get("outputs", "softmax") if isinstance(model, dict) else "softmax"
 
 
 def check_run(run_dir, *, contract=None, variants=None, output_dir=None, log=None, **kwargs):

@@ -189,7 +189,7 @@ def report_data(run_dir, *, variants=None, evaluations=None, texts=None, judged_
 
     rows = {str(r["variant"]): r for r in run.summary.to_dict("records")}
     judged_dir = Path(judged_dir) if judged_dir is not None else None
-    from runs.judge import run_outputs
+    from metrics.head_view import run_outputs
 
     meta = run.meta
     outputs = run_outputs(meta)

@@ -19,9 +19,9 @@ def _num(x, spec="{:.4g}"):
 
 
 def _outputs(facts):
-    """What the judged model outputs (run.json ``model.outputs``, :func:`runs.judge.run_outputs`):
+    """What the judged model outputs (run.json ``model.outputs``, :func:`metrics.head_view.run_outputs`):
     ``softmax`` (every run before heads were read), ``multi_label`` or ``regression``."""
-    from runs.judge import run_outputs
+    from metrics.head_view import run_outputs
 
     return run_outputs(facts.get("run"))
 
