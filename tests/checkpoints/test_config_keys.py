@@ -86,3 +86,58 @@ def test_the_cli_refuses_it_with_exit_2_and_writes_nothing(tmp_path):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "position_embedding_type 'relative_key'" in lines[0], p.stderr
     assert not out.exists() or not any(out.rglob("run.json"))
+
+
+@pytest.mark.parametrize("arch, what", [
+    ("DistilBertForTokenClassification", "a per-token classifier"),
+    ("DebertaV2ForMultipleChoice", "a multiple-choice scorer"),
+    ("BertForQuestionAnswering", "a span extractor"),
+])
+def test_a_head_that_is_not_a_sequence_classifier_is_refused(tmp_path, arch, what):
+    """A multiple-choice head loaded as a one-logit 'classifier' and a token classifier was
+    refused as 'does not match config.json' (the wrong cause)."""
+    folder = _folder(tmp_path, "bert", architectures=[arch])
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(folder)
+    msg = str(e.value)
+    assert "\n" not in msg and arch in msg and what in msg, msg
+
+
+@pytest.mark.parametrize("name, edit, needle", [
+    ("deberta_v3", {"position_buckets": "32"}, "has a value of the wrong type"),
+    ("mpnet", {"vocab_size": ...}, "(missing 'vocab_size')"),
+])
+def test_a_malformed_config_names_what_is_wrong(tmp_path, name, edit, needle):
+    folder = _folder(tmp_path, name, **edit)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(folder)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_file_is_judged_in_float32(tmp_path, dtype):
+    """The file's tensors are cast to float32 on load (run.json says float32): the logits are the
+    float32 forward of the half-precision values, not a half-precision forward."""
+    import mlx.core as mx
+    import numpy as np
+
+    ref = load_checkpoint(HF / "bert")
+    folder = _folder(tmp_path, "bert")
+    w = mx.load(str(folder / "model.safetensors"))
+    half = {k: v.astype(getattr(mx, dtype)) if v.dtype == mx.float32 else v for k, v in w.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), half)
+    ck = load_checkpoint(folder)
+    from mlx.utils import tree_flatten
+
+    assert {p.dtype for _, p in tree_flatten(ck.encoder.parameters())} == {mx.float32}
+    # the same as the float32 model whose weights were rounded to half precision
+    ref.encoder.load_weights([(k, v.astype(getattr(mx, dtype)).astype(mx.float32))
+                              for k, v in tree_flatten(ref.encoder.parameters())])
+    r = np.load(HF / "bert" / "reference.npz")
+    ids, mask = mx.array(r["input_ids"]), mx.array(r["attention_mask"])
+    a = ck.encoder(ids, mask).last_hidden
+    b = ref.encoder(ids, mask).last_hidden
+    assert a.dtype == mx.float32
+    assert float(mx.abs(a - b).max()) == 0.0
+    logits = ck.classifier(a, mask)
+    assert logits.dtype == mx.float32

@@ -31,13 +31,37 @@ def _rope_types(config):
     return found
 
 
+#: ``architectures[0]`` suffixes of heads that are not a sequence classifier (the encoder alone
+#: would be judged under a head it does not have)
+_OTHER_HEADS = {"ForTokenClassification": "a per-token classifier",
+                "ForMultipleChoice": "a multiple-choice scorer (one logit per choice)",
+                "ForQuestionAnswering": "a span extractor", "ForCausalLM": "a causal LM"}
+
+
+def refuse_other_heads(config, config_file):
+    """Raise CheckpointError (one line) when ``architectures[0]`` names a head that is not a
+    sequence classifier (``*ForTokenClassification``, ``*ForMultipleChoice``,
+    ``*ForQuestionAnswering``, ``*ForCausalLM``): its weights would be read as the wrong head,
+    or refused as a mismatch that names the wrong cause. Base models, ``*ForMaskedLM`` and
+    ``*ForPreTraining`` load as encoders without a head."""
+    arch = str((config.get("architectures") or [""])[0])
+    for suffix, what in _OTHER_HEADS.items():
+        if arch.endswith(suffix):
+            raise CheckpointError(
+                f"{config_file} names {arch}, {what}, which is not judged here (sequence "
+                "classifiers and bare encoders are); use a *ForSequenceClassification or bare "
+                "encoder checkpoint (save_pretrained of its base model)")
+
+
 def refuse_unimplemented(config, config_file):
     """Raise CheckpointError (one line: the file, the key, its value and the fix) when
     ``config`` (a config.json dict) sets a key that changes the computation and is not
     implemented: ``position_embedding_type`` other than ``absolute`` (Shaw et al. 2018 /
     Huang et al. 2020 relative positions), ``rope_scaling`` or a ``rope_type`` other than
     ``default`` (linear, dynamic NTK, YaRN, LongRoPE), ``is_decoder`` or
-    ``add_cross_attention`` true (a causal or cross-attending stack)."""
+    ``add_cross_attention`` true (a causal or cross-attending stack); and heads that are not a
+    sequence classifier (:func:`refuse_other_heads`)."""
+    refuse_other_heads(config, config_file)
     pet = config.get("position_embedding_type")
     if pet not in (None, "absolute"):
         raise CheckpointError(

@@ -5,6 +5,7 @@ sequence-classification head when the file has one. Nothing is downloaded."""
 
 import hashlib
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,9 +171,17 @@ def _build(mt, config, config_file):
     try:
         args, encoder = mod.build(mt, config)
         return args, encoder, mod.sanitize
-    except (KeyError, TypeError) as e:
+    except KeyError as e:
         raise CheckpointError(f"{config_file} is incomplete for model_type {mt} (missing "
                               f"{short_repr(str(e))}); re-save it with save_pretrained") from None
+    except TypeError as e:  # a missing dataclass field, or a value of the wrong type
+        what = str(e)
+        m = re.search(r"missing \d+ required positional arguments?: (.*)", what)
+        if m:
+            raise CheckpointError(f"{config_file} is incomplete for model_type {mt} (missing "
+                                  f"{m.group(1)}); re-save it with save_pretrained") from None
+        raise CheckpointError(f"{config_file} has a value of the wrong type for model_type {mt} "
+                              f"({short_repr(what)}); re-save it with save_pretrained") from None
     except ValueError as e:
         raise CheckpointError(f"{config_file}: {e}") from None
 
@@ -221,6 +230,11 @@ def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
         raise CheckpointError(f"{tok_file} is missing; a checkpoint folder needs tokenizer.json")
     args, encoder, rename = _build(mt, config, config_file)
     raw, sha = files_.load_weights(wfiles)
+    # A float16 / bfloat16 file is cast to ``dtype`` (float32 by default) before anything reads
+    # it: the model is judged and timed in the dtype run.json records, never silently in the
+    # file's (one cast per tensor, so ALBERT's shared groups stay one array).
+    raw = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype
+           else v for k, v in raw.items()}
     where = wfiles[0] if len(wfiles) == 1 else path / "model.safetensors.index.json"
     try:
         encoder.load_weights(list(rename(raw).items()), strict=True)
@@ -230,10 +244,6 @@ def load_checkpoint(path=None, dtype=mx.float32, max_length=None):
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"{where} does not match config.json: {short_repr(str(e))}; "
                               f"use the config.json saved with these weights") from None
-    if dtype != mx.float32:
-        encoder.set_dtype(dtype)
-        if classifier is not None:
-            classifier.set_dtype(dtype)
     encoder.eval()
     mx.eval(encoder.parameters())
     try:

@@ -173,6 +173,10 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     config = json.loads((Path(checkpoint.path) / "config.json").read_text())
     config.pop(BLOCK, None)
     config.pop("quantization", None)
+    if not config.get("model_type"):  # a folder named by architectures only: loaders read this
+        from variants.checkpoints.files import model_type
+
+        config["model_type"] = model_type(config, Path(checkpoint.path) / "config.json")
     if quant:
         config["quantization"] = quant
     config[BLOCK] = {
