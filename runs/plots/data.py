@@ -9,6 +9,7 @@ the judge when it has just made them.
 
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -87,8 +88,11 @@ class Run:
     def label(self):
         """One line naming the model, data split and execution modes, for every plot."""
         cfg = self.config
-        n_eval = self.meta.get("data", {}).get("splits", {}).get("eval", {}).get("n", "?")
-        return (f"{cfg.get('model', '?')} · run {self.name} · eval split n={n_eval} (VADER) · "
+        data = self.meta.get("data", {})
+        n_eval = data.get("splits", {}).get("eval", {}).get("n", "?")
+        src = data.get("source", "")
+        src = "VADER" if src.startswith("VADER") else (Path(src).name if src else "?")
+        return (f"{cfg.get('model', '?')} · run {self.name} · eval split n={n_eval} ({src}) · "
                 f"quality: {cfg.get('quality_mode', '?')} mode, speed: "
                 f"{cfg.get('speed_mode', '?')} mode on {self.meta.get('device', '?')}")
 

@@ -666,3 +666,19 @@ def test_bisect_walks_the_wider_widths_when_the_uniform_map_fails(batch):
     assert all(m in main for m in _run(strategies.bisect(LAYERS, W, SENS, batch),
                                        lambda m: all(b >= 6 for b in m.values())))
     assert any(m not in main for m in tried)
+
+
+def test_rows_needed_at_an_exact_power_threshold_is_what_the_interval_passes():
+    """At threshold 0.025^(1/100) the closed form ceil(log 0.025 / log t) gives 100, but the
+    Clopper–Pearson bound of 100 of 100 falls an ulp short: the count is the interval's own."""
+    import dataclasses
+
+    from metrics.intervals import clopper_pearson
+    from variants.search.bounds import bounded, rows_needed
+
+    b = bounded(load_contract(None))
+    agree = next(c for c in b.clauses if c.id == "agreement")
+    for t in (0.025 ** (1 / 100), 0.025 ** (1 / 57), 0.9, 0.999):
+        c = dataclasses.replace(agree, threshold=t)
+        n = rows_needed(c)
+        assert clopper_pearson(n, n)[0] >= t > clopper_pearson(n - 1, n - 1)[0], (t, n)

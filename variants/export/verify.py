@@ -13,7 +13,9 @@
    contract is judged again with the recomputed eval outputs (the judged calibration outputs
    and reference outputs as before) to see whether any clause's verdict changes.
 
-Exit 0: the files match, max |Δlogit| <= ``tolerance`` and no verdict changed; 1: the outputs
+Exit 0: the files match, max |Δlogit| <= ``tolerance`` x max(1, max |judged logit|) (the
+logits' own scale: float32 spacing at a logit of 80, or a regression value of 25,000, is above
+any absolute 1e-5) and no verdict changed; 1: the outputs
 or a verdict differ; 2: bad input (not an exported folder, a file missing or tampered).
 """
 
@@ -114,7 +116,8 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     """Verify ``folder`` (module docstring). Returns a dict: ``max_abs_dlogit``,
     ``bit_identical``, ``reference_fit`` (the manifest's, its hash checked; None when the
     folder has none), ``changed`` (clause ids whose status differs), ``statuses``
-    ({id: [judged, now]}), ``n_rows``, ``ok``. Raises ExportError (bad input)."""
+    ({id: [judged, now]}), ``n_rows``, ``tolerance`` (the absolute one applied: ``tolerance``
+    x max(1, max |judged logit|)), ``ok``. Raises ExportError (bad input)."""
     from contracts.contract import load_contract
     from runs.judge import judge_outputs
     from runs.npz_readers import OUTPUT_FIELDS
@@ -148,6 +151,9 @@ def verify(folder, tolerance=TOLERANCE, log=print):
                           "eval_rows.npz; export the variant again")
     # NaN or inf logits (weights that overflow) match only the same value: else inf
     dmax = compare(judged, now)["max_abs_dlogit"]
+    finite = np.isfinite(b) & mask
+    scale = max(1.0, float(np.abs(b[finite]).max()) if finite.any() else 1.0)
+    tolerance = tolerance * scale  # relative to the judged logits' scale (module docstring)
 
     def fields(o):
         return {k: np.asarray(getattr(o, k)) for k in OUTPUT_FIELDS}

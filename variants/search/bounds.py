@@ -108,11 +108,24 @@ def rows_needed(clause, confidence=0.95):
     s = spec(clause.metric)
     if clause.statistic != "rate" or s.interval != CLOPPER_PEARSON or clause.compare != "ci":
         return None
+    from metrics.intervals import clopper_pearson
+
     tail = (1 - confidence) / 2
     target = clause.threshold if clause.op == ">=" else 1 - clause.threshold
     if not 0 < target < 1:
         return None
-    return math.ceil(math.log(tail) / math.log(target))
+    n = max(1, math.ceil(math.log(tail) / math.log(target)))
+
+    def passes(m):  # the interval the checker uses decides, not the closed form's last ulp
+        if clause.op == ">=":
+            return clopper_pearson(m, m, confidence=confidence)[0] >= clause.threshold
+        return clopper_pearson(0, m, confidence=confidence)[1] <= clause.threshold
+
+    while not passes(n):
+        n += 1
+    while n > 1 and passes(n - 1):
+        n -= 1
+    return n
 
 
 def unreachable(contract, n_rows, confidence=0.95, n_labelled=None):
