@@ -47,7 +47,8 @@ def configure_verify(sub):
                     "changed file.")
     p.add_argument("folder", metavar="DIR", type=folder, help="a folder written by variants export")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
-                   help=f"largest accepted max |Δlogit| (default: {TOLERANCE:g})")
+                   help=f"largest accepted max |Δlogit| per unit of the judged logits' scale, "
+                        f"max(1, max |logit|) (default: {TOLERANCE:g})")
     p.add_argument("--cold-start", action="store_true",
                    help="also time a cold start from the folder (packed, nothing built) against "
                         "one from the fp32 checkpoint building the variant (quant exports; a "
