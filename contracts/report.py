@@ -385,6 +385,13 @@ def _worst_lines(ev, verdict, texts, worst_n):
     return lines
 
 
+#: report.json blocks that are softmax figures (temperature bounds, calibration, reliability,
+#: KL / probability drift, flips of the top option by stratum): null on a multi-label or
+#: regression run, and named in its ``not_applicable`` list
+SOFTMAX_BLOCKS = ("bounds", "calibration", "temperatures", "reliability_variant", "drift",
+                  "flips")
+
+
 def variant_report_json(name, ev, verdict, contract, epsilons, *, texts=None, worst_n=5):
     """The machine-readable twin of :func:`render_variant_report` (schema
     ``REPORT_SCHEMA_VERSION``, see results/README.md). NaN becomes null."""
@@ -395,6 +402,23 @@ def variant_report_json(name, ev, verdict, contract, epsilons, *, texts=None, wo
         return [{k: (_num(v) if not isinstance(v, (str, list, tuple)) else v) for k, v in r.items()}
                 for r in frame.to_dict("records")]
 
+    outputs = getattr(ev, "outputs", "softmax")
+    if outputs != "softmax":  # a multi-label or regression head: the softmax blocks are null
+        return {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "variant": name,
+            "contract": {"name": contract.name, "source": contract.source},
+            "verdict": verdict.to_dict(),
+            "outputs": outputs,
+            "epsilon": {str(k): ({kk: _num(vv) for kk, vv in v.items()} if isinstance(v, dict)
+                                 else _num(v)) for k, v in epsilons.items()},
+            "summary": {k: (v if isinstance(v, list) or v is None else _num(v))
+                        for k, v in ev.summary.items()},
+            **{k: None for k in SOFTMAX_BLOCKS},
+            "not_applicable": list(SOFTMAX_BLOCKS),
+            "worst": {r.id: worst_examples(ev, r, texts=texts, n=worst_n)
+                      for r in verdict.results if r.passed is False},
+        }
     ct = calibration_table(ev, n_boot=n_boot, confidence=conf, seed=seed)
     calib = {r["metric"]: {w: {"value": _num(r[w]), "ci": [_num(x) for x in r[f"{w}_ci"]]}
                            for w in ("ref", "variant", "delta")} for _, r in ct.iterrows()}

@@ -47,6 +47,39 @@ KEYS = {
 }
 
 
+#: summary keys of :func:`metrics.summary.summarise` that are softmax figures (agreement and
+#: flips of the top option, accuracy, KL and TV between softmaxes, margin certificates, ECE,
+#: Brier, NLL, temperatures, score and action drift, near-tie strata): constant by
+#: construction on a multi-label or regression head (a softmax over one value is 1), so such a
+#: run records them as NaN (summary.csv's cells empty, metrics.json / report.json null) and
+#: lists them under ``not_applicable``. The rest (ε and |Δlogit| figures, the row counts, the
+#: numerical noise) measure the raw outputs and stay.
+SOFTMAX_KEYS = (
+    "agreement", "flip_rate", "negative_flips", "positive_flips", "accuracy_ref",
+    "accuracy_variant", "kl_mean", "kl_p50", "kl_p95", "kl_p99", "kl_max", "certified_share",
+    "certified_flips", "certified_flip_ids", "ece_ref", "ece_variant", "ece_delta", "smece_ref",
+    "smece_variant", "smece_delta", "score_abs_err_mean", "score_abs_err_max",
+    "action_max_abs_diff_max", "action_agreement", "n_near_tie", "near_tie_flip_rate",
+    "certified_share_conformal", "certified_conformal_flips", "bound_violations",
+    "kl_reverse_mean", "prob_tv_max", "action_tv_max", "abs_delta_top_prob_p95",
+    "confidence_drift_max", "n_human_near_tie", "n_numerical_tie", "numerical_tie_flips",
+    "human_near_tie_flip_rate", "brier_ref", "brier_variant", "nll_ref", "nll_variant",
+    "ece_mass_ref", "ece_mass_variant", "classwise_ece_ref", "classwise_ece_variant",
+    "temperature_refit_log_ratio")
+
+
+def blank_softmax(summary):
+    """``summary`` (a :func:`metrics.summary.summarise` dict) with every :data:`SOFTMAX_KEYS`
+    entry present set to NaN (a list to None) and ``not_applicable`` listing them, for a
+    multi-label or regression run; a new dict."""
+    out = dict(summary)
+    gone = [k for k in SOFTMAX_KEYS if k in out]
+    for k in gone:
+        out[k] = None if isinstance(out[k], (list, tuple)) else float("nan")
+    out["not_applicable"] = gone
+    return out
+
+
 def _stat(x, how):
     """``how`` ("mean", "max", "p95") of the finite entries of ``x``; NaN when none."""
     x = np.asarray(x, dtype=np.float64)

@@ -9,6 +9,12 @@ paired statistics (no MLX).
   stratum and statistic;
 - the speed ratio of the two sides from each run's timing.json.
 
+A multi-label or regression pair (run.json's ``model.outputs``) shows each side's head figures
+(:mod:`metrics.head_summary`) side by side instead of the top-option tests; for multi-label the
+exact McNemar test is on the rows whose set of labels changed against the reference, for
+regression there is none (a line says why). A McNemar test on no labelled row is not reported.
+Two sides whose models output different kinds are refused in one line naming both.
+
 Two sides of different models (name or checkpoint), contracts (clauses, thresholds and
 settings) or data (source, eval rows, eval fingerprint) are refused with one line
 (:class:`CompareError`), the first differing eval row id named.
@@ -119,9 +125,24 @@ def pairs(spec_a, spec_b, log=None):
     return out
 
 
+def outputs_of(s):
+    """What side ``s``'s model outputs (``softmax``, ``multi_label`` or ``regression``: run.json's
+    ``model.outputs``, :func:`metrics.head_view.run_outputs`)."""
+    from metrics.head_view import run_outputs
+
+    return run_outputs(s.meta)
+
+
 def check_comparable(a, b):
-    """Refuse (CompareError, one line) two sides of different models, contracts or data, or
-    whose eval rows differ (naming the first differing row id)."""
+    """Refuse (CompareError, one line) two sides whose models output different kinds (a
+    softmax against per-label sigmoids or a regression value: no figure measures both), of
+    different models, contracts or data, or whose eval rows differ (naming the first differing
+    row id)."""
+    oa, ob = outputs_of(a), outputs_of(b)
+    if oa != ob:
+        raise CompareError(f"different outputs: A's model outputs {oa}, B's {ob}; the two "
+                           "heads are not judged on the same figures, compare runs of heads "
+                           "with the same outputs")
     ma, mb = a.meta, b.meta
     model = [(m.get("config", {}).get("model"), m.get("checkpoint", {}).get("sha256"))
              for m in (ma, mb)]
@@ -296,6 +317,41 @@ def _word(verdict):
     return "undecided" if verdict.get("undecided") else "pass"
 
 
+SOFTMAX = "softmax"
+
+#: why a regression comparison has no McNemar test (said in its place)
+NO_MCNEMAR_REGRESSION = ("no McNemar test: a regression head makes no yes/no decision per row "
+                         "(its value is judged against the reference's, on the figures above)")
+
+
+def head_tests(a, b, ea, eb, outputs):
+    """The paired tests of a multi-label or regression pair (``ea``, ``eb`` the two sides'
+    evaluations on the same rows): ``outputs``, ``head_figures`` ({"a", "b"}: each side's
+    :func:`metrics.head_summary.head_summary`, keys in :data:`metrics.head_summary.KEYS` order,
+    with the tolerance each side's verdict was judged under) and, for multi-label, the exact
+    McNemar test (:func:`mcnemar`) on the rows whose set of labels decided yes (sigmoid >= 0.5)
+    changed against each side's reference (``mcnemar_label_set``); for regression
+    ``mcnemar_note`` (:data:`NO_MCNEMAR_REGRESSION`) in its place. ``mcnemar_correct`` and
+    ``mcnemar_flips`` (the softmax's top-option tests) are None: they do not apply."""
+    from metrics.head_summary import KEYS, head_summary
+
+    figures = {}
+    for key, s, ev in (("a", a, ea), ("b", b, eb)):
+        tol = (s.verdict.get("settings") or {}).get("value_tolerance")
+        got = head_summary(ev, outputs, tol)
+        figures[key] = {k: got[k] for k in KEYS[outputs]}
+    from metrics.head_view import not_applicable
+
+    out = {"outputs": outputs, "head_figures": figures, "head_note": not_applicable(outputs),
+           "mcnemar_correct": None, "mcnemar_flips": None}
+    if outputs == "multi_label":
+        out["mcnemar_label_set"] = mcnemar(ea.detail["label_flip"].to_numpy(bool),
+                                           eb.detail["label_flip"].to_numpy(bool))
+    else:
+        out["mcnemar_note"] = NO_MCNEMAR_REGRESSION
+    return out
+
+
 def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
                  relative_margin=0.0):
     """Everything ``variants compare`` reports about one (A, B) pair, as a JSON-ready dict.
@@ -311,6 +367,14 @@ def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
     known = pa["label"].to_numpy() >= 0
     rows = clause_differences(a, b, n_boot=n_boot, confidence=confidence, seed=seed,
                               evaluations=(ea, eb))
+    outputs = outputs_of(a)
+    if outputs == SOFTMAX:
+        tests = {"mcnemar_correct": (mcnemar(pa.loc[known, "var_correct"].to_numpy(dtype=bool),
+                                             pb.loc[known, "var_correct"].to_numpy(dtype=bool))
+                                     if known.any() else None),
+                 "mcnemar_flips": mcnemar(pa["flip"].to_numpy(bool), pb["flip"].to_numpy(bool))}
+    else:
+        tests = head_tests(a, b, ea, eb, outputs)
     return clean({
         "a": {"run": str(a.run.path), "variant": a.variant, "seed": a.meta["config"].get("seed")},
         "b": {"run": str(b.run.path), "variant": b.variant, "seed": b.meta["config"].get("seed")},
@@ -319,9 +383,7 @@ def compare_pair(a, b, *, n_boot=1000, confidence=0.95, seed=0, margin=0.0,
         "same_reference": bool(np.array_equal(a.run.outputs("reference")["logits"],
                                               b.run.outputs("reference")["logits"])),
         "contract": {"name": a.verdict.get("contract"), "digest": contract_digest(a.verdict)},
-        "mcnemar_correct": mcnemar(pa.loc[known, "var_correct"].to_numpy(dtype=bool),
-                                   pb.loc[known, "var_correct"].to_numpy(dtype=bool)),
-        "mcnemar_flips": mcnemar(pa["flip"].to_numpy(bool), pb["flip"].to_numpy(bool)),
+        **tests,
         "clauses": rows, "speed": speed(a, b),
         "bootstrap": {"n_boot": n_boot, "confidence": confidence, "seed": seed,
                       "method": "paired percentile bootstrap over eval rows"},

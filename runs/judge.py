@@ -172,10 +172,11 @@ def judge_outputs(ref_cal, ref_eval, var_cal, var_eval, contract, *, settings=No
                       nonfinite_calibration_ids=ev.nonfinite["calibration"])
     ev.outputs = outputs
     if outputs != "softmax":  # a softmax run's summary (and files) unchanged
-        from metrics.head_summary import head_summary
+        from metrics.head_summary import blank_softmax, head_summary
 
         ev.summary.update(outputs=outputs, **head_summary(
             ev, outputs, st.get("value_tolerance", VALUE_TOLERANCE)))
+        ev.summary = blank_softmax(ev.summary)  # softmax figures: NaN, listed not_applicable
     verdict = check(contract, ev, n_bootstrap=st["n_bootstrap"], confidence=st["confidence"],
                     seed=st["seed"])
     verdict = replace(verdict, settings={**verdict.settings, **st})  # record what was in force

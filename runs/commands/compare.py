@@ -37,14 +37,23 @@ def markdown(results):
                   f"verdicts A {r['verdicts']['a'].upper()}, B {r['verdicts']['b'].upper()}; "
                   + ("one reference" if r["same_reference"] else
                      "each side against its own run's reference"), ""]
+        lines += head_lines(r)
         for key, what in (("mcnemar_correct", "right (labelled rows)"),
-                          ("mcnemar_flips", "flipped against the reference")):
-            m = r[key]
+                          ("mcnemar_flips", "flipped against the reference"),
+                          ("mcnemar_label_set", "label set changed against the reference "
+                                                "(sigmoid >= 0.5 per label)")):
+            m = r.get(key)
+            if m is None:
+                if key == "mcnemar_correct" and r.get("outputs", "softmax") == "softmax":
+                    lines.append(f"- exact McNemar, {what}: not computed, no labelled row")
+                continue
             lines.append(f"- exact McNemar, {what}: A only {m['a_only']}, B only "
                          f"{m['b_only']}, both {m['both']}, neither {m['neither']}; "
                          f"p = {_p(m['p_value'])}"
                          + (" (significant at 0.05)" if m["p_value"] < 0.05 else
                             " (no significant difference)"))
+        if r.get("mcnemar_note"):
+            lines.append(f"- {r['mcnemar_note']}")
         for s in r["speed"]:
             lines.append(f"- speed at B={s['batch_size']}: p50 {s['a_p50_ms']:.1f} ms (A) vs "
                          f"{s['b_p50_ms']:.1f} ms (B), A/B = {s['p50_ratio_a_over_b']:.2f}× "
@@ -71,6 +80,24 @@ def markdown(results):
                   if r["worse"] else f"B is not worse than A beyond the {allowed} on any "
                   "clause (judged on the paired CI).", ""]
     return "\n".join(lines)
+
+
+def head_lines(r):
+    """The side-by-side figures of a multi-label or regression pair (``r["head_figures"]``,
+    :func:`metrics.head_summary.head_summary` of each side) as a Markdown table, with the
+    sentence saying the softmax figures do not apply; [] for a softmax pair."""
+    from metrics.head_view import not_applicable
+
+    figures = r.get("head_figures")
+    if not figures:
+        return []
+    lines = [r.get("head_note") or not_applicable(r["outputs"]), "",
+             "| figure | A | B | B − A |", "|---|---|---|---|"]
+    for k, va in figures["a"].items():
+        vb = figures["b"].get(k)
+        d = None if va is None or vb is None else vb - va
+        lines.append(f"| {k} | {_f(va)} | {_f(vb)} | {_f(d, '{:+.4g}')} |")
+    return lines + [""]
 
 
 def _f(x, f="{:.4g}"):
@@ -161,6 +188,8 @@ def configure(sub):
             "(scipy.stats.binomtest on the discordant pairs) on which rows each gets right and "
             "on which rows each flips against its reference, a paired bootstrap CI of B − A for "
             "every clause of the contract, and the speed ratio from each run's timing.json. "
+            "Multi-label and regression runs show the head's own figures side by side instead "
+            "(multi-label: McNemar on the rows whose label set changed; regression: none). "
             "A and B are RUN:VARIANT (a sweep folder and a variant in it) or RUN (every variant "
             "the two runs share by name; two runs of one variant each are compared with each "
             "other even when the names differ, and RUN:VARIANT against a run of one variant "

@@ -155,10 +155,13 @@ class Run:
         keep = ~bad if drop is None else ~(bad | np.asarray(drop, bool))
         if not keep.all():
             ref, var = ({k: v[keep] for k, v in o.items()} for o in (ref, var))
+        # a regression verdict's tolerance (contract [settings] value_tolerance), as judged
+        tol = (self.json(name, "verdict.json").get("settings") or {}).get("value_tolerance")
         ev = evaluate(ref, var, epsilon=eps,
                       near_tie_margin=self.config.get("near_tie_margin", NEAR_TIE_MARGIN),
                       n_bins=N_BINS, numerical_noise=numerical_noise(self.meta,
-                                                                     self.path / "run.json"))
+                                                                     self.path / "run.json"),
+                      **({} if tol is None else {"value_tolerance": tol}))
         # the calibration split's count too, as the judge counts it (a variant folder without
         # its calibration outputs is not a judged variant: refused, as check refuses it)
         cal = self.folder.outputs(name, "calibration")

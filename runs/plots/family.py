@@ -23,6 +23,11 @@ def _family_rows(run, family, columns):
 
 def quant_bits_agreement(run, family="quant"):
     """Quantization: bits per weight (x) vs agreement (y), one point per variant."""
+    from metrics.head_view import run_outputs
+
+    outputs = run_outputs(run.meta)
+    if outputs in HEAD_Y:  # a multi-label or regression head: its own figure on y
+        return _quant_bits_head(run, family, *HEAD_Y[outputs])
     s = _family_rows(run, family, ["bits_per_weight", "agreement"])
     with _style():
         fig = _figure(run, "Quantization: bits per weight vs agreement", 1, width=6.0, height=4.0)
@@ -47,6 +52,34 @@ def quant_bits_agreement(run, family="quant"):
         ax.set_xlabel("bits per quantized weight (incl. scale and bias)")
         ax.set_ylabel("agreement with reference (share of eval examples)")
         _verdict_legend(ax, extra)
+    return fig
+
+
+#: quant plot's y of a head that is not a softmax: (summary column, axis label)
+HEAD_Y = {"regression": ("value_rel_error_max",
+                         "max relative value error (units of the reference's spread)"),
+          "multi_label": ("label_set_change_rate", "rows whose label set changed (share)")}
+
+
+def _quant_bits_head(run, family, column, label):
+    """The quantization plot of a multi-label or regression head: bits per weight (x) vs the
+    head's ``column`` (y), one point per variant."""
+    s = _family_rows(run, family, ["bits_per_weight", column])
+    with _style():
+        fig = _figure(run, f"Quantization: bits per weight vs {label.split(' (')[0]}", 1,
+                      width=6.0, height=4.0)
+        ax = fig.subplots()
+        for r in s.itertuples(index=False):
+            y = getattr(r, column)
+            ax.scatter(r.bits_per_weight, y, s=70, edgecolor="k", linewidth=0.5,
+                       marker=VERDICT_MARKERS.get(r.verdict, "o"), color="tab:blue")
+            ax.annotate(r.variant, (r.bits_per_weight, y), textcoords="offset points",
+                        xytext=(5, 4), fontsize=7)
+        ordered = s.sort_values("bits_per_weight")
+        ax.plot(ordered["bits_per_weight"], ordered[column], color="0.6", lw=1, zorder=0)
+        ax.set_xlabel("bits per quantized weight (incl. scale and bias)")
+        ax.set_ylabel(label)
+        _verdict_legend(ax, [])
     return fig
 
 

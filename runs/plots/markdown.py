@@ -92,11 +92,36 @@ def exit_markdown(run_dir, family="exit"):
 #: Family name (``summary.csv`` ``family``, as in ``variants.families.FAMILIES``) -> plot function.
 
 
-def plots_markdown(paths, run_dir, *, run=None):
+#: plots (file stem prefixes) that draw softmax figures only: not linked for a run whose model
+#: outputs something else (a file left from an older write of the folder included)
+SOFTMAX_ONLY = ("reliability", "margin_drift", "flip_strata")
+#: the quantization plot's caption of a head that is not a softmax (runs.plots.family.HEAD_Y)
+HEAD_QUANT_CAPTIONS = {
+    "regression": "Quantization: bits per weight (x) vs max relative value error (y), one point "
+                  "per variant",
+    "multi_label": "Quantization: bits per weight (x) vs share of rows whose label set changed "
+                   "(y), one point per variant",
+}
+
+
+def _run_outputs(run_dir):
+    """run.json's ``model.outputs`` of ``run_dir`` (``softmax`` when it cannot be read)."""
+    from metrics.head_view import run_outputs
+
+    try:
+        return run_outputs(RunFolder(run_dir).meta)
+    except (OSError, ValueError):  # an unreadable run.json: judged as a softmax, as before
+        return "softmax"
+
+
+def plots_markdown(paths, run_dir, *, run=None, outputs=None):
     """Markdown section embedding ``paths`` (PNG files) with links relative to ``run_dir``.
 
     ``run`` (a :class:`runs.folder.RunFolder` of ``run_dir``), when given, is what the
-    early-exit table reads (sharing its reads); default ``run_dir`` itself.
+    early-exit table reads (sharing its reads); default ``run_dir`` itself. ``outputs`` (what
+    the model outputs, :func:`metrics.head_view.run_outputs`; default: ``run_dir``'s run.json):
+    for a multi-label or regression run the :data:`SOFTMAX_ONLY` plots are not linked and the
+    quantization plot is captioned with the head's figure.
 
     Returns
     -------
@@ -107,6 +132,10 @@ def plots_markdown(paths, run_dir, *, run=None):
     """
     if not paths:
         return ""
+    if outputs is None:
+        outputs = _run_outputs(run.path if run is not None else run_dir)
+    if outputs != "softmax":
+        paths = [p for p in paths if not Path(p).stem.startswith(SOFTMAX_ONLY)]
     lines = ["====== Plots ======", ""]
     for p in paths:
         p = Path(p)
@@ -114,6 +143,8 @@ def plots_markdown(paths, run_dir, *, run=None):
         caption = CAPTIONS.get(key, p.stem)
         if p.stem.startswith("pareto_b"):
             caption += f" (batch size {p.stem[len('pareto_b'):]})"
+        elif p.stem == "family_quant" and outputs in HEAD_QUANT_CAPTIONS:
+            caption = HEAD_QUANT_CAPTIONS[outputs]
         elif p.stem.startswith("family_"):
             caption = FAMILY_CAPTIONS.get(p.stem[len("family_"):], p.stem)
         try:
@@ -161,7 +192,10 @@ def report_tail(run_dir, out_dir):
 
     run = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
     run_dir, out_dir = run.path, Path(out_dir)
+    outputs = _run_outputs(run.path)
     plots = sorted((run_dir / "plots").glob("*.png"), key=_plot_key)
+    if outputs != "softmax":  # softmax-only plots (an older write's files too): not linked
+        plots = [p for p in plots if not p.stem.startswith(SOFTMAX_ONLY)]
     same = out_dir.resolve() == run_dir.resolve()
     if plots and not same:
         (out_dir / "plots").mkdir(parents=True, exist_ok=True)
@@ -170,7 +204,7 @@ def report_tail(run_dir, out_dir):
             shutil.copyfile(p, out_dir / "plots" / p.name)
             copied.append(out_dir / "plots" / p.name)
         plots = copied
-    text = plots_markdown(plots, out_dir, run=run if same else None)
+    text = plots_markdown(plots, out_dir, run=run if same else None, outputs=outputs)
     if "====== Early exit on the eval split" not in text:
         table = exit_markdown(run)
         if table:

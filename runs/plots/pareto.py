@@ -24,6 +24,56 @@ PARETO_METRICS = (
 )
 
 
+#: Pareto panels of a head that is not a softmax (run.json ``model.outputs``), as
+#: PARETO_METRICS with the contract clause (metric, statistic) each panel's figure is judged by
+#: (:mod:`metrics.head_summary`; the threshold line): the softmax panels are constant there
+HEAD_PARETO_METRICS = {
+    "regression": (
+        ("value_rel_error_max", "max rel. value error (× ref. spread)", False,
+         0.0, ("value_rel_error", "max")),
+        ("value_rel_error_mean", "mean rel. value error (× ref. spread)", False,
+         0.0, ("value_rel_error", "mean")),
+        ("within_tolerance", "rows within tolerance (share)", True, 1.0,
+         ("within_tolerance", "rate")),
+        ("value_spearman", "Spearman ρ of values", True, 1.0,
+         ("value_spearman", "value")),
+    ),
+    "multi_label": (
+        ("label_set_change_rate", "rows whose label set changed (share)", False, 0.0,
+         ("label_flip", "rate")),
+        ("label_flip_rate_max", "largest per-label flip rate", False, 0.0,
+         ("label_flip_rate_max", "value")),
+        ("label_prob_drift_p95", "p95 of row max |Δ sigmoid|", False, 0.0,
+         ("label_prob_max_abs_diff", "p95")),
+        ("label_brier_delta", "worst per-label Brier Δ", False, 0.0,
+         ("label_brier_delta", "value")),
+    ),
+}
+
+
+def _clause_threshold(run, metric, statistic):
+    """(op, threshold) of the contract clause on ``metric`` · all · ``statistic``, or None."""
+    for name in run.variants:
+        for c in run.json(name, "verdict.json").get("clauses", []):
+            if (c.get("metric"), c.get("stratum"), c.get("statistic")) == (metric, "all",
+                                                                           statistic):
+                return c.get("op"), c.get("threshold")
+    return None
+
+
+def _panels(run):
+    """(summary column, axis label, higher is better, reference value, threshold thunk) of each
+    panel: the softmax figures, or the head's own (:data:`HEAD_PARETO_METRICS`)."""
+    from metrics.head_view import run_outputs
+
+    outputs = run_outputs(run.meta)
+    if outputs in HEAD_PARETO_METRICS:
+        return [(m, label, higher, ref, lambda c=clause: _clause_threshold(run, *c))
+                for m, label, higher, ref, clause in HEAD_PARETO_METRICS[outputs]]
+    return [(m, label, higher, ref, lambda m=m: _contract_threshold(run, m))
+            for m, label, higher, ref in PARETO_METRICS]
+
+
 def _pareto_front(x, y, higher):
     """Indices of points not dominated (higher x better; y higher or lower better), by x."""
     order = np.argsort(-x, kind="stable")
@@ -59,7 +109,7 @@ def pareto_view(run, batch_size):
                            f"({run.summary.get('speed_mode', pd.Series(['?'])).iloc[0]} speed)",
                       2, 2, width=5.0, height=3.4)
         axes = fig.subplots(2, 2).ravel()
-        for ax, (metric, ylabel, higher, ref_value) in zip(axes, PARETO_METRICS):
+        for ax, (metric, ylabel, higher, ref_value, threshold) in zip(axes, _panels(run)):
             if metric not in s.columns:
                 ax.set_axis_off()
                 ax.set_title(f"{metric}: not in summary.csv", fontsize=9)
@@ -88,7 +138,7 @@ def pareto_view(run, batch_size):
             ax.scatter([1.0], [ref_y], marker="*", s=160, color="gold", edgecolor="k",
                        zorder=4)
             ax.axvline(1.0, color="0.7", ls=":", lw=1)
-            thr = _contract_threshold(run, metric)
+            thr = threshold()
             if thr and thr[1] is not None:
                 ax.axhline(thr[1], color="crimson", ls="--", lw=1,
                            label=f"contract: {metric} {thr[0]} {thr[1]:g}")

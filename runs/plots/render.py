@@ -21,11 +21,18 @@ def check_dpi(dpi, flag="dpi"):
 def figures(run):
     """Yield ``(file stem, thunk)`` for every plot of ``run``; a thunk returns a Figure or raises
     :class:`SkipPlot`."""
-    for b in run.batch_sizes:
+    from metrics.head_view import run_outputs
+
+    softmax = run_outputs(run.meta) == "softmax"
+    for b in run.batch_sizes:  # a multi-label or regression head: its own figures' panels
         yield f"pareto_b{b}", lambda b=b: pareto_view(run, b)
-    yield "reliability", lambda: reliability_diagrams(run)
-    yield "margin_drift", lambda: margin_vs_drift(run)
-    yield "flip_strata", lambda: flip_strata(run)
+    if softmax:  # top-option confidence, top-2 margin and flips: softmax figures only
+        yield "reliability", lambda: reliability_diagrams(run)
+        yield "margin_drift", lambda: margin_vs_drift(run)
+        yield "flip_strata", lambda: flip_strata(run)
+    else:
+        log.info("no reliability, margin_drift or flip_strata plot: the model outputs %s, not "
+                 "a softmax", run_outputs(run.meta))
     for family in sorted(run.summary["family"].astype(str).unique()):
         fn = FAMILY_PLOTS.get(family)
         if fn is None:

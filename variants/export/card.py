@@ -7,7 +7,7 @@ another renderer (an HTML report) can take the same facts: pass ``card=`` to ``e
 
 import math
 
-from metrics.head_view import not_applicable
+from metrics.head_view import DESCRIBED, not_applicable
 from variants.export import card_load
 
 
@@ -48,7 +48,13 @@ def markdown(facts):
         lines += ["Judged on what the head outputs, by the clauses below (computed from the "
                   "saved outputs of reference and variant). " + not_applicable(outputs), ""]
     fit = facts.get("reference_fit")
-    if fit:
+    if fit and outputs != "softmax":  # the checkpoint's own head, temperature 1 (fixed)
+        lines += [f"Judged against the reference with the checkpoint's own head: nothing is "
+                  f"fitted for a head that outputs {DESCRIBED.get(outputs, outputs)}; "
+                  f"`{fit['file']}` holds temperature 1 only (fixed: a temperature scales a "
+                  f"softmax; array sha256 `{fit['sha256']}`, checked by `variants verify`).",
+                  ""]
+    elif fit:
         how = {"shipped": "shipped with the package for this configuration",
                "cache": "fitted on the run's fit and calibration splits, read from the cache",
                "fitted": "fitted on the run's fit and calibration splits"}.get(fit["source"], "")
