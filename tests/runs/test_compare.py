@@ -197,3 +197,22 @@ def test_an_output_file_under_a_file_names_that_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (f"variants: error: --json {target}: {tmp_path / 'AFILE'} is a file, not "
                    "a folder; pass a writable place\n"), err  # was "cannot write there (File exists)"
+
+
+def test_unlabelled_rows_get_no_mcnemar_on_correctness(tmp_path, capsys):
+    """With no labelled row the "right (labelled rows)" McNemar is not computed (it printed
+    p = 1.0, "no significant difference", on zero rows); the flip McNemar still is."""
+    run = tmp_path / "run"
+    shutil.copytree(SMALL, run)
+    for f in run.rglob("*outputs.npz"):
+        z = dict(np.load(f, allow_pickle=False))
+        z["labels"] = np.full_like(z["labels"], -1)
+        np.savez(f, **z)
+    (a, b), = pairs(f"{run}:q8-g64", f"{run}:q4-g64")
+    r = compare_pair(a, b, n_boot=50)
+    assert r["n_labelled"] == 0 and r["mcnemar_correct"] is None
+    assert (r["mcnemar_flips"]["a_only"], r["mcnemar_flips"]["b_only"]) == (0, 1)
+    assert main(["compare", f"{run}:q8-g64", f"{run}:q4-g64", "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "exact McNemar, right (labelled rows): not computed, no labelled row" in out
+    assert "A only 0, B only 1" in out
