@@ -82,12 +82,6 @@ def check_outputs(contract, outputs, where="the model"):
     ``where`` names the model in the message (e.g. the checkpoint's config.json)."""
     fits = set(metrics_for(outputs))
     for c in contract.clauses:
-        if not _stratum_fits(c.stratum, outputs):
-            raise ContractError(
-                f"contract {contract.name!r}: clause {c.id!r} restricts {c.metric!r} to stratum "
-                f"{c.stratum!r}, rows chosen by {_chosen_by(c.stratum)}, but {where} outputs "
-                f"{DESCRIBED[outputs]}, where that stratum holds every row or none; use stratum "
-                f"{' or '.join(STRATA_FOR[outputs])}")
         if c.metric not in fits:
             theirs = spec(c.metric).outputs
             raise ContractError(
@@ -95,3 +89,10 @@ def check_outputs(contract, outputs, where="the model"):
                 f"{DESCRIBED.get(theirs, theirs)}, but {where} outputs {DESCRIBED[outputs]}; use "
                 f"--contract {' or '.join(PACKAGED_FOR[outputs])}, or clauses on "
                 f"{', '.join(m for m in metrics_for(outputs) if m != 'nonfinite_rows')}")
+    for c in contract.clauses:  # the metrics fit: now the rows they are restricted to
+        if not _stratum_fits(c.stratum, outputs):
+            raise ContractError(
+                f"contract {contract.name!r}: clause {c.id!r} restricts {c.metric!r} to stratum "
+                f"{c.stratum!r}, rows chosen by {_chosen_by(c.stratum)}, but {where} outputs "
+                f"{DESCRIBED[outputs]}, where that stratum holds every row or none; use stratum "
+                f"{' or '.join(STRATA_FOR[outputs])}")
