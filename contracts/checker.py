@@ -171,6 +171,23 @@ class Verdict:
         """Ids of the clauses with no examples or skipped (``passed is None``)."""
         return [r.id for r in self.results if r.passed is None]
 
+    @property
+    def unjudged(self):
+        """``{reason: [ids]}`` of the clauses skipped with a reason (the number they bound is
+        undefined on these rows, e.g. a regression reference's constant values), in clause
+        order: untested though their rows are there, which a bare 'PASS' must not hide."""
+        out = {}
+        for r in self.results:
+            if r.passed is None and r.reason:
+                out.setdefault(r.reason, []).append(r.id)
+        return out
+
+    def unjudged_text(self):
+        """"; not judged: a, b: <reason>; c: <reason>", or "" when every clause was judged or
+        had no examples."""
+        parts = [f"{', '.join(ids)}: {reason}" for reason, ids in self.unjudged.items()]
+        return "; not judged: " + "; ".join(parts) if parts else ""
+
     def to_dict(self):
         """JSON-ready dict (NaN values become None)."""
         def num(x):

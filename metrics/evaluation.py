@@ -285,12 +285,18 @@ class Evaluation(EvaluationTables):
         examples, or "" (a number, or an empty stratum: "no examples").
 
         When every eval row has NaN or inf outputs: "every row has NaN or inf outputs
-        (finite-outputs)". Else only ``temperature_refit_log_ratio`` has one: the reference's refit ran to a bound
+        (finite-outputs)". A regression metric relative to a reference whose values are
+        constant (:func:`metrics.regression.undefined_reason`). Else only
+        ``temperature_refit_log_ratio`` has one: the reference's refit ran to a bound
         or did not converge, e.g. "temperature refit at bound (T=1000) on bucket K=3
         (reference)" (the variant's alone: :meth:`fail_reason`).
         """
         if self.nonfinite.get("eval") and len(self.per_example) == 0:
             return "every row has NaN or inf outputs (finite-outputs)"
+        if spec(metric).outputs == "regression":  # metrics.regression: a constant reference
+            from metrics.regression import undefined_reason
+
+            return undefined_reason(self, metric, self.rows(stratum))
         refit = self._refit(metric, stratum)
         if refit is None or refit.fails or not np.isnan(refit.value):
             return ""
@@ -317,7 +323,9 @@ class Evaluation(EvaluationTables):
         """Why a clause on ``metric`` over ``stratum`` fails whatever its value, or "".
 
         ``nonfinite_rows`` (the ``finite-outputs`` clause) fails with :meth:`nonfinite_text`
-        when the variant has rows with NaN or inf outputs. Else only
+        when the variant has rows with NaN or inf outputs; ``value_spearman`` when the
+        variant's values are constant where the reference's vary
+        (:func:`metrics.regression.failure_reason`). Else only
         ``temperature_refit_log_ratio`` has one: the variant's refit ran to a bound
         or did not converge where the reference's converged (the variant needs a temperature
         outside what the deployed ones can be), e.g. "the variant's temperature refit ran to
@@ -326,6 +334,10 @@ class Evaluation(EvaluationTables):
         """
         if metric == NONFINITE:
             return self.nonfinite_text()
+        if spec(metric).outputs == "regression":  # metrics.regression: a constant variant
+            from metrics.regression import failure_reason
+
+            return failure_reason(self, metric, self.rows(stratum))
         refit = self._refit(metric, stratum)
         return refit.reason if refit is not None and refit.fails else ""
 

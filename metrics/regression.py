@@ -31,9 +31,53 @@ def values(logits):
 
 
 def spread(reference):
-    """The reference's spread: ``numpy.std`` (ddof 0) of its (N,) values; 0.0 for N < 2."""
+    """The reference's spread: ``numpy.std`` (ddof 0) of its (N,) values; 0.0 for N < 2 and
+    for equal values (exactly: their float64 mean is not always the value itself, which would
+    leave a spread of rounding error to divide by)."""
     reference = np.asarray(reference, dtype=np.float64)
-    return float(reference.std()) if reference.size >= 2 else 0.0
+    if reference.size < 2 or np.ptp(reference) == 0:
+        return 0.0
+    return float(reference.std())
+
+
+#: the metrics in units of the reference's spread (NaN when it is 0)
+RELATIVE = ("value_rel_error", "within_tolerance")
+
+
+def undefined_reason(ev, metric, rows):
+    """Why ``metric`` (one of this module's) is NaN on the rows of ``rows`` ((N,) bool) of
+    evaluation ``ev`` although there are some, or "" (a number, or not this module's metric).
+
+    The relative metrics are undefined when the reference's values do not vary over the
+    evaluated rows (spread 0: nothing to be relative to); Spearman's ρ when they do not vary
+    over ``rows``. ``value_abs_error`` is always defined: a clause on it still judges.
+    """
+    if metric not in (*RELATIVE, "value_spearman") or ev.ref_logits is None:
+        return ""
+    r = values(ev.ref_logits)
+    if metric in RELATIVE and r.size and spread(r) == 0:
+        return (f"the reference's values are constant on the {r.size} eval row"
+                f"{'s' if r.size > 1 else ''} (all {r[0]:.6g}, spread 0): relative error and "
+                "the tolerance in units of the spread are undefined; bound value_abs_error (the "
+                "output's own units) with --contract instead")
+    r = r[rows]
+    if metric == "value_spearman" and r.size >= 2 and np.ptp(r) == 0:
+        return (f"the reference's values are constant on the clause's {r.size} rows (all "
+                f"{r[0]:.6g}): rank correlation is undefined (there is no order to keep)")
+    return ""
+
+
+def failure_reason(ev, metric, rows):
+    """Why a clause on ``metric`` over the rows of ``rows`` ((N,) bool) fails whatever its
+    value, or "": only ``value_spearman``, when the variant's values are constant where the
+    reference's vary (ρ is NaN, but the reference's order is lost, not untestable)."""
+    if metric != "value_spearman" or ev.ref_logits is None:
+        return ""
+    r, v = values(ev.ref_logits)[rows], values(ev.var_logits)[rows]
+    if r.size >= 2 and np.ptp(r) > 0 and np.ptp(v) == 0:
+        return (f"the variant's values are constant on the clause's {r.size} rows (all "
+                f"{v[0]:.6g}) where the reference's vary: the reference's order is lost")
+    return ""
 
 
 def value_columns(ref_logits, var_logits, tolerance):

@@ -374,7 +374,7 @@ def _judge_and_write(run, names, contract, out_dir, variants, log, kwargs, in_pl
         if log:
             log(f"{name}: {verdict.word}"
                 + (f" ({', '.join(verdict.failed + verdict.undecided)})"
-                   if verdict.failed or verdict.undecided else ""))
+                   if verdict.failed or verdict.undecided else "") + verdict.unjudged_text())
     write_json(out_dir / "check.json", {
         "schema_version": REPORT_SCHEMA_VERSION, "run": str(run_dir), "contract": contract.name,
         "passed": all(v.passed for v in verdicts.values()),

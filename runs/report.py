@@ -378,6 +378,8 @@ def render_report(meta, summary, details, contract, extras=None):
         lines += [
             f"====== {name}: {verdict.word} ======",
             "",
+            *([f"Not judged{verdict.unjudged_text()[len('; not judged'):]}.", ""]
+              if verdict.unjudged else []),
             figures_text(s, outputs) if outputs != "softmax" else
             f"ε = {s['epsilon']:.4g}, certified {s['certified_share']:.1%}, agreement "
             f"{s['agreement']:.4f}, accuracy {s['accuracy_ref']:.4f} → {s['accuracy_variant']:.4f}, "

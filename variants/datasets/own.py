@@ -162,16 +162,23 @@ def _check_columns(path, records, header):
                        f"{short_repr(seen)})")
 
 
-def resolve_row(raw, err, options=None, scores=None, actions=None, fill=True):
+def resolve_row(raw, err, options=None, scores=None, actions=None, fill=True, unread=None):
     """One row's cells checked and normalized (label -> index, raters -> shares per option).
 
     ``options``/``scores``/``actions`` are the defaults for rows without their own; with
     ``fill=False`` they are used for the checks only and the row keeps its own (None where the
     file has none), so defaults given later still apply. With ``fill=True`` a row without any
     actions maps each option to an action named like the option. While a row has no options
-    at all, its label/scores/actions/raters are kept as given.
+    at all, its label/scores/actions/raters are kept as given. ``unread``: why the model reads
+    no labels (a regression head); a row with a label or raters is then refused with it.
     """
     c = RowChecker(err)
+    if unread:
+        for column in ("label", "raters"):
+            value = raw.get(column)
+            if isinstance(value, (list, dict)) or c.label(value, None) != -1:
+                raise err(column, f"{unread}, so {column} cells are not read",
+                          f"drop the {column} column")
     row = {"id": c.optional_str(raw.get("id"), "id"), "text": c.text(raw.get("text")),
            "question": c.optional_str(raw.get("question"), "question"),
            "task": c.optional_str(raw.get("task"), "task"), "split": c.split(raw.get("split"))}
@@ -232,7 +239,8 @@ def _fill_ids_and_splits(path, rows, wheres, require_splits):
                        f"add rows, or a 'split' column marking some rows {name!r}")
 
 
-def read_data(path, *, options=None, scores=None, actions=None, require_splits=SPLITS):
+def read_data(path, *, options=None, scores=None, actions=None, require_splits=SPLITS,
+              unread=None):
     """Read and check the user's data file.
 
     Parameters
@@ -244,6 +252,9 @@ def read_data(path, *, options=None, scores=None, actions=None, require_splits=S
         Model-config defaults for rows without their own (see :func:`resolve_row`).
     require_splits : tuple of str, default=SPLITS
         Splits that must hold at least one row.
+    unread : str, optional
+        Why the model reads no labels (e.g. a regression head, judged against the reference's
+        values): a row with a ``label`` or ``raters`` cell is then refused, naming it.
 
     Returns
     -------
@@ -263,7 +274,8 @@ def read_data(path, *, options=None, scores=None, actions=None, require_splits=S
         One line naming the file, row and column: missing file, unknown extension, empty file,
         non-UTF-8 bytes, bad JSON, unknown column (closest name suggested), missing text, bad
         option list, label/rater choice outside the options, list lengths differing from the
-        options, a distribution not summing to 1, unknown split, duplicate id, empty split.
+        options, a distribution not summing to 1, unknown split, duplicate id, empty split, a
+        label or raters cell where ``unread`` says none is read.
     """
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
@@ -283,7 +295,7 @@ def read_data(path, *, options=None, scores=None, actions=None, require_splits=S
                    "add rows with at least a 'text' column")
     _check_columns(path, records, header)
     wheres = [where for where, _ in records]
-    rows = [resolve_row(rec, _row_error(path, where), options, scores, actions, False)
+    rows = [resolve_row(rec, _row_error(path, where), options, scores, actions, False, unread)
             for where, rec in records]
     _fill_ids_and_splits(path, rows, wheres, require_splits)
     frame = pd.DataFrame({name: pd.Series([r[name] for r in rows], dtype=object)

@@ -121,19 +121,21 @@ class ModelSource:
                 f"{cfg.path}: logits = \"classifier\" but checkpoint {checkpoint.path} has no "
                 "sequence-classification head; use logits = \"linear-head\" or a checkpoint with "
                 "one")
+        import mlx.core as mx
+
+        from variants.models.head_output import REGRESSION, checkpoint_output_kind
+
+        n_out = head(mx.zeros((1, 1, checkpoint.args.hidden_size)),
+                     mx.ones((1, 1), dtype=mx.int32)).shape[-1]
+        self.outputs = checkpoint_output_kind(checkpoint, n_out)  # ModelConfigError: refused
         labels = getattr(checkpoint, "id2label", None)
+        if self.outputs == REGRESSION:
+            labels = self._regression_labels(checkpoint, cfg, labels)
         if cfg.options is None:
             if not labels:
                 raise ModelConfigError(f"{cfg.path}: options: checkpoint {checkpoint.path} has "
                                        "no id2label in config.json; list options = [...] here")
             self.options = list(labels)
-        import mlx.core as mx
-
-        n_out = head(mx.zeros((1, 1, checkpoint.args.hidden_size)),
-                     mx.ones((1, 1), dtype=mx.int32)).shape[-1]
-        from variants.models.head_output import checkpoint_output_kind
-
-        self.outputs = checkpoint_output_kind(checkpoint, n_out)  # ModelConfigError: refused
         names = cfg.options if cfg.options is not None else self.options
         if len(names) != n_out:
             where = "options" if cfg.options is not None else \
@@ -142,6 +144,47 @@ class ModelSource:
                                    f"checkpoint's classifier head makes {n_out} logits; list "
                                    f"{n_out} options, one per logit in index order")
         return self
+
+    @staticmethod
+    def _regression_labels(checkpoint, cfg, labels):
+        """The one name of a regression head's output (config.json's ``id2label``, or
+        transformers' default ``LABEL_0`` when config.json says ``num_labels`` 1 without one).
+        A regression head makes one output value and has no options, so config.json must say
+        one label and the model TOML must not list several.
+
+        Raises
+        ------
+        ModelConfigError
+            One line naming config.json's ``id2label`` / ``num_labels`` (or the TOML's
+            ``options``) and the fix.
+        """
+        from variants.models.head_output import read_config
+
+        where = f"{checkpoint.path}/config.json"
+        if cfg.options is not None:
+            if len(cfg.options) != 1:
+                raise ModelConfigError(
+                    f"{cfg.path}: options: {len(cfg.options)} names for a regression head, which "
+                    "makes one output value (no options: it is judged against the reference's "
+                    "value); delete options from the model TOML")
+            return labels
+        if not labels:
+            n = read_config(checkpoint.path).get("num_labels")
+            if n == 1 and not isinstance(n, bool):
+                return ["LABEL_0"]  # transformers' name for it
+            said = "no num_labels (transformers reads 2)" if n is None else \
+                f"num_labels {short_repr(n)}"
+            raise ModelConfigError(
+                f"{where}: a regression head (one output value) but config.json has no id2label "
+                f"and {said}; set \"num_labels\": 1 (or \"id2label\": {{\"0\": \"LABEL_0\"}}) in "
+                "config.json")
+        if len(labels) != 1:
+            raise ModelConfigError(
+                f"{where}: id2label gives {len(labels)} names (transformers reads num_labels "
+                f"{len(labels)}) but the "
+                "regression head makes one output value; make id2label one entry "
+                "(\"id2label\": {\"0\": \"LABEL_0\"}, num_labels 1) in config.json")
+        return labels
 
     def fixed_options(self):
         """(options, scores, actions) of single-question models, or None."""

@@ -18,8 +18,11 @@ absent with ``num_labels`` 1                                     (``contracts/re
 Everything else is refused in one line (:class:`~variants.models.model_config.ModelConfigError`,
 exit 2) naming config.json's ``problem_type`` / ``num_labels`` and what to do: an unknown
 ``problem_type``, a one-logit single-label head (a softmax over one logit is always 1),
-multi-output regression, and sentence-transformers cross-encoders (rerankers: their score ranks
-a query's candidates, and the suite reads one text per row, not (query, candidate) pairs).
+multi-output regression, and sentence-transformers cross-encoders: a one-logit reranker (its
+score ranks a query's candidates; ``"problem_type": "regression"`` judges the score as a value)
+and a several-label pair classifier such as an NLI cross-encoder (it reads (premise, hypothesis)
+as two segments, and the suite feeds one text per row: :meth:`variants.models.decision.
+DecisionModel.model_inputs` renders the prompt into one segment, never a second).
 """
 
 from pathlib import Path
@@ -70,7 +73,7 @@ def output_kind(config, n_out, where="config.json"):
     """
     pt = config.get("problem_type")
     known = ", ".join(PROBLEM_TYPES)
-    if pt is not None and pt not in PROBLEM_TYPES:
+    if pt is not None and (not isinstance(pt, str) or pt not in PROBLEM_TYPES):
         raise ModelConfigError(f"{where}: problem_type {short_repr(pt)} is not one "
                                f"transformers knows ({known}); set one of them, or delete the key "
                                "for a single-label classifier")
@@ -82,6 +85,14 @@ def output_kind(config, n_out, where="config.json"):
             "is not implemented; to judge its scores as output values (absolute and relative "
             "error, rank correlation, no per-query ranking) set \"problem_type\": \"regression\" "
             "in a copy of config.json")
+    if n_out >= 2 and any(k in config for k in CROSS_ENCODER_KEYS):
+        key = next(k for k in CROSS_ENCODER_KEYS if k in config)
+        raise ModelConfigError(
+            f"{where}: a sentence-transformers cross-encoder ({key!r}, num_labels {n_out}) "
+            "scores (premise, hypothesis) or (query, candidate) pairs read as two segments, and "
+            "the suite feeds each row as one text (no second segment), so its labels would be "
+            "judged on inputs it was never trained on; to judge it as a single-text classifier "
+            f"anyway, delete {key!r} from a copy of config.json")
     kind = PROBLEM_TYPES.get(pt, SOFTMAX if n_out >= 2 else REGRESSION)
     if kind == SOFTMAX and n_out < 2:
         raise ModelConfigError(

@@ -229,6 +229,10 @@ def _check_head_classes(path, frame, kind, classes):
                        "(rename the classes with the model TOML's options)")
 
 
+#: why a regression head's rows carry no label (variants.datasets.own.read_data ``unread``)
+UNREAD_BY_REGRESSION = "a regression head is judged against the reference's values"
+
+
 def own_data_tasksets(path, source, sizes, seed):
     """({"fit", "calibration", "eval": TaskSet}, data fingerprint) of the user's data file.
 
@@ -251,8 +255,10 @@ def own_data_tasksets(path, source, sizes, seed):
         raise SweepError("--data needs variants.datasets.own, which this build lacks") from None
     options, scores, actions = source.fixed_options() or (None, None, None)
     defaults = dict(options=options, scores=scores, actions=actions)
+    unread = (UNREAD_BY_REGRESSION if getattr(source, "outputs", "softmax") == "regression"
+              else None)
     try:
-        frame = own_data.read_data(path, **defaults)
+        frame = own_data.read_data(path, unread=unread, **defaults)
         if source.factory is None and source.kind in ("classifier", "linear-head"):
             _check_head_classes(path, frame, source.kind, options)
         tasksets = {}

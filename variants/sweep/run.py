@@ -327,7 +327,8 @@ class Sweep:
                     self.out, cfg.family, [vcfg.name], family=family).items() if v is not None})
             self.log(f"{vcfg.name}: {verdict.word}"
                      + (f" ({', '.join(verdict.failed + verdict.undecided)})"
-                        if verdict.failed or verdict.undecided else ""))
+                        if verdict.failed or verdict.undecided else "")
+                     + verdict.unjudged_text())
         self.extras = extras
         if not rows:
             meta = self.metadata()
