@@ -28,6 +28,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: other CPUs' code paths (~45 s of child processes): .ci/run runs them with the cross-CPU search
+#: (pytest -m crosscpu); the README's default test run leaves them out
+pytestmark = pytest.mark.crosscpu
 INT8_TESTS = ["tests/runtime/test_int8_prepack.py", "tests/runtime/test_w8a8_fused.py",
               "tests/arch/test_modernbert_fused_i8.py", "tests/families/test_w8a8.py",
               "tests/families/test_families_archs.py::test_w8a8_runs_on_every_architecture"]
