@@ -32,8 +32,8 @@ def test_quant_winner_shares_ceiling_and_distance_from_10x():
     # 0.4 untouched down to 0.1: attention (0.1) and four 0.05 shares must go
     assert t["must_go"] == ["attention_core", "tokenisation", "embeddings", "mlp_act", "norms"]
     md = "\n".join(amdahl.markdown(t, 32))
-    assert "| quant | 60.0% | 2.50× |" in md and "6.67× short of 10×" in md
-    assert "2.25× faster" in md and "attention_core, tokenisation" in md
+    assert "| quant | 60.0% | 2.50× |" in md and "10× needs 6.67× more" in md
+    assert "at 2.25× its reference speed" in md and "attention_core, tokenisation" in md
 
 
 def test_composed_pieces_union_scales_prune_by_depth():
@@ -92,3 +92,40 @@ def test_answer_reads_the_finalists_sweep(tmp_path):
     a = amdahl.answer(tmp_path, winner, {"cost": "bits"})  # the profiled batch size
     assert a["measured"] == 1.5 and a["ceiling"] == pytest.approx(2.5)
     assert "skipped" in amdahl.answer(tmp_path / "none", winner)
+
+
+@pytest.mark.slow
+def test_tiny_search_winner_has_its_amdahl_table(tmp_path, monkeypatch):
+    """A lenient contract (every layer at 4 bits passes at once) and 3 timing rounds: the
+    finalists' sweep profiles the reference, and search.json / search.md carry the winner's
+    table, its shares those of final/run.json's profile and its speed-up timing.json's."""
+    from tests.search.test_search import SMALL
+    from variants.cli import main
+    from variants.search import driver
+
+    monkeypatch.setattr(driver.Search, "sensitivity", lambda self: setattr(
+        self, "sens_path", "synthetic") or {(p, b): 1.0 / b for p in self.layers
+                                           for b in self.opts.bits})
+    contract = tmp_path / "c.toml"
+    contract.write_text('name = "lenient"\n[[clause]]\nid = "agreement"\nmetric = "agreement"\n'
+                        'statistic = "rate"\nmin = 0.5\n')
+    argv = ["search", *[a for a in SMALL if a != "--no-finalize"], "--contract", str(contract),
+            "--timing-rounds", "3", "--timing-warmup", "0", "--timing-budget-s", "0.1",
+            "--timing-batch-sizes", "1", "--results-dir", str(tmp_path / "r"), "--out",
+            str(tmp_path / "s")]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert res["winner"]["name"] == "q4-g64-emb"
+    a = res["amdahl"]
+    prof = json.loads((tmp_path / "s" / "final" / "run.json").read_text())["segment_profile"]
+    timing = json.loads((tmp_path / "s" / "final" / "q4-g64-emb" / "timing.json").read_text())
+    rows = {r["piece"]: r["share"] for r in a["pieces"]}
+    gemm = sum(prof["share"][s] for s in amdahl.GEMM_SEGMENTS)
+    assert rows == pytest.approx({"quant": gemm, "embeddings": prof["share"]["embeddings"]})
+    assert a["accelerated_share"] == pytest.approx(gemm + prof["share"]["embeddings"])
+    assert a["ceiling"] == pytest.approx(1 / (1 - a["accelerated_share"]))
+    assert a["measured"] == timing["end_to_end"]["1"]["speedup"]["speedup_median"]
+    assert a["measured_batch_size"] == 1 and a["batch_size"] == prof["batch_size"]
+    md = (tmp_path / "s" / "search.md").read_text()
+    assert "## Amdahl: where the winner's speed-up comes from" in md
+    assert f"| quant | {gemm:.1%} |" in md

@@ -361,6 +361,8 @@ def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
     res = json.loads((tmp_path / "s" / "search.json").read_text())
     assert res["winner"]["name"] == "q4-g64-emb" and res["totals"]["candidates"] == 1
     assert res["finalists"][0]["passed_eval"] and not res["overfitted"]
+    # one timing round: no segment profile, so no Amdahl table (tests/search/test_amdahl_table)
+    assert "--timing-rounds 1 < 3" in res["amdahl"]["skipped"]
     folder = tmp_path / "s" / "final" / "q4-g64-emb"
     for f in ("outputs.npz", "calibration_outputs.npz", "build.json", "timing.json",
               "verdict.json", "report.md"):

@@ -232,12 +232,11 @@ def markdown(t, batch_size=None):
     m = t["measured"]
     if m:
         lines.append(f"Measured: {m:.2f}× (strict alternation with the reference); ceiling that "
-                     f"remains {_x(t['ceiling'])}; {t['gap']:.2f}× short of "
-                     f"{t['target']:g}×." if m < t["target"] else
+                     f"remains {_x(t['ceiling'])}; {t['target']:g}× needs {t['gap']:.2f}× more." if m < t["target"] else
                      f"Measured: {m:.2f}×, at or past {t['target']:g}×.")
         if t["implied_piece_speedup"]:
-            lines.append(f"That is the pieces' share running {t['implied_piece_speedup']:.2f}× "
-                         "faster.")
+            lines.append("That is the pieces' share at "
+                         f"{t['implied_piece_speedup']:.2f}× its reference speed.")
     else:
         lines.append(f"Not measured; ceiling that remains {_x(t['ceiling'])}.")
     top = ", ".join(f"{r['segment']} {r['share']:.1%}" for r in t["untouched"][:4])

@@ -15,6 +15,7 @@ import pandas as pd
 
 from runs.html import search as html_search
 from runs.io import write_json, write_text
+from variants.search.amdahl import markdown as amdahl_md
 from variants.search.costs import UNITS
 
 
@@ -132,6 +133,11 @@ def markdown(frame, result, png):
                   "", "| layer | bits |", "|---|---|"]
         lines += [f"| {p} | {b} |" for p, b in w["layer_bits"].items()]
         lines.append("")
+    am = result.get("amdahl")
+    if am and "skipped" in am:
+        lines += ["## Amdahl", "", f"No Amdahl table: {am['skipped'].rstrip('.')}.", ""]
+    elif am:
+        lines += amdahl_md(am, am.get("batch_size"))
     lines += ["## Path taken", "", f"cost in {unit}; slack of the tightest clause (negative = "
               "failing; for stopped candidates a bound)", "",
               "| step | candidate | cost | bits/weight | verdict | failing | tightest (slack) | "

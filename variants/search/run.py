@@ -140,7 +140,9 @@ def _conclude(s, opts, records, t0, log):
         # the reference's head and temperatures: shipped, cached or fitted, and their hash
         # (variants.models.fitted_state; a finalized search's final/run.json has the same)
         "reference_fit": s.state["reference"].fitted_record,
-        "winner": winner, "finalists": finalists, "overfitted": bool(
+        "winner": winner, "finalists": finalists,
+        # the winner's pieces against the reference's segment profile (variants.search.amdahl)
+        "amdahl": _amdahl(s, winner, finalists), "overfitted": bool(
             finalists and not finalists[0]["passed_eval"]),
         "candidates": records,
         "totals": {"candidates": len(records),
@@ -160,6 +162,15 @@ def _conclude(s, opts, records, t0, log):
     log(outcome)
     log(f"wrote {json_path}, {md_path}" + (f", {png}" if png else ""))
     return SearchResult(found=winner is not None, winner=winner, out=s.out, result=result)
+
+
+def _amdahl(s, winner, finalists):
+    """The Amdahl table of a finalized winner (None when nothing was finalized)."""
+    if winner is None or not finalists:
+        return None
+    from variants.search.amdahl import answer
+
+    return answer(s.out, winner, s.settings)
 
 
 def s_finalize(search, passing):
