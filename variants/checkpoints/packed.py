@@ -164,7 +164,9 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     """The Checkpoint of exported folder ``path``: its encoder and classifier head as exported
     (``kinds``: as :func:`skeleton`): quantized modules packed, factored (low-rank) layers as
     :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when quantized),
-    nothing re-quantized or re-factored.
+    W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored int8 codes,
+    scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing re-quantized or
+    re-factored.
 
     Raises
     ------
@@ -172,6 +174,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
         A dtype other than float32, weights that do not match the config.
     """
     from variants.arch.input_scaled import check_paths, place_input_scales
+    from variants.arch.int8_place import check_layers, place_int8
     from variants.arch.lowrank import place_lowrank
     from variants.runtime import qlinear
 
@@ -185,6 +188,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     weights, q = module_weights(path, config)
     try:
         scaled = check_paths(config[BLOCK].get("input_scaled"))
+        int8 = check_layers(config[BLOCK].get("w8a8"))
     except ValueError as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e}); export the variant again") from None
@@ -196,6 +200,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
                 continue
             place_lowrank(module, factored, f"{name}.")
             place_input_scales(module, scaled, f"{name}.")
+            place_int8(module, int8, f"{name}.")
             if "group_size" in q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                             mode=q.get("mode", "affine"),

@@ -52,7 +52,7 @@ def configure_verify(sub):
     p.add_argument("--cold-start", action="store_true",
                    help="also time a cold start from the folder (packed, nothing built) against "
                         "one from the fp32 checkpoint building the variant (quant exports; a "
-                        "low-rank one times the folder alone), in fresh processes")
+                        "low-rank or w8a8 one times the folder alone), in fresh processes")
     p.set_defaults(func=run_verify)
     return p
 

@@ -79,6 +79,11 @@ def markdown(facts):
                   + (f" ({', '.join(kept[:6])}{', …' if len(kept) > 6 else ''})" if kept else "")]
     if facts.get("lowrank"):
         lines += [f"- low rank: {len(facts['lowrank'])} Linears factored into two"]
+    if facts.get("w8a8"):
+        smooth = sum(bool(e.get("smooth")) for e in facts["w8a8"].values())
+        lines += [f"- W8A8: {len(facts['w8a8'])} Linears as int8 codes with per-output-channel "
+                  f"scales ({smooth} with SmoothQuant factors); activations quantized per token "
+                  "at run time"]
     for path, why in b.get("skipped", []):
         lines += [f"- kept as it is: `{path}` — {why}"]
     lines += ["", "## Contract clauses (eval split)", "",

@@ -47,11 +47,13 @@ def section(facts):
     """The "Load it" lines (Markdown) of ``facts``: ``architecture`` (config.json's
     ``architectures[0]``, None when absent), ``model_type``, ``names`` (the names map,
     :mod:`variants.checkpoints.hf_names`), ``kept`` (the checkpoint's tensors copied unread),
-    ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``."""
+    ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``,
+    ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`)."""
     arch = facts.get("architecture") or f"the {facts.get('model_type')} checkpoint"
     names = facts.get("names") or {}
     own_names = all(k == v for k, v in names.items())
-    only_ours = own_names or facts.get("lowrank") or facts.get("input_scaled")
+    only_ours = (own_names or facts.get("lowrank") or facts.get("input_scaled")
+                 or facts.get("w8a8"))
     lines = ["## Load it", ""]
     if own_names:
         lines += [f"Architecture: `{arch}` (`model_type` {facts.get('model_type')}). "
@@ -78,6 +80,15 @@ def section(facts):
                   "`<name>.linear.*` (`config.json`'s `mlx_variants.lowrank` / `input_scaled` "
                   "list them): no transformers layout has them, so only this package's loaders "
                   "read this folder.", ""]
+    if facts.get("w8a8"):
+        lines += [f"The {len(facts['w8a8'])} W8A8 Linears (int8 weights, per-token int8 "
+                  "activations on integer GEMMs) are stored as `<name>.wq` (int8 weight codes, "
+                  "out x in), `<name>.w_scale` (float32 per-output-channel scales), "
+                  "`<name>.colsum` (int32 row sums of the codes), `<name>.bias` and, with "
+                  "SmoothQuant, `<name>.inv_smooth` (float32 1/s per input channel) "
+                  "(`config.json`'s `mlx_variants.w8a8` lists them): no transformers layout has "
+                  "them and they need this package's int8 Linear, so only this package's "
+                  "loaders read this folder.", ""]
     if facts.get("decision_head"):
         lines += [f"The decision head fitted here has no transformers name: it is in "
                   f"`{facts['decision_head']}` by module path (`mlx_variants.head_quantization` "

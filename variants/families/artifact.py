@@ -30,16 +30,15 @@ from runs.io import file_sha256
 #: 2: model.safetensors under the original checkpoint's names (1: the decision model's module
 #: paths, still read)
 FORMAT_VERSION = 2
-#: families whose variant is a set of weights MLX loads (quantized and/or factored Linears)
-EXPORTABLE = ("quant", "lowrank")
+#: families whose variant is a set of weights (quantized and/or factored Linears; W8A8's int8
+#: Linears, which only this package's loaders read: :mod:`variants.arch.int8_place`)
+EXPORTABLE = ("quant", "lowrank", "w8a8")
 #: why the other families do not export (one line each)
 NOT_EXPORTABLE = {
     "prune": "token pruning is a rule applied at run time, not weights",
     "exit": "early exit is a rule plus exit heads run by this package, not an MLX checkpoint",
     "student": "a student is a new network trained here; export its folder with its own code",
     "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
-    "w8a8": "W8A8 quantizes activations at run time with this package's int8 kernels, not "
-            "mlx.nn.quantize's packed format",
 }
 #: the config.json block that marks a variant's weights folder
 BLOCK = "mlx_variants"
@@ -151,6 +150,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     from mlx.utils import tree_flatten
 
     from variants.arch.input_scaled import input_scaled_paths
+    from variants.arch.int8_place import int8_layers
     from variants.arch.lowrank import factor_shapes
     from variants.checkpoints import hf_names
     from variants.checkpoints.packed import OWN_FILE
@@ -186,7 +186,8 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "temperatures": {str(k): float(v) for k, v in model.temperatures.items()},
         "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
         "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
-        "input_scaled": input_scaled_paths(module), "hf_head": head,
+        "input_scaled": input_scaled_paths(module), "w8a8": int8_layers(module) or None,
+        "hf_head": head,
         "names": names, "kept": kept, "decision_head": OWN_FILE if own else None,
         "head_quantization": own_quant or None, "weights_sha256": sha,
         "max_length": [int(checkpoint.tokenizer.max_length), str(
@@ -212,8 +213,10 @@ def load_variant(path, max_length=None):
     model : variants.models.decision.DecisionModel
         Its module holds ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` layers where the
         variant is quantized (the CPU path of :mod:`variants.runtime.qlinear` on a CPU),
-        :class:`variants.arch.lowrank.LowRankLinear` where it is factored, its temperatures the
-        judged ones.
+        :class:`variants.arch.lowrank.LowRankLinear` where it is factored,
+        :class:`variants.runtime.int8_linear.Int8Linear` where it runs W8A8 (the stored int8
+        codes, scales and SmoothQuant factors; :mod:`variants.arch.int8_place`), its
+        temperatures the judged ones.
     checkpoint : variants.checkpoints.load.Checkpoint
         Its encoder and classifier are the model's own (packed) modules.
 
@@ -226,6 +229,7 @@ def load_variant(path, max_length=None):
     import mlx.nn as nn
 
     from variants.arch.input_scaled import check_paths, place_input_scales
+    from variants.arch.int8_place import check_layers, place_int8
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
@@ -249,6 +253,7 @@ def load_variant(path, max_length=None):
     place_lowrank(module, block.get("lowrank", {}))
     try:
         place_input_scales(module, check_paths(block.get("input_scaled")))
+        place_int8(module, check_layers(block.get("w8a8")))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e.args[0]}); export the variant again") from None

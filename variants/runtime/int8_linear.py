@@ -141,3 +141,21 @@ class Int8Linear(nn.Module):
                              self["bias"] if "bias" in self else None,
                              self["inv_smooth"] if "inv_smooth" in self else None,
                              prepacked(self, self["wq"]))
+
+
+def empty_int8(out_features, in_features, bias=True, smooth=False, native=True):
+    """An :class:`Int8Linear` skeleton (out, in) whose parameters are zeros of the stored
+    dtypes (``wq`` int8, ``w_scale`` float32, ``colsum`` int32, ``bias`` / ``inv_smooth``
+    float32 when present), for ``load_weights`` to fill: a loader rebuilds the module from a
+    folder's tensors without quantizing anything."""
+    m = Int8Linear.__new__(Int8Linear)
+    nn.Module.__init__(m)
+    if smooth:
+        m.inv_smooth = mx.zeros((in_features,), mx.float32)
+    m.wq = mx.zeros((out_features, in_features), mx.int8)
+    m.w_scale = mx.zeros((out_features,), mx.float32)
+    m.colsum = mx.zeros((out_features,), mx.int32)
+    if bias:
+        m.bias = mx.zeros((out_features,), mx.float32)
+    m._native = bool(native)
+    return m

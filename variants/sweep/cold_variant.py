@@ -2,12 +2,12 @@
 :mod:`variants.sweep.coldstart`).
 
 A variant of a family that exports (:data:`variants.families.artifact.EXPORTABLE`: quant,
-uniform or mixed, with learned quantizers or quantized embeddings; low rank, quantized or not)
-timed in the ``native`` mode is written as its weights folder — the files ``variants export``
+uniform or mixed, with learned quantizers or quantized embeddings; low rank, quantized or not;
+w8a8, its int8 codes, scales and SmoothQuant factors as stored) timed in the ``native`` mode is written as its weights folder — the files ``variants export``
 ships (:func:`variants.families.artifact.write_weights`: packed ``weight`` / ``scales`` /
 ``biases``, factored layers as two Linears, the fitted head, temperatures) — into a temporary
 folder, and the fresh process loads that folder: no fp32 checkpoint, nothing built. Every other
-variant (prune, exit, student, exact, w8a8, or a ``simulated`` speed mode) starts from the fp32
+variant (prune, exit, student, exact, or a ``simulated`` speed mode) starts from the fp32
 checkpoint and its family's builder, and its result says so (``source``).
 """
 
