@@ -30,11 +30,14 @@ def configure(sub):
                    help="contract TOML file, or a packaged one by name (None = default)")
     p.add_argument("--cost", default=d.cost, help=f"what to minimise: {', '.join(COSTS)}")
     p.add_argument("--strategy", default=d.strategy,
-                   help=f"{' or '.join(STRATEGIES)} (optuna: a seeded TPE study over composed "
-                        "cross-family candidates; pip install 'mlx-variants[search]')")
+                   help=f"{' or '.join(STRATEGIES)} (None = latency for --cost latency-b1 / "
+                        "latency-b32, else bisect; latency: W8A8, quantized embeddings, token "
+                        "pruning and early exit composed, walked by a latency model measured on "
+                        "this machine, the finalists timed; optuna: a seeded TPE study over "
+                        "composed cross-family candidates; pip install 'mlx-variants[search]')")
     p.add_argument("--families", nargs="+", default=list(d.families),
                    help=f"families searched ({', '.join(FAMILIES)}; beyond quant with "
-                        "--strategy optuna, composed; prune and exit do not compose)")
+                        "--strategy optuna, composed)")
     p.add_argument("--seed", type=int, default=d.seed,
                    help="data sampling seed (and the optuna sampler's)")
     p.add_argument("--max-candidates", type=int, default=d.max_candidates,

@@ -18,6 +18,7 @@ FAMILIES = {
     "student": "student.family",
     "exact": "exact.family",
     "w8a8": "w8a8.family",
+    "composed": "composed.family",
 }
 
 

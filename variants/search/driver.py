@@ -83,7 +83,8 @@ class Search:
         module = model.module
         self.units = search_units(module, model, group_size=o.group_size,
                                   # composed (optuna) candidates quantize encoder Linears only
-                                  embeddings=o.quantize_embeddings and o.strategy != "optuna",
+                                  embeddings=o.quantize_embeddings and o.strategy == "bisect"
+                                  or o.quantize_embeddings and o.strategy == "greedy",
                                   quantize_head=o.quantize_head)
         self.layers = self.units.paths
         from variants.search import dims
@@ -105,6 +106,9 @@ class Search:
 
                 self.settings["int8_latency_on"] = f"{cpu_isa()} ({scheme()})"
         self.store.check_settings(self.settings, plain=PLAIN)
+        if o.strategy == "latency":  # the composed walk's own cost model, measured later
+            self.options, self.method = list(o.bits), "rtn"
+            return
         if o.cost.startswith("latency"):
             self.latency_path = self.costs.load_latency(
                 o.cost, list(o.bits) + ([costs_mod.INT8] if o.w8a8 else []),

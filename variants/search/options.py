@@ -29,7 +29,9 @@ class SearchOptions:
 
     contract: str | None = None
     cost: str = "bytes"
-    strategy: str = "bisect"  # few candidates: log2 of the threshold maps (greedy: one per raise)
+    #: None: "latency" (the composed walk) for --cost latency-b1 / latency-b32, else "bisect"
+    #: (few candidates: log2 of the threshold maps; greedy: one per raise)
+    strategy: str | None = None
     families: tuple = ("quant",)
     seed: int = D.SEED
     max_candidates: int = 60
@@ -103,6 +105,8 @@ class SearchOptions:
         if self.cost not in costs_mod.COSTS:
             raise ValueError(f"--cost {self.cost!r} is unknown; choose one of "
                              f"{', '.join(costs_mod.COSTS)}")
+        if self.strategy is None:  # asked for speed: every family composed, by latency
+            self.strategy = "latency" if self.cost.startswith("latency") else "bisect"
         if self.strategy not in strategies.STRATEGIES:
             raise ValueError(f"--strategy {self.strategy!r} is unknown; choose one of "
                              f"{', '.join(strategies.STRATEGIES)}")

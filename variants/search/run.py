@@ -32,6 +32,8 @@ def run_search(opts, log=print):
     cls = Search
     if opts.strategy == "optuna":
         from variants.search.optuna_search import OptunaSearch as cls  # composed candidates
+    elif opts.strategy == "latency":
+        from variants.search.latency_walk import LatencySearch as cls  # composed, by latency
     s = cls(opts, log=log)
     executor = make_executor(opts.executor, workers=opts.workers, ray_address=opts.ray_address,
                              log=log)
@@ -174,6 +176,8 @@ def _amdahl(s, winner, finalists):
 
 
 def s_finalize(search, passing):
+    if hasattr(search, "finalize"):  # the latency walk times its finalists together
+        return search.finalize(passing, N_FINALISTS)
     from variants.search.finalize import finalize
 
     return finalize(search, passing, N_FINALISTS)

@@ -28,7 +28,8 @@ The generator returns when it has nothing more to try. Sensitivity is the per-la
   round.
 """
 
-STRATEGIES = ("greedy", "bisect", "optuna")  # optuna: variants.search.optuna_search
+#: optuna: variants.search.optuna_search; latency: variants.search.latency_walk
+STRATEGIES = ("greedy", "bisect", "optuna", "latency")
 
 
 def _up(widths, b):

@@ -165,8 +165,12 @@ def build_variant(state, spec):
         ts = state["tasksets"]
         inputs = BuildInputs(calibration=ts["calibration"], fit=ts.get("fit"),
                              cache_dir=Path(state["cfg"].results_dir) / ".cache")
-        model, infos = composed.build(state["reference"], spec["config"], inputs,
-                                      group_size=state["group_size"])
+        # W8A8 pieces are judged on the model that runs, as the composed family's sweep
+        # judges them (variants.families.family.judged_mode): the whole recipe then native
+        speed = getattr(state["cfg"], "speed_mode", "native")
+        mode = speed if "w8a8" in spec["config"] else "simulated"
+        model, infos = composed.build(state["reference"], spec["config"], inputs, mode=mode,
+                                      group_size=state["group_size"], int8_mode=speed)
         return model, composed.summary(infos)
     qcfg = QuantConfig(bits=spec["default_bits"], group_size=state["group_size"],
                        bits_map=spec["bits_map"],

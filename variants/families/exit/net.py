@@ -37,7 +37,8 @@ class ExitNet(nn.Module):
     ``heads_run`` the number of intermediate heads evaluated (0 when the rule can never fire).
     """
 
-    def __init__(self, base, heads, layers, rule, threshold, kind="linear", temperatures=None):
+    def __init__(self, base, heads, layers, rule, threshold, kind="linear", temperatures=None,
+                 prune=None):
         super().__init__()
         self.base = base
         self.exit_heads = list(heads)
@@ -49,6 +50,22 @@ class ExitNet(nn.Module):
         self._never = never_fires(rule, self._threshold, len(self._layers))
         self.last_exit_layer = None
         self.heads_run = 0
+        self._prune = None
+        if prune is not None:
+            self.set_prune(prune)
+
+    def set_prune(self, prune):
+        """Prune tokens inside the exit loop (a composed variant): ``prune`` is ``{"points":
+        [[layer, keep ratio], ...], "score": 'received' | 'cls', "protected_ids": [int]}``, as
+        :class:`variants.families.prune.build.PrunedNet` takes them; None: no pruning."""
+        if prune is None:
+            self._prune = None
+            return
+        self._prune = {"points": [[int(a), float(r)] for a, r in prune["points"]],
+                       "score": str(prune.get("score", "received")),
+                       "protected_ids": [int(i) for i in prune.get("protected_ids", ())]}
+        self._never_plain = self._never
+        self._never = False  # the pruning loop runs even when no head can fire
 
     def __call__(self, input_ids, attention_mask, token_type_ids):
         if self._kind == "cosine":  # an embedding net: the full embedding (no exit possible)
@@ -100,6 +117,13 @@ class ExitNet(nn.Module):
         mask = attention_mask
         ctx = enc.context(mask)
         heads = dict(zip(self._layers, self.exit_heads))
+        prune_at, protected, n_orig = {}, None, None
+        if self._prune is not None:  # token pruning inside the loop (a composed variant)
+            prune_at = {a: r for a, r in self._prune["points"] if r < 1.0}
+            protected = mx.zeros(input_ids.shape, mx.bool_)
+            for t in self._prune["protected_ids"]:
+                protected = mx.logical_or(protected, input_ids == t)
+            n_orig = attention_mask.astype(mx.float32).sum(axis=1)
         valid_np = None if option_valid is None else np.array(option_valid, bool)
         temp = self._temperature(valid_np) if self._kind == "cosine" else None
         active = np.arange(B)
@@ -110,8 +134,15 @@ class ExitNet(nn.Module):
         for i in range(n_layers):
             if trace is not None:
                 trace.append((i, tuple(x.shape)))
-            x, _ = enc.apply_layer(i, x, ctx)  # BERT: packed like the reference if padded
+            ratio = prune_at.get(i + 1) if i + 1 < n_layers else None
+            if ratio is None:  # BERT: packed like the reference if padded
+                x, _ = enc.apply_layer(i, x, ctx)
+            else:
+                x, mask, ctx, protected = self._prune_tokens(enc, i, x, ctx, mask, protected,
+                                                             ratio * n_orig)
             head = heads.get(i + 1)
+            if self._never_heads and head is not None:
+                continue
             if head is None or i + 1 >= n_layers:
                 continue
             z = head(mean_pool(x, mask))
@@ -138,14 +169,38 @@ class ExitNet(nn.Module):
                 return mx.array(out)
             idx = mx.array(keep.astype(np.int32))
             mask = mask[idx]
+            if protected is not None:
+                protected, n_orig = protected[idx], n_orig[idx]
             L = int(mask.sum(axis=1).max().item())  # right padding: cut to the longest left
             x, mask = x[idx][:, :L], mask[:, :L]
+            if protected is not None:
+                protected = protected[:, :L]
             ctx = ctx.take_rows(idx).take_tokens(
                 mx.broadcast_to(mx.arange(L, dtype=mx.int32), mask.shape), mask)
             if self._kind == "cosine":
                 options, option_valid = options[idx], option_valid[idx]
                 valid_np, temp = valid_np[keep], temp[keep]
         final = self._final(x, mask, options, option_valid)
+        return self._finish(final, out, active, exit_layer)
+
+    @property
+    def _never_heads(self):
+        """No head can fire (with pruning on, the loop still runs, the heads are skipped)."""
+        return getattr(self, "_never_plain", False)
+
+    def _prune_tokens(self, enc, i, x, ctx, mask, protected, n_target):
+        """Layer ``i`` with its attention, then keep the top tokens
+        (:func:`variants.families.prune.build.select_tokens`): (x, mask, ctx, protected)."""
+        from variants.families.prune.build import importance, select_tokens
+
+        x, attn = enc.apply_layer(i, x, ctx, return_attention=True)
+        scores = importance(attn, mask, self._prune["score"])
+        index, mask = select_tokens(scores, mask, protected, mx.ceil(n_target - 1e-6))
+        x = mx.take_along_axis(x, index[..., None], axis=1)
+        protected = mx.take_along_axis(protected, index, axis=1)
+        return x, mask, ctx.take_tokens(index, mask), protected
+
+    def _finish(self, final, out, active, exit_layer):
         self.last_exit_layer = exit_layer
         if out is None:
             return final

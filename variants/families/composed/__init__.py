@@ -1,0 +1,1 @@
+"""The composed family: several approximations in one variant."""
