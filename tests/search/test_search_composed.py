@@ -89,10 +89,16 @@ def test_lowrank_exit_quant_is_the_builders_by_hand(model, splits, tmp_path):
     assert s["exit_expected_cost"] == i2["expected_cost"] <= 1
 
 
-def test_prune_and_exit_do_not_compose(model, splits):
-    with pytest.raises(ValueError, match="prune and exit cannot compose"):
-        composed.build(model, {"prune": {"keep_ratio": 0.5, "after_layer": 2},
-                               "exit": {"target": 0.99}}, BuildInputs(calibration=None))
+def test_prune_and_exit_compose_the_exit_net_prunes_inside(model, splits, tmp_path):
+    cal, fit = splits["calibration"], splits["fit"]
+    config = {"prune": {"keep_ratio": 0.5, "after_layer": 2}, "exit": {"target": 0.95}}
+    got, infos = composed.build(model, config, BuildInputs(calibration=cal, fit=fit,
+                                                           cache_dir=tmp_path))
+    assert [n for n, _ in infos] == ["exit"]
+    net = got.module
+    assert net._prune["points"] == [[2, 0.5]]
+    s = composed.summary(infos)
+    assert s["prune_work_ratio"] == pytest.approx((2 + 4 * 0.5) / 6)
 
 
 # ---- costs by hand ----
@@ -232,7 +238,8 @@ def test_constraint_is_the_distance_to_passing():
     (["--families", "student"], "--families student: the search covers"),
     (["--families", "quant", "lowrank"], "--strategy bisect searches per-layer bits"),  # default
     (["--strategy", "bisect", "--families", "prune"], "--strategy bisect searches"),
-    (["--strategy", "optuna", "--families", "prune", "exit"], "prune and exit cannot compose"),
+    (["--strategy", "latency", "--cost", "bytes"], "--strategy latency walks the composed"),
+    (["--cost", "latency-b1", "--families", "quant", "prune"], "drop --families / --w8a8"),
     (["--strategy", "optuna", "--families", "lowrank", "--cost", "latency-b1"],
      "--cost latency-b1 is a quant-kernel cost model"),
 ])
