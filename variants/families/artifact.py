@@ -10,11 +10,11 @@ original checkpoint's config, plus mlx-lm's ``quantization`` block keyed by the 
 an ``mlx_variants`` block: the decision model's kind, temperatures, low-rank factor shapes, head
 skeleton, names map, and ``wrapper``: the settings of a token-pruning or early-exit rule around
 the module, :mod:`variants.families.wrapper_place`, whose exit heads go to
-``decision_head.safetensors`` as ``exit_heads.<i>.*``), the tokenizer files and ``model.toml``. :func:`load_variant` loads it
-back packed: the skeleton from the configs, factored layers put in place, each stored tensor
-put at its module path, ``mlx.nn.quantize`` with mlx-lm's predicate,
-``load_weights(strict=True)``, then the rule's wrapper put back around it — nothing
-re-quantized, no fp32 checkpoint read, nothing built.
+``decision_head.safetensors`` as ``exit_heads.<i>.*``), the tokenizer files and
+``model.toml``. :func:`load_variant` loads it back packed: the skeleton from the configs,
+factored layers put in place, each stored tensor put at its module path, ``mlx.nn.quantize``
+with mlx-lm's predicate, ``load_weights(strict=True)``, then the rule's wrapper put back around
+it — nothing re-quantized, no fp32 checkpoint read, nothing built.
 A folder of format 1 (module paths as names) still loads.
 
 Only families whose variant is a set of weights MLX loads, or such a set wrapped by token
