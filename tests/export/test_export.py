@@ -9,10 +9,8 @@ import shutil
 
 import numpy as np
 import pytest
+from tiny_run import TINY
 
-TINY = ["--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-rounds", "1",
-        "--timing-warmup", "0", "--timing-budget-s", "0.5", "--cold-start", "none",
-        "--timing-batch-sizes", "1", "--no-progress", "--contract", "lenient"]
 MAP = r"value=8,word_embeddings=8"
 
 
@@ -250,7 +248,9 @@ def test_verify_checks_the_reference_fit_hash(exported, tmp_path, capsys):
     ("unknown", "--variant 'nope' is not a variant of"),
     ("failed", "FAILED its contract"),
     ("no-outputs", "has no outputs.npz"),
-    ("prune", "the prune family does not export"),
+    ("student", "the student family does not export (a student is a new network trained "
+                "here; export its folder with its own code)"),
+    ("exact", "the exact family does not export (the exact family is a compute path"),
 ])
 def test_bad_export_exits_2_with_nothing_written(runs, tmp_path, capsys, case, message):
     from variants.cli import main
@@ -273,11 +273,11 @@ def test_bad_export_exits_2_with_nothing_written(runs, tmp_path, capsys, case, m
         src = tmp_path / "run"
         shutil.copytree(root / "q", src)
         (src / variant / "outputs.npz").unlink()
-    elif case == "prune":
+    elif case in ("student", "exact"):  # still refused, each with its one-line reason
         src = tmp_path / "run"
         shutil.copytree(root / "q", src)
         b = json.loads((src / variant / "build.json").read_text())
-        (src / variant / "build.json").write_text(json.dumps(dict(b, family="prune")))
+        (src / variant / "build.json").write_text(json.dumps(dict(b, family=case)))
     assert main(["export", str(src), "--variant", variant, "--out", str(out), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

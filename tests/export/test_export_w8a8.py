@@ -9,11 +9,9 @@ import json
 import numpy as np
 import pytest
 
+from tiny_run import TINY
 from variants.cli import main
 
-TINY = ["--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-rounds", "1",
-        "--timing-warmup", "0", "--timing-budget-s", "0.5", "--cold-start", "none",
-        "--timing-batch-sizes", "1", "--no-progress", "--contract", "lenient"]
 
 
 @pytest.fixture(scope="module")

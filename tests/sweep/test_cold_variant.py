@@ -39,7 +39,10 @@ def test_exporting_families_timed_natively_start_from_the_artifact(monkeypatch):
     vcfg = get_family("quant").config(bits=4)
     sweep, specs, logs = _sweep("native", [{"source": "exported artifact"}])
     assert cv.from_artifact(sweep, get_family("lowrank"))
-    assert not cv.from_artifact(sweep, get_family("prune"))
+    assert cv.from_artifact(sweep, get_family("prune"))  # the rule beside the weights (#41)
+    assert cv.from_artifact(sweep, get_family("exit"))  # ... and the exit heads
+    assert not cv.from_artifact(sweep, get_family("student"))
+    assert not cv.from_artifact(sweep, get_family("exact"))
     assert cv.from_artifact(sweep, get_family("w8a8"))  # its int8 state is stored (#41)
     res = cv.variant_cold_start(sweep, get_family("quant"), vcfg, {}, model="built")
     assert res == {"source": "exported artifact"} and specs == [{"artifact": written[0]}]

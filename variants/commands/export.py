@@ -19,8 +19,10 @@ def configure(sub):
                     "the tokenizer files, model.toml, contract.toml, verdict.json, the judged "
                     "outputs and eval rows, manifest.json (SHA-256 of every file) and a "
                     f"README.md model card. Families: {', '.join(EXPORTABLE)} (not "
-                    f"{', '.join(NOT_EXPORTABLE)}). Load it with "
-                    "variants.export.load.load_variant(DIR) or load_checkpoint(DIR).")
+                    f"{', '.join(NOT_EXPORTABLE)}); a pruning or exit rule (and exit heads) "
+                    "is stored beside the weights and only load_variant runs it. Load it with "
+                    "variants.export.load.load_variant(DIR) or load_checkpoint(DIR) (the "
+                    "weights alone).")
     p.add_argument("source", metavar="SOURCE", type=folder,
                    help="a run folder (with --variant NAME) or a search folder (its winner)")
     p.add_argument("--variant", default=None, metavar="NAME",

@@ -11,8 +11,9 @@ checkpoint's config plus a ``quantization`` block keyed by those names (``group_
 ``bits``, ``mode``, and a ``{"group_size", "bits"}`` entry per module that differs, ``false``
 for a module of a quantizable type left full precision) as mlx-lm writes it, plus an
 ``mlx_variants`` block (the decision model: kind, temperatures, low-rank factor shapes, the
-head skeleton, the names map). A decision head fitted here (no transformers name) is in
-``decision_head.safetensors`` by module path. Next to them: the
+head skeleton, the names map; ``wrapper``: a token-pruning or early-exit rule's settings,
+:mod:`variants.families.wrapper_place`). A decision head fitted here and exit heads (no
+transformers name) are in ``decision_head.safetensors`` by module path. Next to them: the
 tokenizer files, ``model.toml``, ``contract.toml``, ``verdict.json``, the judged
 ``outputs.npz`` and the eval rows (``eval_rows.npz``) that ``variants verify`` recomputes,
 ``manifest.json`` (SHA-256 of every file, the reference checkpoint's, the data fingerprint,

@@ -43,17 +43,37 @@ def _codes(items, n=4):
     return ", ".join(f"`{x}`" for x in items[:n]) + (", …" if len(items) > n else "")
 
 
+def _rule(w):
+    """One sentence naming the run-time rule of a ``mlx_variants.wrapper`` block ``w``."""
+    def pruning(p):
+        return ("token pruning (" + ", ".join(f"after layer {a} keep {r:.0%}"
+                                               for a, r in p["points"])
+                + f" of each text's tokens, ranked by `{p['score']}` attention)")
+    if w["kind"] == "prune":
+        return (f"The variant runs {pruning(w)} (`config.json`'s `mlx_variants.wrapper`).")
+    inside = f", with {pruning(w['prune'])} inside the exit loop" if w.get("prune") else ""
+    return (f"The variant runs early exit: {len(w['heads'])} fp32 exit heads after layers "
+            f"{', '.join(map(str, w['layers']))} (`exit_heads.<i>.weight` / `.bias` in "
+            f"`decision_head.safetensors`), rule `{w['rule']}` at threshold "
+            f"{w['threshold']:.4g}{inside} (`config.json`'s `mlx_variants.wrapper`).")
+
+
 def section(facts):
     """The "Load it" lines (Markdown) of ``facts``: ``architecture`` (config.json's
     ``architectures[0]``, None when absent), ``model_type``, ``names`` (the names map,
     :mod:`variants.checkpoints.hf_names`), ``kept`` (the checkpoint's tensors copied unread),
     ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``,
-    ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`)."""
+    ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`), ``wrapper`` (the token-pruning
+    or early-exit rule around the module, :mod:`variants.families.wrapper_place`; None when
+    there is none: then plain MLX can run the folder's model, else only this package's
+    ``load_variant`` runs the judged rule)."""
     arch = facts.get("architecture") or f"the {facts.get('model_type')} checkpoint"
     names = facts.get("names") or {}
     own_names = all(k == v for k, v in names.items())
     only_ours = (own_names or facts.get("lowrank") or facts.get("input_scaled")
                  or facts.get("w8a8"))
+    wrapper = facts.get("wrapper")
+    rule = " (the judged model, its rule included)" if wrapper else ""
     lines = ["## Load it", ""]
     if own_names:
         lines += [f"Architecture: `{arch}` (`model_type` {facts.get('model_type')}). "
@@ -89,25 +109,37 @@ def section(facts):
                   "(`config.json`'s `mlx_variants.w8a8` lists them): no transformers layout has "
                   "them and they need this package's int8 Linear, so only this package's "
                   "loaders read this folder.", ""]
-    if facts.get("decision_head"):
+    if facts.get("decision_head") and (wrapper or {}).get("kind") == "exit":
+        lines += [f"The tensors with no transformers name, the exit heads and a decision head "
+                  f"fitted here if the model has one, are in `{facts['decision_head']}` by "
+                  "module path; the `model.toml` kind says how the model reads the encoder's "
+                  "output.", ""]
+    elif facts.get("decision_head"):
         lines += [f"The decision head fitted here has no transformers name: it is in "
                   f"`{facts['decision_head']}` by module path (`mlx_variants.head_quantization` "
                   "says how each of its layers is stored); the `model.toml` kind says how it "
                   "reads the encoder's output.", ""]
+    if wrapper:
+        lines += [_rule(wrapper) + " It is code, not weights: only this package's "
+                  "`load_variant` runs it (the judged model); every other loader, "
+                  "`load_checkpoint` included, reads the weights alone and runs every token "
+                  "through every layer, which is not the judged model.", ""]
     lines += ["Loaders that read this folder:", "",
               "- this package: `load_variant(\"THIS_FOLDER\")` "
-              "(`from variants.export.load import load_variant`: the decision model, packed, "
-              "nothing re-quantized; `model.outputs(taskset)`), `load_checkpoint(THIS_FOLDER)` "
-              "(the encoder and the checkpoint's own head, for `variants sweep --checkpoint "
-              "THIS_FOLDER`), `variants verify THIS_FOLDER` (recomputes the judged outputs and "
-              "checks every file);"]
+              "(`from variants.export.load import load_variant`: the decision model"
+              f"{rule}, packed, nothing re-quantized; `model.outputs(taskset)`), "
+              "`load_checkpoint(THIS_FOLDER)` (the encoder and the checkpoint's own head, for "
+              "`variants sweep --checkpoint THIS_FOLDER`), `variants verify THIS_FOLDER` "
+              "(recomputes the judged outputs and checks every file);"]
     if only_ours:
         lines += ["- no other loader: the names above are this package's.", ""]
         return lines
     lines += [f"- plain MLX, with the recipe below, into an MLX port of `{arch}` whose "
-              "parameter paths are transformers';"]
+              "parameter paths are transformers'"
+              + (" (the weights without the rule)" if facts.get("wrapper") else "") + ";"]
     mine = "; it gives the encoder's outputs, not the decision head" if \
         facts.get("decision_head") else ""
+    mine += "; the weights without the rule" if wrapper else ""
     if facts.get("architecture") in MLX_EMBEDDINGS:
         lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`, as it reads the "
                   f"original checkpoint (checked with mlx-embeddings 0.1.0){mine}."]

@@ -85,11 +85,7 @@ def locate(source, variant=None, allow_fail=False):
     if family not in EXPORTABLE:
         why = NOT_EXPORTABLE.get(family, "an unknown family")
         raise ExportError(f"{variant}: the {family} family does not export ({why}); export a "
-                          f"variant of {' or '.join(EXPORTABLE)}")
-    if (build.get("config") or {}).get("int8"):
-        raise ExportError(f"{variant}: a quant variant with --int8-layers does not export (its "
-                          "W8A8 Linears have no layout the folder loaders read); export a "
-                          "variant without --int8-layers")
+                          f"variant of {', '.join(EXPORTABLE[:-1])} or {EXPORTABLE[-1]}")
     verdict = _read(vdir / "verdict.json", "the variant's verdict", "run variants check")
     if not verdict.get("passed") and not allow_fail:
         raise ExportError(f"{variant} FAILED its contract ({', '.join(verdict.get('failed', []))})"
@@ -145,6 +141,17 @@ def run_reference(judged, source, checkpoint, log=print):
     return model
 
 
+def _tuples(value):
+    """``value`` read from JSON with its lists as tuples again (a frozen config's sequences:
+    an exit variant's ``exit_layers``, a pruning ``schedule``; hashable as the sweep built
+    them)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
 def rebuild(judged, log=print):
     """``(cfg, contract, checkpoint, tasksets, reference, variant, info)``: the run's inputs, the
     reference with the run's own head and temperatures (:func:`run_reference`; a run without
@@ -163,7 +170,7 @@ def rebuild(judged, log=print):
         reference, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets, cache,
                                         log=log, extra_key=cache_parts(cfg))
     family = get_family(judged.build["family"])
-    vcfg = family.config(**judged.build["config"])
+    vcfg = family.config(**{k: _tuples(v) for k, v in judged.build["config"].items()})
     inputs = BuildInputs(calibration=tasksets["calibration"], fit=tasksets["fit"],
                          cache_dir=cache).only(family.inputs)
     variant, info = family.build(reference, vcfg, inputs, mode="native")

@@ -177,7 +177,7 @@ def export(judged, out, log=print, card=None):
                  "architecture": (config.get("architectures") or [None])[0],
                  "model_type": config.get("model_type"),
                  **{k: config[BLOCK][k] for k in ("names", "kept", "decision_head",
-                                                  "input_scaled", "w8a8")}}
+                                                  "input_scaled", "w8a8", "wrapper")}}
         (tmp / "README.md").write_text((card or card_mod.markdown)(facts))
         # the model card as the run's self-contained HTML report for this one variant
         # (report.html, and the report.json it embeds); listed in the manifest like every file

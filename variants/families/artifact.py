@@ -8,14 +8,18 @@ what the variant does not change as the checkpoint has it), ``decision_head.safe
 decision head fitted here, by module path; only when there is one), ``config.json`` (the
 original checkpoint's config, plus mlx-lm's ``quantization`` block keyed by the same names and
 an ``mlx_variants`` block: the decision model's kind, temperatures, low-rank factor shapes, head
-skeleton, names map), the tokenizer files and ``model.toml``. :func:`load_variant` loads it
-back packed: the skeleton from the configs, factored layers put in place, each stored tensor
-put at its module path, ``mlx.nn.quantize`` with mlx-lm's predicate,
-``load_weights(strict=True)`` — nothing re-quantized, no fp32 checkpoint read, nothing built.
+skeleton, names map, and ``wrapper``: the settings of a token-pruning or early-exit rule around
+the module, :mod:`variants.families.wrapper_place`, whose exit heads go to
+``decision_head.safetensors`` as ``exit_heads.<i>.*``), the tokenizer files and
+``model.toml``. :func:`load_variant` loads it back packed: the skeleton from the configs,
+factored layers put in place, each stored tensor put at its module path, ``mlx.nn.quantize``
+with mlx-lm's predicate, ``load_weights(strict=True)``, then the rule's wrapper put back around
+it — nothing re-quantized, no fp32 checkpoint read, nothing built.
 A folder of format 1 (module paths as names) still loads.
 
-Only families whose variant is a set of weights MLX loads write one (:data:`EXPORTABLE`); the
-others say why in one line (:data:`NOT_EXPORTABLE`).
+Only families whose variant is a set of weights MLX loads, or such a set wrapped by token
+pruning or early exit, write one (:data:`EXPORTABLE`); the others say why in one line
+(:data:`NOT_EXPORTABLE`).
 """
 
 import hashlib
@@ -31,12 +35,12 @@ from runs.io import file_sha256
 #: paths, still read)
 FORMAT_VERSION = 2
 #: families whose variant is a set of weights (quantized and/or factored Linears; W8A8's int8
-#: Linears, which only this package's loaders read: :mod:`variants.arch.int8_place`)
-EXPORTABLE = ("quant", "lowrank", "w8a8")
+#: Linears, which only this package's loaders read: :mod:`variants.arch.int8_place`), or such a
+#: set wrapped by token pruning or early exit (the rule's settings and exit heads beside them:
+#: :mod:`variants.families.wrapper_place`; only this package's loader runs the rule)
+EXPORTABLE = ("quant", "lowrank", "w8a8", "prune", "exit", "composed")
 #: why the other families do not export (one line each)
 NOT_EXPORTABLE = {
-    "prune": "token pruning is a rule applied at run time, not weights",
-    "exit": "early exit is a rule plus exit heads run by this package, not an MLX checkpoint",
     "student": "a student is a new network trained here; export its folder with its own code",
     "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
 }
@@ -124,7 +128,8 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     ----------
     model : variants.models.decision.DecisionModel
         The variant as it runs (packed: built in the ``native`` mode), fitted head and
-        temperatures included.
+        temperatures included; its module plain or one token-pruning / early-exit wrapper
+        around a plain module (:func:`variants.families.wrapper_place.wrapper_block`).
     checkpoint : variants.checkpoints.load.Checkpoint
         The reference checkpoint it was built from (its config.json, tokenizer files, head).
     source : variants.models.configured.ModelSource
@@ -145,6 +150,11 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     dict
         The config.json written (the ``quantization`` block is None-free: absent when nothing
         is quantized).
+
+    Raises
+    ------
+    ValueError
+        A module this format cannot store (another wrapper, nested wrappers; one line).
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -154,20 +164,27 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     from variants.arch.lowrank import factor_shapes
     from variants.checkpoints import hf_names
     from variants.checkpoints.packed import OWN_FILE
+    from variants.families.wrapper_place import wrapper_block
 
     out = Path(out)
-    module = model.module
+    module, wrapper, wrapper_tensors = wrapper_block(model.module)  # the inner plain module
     with_head = (getattr(module, "classifier", None) is not None
                  and checkpoint.classifier is not None)
     names, stored, kept, head = hf_names.checkpoint_names(checkpoint, with_head)
     named, own = hf_names.split(dict(tree_flatten(module.parameters())), names)
     named.update({k: stored[k] for k in kept})  # as the checkpoint has them
     quant, own_quant = quantization_blocks(module, names)
+    clash = sorted(set(own) & set(wrapper_tensors))
+    if clash:
+        raise ValueError(f"the decision module's {clash[0]} has the name of an exit head's "
+                         "tensor; rename the module's attribute")
+    own.update(wrapper_tensors)  # the wrapper's own (exit heads), by its module paths
     mx.save_safetensors(str(out / "model.safetensors"), dict(sorted(named.items())),
                         metadata={"format": "mlx"})
     sha = file_sha256(out / "model.safetensors")
     if own:
-        mx.save_safetensors(str(out / OWN_FILE), own, metadata={"format": "mlx"})
+        mx.save_safetensors(str(out / OWN_FILE), dict(sorted(own.items())),
+                            metadata={"format": "mlx"})
         blob = f"model.safetensors {sha}\n{OWN_FILE} {file_sha256(out / OWN_FILE)}"
         sha = hashlib.sha256(blob.encode()).hexdigest()
     config = json.loads((Path(checkpoint.path) / "config.json").read_text())
@@ -187,7 +204,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
         "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
         "input_scaled": input_scaled_paths(module), "w8a8": int8_layers(module) or None,
-        "hf_head": head,
+        "wrapper": wrapper, "hf_head": head,
         "names": names, "kept": kept, "decision_head": OWN_FILE if own else None,
         "head_quantization": own_quant or None, "weights_sha256": sha,
         "max_length": [int(checkpoint.tokenizer.max_length), str(
@@ -216,9 +233,11 @@ def load_variant(path, max_length=None):
         :class:`variants.arch.lowrank.LowRankLinear` where it is factored,
         :class:`variants.runtime.int8_linear.Int8Linear` where it runs W8A8 (the stored int8
         codes, scales and SmoothQuant factors; :mod:`variants.arch.int8_place`), its
-        temperatures the judged ones.
+        temperatures the judged ones; wrapped, as built, by the folder's token-pruning or
+        early-exit rule (``PrunedNet`` / ``ExitNet`` with the stored exit heads:
+        :func:`variants.families.wrapper_place.place_wrapper`).
     checkpoint : variants.checkpoints.load.Checkpoint
-        Its encoder and classifier are the model's own (packed) modules.
+        Its encoder and classifier are the model's own (packed) modules (inside the wrapper).
 
     Raises
     ------
@@ -233,8 +252,9 @@ def load_variant(path, max_length=None):
     from variants.arch.lowrank import place_lowrank
     from variants.checkpoints.files import CheckpointError
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
-    from variants.checkpoints.packed import (is_export, module_weights, one_line,
+    from variants.checkpoints.packed import (OWN_FILE, is_export, module_weights, one_line,
                                              quant_predicate, skeleton)
+    from variants.families.wrapper_place import check_block, place_wrapper, split_tensors
     from variants.models import resolve
     from variants.runtime import qlinear
 
@@ -254,11 +274,13 @@ def load_variant(path, max_length=None):
     try:
         place_input_scales(module, check_paths(block.get("input_scaled")))
         place_int8(module, check_layers(block.get("w8a8")))
+        wrapper = check_block(block.get("wrapper"))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "
                               f"({e.args[0]}); export the variant again") from None
     wfile = path / "model.safetensors"
     weights, q = module_weights(path, config)
+    weights, wrapper_tensors = split_tensors(weights)
     if "group_size" in q:
         nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                     mode=q.get("mode", "affine"), class_predicate=quant_predicate(q, weights))
@@ -271,6 +293,15 @@ def load_variant(path, max_length=None):
     mx.eval(module.parameters())
     module.eval()
     qlinear.use_cpu_path(module)
+    try:
+        wrapped = place_wrapper(module, wrapper, wrapper_tensors)
+    except ValueError as e:
+        raise CheckpointError(f"{short_path(path / OWN_FILE)} does not match config.json's "
+                              f"{BLOCK}.wrapper ({one_line(e)}); export the variant "
+                              "again") from None
+    if wrapped is not module:  # the rule around the packed module, as the variant was built
+        wrapped.eval()
+        model = model.replace_module(wrapped)
     model.temperatures = {int(k): float(v) for k, v in block["temperatures"].items()}
     ck.encoder = module.encoder
     ck.classifier = getattr(module, "classifier", None) if block.get("hf_head") else None

@@ -2,13 +2,16 @@
 :mod:`variants.sweep.coldstart`).
 
 A variant of a family that exports (:data:`variants.families.artifact.EXPORTABLE`: quant,
-uniform or mixed, with learned quantizers or quantized embeddings; low rank, quantized or not;
-w8a8, its int8 codes, scales and SmoothQuant factors as stored) timed in the ``native`` mode is written as its weights folder — the files ``variants export``
-ships (:func:`variants.families.artifact.write_weights`: packed ``weight`` / ``scales`` /
-``biases``, factored layers as two Linears, the fitted head, temperatures) — into a temporary
-folder, and the fresh process loads that folder: no fp32 checkpoint, nothing built. Every other
-variant (prune, exit, student, exact, or a ``simulated`` speed mode) starts from the fp32
-checkpoint and its family's builder, and its result says so (``source``).
+uniform or mixed, with learned quantizers, quantized embeddings or ``--int8-layers``; low rank,
+quantized or not; w8a8, its int8 codes, scales and SmoothQuant factors as stored; prune and exit,
+their rule's settings and exit heads beside the wrapped module's weights; composed) timed in the
+``native`` mode is written as its weights folder — the files ``variants export`` ships
+(:func:`variants.families.artifact.write_weights`: packed ``weight`` / ``scales`` /
+``biases``, factored layers as two Linears, the fitted head, temperatures, the
+``mlx_variants.wrapper`` block) — into a temporary folder, and the fresh process loads that
+folder: no fp32 checkpoint, nothing built. Every other variant (student, exact, or a
+``simulated`` speed mode) starts from the fp32 checkpoint and its family's builder, and its
+result says so (``source``).
 """
 
 import tempfile

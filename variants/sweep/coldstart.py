@@ -11,7 +11,8 @@ JSON object with each stage timed separately:
   artifact"`` for a variant of a family that exports (:data:`variants.families.artifact.EXPORTABLE`,
   timed in the ``native`` mode): the parent wrote its weights folder (the files ``variants
   export`` ships: packed ``weight``/``scales``/``biases``, factored layers as two Linears, the
-  fitted head, temperatures in config.json) and the child loads that folder
+  fitted head, temperatures and a pruning or exit rule in config.json, exit heads) and the
+  child loads that folder
   (:func:`variants.families.artifact.load_variant`: no fp32 checkpoint, nothing built);
   ``"fp32 checkpoint + build"`` for the other variants (the fp32 checkpoint, then the family's
   builder); ``"fp32 checkpoint"`` for the reference;
