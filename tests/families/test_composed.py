@@ -147,7 +147,7 @@ def test_exit_with_pruning_inside_equals_pruning_when_no_head_fires(model, split
 def test_latency_model_prediction_by_hand():
     from variants.search.latency_model import predict
 
-    m = {"forward_ms": 100.0, "gemm_fp32_ms": 80.0, "gemm_int8_ms": 40.0, "n_layers": 6,
+    m = {"forward_ms": 100.0, "gemm_fp32_ms": 80.0, "gemm_int8_ms": 40.0, "n_layers": 6,  # g 0.5
          "gemm_share": 0.7, "rest_layer_share": 0.2}
     # t = 0.1 + d (0.7 g + 0.2)
     assert predict(m, {"w8a8": {}}) == pytest.approx(1 / (0.1 + 0.35 + 0.2))
@@ -159,6 +159,9 @@ def test_latency_model_prediction_by_hand():
         pytest.approx(1 / (0.1 + 0.3 * 0.9))
     no_profile = dict(m, gemm_share=None, rest_layer_share=None)  # p_g 0.8, p_r 0.8 x 0.2
     assert predict(no_profile, {"w8a8": {}}) == pytest.approx(1 / (0.04 + 0.4 + 0.16))
+    # the two whole forwards give g: 60 / 100 = 0.1 + 0.2 + 0.7 g -> g = 3 / 7
+    measured = dict(m, w8a8_forward_ms=60.0)
+    assert predict(measured, {"w8a8": {}}) == pytest.approx(100 / 60)
 
 
 def test_latency_walk_order_and_skips():

@@ -1,10 +1,12 @@
 """The per-piece latency model of the composed search (``variants search --cost latency-b1 /
 latency-b32``), measured once on this machine and cached.
 
-Three measurements at the timing batch (B texts of the search split, tokenised as the sweep
+Measurements at the timing batch (B texts of the search split, tokenised as the sweep
 tokenises them; B = 1 or 32), each the median of a few calls after a warm-up:
 
-- ``forward_ms``: the reference's whole forward (token ids -> logits);
+- ``forward_ms`` and ``w8a8_forward_ms``: the reference's whole forward (token ids -> logits)
+  and the same model with every encoder Linear W8A8 (built natively, as it runs: fused layers,
+  one stacked q|k|v GEMM), alternated call by call;
 - ``gemm_fp32_ms``: every encoder Linear alone, fp32 (``x @ W.T + b``), on the batch's token
   rows, summed;
 - ``gemm_int8_ms``: the same Linears as W8A8 (:class:`variants.runtime.int8_linear.Int8Linear`
@@ -19,7 +21,9 @@ as a share of the reference's (Amdahl, the design document's formula applied per
 
     t = (1 - p_g - p_r) + d · (p_g · g + p_r)
 
-with g = gemm_int8 / gemm_fp32 for W8A8 Linears (1 otherwise), and d the share of the layers'
+with g the W8A8 GEMMs' time over fp32's (:func:`gemm_ratio`: from the two whole forwards,
+(w8a8 / forward - (1 - p_g)) / p_g, so the W8A8 base is predicted as measured; 1 without W8A8),
+and d the share of the layers'
 per-token work still done: pruning after layer a at keep ratio ρ gives (a + (N - a) ρ) / N (the
 calibration texts' realised ratio once built), early exit the mean share of layers run on
 calibration (before it is built: :data:`EXIT_PRIOR`), both multiplied when both are in. The
@@ -86,8 +90,19 @@ def measure(reference, texts, batch):
         q = Int8Linear(lin, native=_kernel() is not None)
         fp32 += _median_ms(lambda: lin(x))
         int8 += _median_ms(lambda: q(x))
+    # the W8A8 model as it runs (fused layers, stacked q|k|v) against the reference, alternated
+    from variants.families.w8a8 import build as w8a8
+    from variants.families.w8a8.family import W8A8Config
+
+    variant, _ = w8a8.build(reference, W8A8Config(), mode="native")
+    ref_ms, w8_ms = [], []
+    for _ in range(ROUNDS):
+        ref_ms.append(_median_ms(lambda: module(ids, mask, types), 1))
+        w8_ms.append(_median_ms(lambda: variant.module(ids, mask, types), 1))
+    forward_ms, w8a8_ms = statistics.median(ref_ms), statistics.median(w8_ms)
     out = {"batch_size": len(texts), "seq_len": int(ids.shape[1]), "rows": rows,
-           "forward_ms": forward_ms, "gemm_fp32_ms": fp32, "gemm_int8_ms": int8,
+           "forward_ms": forward_ms, "w8a8_forward_ms": w8a8_ms,
+           "gemm_fp32_ms": fp32, "gemm_int8_ms": int8,
            "n_layers": len(module.encoder.layers), "linears": len(paths),
            "int8_native": _kernel() is not None, "gemm_share": None, "rest_layer_share": None}
     try:
@@ -129,6 +144,18 @@ def shares(m):
     return p_g, 0.8 * (1.0 - p_g)
 
 
+def gemm_ratio(m):
+    """g: the encoder GEMMs' time as W8A8 over fp32. From the whole W8A8 forward against the
+    reference's where measured (g = (w8a8 / forward - (1 - p_g)) / p_g: the GEMMs as they run,
+    fused and stacked), else from the Linears timed alone; clipped to [0.05, 1.5]."""
+    if m.get("w8a8_forward_ms"):
+        p_g, _ = shares(m)
+        g = (m["w8a8_forward_ms"] / m["forward_ms"] - (1.0 - p_g)) / p_g
+    else:
+        g = m["gemm_int8_ms"] / m["gemm_fp32_ms"]
+    return min(1.5, max(0.05, g))
+
+
 def depth(config, n_layers, summ=None):
     """d: the share of the layers' per-token work a candidate still does (module docstring)."""
     d = 1.0
@@ -148,7 +175,7 @@ def predict(m, config, summ=None):
     (module docstring); ``summ``: its build summary once built
     (:func:`variants.families.composed.build.summary`)."""
     p_g, p_r = shares(m)
-    g = m["gemm_int8_ms"] / m["gemm_fp32_ms"] if "w8a8" in config else 1.0
+    g = gemm_ratio(m) if "w8a8" in config else 1.0
     d = depth(config, m["n_layers"], summ)
     t = (1.0 - p_g - p_r) + d * (p_g * g + p_r)
     return 1.0 / t
