@@ -114,6 +114,13 @@ def markdown(frame, result, png):
             lines.append(f"| {f['name']} | {f['bits_per_weight']:.3f} | {_mb(f['model_bytes'])} "
                          f"| PASS | {_eval_word(f)} | "
                          f"{', '.join(f['failed_eval'] + f.get('undecided_eval', [])) or '-'} |")
+        if any(f.get("measured_speedup") is not None for f in result["finalists"]):
+            lines += ["", "Speed-up over the reference at the cost's batch size: predicted by the "
+                      "latency model, measured in strict alternation (the finalists' sweep).", "",
+                      "| finalist | predicted | measured |", "|---|---:|---:|"]
+            lines += [f"| {f['name']} | {f['predicted_speedup']:.2f}× | "
+                      + (f"{f['measured_speedup']:.2f}× |" if f.get("measured_speedup")
+                         else "— |") for f in result["finalists"]]
         held = sum(bool(f["passed_eval"]) for f in result["finalists"])
         lines += ["", f"{held} of {len(result['finalists'])} search-split passes held on the "
                   f"eval split ({held / len(result['finalists']):.0%}).", ""]

@@ -130,6 +130,11 @@ def _conclude(s, opts, records, t0, log):
         outcome = (f"Cheapest passing on the search split: {winner['name']} "
                    f"({winner['bits_per_weight']:.3f} bits/weight); not judged on eval "
                    "(--no-finalize).")
+    if winner is not None and winner.get("measured_speedup") is not None:  # the latency walk
+        b = opts.cost.split("-b")[-1]
+        outcome += (f" Speed-up at B={b}: predicted {winner['predicted_speedup']:.2f}×, "
+                    f"measured {winner['measured_speedup']:.2f}× (strict alternation with the "
+                    "reference).")
     n_full = sum(r["n_total"] for r in records if r.get("evaluated"))
     n_used = sum(r["n_used"] for r in records if r.get("evaluated"))
     result = {
