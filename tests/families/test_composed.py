@@ -204,3 +204,34 @@ def test_latency_walk_order_and_skips():
                 "w8a8+emb:8:32+prune:3:0.5"} & set(prune)
     assert seen[-1] == "w8a8+emb:8:32+prune:3:0.7+exit:entropy:0.99"  # both pieces
     assert len(recs) == len(seen)
+
+
+def test_exact_piece_outputs_the_rest_of_the_recipe(model, splits):
+    """``exact:cache:N`` around W8A8: rows are computed once (a repeated row is a hit), and the
+    outputs are the W8A8 variant's, row for row."""
+    from variants.families.composed.build import build
+
+    cfg = recipe.parse("w8a8+exact:cache:64")
+    got, infos = build(model, cfg, BuildInputs(), mode="native")
+    plain, _ = build(model, recipe.parse("w8a8"), BuildInputs(), mode="native")
+    assert [n for n, _ in infos] == ["w8a8", "exact"]
+    ev = splits["eval"]
+    twice = ev.subset(np.concatenate([np.arange(len(ev)), np.arange(len(ev))]))
+    np.testing.assert_array_equal(_logits(got, ev), _logits(plain, ev))
+    hits, stores = got.exact_cache.hits, got.exact_cache.stores
+    np.testing.assert_array_equal(_logits(got, twice)[len(ev):], _logits(plain, ev))
+    # each row twice in the call: de-duplicated to the 24 distinct, every one a cache hit
+    assert got.exact_cache.hits - hits == len(ev) and got.exact_cache.stores == stores
+
+
+def test_workload_price_by_hand():
+    from variants.search.workload_price import price, unique_rate
+
+    texts = ["a", "b", "a", "c", "a", "b", "d", "e"]  # 5 distinct of 8
+    assert unique_rate(texts) == (8, 5, 0.625)
+    w = price(texts, 2.0)
+    assert w["speedup_with_cache"] == pytest.approx(2.0 / 0.625)  # hits free: S / u
+    w = price(texts, 2.0, epsilon=0.1)  # 1 / (0.625 / 2 + 0.375 x 0.1)
+    assert w["speedup_with_cache"] == pytest.approx(1 / (0.3125 + 0.0375))
+    assert price(["x", "y"], 2.0)["speedup_with_cache"] == 2.0  # no repeats: S as it is
+    assert price(texts, None) is None

@@ -145,6 +145,10 @@ def markdown(frame, result, png):
         lines += ["## Amdahl", "", f"No Amdahl table: {am['skipped'].rstrip('.')}.", ""]
     elif am:
         lines += amdahl_md(am, am.get("batch_size"))
+    if result.get("workload"):
+        from variants.search.workload_price import markdown as workload_md
+
+        lines += workload_md(result["workload"])
     lines += ["## Path taken", "", f"cost in {unit}; slack of the tightest clause (negative = "
               "failing; for stopped candidates a bound)", "",
               "| step | candidate | cost | bits/weight | verdict | failing | tightest (slack) | "

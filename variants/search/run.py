@@ -149,7 +149,9 @@ def _conclude(s, opts, records, t0, log):
         "reference_fit": s.state["reference"].fitted_record,
         "winner": winner, "finalists": finalists,
         # the winner's pieces against the reference's segment profile (variants.search.amdahl)
-        "amdahl": _amdahl(s, winner, finalists), "overfitted": bool(
+        "amdahl": _amdahl(s, winner, finalists),
+        # the exact family's savings priced by the data's repeats (variants.search.workload_price)
+        "workload": _workload(s, winner), "overfitted": bool(
             finalists and not finalists[0]["passed_eval"]),
         "candidates": records,
         "totals": {"candidates": len(records),
@@ -178,6 +180,17 @@ def _amdahl(s, winner, finalists):
     from variants.search.amdahl import answer
 
     return answer(s.out, winner, s.settings)
+
+
+def _workload(s, winner):
+    """The winner's measured speed-up priced with a result cache on the search split's texts."""
+    if winner is None or not winner.get("measured_speedup"):
+        return None
+    from variants.search.workload_price import price
+
+    parts = s.state["parts"]
+    texts = [t for p in ("search-calibration", "search-eval") for t in parts[p].texts]
+    return price(texts, winner["measured_speedup"])
 
 
 def s_finalize(search, passing):

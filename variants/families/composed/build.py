@@ -20,6 +20,11 @@ The order, and why:
    distilled on unpruned states and its threshold fitted without pruning, and the contract
    judges the pruned-and-exiting model that runs.
 
+5. **Exact savings** (``exact``) — the exact family's de-duplication (and result cache) around
+   everything above: rows equal in a call (or seen before) are computed once, so its outputs are
+   the composed model's; its worth is priced by the traffic's repeat rate (the sweep's
+   workload streams, :mod:`variants.families.exact.workload`).
+
 Every step is the family's own builder, so a composed variant is judged and timed like any
 variant: the contract's clauses see only its outputs.
 """
@@ -79,7 +84,7 @@ def steps(config, group_size=64):
     from variants.families.quant.family import QuantConfig
     from variants.families.w8a8.family import W8A8Config
 
-    bad = [k for k in config if k not in ORDER]
+    bad = [k for k in config if k not in ORDER]  # ("exact" is applied by build, not a step)
     if bad or not config:
         raise ValueError(f"composed config pieces {bad or '(none)'} unknown; use {ORDER}")
     check(config)
@@ -157,6 +162,13 @@ def build(reference, config, inputs, mode="simulated", group_size=64, int8_mode=
                                            config["embeddings"].get("group_size", group_size),
                                            mode)
         infos.append(("embeddings", info))
+    if "exact" in config:  # outermost: equal rows answered once, from what the rest computes
+        from variants.families.exact.build import exact_model
+
+        model = exact_model(model, config["exact"].get("cache_size"))
+        from variants.runtime.memory import model_bytes
+
+        infos.append(("exact", dict(config["exact"], model_bytes=int(model_bytes(model)))))
     return model, infos
 
 
@@ -183,6 +195,7 @@ def summary(infos):
     ``prune_work_ratio``, ``exit_expected_cost`` (1.0 where the piece is absent),
     ``int8_share`` (of the encoder Linears' weights on integer GEMMs; 0 without w8a8)."""
     d = dict(infos)
+    infos = [(n, i) for n, i in infos if n != "exact"] or infos  # exact stores nothing more
     first = infos[0][1]  # the Linear step's native bytes, else the module's before emb/prune
     base = first["module_bytes_before"] if infos[0][0] == "embeddings" else first["model_bytes"]
     if infos[0][0] in ("prune", "exit") and "exit_head_bytes" in first:

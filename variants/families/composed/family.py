@@ -131,6 +131,11 @@ def describe(info, timing=None):
         e = steps["exit"]
         lines.append(f"- early exit ({e['rule']}, threshold {e['threshold']:.4g}): mean "
                      f"{s['exit_expected_cost']:.3f} of the layers run on calibration")
+    if "exact" in steps:
+        e = steps["exact"]
+        lines.append("- exact: " + ("equal rows in a call computed once" if e["kind"] == "dedup"
+                                    else f"that and a result cache of {e['cache_size']} rows")
+                     + " (the workload streams in timing.json price it on this data's repeats)")
     if "embeddings" in steps:
         m = steps["embeddings"]
         lines.append(f"- embeddings at {m['bits']} bits (group {m['group_size']}): "
@@ -138,6 +143,44 @@ def describe(info, timing=None):
     lines.append(f"- stored: {s['model_bytes'] / 1e6:.2f} MB")
     lines += realised_speed_lines(timing, info["ideal_speedup"])
     return "\n".join(lines) + "\n"
+
+
+class _ExactView:
+    """The exact piece of a composed config as the exact family's timing reads a config."""
+
+    def __init__(self, vcfg):
+        e = vcfg.config["exact"]
+        self.kind, self.cache_size = e["kind"], e.get("cache_size")
+
+
+def timed_variant(variant, vcfg):
+    """A recipe with a result cache is timed on its miss path, as the exact family's
+    (:func:`variants.families.exact.build.timed_variant`); otherwise the variant."""
+    if "exact" not in vcfg.config:
+        return variant
+    from variants.families.exact import build as exact
+
+    return exact.timed_variant(variant, _ExactView(vcfg))
+
+
+def time_extra(reference, variant, eval_taskset, cfg, vcfg):
+    """With an ``exact`` piece: the exact family's workload streams (the eval split as it is and
+    Zipf-repeated, reference and variant alternated per call): what its traffic's repeats are
+    worth on top of the rest of the recipe. Nothing otherwise."""
+    if "exact" not in vcfg.config:
+        return {}
+    from variants.families.exact.family import time_extra as exact_time
+
+    return exact_time(reference, variant, eval_taskset, cfg, _ExactView(vcfg))
+
+
+def extra_stale(timing, cfg, vcfg):
+    """On resume: the exact family's check of saved workload settings (None without exact)."""
+    if "exact" not in vcfg.config:
+        return None
+    from variants.families.exact.family import extra_stale as exact_stale
+
+    return exact_stale(timing, cfg, _ExactView(vcfg))
 
 
 def _judged_in_speed_mode(vcfg):
@@ -148,5 +191,6 @@ def _judged_in_speed_mode(vcfg):
 FAMILY = Family(name="composed", config=ComposedConfig, params=PARAMS,
                 add_arguments=add_arguments, ladder=ladder, run_name=run_name, build=build,
                 check_model=check_model, describe=describe,
-                inputs=("calibration", "fit", "cache_dir"),
+                inputs=("calibration", "fit", "cache_dir"), timed_variant=timed_variant,
+                time_extra=time_extra, extra_stale=extra_stale,
                 judged_in_speed_mode=_judged_in_speed_mode)

@@ -19,6 +19,9 @@ piece                  what                                            dict entr
                        ratio R                                         "keep_ratio"}``
 ``exit:RULE:TARGET``   early exit, rule entropy | margin, threshold    ``{"rule", "target"}``
                        fitted to calibration agreement TARGET
+``exact:dedup`` /      the exact family's de-duplication of equal      ``{"kind"[, "cache_size"]}``
+``exact:cache:N``      rows in a call, or that and a result cache of
+                       N rows across calls, in front of the rest
 =====================  ==============================================  =============================
 
 E.g. ``w8a8+prune:2:0.5+exit:entropy:0.99``. Each piece at most once; ``q`` and ``w8a8`` are
@@ -32,10 +35,10 @@ import json
 import math
 
 #: build order (module docstring of :mod:`variants.families.composed.build`)
-ORDER = ("lowrank", "quant", "w8a8", "embeddings", "prune", "exit")
+ORDER = ("lowrank", "quant", "w8a8", "embeddings", "prune", "exit", "exact")
 #: recipe words -> dict keys
 WORDS = {"lowrank": "lowrank", "q": "quant", "w8a8": "w8a8", "emb": "embeddings",
-         "prune": "prune", "exit": "exit"}
+         "prune": "prune", "exit": "exit", "exact": "exact"}
 INCOMPATIBLE = (("quant", "w8a8"), ("lowrank", "w8a8"))
 LOWRANK_METHODS = ("whitened", "plain", "scaled")
 EXIT_RULES = ("entropy", "margin")
@@ -45,7 +48,8 @@ EXAMPLE = "w8a8+prune:2:0.5"
 
 def _bad(text, why):
     return ValueError(f"--compose {text!r}: {why}; e.g. --compose {EXAMPLE} "
-                      "(pieces lowrank:R, q:B, w8a8[:sq], emb:B, prune:A:R, exit:RULE:TARGET)")
+                      "(pieces lowrank:R, q:B, w8a8[:sq], emb:B, prune:A:R, exit:RULE:TARGET, "
+                      "exact:dedup|cache:N)")
 
 
 def _number(text, piece, s, kind=float):
@@ -103,6 +107,16 @@ def parse(text):
             if a < 1 or not 0 < r <= 1:
                 raise _bad(text, f"{piece!r} needs a layer >= 1 and a keep ratio in (0, 1]")
             config[key] = {"after_layer": a, "keep_ratio": r}
+        elif key == "exact":
+            if args == ["dedup"]:
+                config[key] = {"kind": "dedup"}
+            elif n == 2 and args[0] == "cache":
+                c = _number(text, piece, args[1], int)
+                if c < 1:
+                    raise _bad(text, f"{piece!r} needs a cache size >= 1 (rows)")
+                config[key] = {"kind": "cache", "cache_size": c}
+            else:
+                raise _bad(text, f"{piece!r} is not exact:dedup or exact:cache:ROWS")
         elif key == "exit":
             if n != 2 or args[0] not in EXIT_RULES:
                 raise _bad(text, f"{piece!r} is not exit:RULE:TARGET with RULE one of "
@@ -144,6 +158,9 @@ def recipe_of(config):
             parts.append(f"prune:{v['after_layer']}:{v['keep_ratio']:g}")
         elif k == "exit":
             parts.append(f"exit:{v.get('rule', 'entropy')}:{v['target']:g}")
+        elif k == "exact":
+            parts.append("exact:dedup" if v["kind"] == "dedup"
+                         else f"exact:cache:{v['cache_size']}")
     return "+".join(parts)
 
 
@@ -168,6 +185,8 @@ def name_of(config):
             e = v
             parts.append(f"exit-{e.get('rule', 'entropy')}-" + (
                 f"ag{e['target']:g}" if e.get("target") is not None else f"t{e['threshold']:g}"))
+        elif k == "exact":
+            parts.append("dedup" if v["kind"] == "dedup" else f"cache-{v['cache_size']}")
     return "+".join(parts) or "reference"
 
 
