@@ -20,6 +20,7 @@ from variants.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PRUNE = ["--family", "prune", "--prune-layers", "2", "--keep-ratios", "0.5"]
+COMPOSED = ["--family", "composed", "--compose"]
 EXIT = ["--family", "exit", "--exit-rules", "entropy", "--exit-layers", "2", "4",
         "--exit-thresholds"]
 
@@ -31,7 +32,9 @@ def minilm(tmp_path_factory):
     root = tmp_path_factory.mktemp("wrapped")
     cold = [a if a != "none" else "all" for a in TINY]
     return {"prune": sweep_and_export(root, "p", [*PRUNE, "--prune-bits", "8"], tiny=cold),
-            "exit": sweep_and_export(root, "x", [*EXIT, "0.5"])}
+            "exit": sweep_and_export(root, "x", [*EXIT, "0.5"]),
+            "composed": sweep_and_export(root, "c", [*COMPOSED, "+".join(
+                ("w8a8", "emb:8", "prune:2:0.7", "exit:entropy:0.9", "exact:dedup"))])}
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +51,15 @@ def modernbert(tmp_path_factory):
     return {"prune": sweep_and_export(root, "p", [*base, *PRUNE]),
             # random init: nearly uniform heads, so a threshold that fires near 1
             "exit": sweep_and_export(root, "x", [*base, *EXIT, "0.99"]),
-            "w8a8": sweep_and_export(root, "w", [*base, "--family", "w8a8"], "w8a8-sq")}
+            "w8a8": sweep_and_export(root, "w", [*base, "--family", "w8a8"], "w8a8-sq"),
+            "composed": sweep_and_export(root, "c", [*base, *COMPOSED,
+                                                     "w8a8:sq+prune:2:0.5+exit:entropy:0.99"])}
 
 
 @pytest.mark.parametrize("model, kind", [("minilm", "prune"), ("minilm", "exit"),
                                          ("modernbert", "prune"), ("modernbert", "exit"),
-                                         ("modernbert", "w8a8")])
+                                         ("modernbert", "w8a8"), ("minilm", "composed"),
+                                         ("modernbert", "composed")])
 def test_verify_recomputes_the_judged_logits(request, model, kind):
     from variants.export.verify import verify
 
@@ -65,7 +71,21 @@ def test_verify_recomputes_the_judged_logits(request, model, kind):
     else:  # the same fp32 (or int8) arithmetic as judged
         assert res["max_abs_dlogit"] == 0.0 and res["bit_identical"]
     block = json.loads((out / "config.json").read_text())["mlx_variants"]
-    assert (block["wrapper"] or {}).get("kind") == (None if kind == "w8a8" else kind)
+    want = {"w8a8": None, "composed": "exit"}.get(kind, kind)
+    assert (block["wrapper"] or {}).get("kind") == want
+    if kind == "composed":  # pruning inside the exit loop; the recipe in the block
+        assert block["wrapper"]["prune"]["points"] == [[2, 0.7 if model == "minilm" else 0.5]]
+        assert block["family"] == "composed" and "w8a8" in block["variant_config"]["recipe"]
+        assert block["w8a8"]  # the int8 Linears inside the wrappers
+
+
+def test_a_composed_folder_loads_with_its_exact_piece(minilm):
+    from variants.export.load import load_variant
+    from variants.families.exact.build import ExactMixin
+
+    _, _, out = minilm["composed"]
+    model, _ = load_variant(out)
+    assert isinstance(model, ExactMixin) and model.exact_cache is None  # dedup: no cache
 
 
 def test_the_folder_stores_the_rule_and_the_heads(minilm):

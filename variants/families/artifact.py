@@ -303,6 +303,23 @@ def load_variant(path, max_length=None):
         wrapped.eval()
         model = model.replace_module(wrapped)
     model.temperatures = {int(k): float(v) for k, v in block["temperatures"].items()}
+    model = _exact_piece(model, block)
     ck.encoder = module.encoder
     ck.classifier = getattr(module, "classifier", None) if block.get("hf_head") else None
     return model, ck
+
+
+def _exact_piece(model, block):
+    """A composed variant's ``exact`` piece (de-duplication, result cache) put back around the
+    loaded model, as it was built (:mod:`variants.families.composed.build`); the model as is
+    otherwise. It stores nothing: the recipe in ``variant_config`` says it."""
+    if block.get("family") != "composed":
+        return model
+    from variants.families.composed.recipe import parse
+
+    exact = parse((block.get("variant_config") or {}).get("recipe", "")).get("exact")
+    if exact is None:
+        return model
+    from variants.families.exact.build import exact_model
+
+    return exact_model(model, exact.get("cache_size"))
