@@ -25,6 +25,16 @@ def test_recipe_text_and_dict_round_trip(text, config):
     assert recipe.parse(recipe.recipe_of(got)) == got
 
 
+def test_recipe_numbers_are_never_rounded():
+    a, b = recipe.parse("prune:2:0.7000001"), recipe.parse("prune:2:0.7")
+    assert recipe.recipe_of(a) == "prune:2:0.7000001" and recipe.name_of(a) != recipe.name_of(b)
+    from variants.families.composed.family import ComposedConfig
+
+    assert ComposedConfig("lowrank:0.9999999").recipe == "lowrank:0.9999999"
+    assert recipe.parse(recipe.recipe_of(recipe.parse("exit:entropy:0.9999999"))) == \
+        {"exit": {"rule": "entropy", "target": 0.9999999}}
+
+
 def test_recipe_names_follow_the_build_order():
     assert recipe.name_of(recipe.parse("exit:margin:0.99+prune:2:0.5+w8a8:sq+emb:8")) == \
         "w8a8-sq+emb8+prune-a2-r0.5+exit-margin-ag0.99"
@@ -107,6 +117,16 @@ def test_w8a8_emb_prune_is_the_builders_by_hand(model, splits):
     assert emb["saved_bytes"] == saved
     assert s["model_bytes"] == i1["model_bytes"] - saved
     assert s["int8_share"] == i1["int8_share"] == 1.0
+    from variants.search.composed import costs
+    from variants.search.costs import CostTable
+    from variants.search.sensitivity import quantizable_layers
+
+    linears = [p for p in quantizable_layers(model.module) if "embeddings" not in p]
+    c = costs(CostTable(model.module, linears, (8,), 64), s)
+    # bits per encoder Linear weight: int8 codes + fp32 scale + int32 column sum per channel
+    assert c["bits"] == pytest.approx(8 * sum(o * (i + 8) for o, i in (
+        dict(model.module.named_modules())[p].weight.shape for p in linears)) / sum(
+        dict(model.module.named_modules())[p].weight.size for p in linears), rel=1e-3)
 
 
 def test_exit_with_pruning_inside_equals_pruning_when_no_head_fires(model, splits, tmp_path):

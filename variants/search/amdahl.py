@@ -196,10 +196,11 @@ def answer(out, winner, settings=None):
     if "skipped" in prof or not prof.get("share"):
         return {"skipped": prof.get("skipped", "the finalists' sweep recorded no segment "
                                                "profile")}
-    measured, mb = None, None
+    measured, mb, region_name = None, None, None
     try:
         timing = json.loads((final / winner["name"] / "timing.json").read_text())
         region = timing.get("end_to_end") or timing.get("batches") or {}
+        region_name = "end to end (texts → decisions)" if timing.get("end_to_end") else "forward"
         cost = (settings or {}).get("cost", "")
         want = [cost.split("-b")[-1]] if cost.startswith("latency-b") else []
         want += [str(prof.get("batch_size")), *sorted(region, key=int, reverse=True)]
@@ -212,7 +213,7 @@ def answer(out, winner, settings=None):
     except ValueError as e:
         return {"skipped": str(e)}
     return dict(t, batch_size=prof.get("batch_size"),
-                measured_batch_size=None if mb is None else int(mb))
+                measured_batch_size=None if mb is None else int(mb), measured_region=region_name)
 
 
 def _x(v):
@@ -231,7 +232,11 @@ def markdown(t, batch_size=None):
     lines += [f"| **all pieces** | {t['accelerated_share']:.1%} | {_x(t['ceiling'])} |", ""]
     m = t["measured"]
     if m:
-        lines.append(f"Measured: {m:.2f}× (strict alternation with the reference); ceiling that "
+        where = (f", {t['measured_region']} at B={t['measured_batch_size']}"
+                 if t.get("measured_region") and t.get("measured_batch_size") else "")
+        if where and batch_size and t["measured_batch_size"] != batch_size:
+            where += f" (the shares are the B={batch_size} profile's)"
+        lines.append(f"Measured: {m:.2f}× (strict alternation with the reference{where}); ceiling that "
                      f"remains {_x(t['ceiling'])}; {t['target']:g}× needs {t['gap']:.2f}× more." if m < t["target"] else
                      f"Measured: {m:.2f}×, at or past {t['target']:g}×.")
         if t["implied_piece_speedup"]:

@@ -68,8 +68,10 @@ def costs(table, summ):
     weights = sum(o * i for o, i in table.shape.values())
     fixed = table.total_bytes - sum(table.dense_bytes.values())
     dense_flops = float(sum(2 * o * i for o, i in table.shape.values()))
+    # bits per encoder weight: the Linears only (tables quantized by an emb piece are not units)
+    linear_bytes = summ["model_bytes"] + summ.get("embeddings_saved_bytes", 0) - fixed
     return {"bytes": float(summ["model_bytes"]),
-            "bits": 8.0 * (summ["model_bytes"] - fixed) / weights,
+            "bits": 8.0 * linear_bytes / weights,
             "flops": dense_flops * summ["linear_flop_ratio"] * summ["prune_work_ratio"]
             * summ["exit_expected_cost"]}
 

@@ -60,6 +60,13 @@ class LatencySearch(OptunaSearch):
     def finalizable(self, rec):
         return True
 
+    def prepare(self):
+        """:meth:`Search.prepare`; the embedding tables are the walk's ``emb`` piece, not units."""
+        super().prepare()
+        self.units.kept = [(p, "embedding tables: the walk's emb piece (8-bit at group 64 or "
+                               "32, or fp32), one choice for all tables" if "embeddings" in p
+                            else why) for p, why in self.units.kept]
+
     def model(self):
         """The latency model (measured or read from the cache) of the cost's batch size."""
         if getattr(self, "_model", None) is None:

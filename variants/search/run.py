@@ -57,11 +57,16 @@ def run_search(opts, log=print):
             t = time.perf_counter()
             sens = s.sensitivity()
             s.parts_s["per-layer sensitivity"] = time.perf_counter() - t
-            log(f"search: {len(s.layers)} layers x options "
-                f"{list(getattr(s, 'options', opts.bits))} (cheapest first), quantizers "
-                f"{' '.join(opts.quant_methods)}, strategy "
-                f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x "
-                f"{executor.workers}")
+            if opts.strategy == "latency":
+                log(f"search: the composed space (W8A8, 8-bit embeddings, token pruning, early "
+                    f"exit), strategy latency, cost {opts.cost}, executor {opts.executor} x "
+                    f"{executor.workers}")
+            else:
+                log(f"search: {len(s.layers)} layers x options "
+                    f"{list(getattr(s, 'options', opts.bits))} (cheapest first), quantizers "
+                    f"{' '.join(opts.quant_methods)}, strategy "
+                    f"{opts.strategy}, cost {opts.cost}, executor {opts.executor} x "
+                    f"{executor.workers}")
             t = time.perf_counter()
             records = s.walk(sens)
             s.parts_s["candidates"] = time.perf_counter() - t
@@ -110,7 +115,14 @@ def _conclude(s, opts, records, t0, log):
         s.parts_s = dict(getattr(s, "parts_s", {}), **{
             "finalists on calibration + eval (build, outputs, timing)": time.perf_counter() - t})
         first = passing[0]
-        if winner is None:
+        measured = [f for f in finalists if f.get("measured_speedup") is not None]
+        if winner is not None and measured:  # the latency walk: fastest measured on eval
+            held = sum(bool(f["passed_eval"]) for f in finalists)
+            outcome = (f"Winner {winner['name']}: of {len(finalists)} finalists, {held} pass on "
+                       "the eval split, and it is the one measured fastest; "
+                       f"{winner['model_bytes'] / 1e6:.2f} MB (report: {search_folder(s, winner)}"
+                       "/report.md).")
+        elif winner is None:
             outcome = (f"The search's winner {first['name']} and the next "
                        f"{len(finalists) - 1} cheapest fail on the eval split: the search "
                        "overfitted the search split; no configuration passes both.")
@@ -180,6 +192,11 @@ def _amdahl(s, winner, finalists):
     from variants.search.amdahl import answer
 
     return answer(s.out, winner, s.settings)
+
+
+def search_folder(s, rec):
+    """The finalists' sweep folder of ``rec`` (``OUT/final/<name>``)."""
+    return s.out / "final" / rec["name"]
 
 
 def _workload(s, winner):

@@ -205,7 +205,8 @@ def summary(infos):
            "int8_share": float(d.get("w8a8", {}).get("int8_share", 0.0))}
     if "lowrank" in d:
         out["linear_flop_ratio"] = float(d["lowrank"]["cost"]["linear_flop_ratio"])
-    out["model_bytes"] -= int(d.get("embeddings", {}).get("saved_bytes", 0))
+    out["embeddings_saved_bytes"] = int(d.get("embeddings", {}).get("saved_bytes", 0))
+    out["model_bytes"] -= out["embeddings_saved_bytes"]
     out["model_bytes"] += int(d.get("exit", {}).get("exit_head_bytes", 0))
     if "prune" in d:
         p = d["prune"]

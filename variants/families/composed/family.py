@@ -104,8 +104,13 @@ def check_model(encoder, configs, model=None):
             from variants.families.prune import build as prune
 
             p = cfg["prune"]
-            prune.check_model(encoder, [PruneConfig(after_layer=p["after_layer"],
-                                                    keep_ratio=p["keep_ratio"])])
+            try:
+                prune.check_model(encoder, [PruneConfig(after_layer=p["after_layer"],
+                                                        keep_ratio=p["keep_ratio"])])
+            except ValueError as e:
+                n = len(getattr(encoder, "layers", None) or encoder.encoder.layers)
+                raise ValueError(f"--compose {c.recipe!r}: {str(e).split(';')[0]}; pass "
+                                 f"prune:A:R with A between 1 and {n - 1}") from None
         if "w8a8" in cfg:
             from variants.families.w8a8 import build as w8a8
             from variants.families.w8a8.family import W8A8Config

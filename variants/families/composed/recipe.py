@@ -34,6 +34,8 @@ import hashlib
 import json
 import math
 
+from variants.families import name_number
+
 #: build order (module docstring of :mod:`variants.families.composed.build`)
 ORDER = ("lowrank", "quant", "w8a8", "embeddings", "prune", "exit", "exact")
 #: recipe words -> dict keys
@@ -145,7 +147,7 @@ def recipe_of(config):
             continue
         v = config[k]
         if k == "lowrank":
-            parts.append(f"lowrank:{v['ratio']:g}" + (
+            parts.append(f"lowrank:{_n(v['ratio'])}" + (
                 "" if v.get("method", "whitened") == "whitened" else f":{v['method']}"))
         elif k == "quant":
             parts.append(f"q:{v['bits']}")
@@ -155,9 +157,9 @@ def recipe_of(config):
             parts.append(f"emb:{v['bits']}" + (f":{v['group_size']}" if "group_size" in v
                                                 else ""))
         elif k == "prune":
-            parts.append(f"prune:{v['after_layer']}:{v['keep_ratio']:g}")
+            parts.append(f"prune:{v['after_layer']}:{_n(v['keep_ratio'])}")
         elif k == "exit":
-            parts.append(f"exit:{v.get('rule', 'entropy')}:{v['target']:g}")
+            parts.append(f"exit:{v.get('rule', 'entropy')}:{_n(v['target'])}")
         elif k == "exact":
             parts.append("exact:dedup" if v["kind"] == "dedup"
                          else f"exact:cache:{v['cache_size']}")
@@ -172,7 +174,7 @@ def name_of(config):
             continue
         v = config[k]
         if k == "lowrank":
-            parts.append(f"lr-{v.get('method', 'whitened')}-p{v['ratio']:g}")
+            parts.append(f"lr-{v.get('method', 'whitened')}-p{_n(v['ratio'])}")
         elif k == "quant":
             parts.append(f"q{v['bits']}")
         elif k == "w8a8":
@@ -180,14 +182,21 @@ def name_of(config):
         elif k == "embeddings":
             parts.append(f"emb{v['bits']}" + (f"g{v['group_size']}" if "group_size" in v else ""))
         elif k == "prune":
-            parts.append(f"prune-a{v['after_layer']}-r{v['keep_ratio']:g}")
+            parts.append(f"prune-a{v['after_layer']}-r{_n(v['keep_ratio'])}")
         elif k == "exit":
             e = v
             parts.append(f"exit-{e.get('rule', 'entropy')}-" + (
-                f"ag{e['target']:g}" if e.get("target") is not None else f"t{e['threshold']:g}"))
+                f"ag{_n(e['target'])}" if e.get("target") is not None
+                else f"t{_n(e['threshold'])}"))
         elif k == "exact":
             parts.append("dedup" if v["kind"] == "dedup" else f"cache-{v['cache_size']}")
     return "+".join(parts) or "reference"
+
+
+def _n(x):
+    """``x`` as ``:g`` writes it when that reads back exactly, else its shortest exact form
+    (0.9999999 stays 0.9999999: a recipe's or a name's number is never rounded)."""
+    return name_number(x, "g")
 
 
 def composed_id(config):
