@@ -255,3 +255,32 @@ def test_workload_price_by_hand():
     assert w["speedup_with_cache"] == pytest.approx(1 / (0.3125 + 0.0375))
     assert price(["x", "y"], 2.0)["speedup_with_cache"] == 2.0  # no repeats: S as it is
     assert price(texts, None) is None
+
+
+def test_the_latency_walk_never_builds_a_candidate_over_budget(monkeypatch):
+    """``--budget`` (ms): candidates predicted over it are recorded as failing, not built."""
+    from types import SimpleNamespace
+
+    from variants.search.driver import SearchOptions
+    from variants.search.latency_walk import LatencySearch
+    from variants.search.optuna_search import OptunaSearch
+
+    s = LatencySearch.__new__(LatencySearch)
+    s.opts = SearchOptions(cost="latency-b32", max_candidates=60, batch=1, budget=50.0)
+    s.log = lambda m: None
+    s._build = None
+    s._model = {"forward_ms": 100.0, "gemm_fp32_ms": 80.0, "gemm_int8_ms": 40.0, "n_layers": 6,
+                "gemm_share": 0.7, "rest_layer_share": 0.2, "batch_size": 32, "seq_len": 40}
+    s.costs = None
+    s.state = {"reference": SimpleNamespace(module=None),
+               "parts": {"search-eval": list(range(10))}}
+    built = []
+    monkeypatch.setattr(OptunaSearch, "evaluate_configs", lambda self, cfgs, step: [
+        built.append(c) or {"config": c, "passed": True} for c in cfgs])
+    w8 = {"w8a8": {"smooth": False}}  # predicted 100 / (0.1 + 0.35 + 0.2) = 65 ms: over
+    fast = {**w8, "prune": {"after_layer": 1, "keep_ratio": 0.5}}  # 100 x (0.1 + 0.583 x
+    # 0.55) = 42 ms: under
+    recs = s.evaluate_configs([w8, fast], 1)
+    assert built == [fast]
+    assert recs[0]["failed"] == ["over --budget"] and recs[0]["cost"] == pytest.approx(65.0)
+    assert recs[1]["passed"]

@@ -303,7 +303,12 @@ def load_variant(path, max_length=None):
         wrapped.eval()
         model = model.replace_module(wrapped)
     model.temperatures = {int(k): float(v) for k, v in block["temperatures"].items()}
-    model = _exact_piece(model, block)
+    try:
+        model = _exact_piece(model, block)
+    except ValueError as e:
+        raise CheckpointError(f"{short_path(path / 'config.json')}: {BLOCK}.variant_config does "
+                              f"not match the folder ({one_line(e)}); export the variant "
+                              "again") from None
     ck.encoder = module.encoder
     ck.classifier = getattr(module, "classifier", None) if block.get("hf_head") else None
     return model, ck
@@ -317,7 +322,21 @@ def _exact_piece(model, block):
         return model
     from variants.families.composed.recipe import parse
 
-    exact = parse((block.get("variant_config") or {}).get("recipe", "")).get("exact")
+    try:
+        config = parse((block.get("variant_config") or {}).get("recipe", ""))
+    except ValueError:
+        raise ValueError("its recipe is not one --compose reads") from None
+    w = block.get("wrapper") or {}
+    kind = "exit" if "exit" in config else "prune" if "prune" in config else None
+    if w.get("kind") != kind:
+        raise ValueError(f"the recipe has {kind or 'no'} rule, the wrapper "
+                         f"{w.get('kind') or 'none'}")
+    if "prune" in config:
+        p = w if kind == "prune" else (w.get("prune") or {})
+        want = [[config["prune"]["after_layer"], config["prune"]["keep_ratio"]]]
+        if p.get("points") != want:
+            raise ValueError(f"the recipe prunes at {want}, the wrapper at {p.get('points')}")
+    exact = config.get("exact")
     if exact is None:
         return model
     from variants.families.exact.build import exact_model

@@ -98,7 +98,40 @@ def check_block(value):
     if value["kind"] == "exit" and len(value["heads"]) != len(value["layers"]):
         raise ValueError(f"wrapper block has {len(value['heads'])} exit heads for "
                          f"{len(value['layers'])} exit layers")
+    if value["kind"] == "prune":
+        _check_prune(value, "wrapper")
+    else:
+        from variants.families.exit.rules import RULES
+
+        if value["rule"] not in RULES or value["head_kind"] not in ("linear", "cosine"):
+            raise ValueError(f"wrapper's exit rule {value['rule']!r} / head kind "
+                             f"{value['head_kind']!r} is not one of {RULES} / linear, cosine")
+        if value.get("prune") is not None:
+            _check_prune(value["prune"], "wrapper's prune")
     return value
+
+
+def _check_prune(p, what):
+    """Raise ValueError unless ``p`` is a ``{points, score, protected_ids}`` block."""
+    from variants.families.prune.config import SCORES
+
+    ok = (isinstance(p, dict) and isinstance(p.get("points"), list) and p["points"]
+          and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], int)
+                  and isinstance(x[1], (int, float)) and 0 < x[1] <= 1 for x in p["points"])
+          and p.get("score") in SCORES and isinstance(p.get("protected_ids"), list)
+          and all(isinstance(i, int) for i in p["protected_ids"]))
+    if not ok:
+        raise ValueError(f"{what} is not a {{points: [[layer, keep ratio in (0, 1]]], score: "
+                         f"{' | '.join(SCORES)}, protected_ids: [int]}} block")
+
+
+def check_layers_in(block, n_layers):
+    """Raise ValueError when a pruning layer of ``block`` lies outside [1, ``n_layers``)."""
+    p = block if block["kind"] == "prune" else block.get("prune")
+    for a, _ in (p or {}).get("points", []):
+        if not 1 <= a < n_layers:
+            raise ValueError(f"wrapper prunes after layer {a}, outside [1, {n_layers}) for this "
+                             f"{n_layers}-layer encoder")
 
 
 def split_tensors(weights):
@@ -127,6 +160,7 @@ def place_wrapper(module, block, tensors):
         if tensors:
             raise ValueError(f"{sorted(tensors)[0]} is stored but config.json has no wrapper")
         return module
+    check_layers_in(block, len(module.encoder.layers))
     if block["kind"] == "prune":
         if tensors:
             raise ValueError(f"{sorted(tensors)[0]} is stored but token pruning has no tensors")

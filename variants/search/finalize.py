@@ -91,8 +91,14 @@ def finalize_together(search, chosen):
         f["measured_speedup"] = _measured(out / rec["name"] / "timing.json", batch)
         finalists.append(f)
     ok = [(f, r) for f, r in zip(finalists, chosen) if f["passed_eval"]]
-    if not ok:
+    budget = o.budget
+    if budget is not None:  # the predicted cost after the build, against --budget
+        ok = [(f, r) for f, r in ok if r["cost"] <= budget]
+    faster = [(f, r) for f, r in ok if (f["measured_speedup"] or 0.0) > 1.0]
+    search.none_faster = bool(ok) and not faster
+    if not faster:  # passing but measured no faster than the reference: keep the reference
         return None, finalists
+    ok = faster
     f, r = max(ok, key=lambda fr: (fr[0]["measured_speedup"] or 0.0, -fr[0]["model_bytes"]))
     return dict(r, measured_speedup=f["measured_speedup"]), finalists
 

@@ -63,6 +63,12 @@ class LatencySearch(OptunaSearch):
     def prepare(self):
         """:meth:`Search.prepare`; the embedding tables are the walk's ``emb`` piece, not units."""
         super().prepare()
+        from variants.arch.activations import target_linears
+        from variants.search.costs import CostTable
+
+        module = self.state["reference"].module
+        # bits per weight over every encoder Linear W8A8 converts (indivisible widths too)
+        self.linear_table = CostTable(module, target_linears(module), (), self.opts.group_size)
         self.units.kept = [(p, "embedding tables: the walk's emb piece (8-bit at group 64 or "
                                "32, or fp32), one choice for all tables" if "embeddings" in p
                             else why) for p, why in self.units.kept]
@@ -94,7 +100,7 @@ class LatencySearch(OptunaSearch):
         summ = self._build
         speed = latency_model.predict(m, config, summ)
         if summ:
-            cost = composed.costs(self.costs, summ)
+            cost = composed.costs(getattr(self, "linear_table", self.costs), summ)
         else:
             cost = dict.fromkeys(("bytes", "bits", "flops"), float("nan"))
         return {"id": spec["id"], "step": step, "name": name_of(config), "config": config,
@@ -105,6 +111,33 @@ class LatencySearch(OptunaSearch):
                 "bits_per_weight": cost["bits"],
                 "model_bytes": int(cost["bytes"]) if cost["bytes"] == cost["bytes"] else 0,
                 "flops": cost["flops"], **({"build": summ} if summ else {})}
+
+    def evaluate_configs(self, configs, step):
+        """:meth:`OptunaSearch.evaluate_configs`, with ``--budget``: a candidate whose
+        predicted time is over it is recorded as failing (``over --budget``), not built."""
+        budget = self.opts.budget
+        if budget is None:
+            return super().evaluate_configs(configs, step)
+        m = self.model()
+        over = {recipe_of(c) for c in configs
+                if m["forward_ms"] / latency_model.predict(m, c) > budget}
+        todo = [c for c in configs if recipe_of(c) not in over]
+        got = iter(super().evaluate_configs(todo, step) if todo else [])
+        out = []
+        for c in configs:
+            if recipe_of(c) not in over:
+                out.append(next(got))
+                continue
+            self._build = None
+            r = self._base(c, self.spec(c), step) | {
+                "passed": False, "failed": ["over --budget"], "stopped": False,
+                "tightest": None, "slack": None, "clauses": {}, "n_used": 0,
+                "n_total": len(self.state["parts"]["search-eval"]), "wall_s": 0.0,
+                "saved_s": 0.0, "evaluated": False, "reused": False}
+            self.log(f"  [{step}] {r['name']}: predicted {r['cost']:.4g} ms, over --budget "
+                     f"{budget:g}")
+            out.append(r)
+        return out
 
     def spec(self, config):
         return {"id": composed_id(config), "config": config, "stop": bool(self.opts.stop)}

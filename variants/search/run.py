@@ -122,6 +122,13 @@ def _conclude(s, opts, records, t0, log):
                        "the eval split, and it is the one measured fastest; "
                        f"{winner['model_bytes'] / 1e6:.2f} MB (report: {search_folder(s, winner)}"
                        "/report.md).")
+        elif winner is None and getattr(s, "none_faster", False):
+            outcome = (f"No winner: {sum(bool(f['passed_eval']) for f in finalists)} finalists "
+                       "pass on the eval split, but none is measured faster than the reference "
+                       f"at B={opts.cost.split('-b')[-1]} (" + ", ".join(
+                           f"{f['name']} {f['measured_speedup']:.2f}×" for f in finalists
+                           if f.get("measured_speedup") is not None)
+                       + "): keep the reference.")
         elif winner is None:
             outcome = (f"The search's winner {first['name']} and the next "
                        f"{len(finalists) - 1} cheapest fail on the eval split: the search "

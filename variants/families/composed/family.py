@@ -123,7 +123,9 @@ def describe(info, timing=None):
     pieces' ideal speed-ups beside the measured one."""
     s = info["summary"]
     steps = info["steps"]
-    lines = [f"- recipe `{info['recipe']}`, built in the order {' → '.join(info['order'])}"]
+    pieces = list(recipe_mod.parse(info["recipe"]))  # in build order (recipe.ORDER)
+    lines = [f"- recipe `{info['recipe']}`, built in the order {' → '.join(pieces)}"
+             + (" (pruning inside the exit loop)" if {"prune", "exit"} <= set(pieces) else "")]
     if "w8a8" in steps:
         w = steps["w8a8"]
         lines.append(f"- W8A8: {w['int8_layers']} Linears on int8 GEMMs "
