@@ -212,3 +212,33 @@ def test_a_tampered_rule_or_an_unknown_wrapper_is_refused_in_one_line(minilm, tm
     with pytest.raises(ValueError, match="^a PrunedNet wraps a PrunedNet; a weights folder"):
         wrapper_block(PrunedNet(PrunedNet(inner, [(1, 0.5)]), [(1, 0.5)]))
     assert wrapper_block(inner) == (inner, None, {})
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda w, b: w.update(prune="yes"), "wrapper's prune is not a {points"),
+    (lambda w, b: w["prune"].update(score="nope"), "wrapper's prune is not a {points"),
+    (lambda w, b: w.update(head_kind="mlp"), "head kind 'mlp' is not one of"),
+    (lambda w, b: w["prune"].update(points=[[9, 0.5]]), "prunes after layer 9, outside [1, 6)"),
+    (lambda w, b: w["prune"].update(points=[[3, 0.7]]),
+     "the recipe prunes at [[2, 0.7]], the wrapper at [[3, 0.7]]"),
+    (lambda w, b: b.update(wrapper=None), "exit_heads.0.bias is stored but config.json has no wrapper"),
+    (lambda w, b: b["variant_config"].update(recipe="garbage"),
+     "its recipe is not one --compose reads"),
+])
+def test_a_composed_folder_whose_rule_was_edited_is_refused(minilm, tmp_path, edit, says):
+    """config.json edited (the manifest aside: load_variant alone): one line, naming what
+    does not match and to export again; never a model other than the one judged."""
+    from variants.checkpoints.files import CheckpointError
+    from variants.export.load import load_variant
+
+    _, _, out = minilm["composed"]
+    copy = tmp_path / "c"
+    shutil.copytree(out, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    block = cfg["mlx_variants"]
+    edit(block["wrapper"], block)
+    (copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as e:
+        load_variant(copy)
+    assert says in str(e.value) and "export the variant again" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
