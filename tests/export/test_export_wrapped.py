@@ -221,7 +221,8 @@ def test_a_tampered_rule_or_an_unknown_wrapper_is_refused_in_one_line(minilm, tm
     (lambda w, b: w["prune"].update(points=[[9, 0.5]]), "prunes after layer 9, outside [1, 6)"),
     (lambda w, b: w["prune"].update(points=[[3, 0.7]]),
      "the recipe prunes at [[2, 0.7]], the wrapper at [[3, 0.7]]"),
-    (lambda w, b: b.update(wrapper=None), "exit_heads.0.bias is stored but config.json has no wrapper"),
+    (lambda w, b: b.update(wrapper=None),
+     "exit_heads.0.bias is stored but config.json has no wrapper"),
     (lambda w, b: b["variant_config"].update(recipe="garbage"),
      "its recipe is not one --compose reads"),
 ])

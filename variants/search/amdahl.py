@@ -236,8 +236,9 @@ def markdown(t, batch_size=None):
                  if t.get("measured_region") and t.get("measured_batch_size") else "")
         if where and batch_size and t["measured_batch_size"] != batch_size:
             where += f" (the shares are the B={batch_size} profile's)"
-        lines.append(f"Measured: {m:.2f}× (strict alternation with the reference{where}); ceiling that "
-                     f"remains {_x(t['ceiling'])}; {t['target']:g}× needs {t['gap']:.2f}× more." if m < t["target"] else
+        lines.append(f"Measured: {m:.2f}× (strict alternation with the reference{where}); "
+                     f"ceiling that remains {_x(t['ceiling'])}; {t['target']:g}× needs "
+                     f"{t['gap']:.2f}× more." if m < t["target"] else
                      f"Measured: {m:.2f}×, at or past {t['target']:g}×.")
         if t["implied_piece_speedup"]:
             lines.append("That is the pieces' share at "
