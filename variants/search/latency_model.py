@@ -17,7 +17,8 @@ Then the shares of the forward: the encoder GEMMs' p_g and the rest of the encod
 (:func:`variants.sweep.profile.segment_profile`) where it can be taken (BERT-style encoders),
 else p_g = gemm_fp32 / forward (at most 0.95; the Linears timed alone) and p_r 80% of the rest;
 the untouched rest 1 - p_g - p_r (tokenisation, embeddings, pooling, head). A composed
-candidate's predicted time, as a share of the reference's (Amdahl, the design document's formula applied per piece):
+candidate's predicted time, as a share of the reference's (Amdahl, the design document's
+formula applied per piece):
 
     t = (1 - p_g - p_r) + d · (p_g · g + p_r)
 
