@@ -20,6 +20,9 @@ try:
 except ImportError:
     HAVE_RAY = False
 
+#: process and Ray workers (~1 min in all): .ci/run runs them (pytest -m executors)
+pytestmark = pytest.mark.executors
+
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason='ray not installed (pip install -e ".[ray]")')
 
 

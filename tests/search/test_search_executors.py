@@ -14,6 +14,9 @@ try:
 except ImportError:
     HAVE_RAY = False
 
+#: process and Ray workers (~1 min in all): .ci/run runs them (pytest -m executors)
+pytestmark = pytest.mark.executors
+
 # --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122)
 TINY = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
         "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",

@@ -14,6 +14,9 @@ TINY = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-ba
         "--bits", "4", "8"]
 TIMING = ("b1_", "e2e_b1_", "timed_")  # summary.csv columns measured by the timing pass
 
+#: process and Ray workers (~1 min in all): .ci/run runs them (pytest -m executors)
+pytestmark = pytest.mark.executors
+
 
 @pytest.mark.slow
 def test_two_process_workers_give_the_local_sweep(tmp_path, capsys, monkeypatch):
