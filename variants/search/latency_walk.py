@@ -76,11 +76,11 @@ class LatencySearch(OptunaSearch):
     def model(self):
         """The latency model (measured or read from the cache) of the cost's batch size."""
         if getattr(self, "_model", None) is None:
-            from variants.arch import compute_path
-
             import hashlib
             import json
             from pathlib import Path
+
+            from variants.arch import compute_path
 
             o = self.opts
             batch = int(o.cost.split("-b")[1])
