@@ -292,3 +292,31 @@ def test_one_width_is_enough_when_other_families_vary():
     SearchOptions(strategy="optuna", families=("quant", "lowrank"), bits=(8,)).validate()
     with pytest.raises(ValueError, match="give at least two widths"):
         SearchOptions(strategy="optuna", families=("quant",), bits=(8,)).validate()
+
+
+def test_tiny_latency_search_walks_composed_candidates_and_resumes(tmp_path):
+    """``--cost latency-b1`` with no strategy: the latency walk (measured model cached, the
+    composed bases in predicted order, each candidate's predicted time as its cost, bits per
+    weight over the W8A8 Linears), resumed without evaluating again."""
+    from variants.cli import main
+
+    argv = ["search", *SMALL, "--cost", "latency-b1", "--max-candidates", "2",
+            "--results-dir", str(tmp_path / "r"), "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert res["settings"]["strategy"] == "latency"
+    recs = res["candidates"]
+    assert recs[0]["recipe"] == "w8a8+emb:8"  # equal predicted time: the smallest first
+    # passing, it is the base and pruning comes next from its mildest setting; else the next base
+    assert recs[1]["recipe"] == ("w8a8+emb:8+prune:4:0.9" if recs[0]["passed"]
+                                 else "w8a8:sq+emb:8")
+    (model,) = (tmp_path / "r" / ".cache" / "search").glob("latency-model-*-B1.json")
+    m = json.loads(model.read_text())
+    assert m["batch_size"] == 1 and m["w8a8_forward_ms"] > 0 and m["gemm_share"] > 0.3
+    for r in recs:
+        assert r["cost"] == pytest.approx(m["forward_ms"] / r["predicted_speedup"])
+        # int8 codes + fp32 scale + int32 column sum per output channel: 8 + 64 / in bits
+        assert 8.0 < r["bits_per_weight"] < 8.2
+    assert main(argv) == 0
+    again = json.loads((tmp_path / "s" / "search.json").read_text())
+    assert again["totals"]["evaluated"] == 0 and again["totals"]["reused"] == 2

@@ -63,12 +63,6 @@ class LatencySearch(OptunaSearch):
     def prepare(self):
         """:meth:`Search.prepare`; the embedding tables are the walk's ``emb`` piece, not units."""
         super().prepare()
-        from variants.arch.activations import target_linears
-        from variants.search.costs import CostTable
-
-        module = self.state["reference"].module
-        # bits per weight over every encoder Linear W8A8 converts (indivisible widths too)
-        self.linear_table = CostTable(module, target_linears(module), (), self.opts.group_size)
         self.units.kept = [(p, "embedding tables: the walk's emb piece (8-bit at group 64 or "
                                "32, or fp32), one choice for all tables" if "embeddings" in p
                             else why) for p, why in self.units.kept]
@@ -93,6 +87,18 @@ class LatencySearch(OptunaSearch):
                 self.state["reference"], texts, batch, Path(o.results_dir) / ".cache", key)
         return self._model
 
+    def _linear_table(self):
+        """The cost table over every encoder Linear W8A8 converts (indivisible widths too):
+        bits per weight count them all."""
+        if getattr(self, "linear_table", None) is None:
+            from variants.arch.activations import target_linears
+            from variants.search.costs import CostTable
+
+            module = self.state["reference"].module
+            self.linear_table = CostTable(module, target_linears(module), (),
+                                          self.opts.group_size)
+        return self.linear_table
+
     def _base(self, config, spec, step):
         from variants.search import composed
 
@@ -100,7 +106,7 @@ class LatencySearch(OptunaSearch):
         summ = self._build
         speed = latency_model.predict(m, config, summ)
         if summ:
-            cost = composed.costs(getattr(self, "linear_table", self.costs), summ)
+            cost = composed.costs(self._linear_table(), summ)
         else:
             cost = dict.fromkeys(("bytes", "bits", "flops"), float("nan"))
         return {"id": spec["id"], "step": step, "name": name_of(config), "config": config,
