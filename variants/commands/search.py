@@ -64,8 +64,9 @@ def configure(sub):
     p.add_argument("--w8a8", action="store_true",
                    help="each Linear may also run as W8A8 (int8 weights and per-token int8 "
                         "activations on oneDNN's integer GEMM), priced by --cost; meant for "
-                        "--cost latency-b1 / latency-b32, where it is the fastest option (the "
-                        "winner re-runs with variants sweep --int8-layers)")
+                        "--cost latency-b1 / latency-b32 with --strategy bisect or greedy, "
+                        "where it is the fastest option (the winner re-runs with variants sweep "
+                        "--int8-layers); the latency walk has W8A8 in its own space")
     p.add_argument("--no-quantize-embeddings", dest="quantize_embeddings",
                    action="store_false",
                    help="keep the embedding tables fp32 (by default each table is a unit of the "
