@@ -97,8 +97,10 @@ def check_options(opts):
             raise ValueError(f"--strategy latency walks the composed space by predicted latency; "
                              f"pass --cost latency-b1 or latency-b32 (not {opts.cost})")
         if others or opts.w8a8:
-            raise ValueError("--strategy latency walks its own composed space (W8A8, quantized "
-                             "embeddings, token pruning, early exit); drop --families / --w8a8")
+            raise ValueError("--strategy latency (the default of a latency cost) walks its own "
+                             "composed space (W8A8, quantized embeddings, token pruning, early "
+                             "exit); drop --families / --w8a8, or pass --strategy bisect for "
+                             "per-Linear widths and W8A8")
         return
     if opts.strategy != "optuna":
         if others:
