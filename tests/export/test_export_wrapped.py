@@ -54,8 +54,8 @@ def modernbert(tmp_path_factory):
             "w8a8": sweep_and_export(root, "w", [*base, "--family", "w8a8"], "w8a8-sq"),
             "composed": sweep_and_export(root, "c", [*base, *COMPOSED,
                                                      "w8a8:sq+prune:2:0.5+exit:entropy:0.99"]),
-            # every exportable family on ModernBERT (the weight-only ones too)
-            "quant": sweep_and_export(root, "q", [*base, "--family", "quant", "--bits", "8"]),
+            # every exportable family on ModernBERT: the weight-only quant one is
+            # tests/checkpoints/test_archs_sweep_export.py's (every architecture)
             "lowrank": sweep_and_export(root, "l", [*base, "--family", "lowrank", "--methods",
                                                     "plain", "--ratios", "0.5"])}
 
@@ -63,21 +63,20 @@ def modernbert(tmp_path_factory):
 @pytest.mark.parametrize("model, kind", [("minilm", "prune"), ("minilm", "exit"),
                                          ("modernbert", "prune"), ("modernbert", "exit"),
                                          ("modernbert", "w8a8"), ("minilm", "composed"),
-                                         ("modernbert", "composed"), ("modernbert", "quant"),
-                                         ("modernbert", "lowrank")])
+                                         ("modernbert", "composed"), ("modernbert", "lowrank")])
 def test_verify_recomputes_the_judged_logits(request, model, kind):
     from variants.export.verify import verify
 
     _, _, out = request.getfixturevalue(model)[kind]
     res = verify(out, log=lambda m: None)
     assert res["ok"] and res["changed"] == [] and res["n_rows"] == 30
-    if (model, kind) in (("minilm", "prune"), ("modernbert", "quant"), ("modernbert", "lowrank")):
+    if (model, kind) in (("minilm", "prune"), ("modernbert", "lowrank")):
         # judged dequantized (or on the unfactored fp32 order), run packed: round-off
         assert res["max_abs_dlogit"] <= 1e-5
     else:  # the same fp32 (or int8) arithmetic as judged
         assert res["max_abs_dlogit"] == 0.0 and res["bit_identical"]
     block = json.loads((out / "config.json").read_text())["mlx_variants"]
-    want = {"w8a8": None, "quant": None, "lowrank": None, "composed": "exit"}.get(kind, kind)
+    want = {"w8a8": None, "lowrank": None, "composed": "exit"}.get(kind, kind)
     assert (block["wrapper"] or {}).get("kind") == want
     if kind == "composed":  # pruning inside the exit loop; the recipe in the block
         assert block["wrapper"]["prune"]["points"] == [[2, 0.7 if model == "minilm" else 0.5]]

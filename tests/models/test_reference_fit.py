@@ -73,6 +73,7 @@ print(json.dumps(dict(ref.fitted_record, cache_key=key, blas=variants.BLAS_INFO.
 """
 
 
+@pytest.mark.crosscpu  # other CPUs' code paths (~9 s): .ci/run runs it (pytest -m crosscpu)
 def test_bundled_reference_is_bit_identical_under_every_blas_and_isa(tmp_path):
     """MLX's own BLAS (VARIANTS_BLAS=none), NumPy without its AVX-512 kernels, and the default,
     each in a fresh process: the same shipped state (one hash), although the results cache

@@ -76,6 +76,7 @@ def test_another_group_size_or_other_rows_measure_again(first, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.executors  # process workers: .ci/run runs it (pytest -m executors)
 def test_two_process_workers_give_the_local_rows(first, capsys):
     """The fitted head is copied, not the rows: two spawned workers measure 5 units."""
     root, frame = first

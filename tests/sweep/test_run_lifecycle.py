@@ -172,6 +172,7 @@ def test_a_plotting_bug_leaves_the_run_incomplete_with_its_report(copy, capsys, 
 
 
 @pytest.mark.slow
+@pytest.mark.faults  # ~10 s: .ci/run runs it (pytest -m faults)
 @pytest.mark.parametrize("where", [  # real plots where the invariant is checked on them
     "t/summary.csv", *(pytest.param(w, marks=pytest.mark.plots)
                        for w in ("t/plots/pareto_b1.png", "t/report.md")), "final run.json"])
@@ -220,6 +221,7 @@ PHASES = {  # (module, attribute) raising in each phase after run.json first say
 
 
 @pytest.mark.slow
+@pytest.mark.faults  # ~12 s: .ci/run runs it (pytest -m faults)
 @pytest.mark.parametrize("phase", PHASES)
 def test_an_exception_in_any_phase_never_leaves_run_json_running(copy, capsys, monkeypatch,
                                                                  phase):
