@@ -4,6 +4,7 @@ the latency walk's order and skips on a synthetic oracle."""
 
 import numpy as np
 import pytest
+from sentiment_fit import fitted_sentiment, sentiment_splits
 
 from variants.families.composed import recipe
 from variants.families.family import BuildInputs
@@ -65,22 +66,12 @@ def test_bad_recipes_are_one_line_naming_compose(text, message):
 
 @pytest.fixture(scope="module")
 def splits():
-    from variants.datasets import bundled as data
-    from variants.models import sentiment
-
-    fr = data.load_vader()
-    return {s: sentiment.make_taskset(data.sample(data.split_frame(fr, s), n, seed=0))
-            for s, n in (("fit", 80), ("calibration", 40), ("eval", 24))}
+    return sentiment_splits(80, 40, 24)
 
 
 @pytest.fixture(scope="module")
 def model(checkpoint, splits):
-    from variants.models import sentiment
-
-    m = sentiment.build(checkpoint)
-    m.fit_head(splits["fit"])
-    m.calibrate(splits["calibration"])
-    return m
+    return fitted_sentiment(checkpoint, splits)
 
 
 def _logits(m, ts):

@@ -4,6 +4,7 @@ shrinks, B=1 matches the batch, thresholds come from the calibration split only,
 import mlx.core as mx
 import numpy as np
 import pytest
+from sentiment_fit import fitted_sentiment, sentiment_splits
 from mlx.utils import tree_flatten
 
 from variants.datasets import bundled as data
@@ -18,17 +19,12 @@ from runs.outputs import DecisionOutputs, finish_outputs
 
 @pytest.fixture(scope="module")
 def splits():
-    fr = data.load_vader()
-    return {s: sentiment.make_taskset(data.sample(data.split_frame(fr, s), n, seed=0))
-            for s, n in (("fit", 80), ("calibration", 48), ("eval", 16))}
+    return sentiment_splits(80, 48, 16)
 
 
 @pytest.fixture(scope="module")
 def model(checkpoint, splits):
-    m = sentiment.build(checkpoint)
-    m.fit_head(splits["fit"])
-    m.calibrate(splits["calibration"])
-    return m
+    return fitted_sentiment(checkpoint, splits)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ hit trains nothing, bad input exits 2 with nothing written."""
 
 import numpy as np
 import pytest
+from sentiment_fit import fitted_sentiment, sentiment_splits
 from scipy.special import softmax
 from scipy.stats import entropy
 
@@ -20,17 +21,12 @@ from variants.models import sentiment
 
 @pytest.fixture(scope="module")
 def splits():
-    fr = data.load_vader()
-    return {s: sentiment.make_taskset(data.sample(data.split_frame(fr, s), n, seed=0))
-            for s, n in (("fit", 48), ("calibration", 40), ("eval", 16))}
+    return sentiment_splits(48, 40, 16)
 
 
 @pytest.fixture(scope="module")
 def model(checkpoint, splits):
-    m = sentiment.build(checkpoint)
-    m.fit_head(splits["fit"])
-    m.calibrate(splits["calibration"])
-    return m
+    return fitted_sentiment(checkpoint, splits)
 
 
 CFG = StudentConfig(layers=1, target=0.9, epochs=2, train_texts=64)

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from sentiment_fit import fitted_sentiment, sentiment_splits
 
-from variants.datasets import bundled as data
 from variants.families.family import BuildInputs
 from variants.models import sentiment
 from variants.search import composed
@@ -19,17 +19,12 @@ pytest.importorskip("optuna")
 
 @pytest.fixture(scope="module")
 def splits():
-    fr = data.load_vader()
-    return {s: sentiment.make_taskset(data.sample(data.split_frame(fr, s), n, seed=0))
-            for s, n in (("fit", 80), ("calibration", 40), ("eval", 16))}
+    return sentiment_splits(80, 40, 16)
 
 
 @pytest.fixture(scope="module")
 def model(checkpoint, splits):
-    m = sentiment.build(checkpoint)
-    m.fit_head(splits["fit"])
-    m.calibrate(splits["calibration"])
-    return m
+    return fitted_sentiment(checkpoint, splits)
 
 
 def _logits(m, ts):
