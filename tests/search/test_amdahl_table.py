@@ -99,22 +99,9 @@ def test_tiny_search_winner_has_its_amdahl_table(tmp_path, monkeypatch):
     """A lenient contract (every layer at 4 bits passes at once) and 3 timing rounds: the
     finalists' sweep profiles the reference, and search.json / search.md carry the winner's
     table, its shares those of final/run.json's profile and its speed-up timing.json's."""
-    from tests.search.test_search import SMALL
-    from variants.cli import main
-    from variants.search import driver
+    from tests.search.test_search import lenient_finalized_search
 
-    monkeypatch.setattr(driver.Search, "sensitivity", lambda self: setattr(
-        self, "sens_path", "synthetic") or {(p, b): 1.0 / b for p in self.layers
-                                           for b in self.opts.bits})
-    contract = tmp_path / "c.toml"
-    contract.write_text('name = "lenient"\n[[clause]]\nid = "agreement"\nmetric = "agreement"\n'
-                        'statistic = "rate"\nmin = 0.5\n')
-    argv = ["search", *[a for a in SMALL if a != "--no-finalize"], "--contract", str(contract),
-            "--timing-rounds", "3", "--timing-warmup", "0", "--timing-budget-s", "0.1",
-            "--timing-batch-sizes", "1", "--results-dir", str(tmp_path / "r"), "--out",
-            str(tmp_path / "s")]
-    assert main(argv) == 0
-    res = json.loads((tmp_path / "s" / "search.json").read_text())
+    res = lenient_finalized_search(tmp_path, monkeypatch, 3, 0.1)
     assert res["winner"]["name"] == "q4-g64-emb"
     a = res["amdahl"]
     prof = json.loads((tmp_path / "s" / "final" / "run.json").read_text())["segment_profile"]

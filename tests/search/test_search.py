@@ -341,9 +341,10 @@ def test_tiny_search_resumes_and_is_deterministic(tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.slow
-def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
-    """A lenient contract: every layer at 4 bits passes at once; the winner's folder is a sweep
-    variant's (outputs, build.json, timing.json, verdict.json, report.md) under OUT/final."""
+def lenient_finalized_search(tmp_path, monkeypatch, rounds, budget_s):
+    """search.json of a tiny search, finalized, under a lenient contract (agreement >= 0.5: every
+    layer at 4 bits passes at once) with a synthetic sensitivity table, its finalists timed with
+    ``rounds`` rounds within ``budget_s`` s at B=1; OUT is ``tmp_path / "s"``."""
     from variants.cli import main
     from variants.search import driver
 
@@ -354,11 +355,17 @@ def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
     contract.write_text('name = "lenient"\n[[clause]]\nid = "agreement"\nmetric = "agreement"\n'
                         'statistic = "rate"\nmin = 0.5\n')
     argv = ["search", *[a for a in SMALL if a != "--no-finalize"], "--contract", str(contract),
-            "--timing-rounds", "1", "--timing-warmup", "0", "--timing-budget-s", "0.5",
-            "--timing-batch-sizes", "1", "--results-dir", str(tmp_path / "r"), "--out",
-            str(tmp_path / "s")]
+            "--timing-rounds", str(rounds), "--timing-warmup", "0", "--timing-budget-s",
+            str(budget_s), "--timing-batch-sizes", "1", "--results-dir", str(tmp_path / "r"),
+            "--out", str(tmp_path / "s")]
     assert main(argv) == 0
-    res = json.loads((tmp_path / "s" / "search.json").read_text())
+    return json.loads((tmp_path / "s" / "search.json").read_text())
+
+
+def test_tiny_search_finalist_is_judged_by_the_sweep(tmp_path, monkeypatch):
+    """A lenient contract: every layer at 4 bits passes at once; the winner's folder is a sweep
+    variant's (outputs, build.json, timing.json, verdict.json, report.md) under OUT/final."""
+    res = lenient_finalized_search(tmp_path, monkeypatch, 1, 0.5)
     assert res["winner"]["name"] == "q4-g64-emb" and res["totals"]["candidates"] == 1
     assert res["finalists"][0]["passed_eval"] and not res["overfitted"]
     # one timing round: no segment profile, so no Amdahl table (tests/search/test_amdahl_table)
