@@ -15,11 +15,10 @@ import pandas as pd
 from contracts.report import INTERVAL_NOTE, _ci_text
 from metrics.head_view import QUALITY, figures_text, not_applicable, summary_outputs
 from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_lines,
-                               plausibility_cells, special_only_text, unquantized_cells,
-                               unquantized_text)
-from runs.report_memory import (COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_cells,
-                                held_columns)
-from runs.report_warmth import cold_cells, cold_column, warm_text
+                               special_only_text, unquantized_text)
+from runs.report_memory import COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_columns
+from runs.report_warmth import cold_column, warm_text
+from runs.summary_row import COLD_START_COLUMNS, summary_row  # noqa: F401  (re-exported)
 
 # Quality columns of the report's main table: (summary column, header, format); timing columns
 # follow, one pair per timed batch size. A multi-label or regression head's run shows its own
@@ -55,15 +54,6 @@ def _present(r, col):
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
-#: Cold-start stages shown in the report: (key in the cold_start dict, header, format).
-COLD_START_COLUMNS = (("startup_s", "start-up s", "{:.2f}"), ("import_s", "import s", "{:.2f}"),
-                      ("weight_load_s", "weights s", "{:.2f}"), ("build_s", "build s", "{:.2f}"),
-                      ("first_forward_ms", "1st forward ms", "{:.0f}"),
-                      ("second_forward_ms", "2nd forward ms", "{:.0f}"),
-                      ("total_s", "total s", "{:.2f}"), ("model_bytes", "model MB", "{:.1f}"),
-                      ("peak_memory_bytes", "allocator peak MB", "{:.1f}"))
-
-
 def _fit_note(meta, k):
     """" (at_bound)" after a temperature whose fit did not converge (run.json
     ``temperature_fits``); "" when it converged or the run predates the record."""
@@ -75,55 +65,6 @@ def _fmt(x, f):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return f.format(x)
-
-
-def summary_row(name, build, summary, verdict, timing):
-    """One flat row (dict) of summary.csv for variant ``name``."""
-    row = {"variant": name, "family": build.get("family"), **build.get("config", {}),
-           "bits_per_weight": build.get("bits_per_weight"), "model_bytes": build.get("model_bytes"),
-           "bits_per_weight_note": build.get("bits_per_weight_note", "bits per quantized weight"),
-           "ideal_speedup": build.get("ideal_speedup"), "param_ratio": build.get("param_ratio"),
-           "quality_mode": build.get("quality_mode"), "speed_mode": timing.get("mode"),
-           # variants.sweep.timed_check: the timed build's eval logits against the judged ones
-           "timed_check_max_dlogit": (build.get("timed_check") or {}).get("max_abs_dlogit"),
-           "timed_check_tolerance": (build.get("timed_check") or {}).get("tolerance")}
-    for k, v in summary.items():
-        if not isinstance(v, (list, tuple, dict)):
-            row[k] = v
-    regions = (("b", timing.get("batches", {})), ("e2e_b", timing.get("end_to_end", {})))
-    for prefix, entries in regions:
-        for b, t in entries.items():
-            p = f"{prefix}{b}_"
-            row.update({p + "seq_len": t["seq_len"], p + "rounds": t["rounds"],
-                        p + "rounds_requested": t.get("rounds_requested"),
-                        p + "stopped_by": t.get("stopped_by"),
-                        p + "ref_p50_ms": t["ref"]["p50_ms"], p + "ref_p95_ms": t["ref"]["p95_ms"],
-                        p + "var_p50_ms": t["var"]["p50_ms"], p + "var_p95_ms": t["var"]["p95_ms"],
-                        p + "speedup": t["speedup"]["speedup_median"],
-                        p + "speedup_ci_low": t["speedup"]["speedup_ci_low"],
-                        p + "speedup_ci_high": t["speedup"]["speedup_ci_high"],
-                        p + "var_peak_memory_bytes": t["var_peak_memory_bytes"],
-                        p + "ref_peak_memory_bytes": t["ref_peak_memory_bytes"],
-                        p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
-                        p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes"),
-                        **held_cells(p, t), **cold_cells(p, t), **plausibility_cells(p, t)})
-    mb = timing.get("model_bytes") or {}
-    row["timed_model_bytes"] = mb.get("variant")
-    row["timed_ref_model_bytes"] = mb.get("reference")
-    if timing.get("kernel"):  # timing.json written before the kernel was recorded: no column
-        row["kernel"] = timing["kernel"].get("variant")
-    cold = timing.get("cold_start") or {}
-    if cold and "error" not in cold:
-        row.update({f"cold_{k}": cold.get(k) for k, _, _ in COLD_START_COLUMNS})
-        row.update({f"cold_{k}": cold[k] for k, _ in COLD_MEMORY if k in cold})
-        row["cold_start_s"] = cold.get("total_s")
-        if cold.get("source"):  # what the fresh process loaded (older runs: fp32 + build)
-            row["cold_source"] = cold["source"]
-    row.update(unquantized_cells(build))
-    row["verdict"] = verdict.word
-    row["failed_clauses"] = ";".join(verdict.failed)
-    row["undecided_clauses"] = ";".join(verdict.undecided)
-    return row
 
 
 def format_table(summary):
