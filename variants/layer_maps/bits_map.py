@@ -1,9 +1,15 @@
 """Mixed precision for the quant family: per-layer bits and group size from a ``--bits-map``.
 
-A map is ``PATTERN=BITS[:GROUP],...``: each PATTERN is a Python regular expression searched
-(``re.search``) in a quantizable layer's path (``encoder.layers.0.attention.value``); the first
-rule that matches a layer sets its bits (and group size; the variant's ``--group-size`` when
-omitted), layers no rule matches get the variant's ``--bits``. As ``llama-quantize
+A map is ``PATTERN=BITS[:GROUP][:SCALE],...``: each PATTERN is a Python regular expression
+searched (``re.search``) in a quantizable layer's path (``encoder.layers.0.attention.value``);
+the first rule that matches a layer sets its bits (and group size; the variant's
+``--group-size`` when omitted; and the precision of its scales and biases, ``f32``, ``f16`` or
+``bf16``, the variant's ``--scale-dtype`` when omitted), layers no rule matches get the
+variant's ``--bits``. A value may instead name a microscaling mode (``mxfp4``, ``mxfp8``,
+``nvfp4``: :mod:`variants.families.quant.formats`; its width and group size are the mode's).
+The word-embedding table's rows unseen in the fit texts are the layer ``<table path>@unseen``
+(:mod:`variants.families.quant.row_use`): only a pattern containing ``@`` is tried on it, and
+without one those rows follow the table's own entry. As ``llama-quantize
 --tensor-type REGEX=type`` and mlx-lm's quant predicates. Commas inside ``()``, ``[]`` or
 ``{}`` belong to the pattern.
 
@@ -34,20 +40,32 @@ RECIPES = {"mixed_2_6": (2, 6), "mixed_3_4": (3, 4), "mixed_3_6": (3, 6), "mixed
 HIGH = r"(attention\.value|v_proj|output|down_proj|mlp\.Wo)$"
 RECIPE_VERSION = 1  # bump when the recipes' rule changes (it changes the variant names)
 FLAG = "--bits-map"
-EXAMPLE = "e.g. --bits-map 'layers\\.0\\.=8,value=6:32' or --bits-map mixed_4_8"
+EXAMPLE = ("e.g. --bits-map 'layers\\.0\\.=8,value=6:32:f16,output=mxfp4' or --bits-map "
+           "mixed_4_8")
+#: the suffix naming a table's rows unseen in the fit texts (a pseudo layer path)
+UNSEEN = "@unseen"
+_SHORT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+_MODES = ("mxfp4", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
 class Rule:
     """One map entry: ``pattern`` (regex, searched in the layer path), ``bits``,
-    ``group_size`` (None: the variant's)."""
+    ``group_size`` (None: the variant's), ``mode`` ("affine" or a microscaling mode, whose
+    bits and group size are fixed), ``scale_dtype`` (None: the variant's)."""
 
     pattern: str
     bits: int
     group_size: int | None = None
+    mode: str = "affine"
+    scale_dtype: str | None = None
 
     def text(self):
-        return f"{self.pattern}={self.bits}" + (f":{self.group_size}" if self.group_size else "")
+        if self.mode != "affine":
+            return f"{self.pattern}={self.mode}"
+        short = {v: k for k, v in _SHORT.items()}
+        return (f"{self.pattern}={self.bits}" + (f":{self.group_size}" if self.group_size else "")
+                + (f":{short[self.scale_dtype]}" if self.scale_dtype else ""))
 
 
 def _split(spec):
@@ -84,37 +102,55 @@ def parse(spec, bits_choices=(2, 3, 4, 6, 8), group_choices=(32, 64, 128)):
     if "=" not in spec:
         if spec in RECIPES:
             return spec, ()
-        raise _bad(f"{short_repr(spec)} is neither a recipe nor PATTERN=BITS[:GROUP] entries",
+        raise _bad(f"{short_repr(spec)} is neither a recipe nor PATTERN=BITS[:GROUP][:SCALE] "
+                   "entries",
                    f"use one of {', '.join(RECIPES)} or {EXAMPLE}")
     rules, seen = [], set()
     for entry in _split(spec):
         entry = entry.strip()
         pattern, eq, value = entry.rpartition("=")
         if not eq or not pattern.strip() or not value.strip():
-            raise _bad(f"entry {short_repr(entry)} is not PATTERN=BITS[:GROUP]", EXAMPLE)
+            raise _bad(f"entry {short_repr(entry)} is not PATTERN=BITS[:GROUP][:SCALE]", EXAMPLE)
         pattern = pattern.strip()
         try:
             re.compile(pattern)
         except re.error as e:
             raise _bad(f"pattern {short_repr(pattern)} is not a valid regular expression ({e})",
                        "escape dots and brackets, e.g. 'layers\\.0\\.'") from None
-        b, _, g = value.strip().partition(":")
-        try:
-            b, g = int(b), (int(g) if g else None)
-        except ValueError:
-            raise _bad(f"entry {short_repr(entry)}: bits and group size must be integers",
-                       EXAMPLE) from None
-        if b not in bits_choices:
+        tokens = [t.strip() for t in value.strip().split(":")]
+        mode, scale = "affine", None
+        if tokens[0] in _MODES:
+            if len(tokens) > 1:
+                raise _bad(f"entry {short_repr(entry)}: {tokens[0]} has its own width, group "
+                           "size and scales", f"write it as PATTERN={tokens[0]}")
+            from variants.families.quant.formats import MX_SHAPE
+
+            mode, (b, g) = tokens[0], MX_SHAPE[tokens[0]]
+            fixed = True
+        else:
+            fixed = False
+            if tokens[-1] in _SHORT and len(tokens) > 1:
+                scale = _SHORT[tokens.pop()]
+            if len(tokens) > 2:
+                raise _bad(f"entry {short_repr(entry)} is not PATTERN=BITS[:GROUP][:SCALE]",
+                           EXAMPLE)
+            try:
+                b, g = int(tokens[0]), (int(tokens[1]) if len(tokens) > 1 else None)
+            except ValueError:
+                raise _bad(f"entry {short_repr(entry)}: bits and group size must be integers "
+                           f"(or a mode: {', '.join(_MODES)}; scales: f32, f16, bf16)",
+                           EXAMPLE) from None
+        if b not in bits_choices and not fixed:
             raise _bad(f"entry {short_repr(entry)}: bits={b} is not supported",
                        f"choose one of {tuple(bits_choices)}")
-        if g is not None and g not in group_choices:
+        if g is not None and g not in group_choices and not fixed:
             raise _bad(f"entry {short_repr(entry)}: group size {g} is not supported",
                        f"choose one of {tuple(group_choices)}")
         if pattern in seen:
             raise _bad(f"pattern {short_repr(pattern)} is given twice", "keep one entry per "
                        "pattern")
         seen.add(pattern)
-        rules.append(Rule(pattern, b, g))
+        rules.append(Rule(pattern, b, g, mode, scale))
     return None, tuple(rules)
 
 
@@ -160,31 +196,57 @@ def recipe_rules(name, paths, group_size=None):
 
 
 def resolve(spec, paths, default_bits, default_group):
-    """``{path: (bits, group_size)}`` for every path in ``paths`` (the quantizable layers).
+    """``{path: (bits, group_size)}`` for every path in ``paths`` (the quantizable layers); as
+    :func:`resolve_formats`, which also gives each layer's mode and scale dtype."""
+    return {p: (f.bits, f.group_size)
+            for p, f in resolve_formats(spec, paths, default_bits, default_group).items()}
+
+
+def _match(rule, path):
+    """Whether ``rule`` sets ``path``: a pseudo path (``...@unseen``) only by a pattern that
+    names the ``@``."""
+    return re.search(rule.pattern, path) and ("@" not in path or "@" in rule.pattern)
+
+
+def resolve_formats(spec, paths, default_bits, default_group, default_scale="float32",
+                    default_mode="affine"):
+    """``{path: Format}`` (:class:`variants.families.quant.formats.Format`) for every path in
+    ``paths`` (the quantizable layers; ``<table>@unseen`` pseudo paths for a table's rows
+    unseen in the fit texts: set by an ``@`` pattern, else the table's own format).
 
     Raises ValueError naming ``--bits-map`` when a pattern matches none of ``paths``, or a
     recipe raises no layer."""
+    from variants.families.quant.formats import Format
+
     recipe, rules = parse(spec)
     if recipe:
-        rules = recipe_rules(recipe, paths)
+        rules = recipe_rules(recipe, [p for p in paths if "@" not in p])
         if not rules:
             raise _bad(f"recipe {recipe} raises no layer of this model (it raises value and "
                        f"down projections: {HIGH})", "write the map as PATTERN=BITS entries")
+
+    def fmt(hit):
+        if hit is None:
+            return Format(default_bits, default_group, default_mode, default_scale)
+        return Format(hit.bits, hit.group_size or default_group, hit.mode,
+                      hit.scale_dtype or ("float32" if hit.mode != "affine" else default_scale))
     out = {}
-    for p in paths:
-        hit = next((r for r in rules if re.search(r.pattern, p)), None)
-        out[p] = (hit.bits, hit.group_size or default_group) if hit else \
-            (default_bits, default_group)
+    for p in sorted(paths, key=lambda p: "@" in p):
+        hit = next((r for r in rules if _match(r, p)), None)
+        table = p.split("@")[0]
+        out[p] = fmt(hit) if hit or "@" not in p or table not in out else out[table]
+    out = {p: out[p] for p in paths}
     for r in rules:
-        if not any(re.search(r.pattern, p) for p in paths):
+        if not any(_match(r, p) for p in paths):
             raise _bad(f"pattern {_show(r.pattern)} matches no quantizable layer",
                        f"layer paths look like {short_repr(paths[0] if paths else '')} (the "
                        "head and the embedding tables are layers with --quantize-head and "
-                       "--quantize-embeddings); fix the pattern or drop the entry")
-    first = {p: next((r.pattern for r in rules if re.search(r.pattern, p)), None) for p in paths}
+                       "--quantize-embeddings; a word table's unseen rows "
+                       f"'word_embeddings{UNSEEN}'); fix the pattern or drop the entry")
+    first = {p: next((r.pattern for r in rules if _match(r, p)), None) for p in paths}
     for r in rules:  # matches, but every layer it matches is taken by an earlier pattern
         if r.pattern not in first.values():
-            earlier = first[next(p for p in paths if re.search(r.pattern, p))]
+            earlier = first[next(p for p in paths if _match(r, p))]
             raise _bad(f"pattern {_show(r.pattern)} sets no layer: each layer it matches "
                        f"is matched first by an earlier pattern (e.g. {_show(earlier)})",
                        "put the narrower pattern first, or drop it")

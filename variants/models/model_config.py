@@ -26,6 +26,8 @@ Keys (all top level unless in a table)::
     [quant]        bits_map = "mixed_4_8" | "PATTERN=BITS[:GROUP],..."  # the quant family's
                    # default --bits-map (variants.layer_maps.bits_map; the flag overrides it)
                    method = ["gptq", "rtn"]   # its default --quant-method (the flag overrides)
+                   scale_dtype = "float16"; mode = "affine" | "mxfp4" | "mxfp8" | "nvfp4"
+                   # its default --scale-dtype / --quant-mode (the flags override)
     [lowrank]      ratio_map = "PATTERN=RATIO,..."   # the lowrank family's default --ratio-map
 """
 
@@ -45,7 +47,7 @@ TOP_KEYS = ("name", "logits", "checkpoint", "max_length", "prompt", "question", 
             "linear_head", "marker", "quant", "lowrank")
 TABLE_KEYS = {"temperature": ("mode", "values"), "cosine": ("scale",), "linear_head": ("C",),
               "marker": ("token", "scorer", "C"), "task": ("options", "scores", "actions"),
-              "quant": ("bits_map", "method"), "lowrank": ("ratio_map",)}
+              "quant": ("bits_map", "method", "scale_dtype", "mode"), "lowrank": ("ratio_map",)}
 DEFAULT_PROMPT = {"marker": "{question} {options}"}
 #: fixed temperatures take the fit's own range (metrics.temperature_fit.BOUNDS)
 T_BOUNDS = (1e-3, 1e3)
@@ -86,6 +88,8 @@ class ModelConfig:
     marker_C: float = 1.0
     quant_bits_map: str = ""  # [quant] bits_map, normalised ("" = none)
     quant_method: tuple = ()  # [quant] method ((): none, the flag's default rtn)
+    quant_scale_dtype: str = ""  # [quant] scale_dtype ("": the flag's default)
+    quant_mode: str = ""  # [quant] mode ("": the flag's default)
     lowrank_ratio_map: str = ""  # [lowrank] ratio_map, normalised ("" = none)
 
     def to_dict(self):
@@ -94,7 +98,8 @@ class ModelConfig:
         d["path"] = str(self.path)
         d["checkpoint"] = None if self.checkpoint is None else str(self.checkpoint)
         d["temperature_values"] = {str(k): v for k, v in self.temperature_values.items()}
-        for key in ("quant_bits_map", "lowrank_ratio_map", "max_length", "quant_method"):
+        for key in ("quant_bits_map", "lowrank_ratio_map", "max_length", "quant_method",
+                    "quant_scale_dtype", "quant_mode"):
             if not d[key]:  # absent: the keys of TOMLs without the table stay as they were
                 del d[key]
         return d
@@ -319,6 +324,17 @@ def parse_model_config(raw, path):
             _fail(path, "[quant] method", f"{short_repr(methods)} is not a list of quantizers "
                   f"from {' '.join(METHODS)}; e.g. method = [\"gptq\", \"rtn\"]")
         cfg.quant_method = tuple(dict.fromkeys(methods))
+    from variants.families.quant import formats
+
+    for key, attr, check in (("scale_dtype", "quant_scale_dtype", formats.check_scale_dtype),
+                             ("mode", "quant_mode", formats.check_mode)):
+        if key in raw.get("quant", {}):
+            value = _str(path, f"[quant] {key}", raw["quant"][key])
+            try:
+                check(value, flag=f"[quant] {key}")
+            except ValueError as e:
+                _fail(path, f"[quant] {key}", str(e).replace(f"[quant] {key} ", "", 1))
+            setattr(cfg, attr, value)
     for table, k in (("cosine", "cosine"), ("linear_head", "linear-head"), ("marker", "marker")):
         if table in raw and kind != k:
             _fail(path, f"[{table}]", f"applies to logits = {k!r}, but logits = {kind!r}; "

@@ -184,6 +184,12 @@ class SweepConfig:
         toml_method = getattr(self._source.config, "quant_method", ())
         if self.family == "quant" and toml_method and not self.params.get("quant_method"):
             self.params["quant_method"] = list(toml_method)  # the model TOML's [quant] method
+        for key in ("scale_dtype", "mode"):  # the model TOML's [quant] scale_dtype / mode
+            toml_v = getattr(self._source.config, f"quant_{key}", "")
+            param = "quant_mode" if key == "mode" else key
+            if self.family == "quant" and toml_v and self.params.get(param) in (
+                    None, "float32", "affine"):
+                self.params[param] = toml_v
         toml_rmap = getattr(self._source.config, "lowrank_ratio_map", "")
         if self.family == "lowrank" and toml_rmap and not self.params.get("ratio_map"):
             self.params["ratio_map"] = toml_rmap  # the model TOML's [lowrank] ratio_map

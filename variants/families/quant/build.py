@@ -18,11 +18,15 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
+from variants.arch import activations
+
 from variants.models import heads as heads_mod
-from variants.runtime import qlinear
+from variants.runtime import qembedding, qlinear
 from variants.layer_maps import bits_map
+from variants.families.quant import formats
 from variants.families.quant.config import BITS, GROUP_SIZES, MODES, QuantConfig, check_bits
 
 
@@ -34,7 +38,7 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
     """``(path, module) -> bool or {"bits", "group_size"}`` choosing the layers to quantize;
     appends skips (with the reason) to ``skipped``. Input sizes not divisible by the group size
     are skipped, as are the embeddings and the decision head unless ``cfg`` asks for them.
-    ``settings`` ({path: (bits, group_size)}, :func:`layer_settings`) gives per-layer widths;
+    ``settings`` ({path: Format}, :func:`layer_settings`) gives per-layer formats;
     ``heads`` are the decision head's module paths (:func:`variants.models.heads.head_paths`), kept
     (with ``head_reason``) unless ``cfg.quantize_head``."""
 
@@ -53,20 +57,27 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
             in_dims = module.weight.shape[1]
         else:
             return False
-        bits, group_size = (settings or {}).get(path, (cfg.bits, cfg.group_size))
-        if in_dims % group_size:
+        fmt = (settings or {}).get(path) or default_format(cfg)
+        if in_dims % fmt.group_size:
             skipped.append((path, f"{INDIVISIBLE} {in_dims} not divisible by group size "
-                                  f"{group_size}"))
+                                  f"{fmt.group_size}"))
             return False
-        return {"bits": bits, "group_size": group_size} if settings else True
+        return {"bits": fmt.bits, "group_size": fmt.group_size, "mode": fmt.mode}
 
     return predicate
 
 
+def default_format(cfg):
+    """The :class:`~variants.families.quant.formats.Format` of a layer no map entry names."""
+    return formats.Format(cfg.bits, cfg.group_size, cfg.quant_mode,
+                          cfg.scale_dtype if cfg.quant_mode == "affine" else "float32")
+
+
 def layer_settings(module, cfg, heads=("head",)):
-    """``{path: (bits, group_size)}`` of every layer ``cfg`` may quantize (Linears; the head
-    only when asked; the embedding tables when asked or when a map entry names them), from
-    ``cfg.bits_map`` (:func:`bits_map.resolve`); None
+    """``{path: Format}`` of every layer ``cfg`` may quantize (Linears; the head
+    only when asked; the embedding tables when asked or when a map entry names them; a
+    ``<word table>@unseen`` pseudo path for the word table's rows unseen in the fit texts),
+    from ``cfg.bits_map`` (:func:`bits_map.resolve_formats`); None
     without a map. Raises ValueError (naming ``--bits-map``) for a pattern that matches no
     such layer."""
     if not cfg.bits_map:
@@ -79,7 +90,19 @@ def layer_settings(module, cfg, heads=("head",)):
                   # an embedding table a map entry names is quantized at that entry's width
                   or any(re.search(r.pattern, p) for r in rules))
              and (cfg.quantize_head or not heads_mod.in_head(p, heads))]
-    return bits_map.resolve(cfg.bits_map, sorted(paths), cfg.bits, cfg.group_size)
+    paths = sorted(paths)
+    paths += [p + bits_map.UNSEEN for p in paths if p in word_tables(module)]
+    d = default_format(cfg)
+    return bits_map.resolve_formats(cfg.bits_map, paths, d.bits, d.group_size,
+                                    default_scale=d.scale_dtype, default_mode=d.mode)
+
+
+def word_tables(module):
+    """Paths of the word-embedding tables (``word_embeddings`` / ``tok_embeddings`` /
+    ``embed_tokens``): the tables whose rows are tokens, stored by use with a ``@unseen``
+    map entry."""
+    return [p for p, m in module.named_modules() if isinstance(m, nn.Embedding)
+            and p.rsplit(".", 1)[-1] in ("word_embeddings", "tok_embeddings", "embed_tokens")]
 
 
 def check_model(module, cfgs, model=None):
@@ -92,7 +115,7 @@ def check_model(module, cfgs, model=None):
         layer_settings(module, cfg, heads)
 
 
-def quantize_module(module, cfg, mode="simulated", model=None):
+def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
     """A quantized copy of ``module`` (the input is not modified).
 
     Parameters
@@ -102,6 +125,10 @@ def quantize_module(module, cfg, mode="simulated", model=None):
     mode : {'native', 'simulated'}, default='simulated'
     model : variants.models.decision.DecisionModel, optional
         Whose ``head_modules`` declares the head (:func:`variants.models.heads.head_paths`).
+    row_use : np.ndarray (vocab,) bool, optional
+        The word-table rows the fit texts use (:mod:`variants.families.quant.row_use`);
+        needed only when the map stores a table's ``@unseen`` rows apart (a
+        :class:`~variants.families.quant.row_embedding.RowWidthEmbedding`).
 
     Returns
     -------
@@ -114,9 +141,11 @@ def quantize_module(module, cfg, mode="simulated", model=None):
         quantized weight, scales and biases included), ``model_bytes`` (all parameters as stored
         by the native form), ``quantized_params``, ``total_params``, ``head`` (the head's
         paths and why they are the head, ``quantized``: whether it was); with a ``bits_map``
-        also ``layer_bits`` ({path: [bits, group_size]}). Both sums run over each layer's
-        stored arrays (packed weight, scales, biases), so a mixed map counts each layer's
-        own width.
+        also ``layer_bits`` ({path: [bits, group_size]}) and ``layer_formats`` ({path: [bits,
+        group_size, mode, scale_dtype]}); ``quant_mode`` / ``scale_dtype`` when not affine /
+        float32; ``row_map`` ({table: rows and bytes per format}) for a table stored by use.
+        Both sums run over each layer's stored arrays (packed weight, scales, biases, a
+        table's row index), so a mixed map counts each layer's own format.
 
     Raises
     ------
@@ -130,17 +159,33 @@ def quantize_module(module, cfg, mode="simulated", model=None):
     settings = layer_settings(module, cfg, heads)
     predicate = make_predicate(cfg, skipped, settings, heads, head_reason)
     native = copy.deepcopy(module)
-    nn.quantize(native, group_size=cfg.group_size, bits=cfg.bits, class_predicate=predicate)
-    qlayers = [p for p, m in native.named_modules()
-               if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
-    if not qlayers:
+    nn.quantize(native, group_size=cfg.group_size, bits=cfg.bits, mode=cfg.quant_mode,
+                class_predicate=predicate)
+    chosen = {p: (settings or {}).get(p) or default_format(cfg)
+              for p, m in native.named_modules()
+              if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    if not chosen:
         raise ValueError(f"no layer can be quantized with group_size={cfg.group_size}")
+    mods = dict(native.named_modules())
+    for p, fmt in chosen.items():  # the scales as stored (mx.quantize computed them in fp32)
+        m = mods[p]
+        if fmt.mode == "affine" and fmt.scale_dtype != "float32":
+            m.scales = m.scales.astype(getattr(mx, fmt.scale_dtype))
+            m.biases = m.biases.astype(getattr(mx, fmt.scale_dtype))
+        if isinstance(m, nn.QuantizedEmbedding) and fmt[2:] != ("affine", "float32"):
+            m.__class__ = qembedding.Fp32QuantizedEmbedding
+    rows = row_map(module, settings, chosen, row_use)
+    if rows:
+        from variants.families.quant.row_embedding import RowWidthEmbedding
+    for p, (row_format, fmts) in rows.items():
+        activations.set_module(native, p, RowWidthEmbedding.from_embedding(
+            dict(module.named_modules())[p], row_format, fmts))
     q_bytes = q_params = 0
     for p, m in native.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            out_dims, packed = m.weight.shape
-            q_params += out_dims * packed * 32 // m.bits  # m.bits: per layer with a map
-            q_bytes += m.weight.nbytes + m.scales.nbytes + m.biases.nbytes
+        if p in chosen:
+            q_params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+            q_bytes += sum(v.nbytes for _, v in tree_flatten(m.parameters()) if v is not None)
+            q_bytes -= m["bias"].nbytes if "bias" in m else 0
     params = tree_flatten(native.parameters())
     total_bytes = sum(v.nbytes for _, v in params)
     dense_params = sum(v.size for _, v in tree_flatten(module.parameters()))
@@ -149,7 +194,7 @@ def quantize_module(module, cfg, mode="simulated", model=None):
              if p in {path for path, _ in skipped}}
     indivisible = sum(sizes[p] for p, why in skipped if why.startswith(INDIVISIBLE))
     info = {
-        "quantized_layers": len(qlayers),
+        "quantized_layers": len(chosen),
         "skipped": skipped,
         "skipped_weights": sizes,
         "indivisible_params": int(indivisible),
@@ -162,27 +207,80 @@ def quantize_module(module, cfg, mode="simulated", model=None):
         "head": {"paths": list(heads), "why": head_reason.split(" kept")[0],
                  "quantized": bool(cfg.quantize_head)},
     }
+    if cfg.quant_mode != "affine" or cfg.scale_dtype != "float32":
+        info.update(quant_mode=cfg.quant_mode, scale_dtype=cfg.scale_dtype)
     if settings:
-        info["layer_bits"] = {p: [m.bits, m.group_size] for p, m in native.named_modules()
-                              if p in qlayers}
+        info["layer_bits"] = {p: [f.bits, f.group_size] for p, f in chosen.items()}
+        info["layer_formats"] = {p: list(f) for p, f in chosen.items()}
+    if rows:
+        info["row_map"] = {p: row_facts(rf, fm, dict(module.named_modules())[p].weight.shape)
+                           for p, (rf, fm) in rows.items()}
     if mode == "native":
         return qlinear.use_cpu_path(native), info
     sim = copy.deepcopy(module)
-    chosen = {p: (m.bits, m.group_size) for p, m in native.named_modules() if p in qlayers}
     for path, m in sim.named_modules():
-        if path in chosen:
-            w = m.weight
-            bits, gs = chosen[path]
-            q, s, b = mx.quantize(w, group_size=gs, bits=bits)
-            m.weight = mx.dequantize(q, s, b, group_size=gs, bits=bits).astype(w.dtype)
+        if path in rows:
+            m.weight = dict(native.named_modules())[path].dequantized().astype(m.weight.dtype)
+        elif path in chosen:
+            m.weight = formats.round_trip(m.weight, chosen[path]).astype(m.weight.dtype)
     mx.eval(sim.parameters())
     return sim, info
 
 
-def build(reference, cfg, mode="simulated", calibration=None):
+def row_map(module, settings, chosen, row_use):
+    """``{table path: (row_format (vocab,) int, [Format, ...])}`` of the word tables whose
+    ``@unseen`` rows are stored apart (a format other than the table's), from ``row_use``
+    ((vocab,) bool: the rows the fit texts use). {} when no map entry sets them. Raises
+    ValueError when the rows' use is unknown (no fit texts given to the build)."""
+    out = {}
+    for p in word_tables(module):
+        unseen = (settings or {}).get(p + bits_map.UNSEEN)
+        if p not in chosen or unseen is None or unseen == chosen[p]:
+            continue
+        if row_use is None:
+            raise ValueError(f"--bits-map sets {p}{bits_map.UNSEEN} but the build has no fit "
+                             "texts to tell the used rows; build it through variants sweep or "
+                             "search (they pass the fit split), or drop the @unseen entry")
+        w = dict(module.named_modules())[p].weight
+        if w.shape[1] % unseen.group_size:
+            raise ValueError(f"--bits-map: {p}{bits_map.UNSEEN}'s group size "
+                             f"{unseen.group_size} does not divide the table's width "
+                             f"{w.shape[1]}; use 32 or 64")
+        used = np.asarray(row_use, bool)
+        out[p] = (np.where(used, 0, 1).astype(np.int32), [chosen[p], unseen])
+    return out
+
+
+def row_facts(row_format, fmts, shape):
+    """build.json's facts of one table stored by use: rows per format and stored bytes."""
+    counts = np.bincount(row_format, minlength=len(fmts))
+    return {"formats": [list(f) for f in fmts], "rows": [int(c) for c in counts],
+            "bytes": [int(formats.stored_bytes((int(c), shape[1]), f)) if c else 0
+                      for c, f in zip(counts, fmts)]}
+
+
+def build(reference, cfg, mode="simulated", calibration=None, fit=None):
     """Registry entry: the reference DecisionModel with its module quantized.
 
     ``calibration`` is unused (round-to-nearest needs no data); kept for the builder signature.
+    ``fit`` (a TaskSet) tells the word-table rows in use when the map stores the ``@unseen``
+    rows apart (:func:`used_rows`).
     """
-    qmodule, info = quantize_module(reference.module, cfg, mode, model=reference)
+    row_use = used_rows(reference, fit, cfg) if bits_map.UNSEEN in cfg.bits_map else None
+    qmodule, info = quantize_module(reference.module, cfg, mode, model=reference,
+                                    row_use=row_use)
     return reference.replace_module(qmodule), info
+
+
+def used_rows(reference, fit, cfg):
+    """(vocab,) bool: the word-table rows the texts of ``fit`` (the fit split, a TaskSet, as
+    the model reads them) and ``cfg.embedding_texts`` (a file, one text per line) use; None
+    without any text."""
+    from variants.families.quant import row_use
+
+    texts = [] if fit is None else list(reference.model_inputs(fit)[0])
+    if cfg.embedding_texts:
+        texts += row_use.read_texts(cfg.embedding_texts)
+    if not texts:
+        return None
+    return row_use.row_counts(reference, texts) > 0

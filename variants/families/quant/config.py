@@ -45,6 +45,13 @@ class QuantConfig:
     #: regex of the Linears run as W8A8 on integer GEMMs (:mod:`variants.families.quant.int8`);
     #: "" = none
     int8: str = ""
+    #: precision the affine scales and biases are stored in (:mod:`.formats`)
+    scale_dtype: str = "float32"
+    #: "affine" or a microscaling mode (mxfp4, mxfp8, nvfp4: its own bits and group size)
+    quant_mode: str = "affine"
+    #: a file of the user's own texts whose word-table rows count as used, beside the fit
+    #: split's (:mod:`.row_use`; read only by a map with a ``@unseen`` entry)
+    embedding_texts: str = ""
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -52,12 +59,31 @@ class QuantConfig:
                              f"{' '.join(METHODS)}")
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
-        check_bits(self.bits, self.group_size)
+        from variants.families.quant import formats
+
+        formats.check_scale_dtype(self.scale_dtype)
+        formats.check_mode(self.quant_mode)
+        if self.quant_mode != "affine":
+            bits, group = formats.MX_SHAPE[self.quant_mode]
+            if (self.bits, self.group_size) != (bits, group):
+                raise ValueError(f"--quant-mode {self.quant_mode} stores {bits}-bit values in "
+                                 f"groups of {group}, not bits={self.bits} group "
+                                 f"size={self.group_size}; drop --bits and --group-size")
+            if self.method != "rtn":
+                raise ValueError(f"--quant-method {self.method} learns affine codes, scales and "
+                                 f"biases; --quant-mode {self.quant_mode} has no biases and "
+                                 "power-of-two or fp8 scales: use --quant-method rtn with it")
+        else:
+            check_bits(self.bits, self.group_size)
         if self.int8:
             from variants.families.w8a8.family import check_skip
 
             check_skip(self.int8, flag="--int8-layers")
-        recipe, _ = bits_map_mod.parse(self.bits_map, BITS, GROUP_SIZES)
+        recipe, rules = bits_map_mod.parse(self.bits_map, BITS, GROUP_SIZES)
+        if self.method != "rtn" and any(r.mode != "affine" for r in rules):
+            raise ValueError(f"--quant-method {self.method} learns affine codes; --bits-map "
+                             f"entry {next(r for r in rules if r.mode != 'affine').text()} is "
+                             "a microscaling mode: use --quant-method rtn with it")
         if recipe and self.bits != bits_map_mod.RECIPES[recipe][0]:
             raise ValueError(f"--bits-map {recipe} quantizes the other layers at "
                              f"{bits_map_mod.RECIPES[recipe][0]} bits, not bits={self.bits}; drop "
@@ -75,5 +101,14 @@ class QuantConfig:
             import hashlib
 
             int8 = "-int8-" + hashlib.sha1(self.int8.encode()).hexdigest()[:6]
-        return (f"q{self.bits}-g{self.group_size}{extra}" + (f"-{mixed}" if mixed else "")
-                + method + int8)
+        from variants.families.quant.formats import SCALE_SHORT
+
+        mode = "" if self.quant_mode == "affine" else f"-{self.quant_mode}"
+        scale = "" if self.scale_dtype == "float32" else f"-s{SCALE_SHORT[self.scale_dtype]}"
+        texts = ""
+        if self.embedding_texts:
+            import hashlib
+
+            texts = "-et" + hashlib.sha1(self.embedding_texts.encode()).hexdigest()[:6]
+        return (f"q{self.bits}-g{self.group_size}{extra}" + mode + scale
+                + (f"-{mixed}" if mixed else "") + method + int8 + texts)

@@ -14,4 +14,5 @@ def build_weights(reference, config, inputs=BuildInputs(), mode="simulated"):
                                    cache_dir=inputs.cache_dir)
     from variants.families.quant import build as quantize
 
-    return quantize.build(reference, config, mode=mode, calibration=inputs.calibration)
+    return quantize.build(reference, config, mode=mode, calibration=inputs.calibration,
+                          fit=inputs.fit)

@@ -5,16 +5,19 @@ The quantizers: round-to-nearest (``mx.quantize``, native or simulated) is
 fit split and write the same packed format, are :mod:`variants.families.quant.learned`.
 """
 
+from pathlib import Path
+
 from variants import defaults
 from variants.layer_maps import bits_map as bits_map_mod
 from variants.families.family import BuildInputs, Family
 
 from variants.families.quant.config import (BITS, GROUP_SIZES, METHODS, MODES,  # noqa: F401
                                          QuantConfig, check_bits)
+from variants.families.quant.formats import MODES as MODES_MX, MX_SHAPE, SCALE_DTYPES
 
 
 PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map",
-          "quant_method", "int8_layers")
+          "quant_method", "int8_layers", "scale_dtype", "quant_mode", "embedding_texts")
 
 
 def add_arguments(parser):
@@ -40,6 +43,21 @@ def add_arguments(parser):
                         "clipping; gptq = Hessian error compensation; dwq = AWQ-scaled GPTQ "
                         "codes with scales, biases and LayerNorms distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
+    g.add_argument("--scale-dtype", default="float32", choices=SCALE_DTYPES,
+                   help="precision the affine scales and biases are stored in: float16 or "
+                        "bfloat16 halve their share (4-bit g64: 5.0 bits per weight at "
+                        "float32, 4.5 at float16, mlx-lm's layout); the dequantized weight is "
+                        "float32(scale) * q + float32(bias) (default: float32)")
+    g.add_argument("--quant-mode", default="affine", choices=MODES_MX,
+                   help="affine (scale and bias per group, --bits / --group-size) or one of "
+                        "MLX's microscaling formats: mxfp4 (FP4 E2M1 values, a power-of-two "
+                        "scale per 32: 4.25 bits per weight), mxfp8 (FP8 E4M3 per 32: 8.25), "
+                        "nvfp4 (FP4 with an FP8 scale per 16: 4.5); round-to-nearest only "
+                        "(default: affine)")
+    g.add_argument("--embedding-texts", default="", metavar="FILE",
+                   help="your own unlabelled texts, one per line: their word-table rows count as "
+                        "used beside the fit split's, for a --bits-map entry "
+                        "'word_embeddings@unseen=B' that stores the rows no text uses at B bits")
     g.add_argument("--int8-layers", default="", metavar="REGEX",
                    help="Linears whose path matches run as W8A8 (int8 weights and per-token "
                         "int8 activations on integer GEMMs, as --family w8a8); the other layers "
@@ -47,10 +65,25 @@ def add_arguments(parser):
 
 
 def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head=False,
-           bits_map="", quant_method=None, int8_layers=""):
+           bits_map="", quant_method=None, int8_layers="", scale_dtype="float32",
+           quant_mode="affine", embedding_texts=""):
     """The variant configs of one sweep: one QuantConfig per method (``quant_method``, None =
     rtn) and bit width (``bits`` None: all of BITS), each with ``bits_map``; a recipe map
-    gives one width (ValueError if bad)."""
+    gives one width; a microscaling ``quant_mode`` one variant at its own width and group
+    size (ValueError if bad)."""
+    extra = {"scale_dtype": scale_dtype or "float32", "quant_mode": quant_mode or "affine",
+             "embedding_texts": embedding_texts or ""}
+    if extra["quant_mode"] in MX_SHAPE:
+        mb, mg = MX_SHAPE[extra["quant_mode"]]
+        if bits is not None and list(bits) != [mb]:
+            raise ValueError(f"--quant-mode {extra['quant_mode']} stores {mb}-bit values; drop "
+                             f"--bits {' '.join(map(str, bits))}")
+        methods = list(dict.fromkeys(quant_method or ["rtn"]))
+        return [QuantConfig(mb, mg, quantize_embeddings, quantize_head, bits_map, m,
+                            int8_layers or "", **extra) for m in methods]
+    if extra["embedding_texts"] and not Path(extra["embedding_texts"]).is_file():
+        raise ValueError(f"--embedding-texts {extra['embedding_texts']}: no such file; pass a "
+                         "UTF-8 text file, one text per line")
     methods = list(dict.fromkeys(quant_method or ["rtn"]))
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -70,15 +103,20 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
     if not bits:
         raise ValueError("no bit widths given; pass e.g. --bits 4 8")
     return [QuantConfig(int(b), group_size, quantize_embeddings, quantize_head, bits_map, m,
-                        int8_layers or "")
+                        int8_layers or "", **extra)
             for m in methods for b in dict.fromkeys(bits)]
 
 
-def run_name(*, group_size=64, bits_map="", quant_method=None, int8_layers="", **_):
+def run_name(*, group_size=64, bits_map="", quant_method=None, int8_layers="",
+             scale_dtype="float32", quant_mode="affine", **_):
     """Default run-folder suffix for these parameters."""
+    from variants.families.quant.formats import SCALE_SHORT
+
     mixed = bits_map_mod.tag(bits_map)
     methods = [m for m in dict.fromkeys(quant_method or []) if m != "rtn"]
-    return (f"g{group_size}" + (f"-{mixed}" if mixed else "")
+    head = quant_mode if quant_mode and quant_mode != "affine" else f"g{group_size}"
+    scale = f"-s{SCALE_SHORT[scale_dtype]}" if scale_dtype and scale_dtype != "float32" else ""
+    return (head + scale + (f"-{mixed}" if mixed else "")
             + ("-" + "-".join(methods) if methods else "") + ("-int8" if int8_layers else ""))
 
 

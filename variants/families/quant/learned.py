@@ -200,7 +200,8 @@ def learned_layers(reference, cfg, fit, cache_dir=None, log=None):
     predicate = quantize.make_predicate(cfg, skipped, settings or None)
     mods = dict(reference.module.named_modules())
     paths = [p for p in activations.target_linears(reference.module) if predicate(p, mods[p])]
-    settings = {p: tuple(settings.get(p, (cfg.bits, cfg.group_size))) for p in paths}
+    settings = {p: tuple(settings[p][:2]) if p in settings else (cfg.bits, cfg.group_size)
+                for p in paths}
     stats = activations.cached_collect(reference, fit, cache_dir=cache_dir, log=log)
     if cfg.method == "dwq":  # from its start's layers (their per-Linear cache entries too)
         start, srows = _learn(reference, cfg, paths, settings, stats, cache_dir,
@@ -264,8 +265,8 @@ def _dense(module):
             inv, m = m.input_scale, m.linear
         if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             continue
-        w = mx.dequantize(m["weight"], m["scales"], m["biases"], group_size=m.group_size,
-                          bits=m.bits)
+        w = mx.dequantize(m["weight"], m["scales"].astype(mx.float32),
+                          m["biases"].astype(mx.float32), group_size=m.group_size, bits=m.bits)
         if inv is not None:
             w = w * inv
         if isinstance(m, nn.QuantizedEmbedding):
@@ -297,7 +298,8 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
     for path, (codes, scales, biases, inv) in layers.items():
         m = dict(native.named_modules())[path]
         m.weight = mx.array(affine_codes.pack(codes, m.bits))
-        m.scales, m.biases = mx.array(scales), mx.array(biases)
+        dt = m.scales.dtype  # --scale-dtype: the learned fp32 scales stored as the build's
+        m.scales, m.biases = mx.array(scales).astype(dt), mx.array(biases).astype(dt)
         if inv is not None:
             activations.set_module(native, path, InputScaledLinear(m, inv))
             extra_bytes += inv.nbytes
