@@ -57,6 +57,20 @@ def configure(sub):
                         "awq, gptq, dwq; the strategy is walked once per method, each with "
                         "its own --max-candidates; learned methods read the fit split; dwq "
                         "trains per candidate and is slow)")
+    p.add_argument("--scale-dtype", default=d.scale_dtype,
+                   choices=("float32", "float16", "bfloat16"),
+                   help="precision every affine unit stores its scales and biases in, priced "
+                        "exactly (4-bit g64: 4.5 bits per weight at float16, 5.0 at float32; "
+                        f"default: {d.scale_dtype})")
+    p.add_argument("--modes", nargs="+", default=list(d.modes), metavar="MODE",
+                   help="microscaling formats each unit may take beside the widths (mxfp4 "
+                        "4.25, nvfp4 4.5, mxfp8 8.25 bits per weight); a mode less accurate "
+                        "(in weight error) than a cheaper option is dropped; 'none' for widths "
+                        "only; --cost bytes / bits / flops with rtn (default: "
+                        f"{' '.join(d.modes)})")
+    p.add_argument("--no-unseen-rows", dest="unseen_rows", action="store_false",
+                   help="keep the word table one unit (default: its rows unseen in the fit "
+                        "split's texts are a unit of their own, which may be stored narrower)")
     p.add_argument("--method-sensitivity", action="store_true",
                    help="awq and gptq walk on their own per-layer sensitivity (each encoder "
                         "Linear quantized alone by the method) instead of round-to-nearest's "
@@ -168,7 +182,8 @@ def run(args):
         families=tuple(args.families), seed=args.seed, max_candidates=args.max_candidates,
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
         quant_methods=tuple(args.quant_methods), w8a8=args.w8a8,
-        method_sensitivity=args.method_sensitivity,
+        method_sensitivity=args.method_sensitivity, scale_dtype=args.scale_dtype,
+        modes=tuple(m for m in args.modes if m != "none"), unseen_rows=args.unseen_rows,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,
         n_search=args.n_search,

@@ -31,6 +31,8 @@ latency model (a gather of B x L rows, the same order of cost at every width).
 
 import json
 import statistics
+
+import numpy as np
 import time
 from pathlib import Path
 
@@ -55,33 +57,57 @@ class CostTable:
     group_size : int
     """
 
-    def __init__(self, module, layers, bits, group_size):
+    def __init__(self, module, layers, bits, group_size, scale_dtype="float32", used=None):
         import mlx.core as mx
         import mlx.nn as nn
         from mlx.utils import tree_flatten
 
+        from variants.families.quant import formats
+        from variants.layer_maps.bits_map import UNSEEN
+
         mods = dict(module.named_modules())
         self.layers, self.group_size = list(layers), group_size
-        self.lookup = {p for p in self.layers if isinstance(mods[p], nn.Embedding)}
-        self.shape = {p: tuple(mods[p].weight.shape) for p in self.layers}  # (out, in)
+        self.scale_dtype = scale_dtype
+        self.lookup = {p for p in self.layers if isinstance(mods[p.split("@")[0]], nn.Embedding)}
+        self.unseen = {p: p.split("@")[0] for p in self.layers if UNSEEN in p}
+        n_unseen = 0 if used is None else int((~np.asarray(used, bool)).sum())
+        self.shape = {}
+        for p in self.layers:  # (out, in); a table stored by use: its seen / unseen rows
+            o, i = mods[p.split("@")[0]].weight.shape
+            if p in self.unseen:
+                o = n_unseen
+            elif p in self.unseen.values():
+                o -= n_unseen
+            self.shape[p] = (int(o), int(i))
+        self.vocab = {t: int(mods[t].weight.shape[0]) for t in self.unseen.values()}
         self.total_bytes = sum(v.nbytes for _, v in tree_flatten(module.parameters()))
-        self.dense_bytes = {p: mods[p].weight.nbytes for p in self.layers}
-        self.q_bytes = {}
+        self.dense_bytes = {p: self.shape[p][0] * self.shape[p][1] * 4 for p in self.layers}
+        self.q_bytes, self.error = {}, {}
         for p in self.layers:
-            w = mods[p].weight
+            w = mods[p].weight if p in mods else None
             for b in bits:
                 if b == INT8:
                     if p not in self.lookup:  # int8 weights + fp32 scale + int32 column sum
                         self.q_bytes[p, b] = w.shape[0] * (w.shape[1] + 8)
                     continue
-                q, s, z = mx.quantize(w, group_size=group_size, bits=int(b))
-                self.q_bytes[p, int(b)] = q.nbytes + s.nbytes + z.nbytes
+                fmt = formats.of(b, group_size, scale_dtype)
+                if self.shape[p][1] % fmt.group_size:
+                    continue
+                self.q_bytes[p, b] = formats.stored_bytes(self.shape[p], fmt)
+                if p not in self.lookup:  # relative squared error of the round trip
+                    d = formats.round_trip(w, fmt) - w
+                    self.error[p, b] = float(mx.sum(d * d) / mx.sum(w * w))
         self.latency = {}
 
     def model_bytes(self, layer_bits):
-        """Bytes stored by the native form with ``layer_bits`` ({path: bits})."""
-        return int(self.total_bytes + sum(self.q_bytes[p, b] - self.dense_bytes[p]
-                                          for p, b in layer_bits.items()))
+        """Bytes stored by the native form with ``layer_bits`` ({path: bits}); a table whose
+        ``@unseen`` rows take another option than its own adds its row index (a uint8 table
+        number and an int32 row per token: 5 bytes a row,
+        :class:`variants.families.quant.row_embedding.RowWidthEmbedding`)."""
+        index = sum(5 * self.vocab[t] for u, t in self.unseen.items()
+                    if u in layer_bits and layer_bits[u] != layer_bits.get(t))
+        return int(self.total_bytes + index + sum(self.q_bytes[p, b] - self.dense_bytes[p]
+                                                  for p, b in layer_bits.items()))
 
     def bits_per_weight(self, layer_bits):
         q = sum(self.q_bytes[p, b] for p, b in layer_bits.items())
@@ -127,7 +153,8 @@ class CostTable:
                                              f"{digest(key)}.json")
         table = json.loads(path.read_text()) if path.exists() else {}
         need = {f"{self.shape[p][1]}x{self.shape[p][0]}x{b}"
-                for p in self.layers if p not in self.lookup for b in bits} - set(table)
+                for p in self.layers if p not in self.lookup for b in bits
+                if (p, b) in self.q_bytes} - set(table)
         if need:
             for key in sorted(need):
                 i, o, b = key.split("x")

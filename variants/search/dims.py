@@ -47,24 +47,53 @@ def _rank(o):
     return 7.5 if o == INT8 else float(o)
 
 
-def options(costs, cost, bits, w8a8, layers):
+def mode_rank(costs, mode, layers):
+    """A microscaling mode's place in :func:`_rank`'s order: the affine width its round trip
+    matches in relative squared weight error summed over ``layers`` (measured by the cost
+    table), interpolated in log error between the two widths around it (below the narrowest:
+    that width minus 0.5; above the widest: plus 0.5)."""
+    import math
+
+    def err(o):
+        return sum(costs.error[p, o] for p in layers)
+    widths = sorted(b for b in {b for _, b in costs.error} if not isinstance(b, str))
+    e = math.log(err(mode))
+    pts = [(b, math.log(err(b))) for b in widths]  # error falls as the width grows
+    if not pts:
+        return 0.0
+    if e >= pts[0][1]:
+        return pts[0][0] - 0.5
+    if e <= pts[-1][1]:
+        return pts[-1][0] + 0.5
+    for (b0, e0), (b1, e1) in zip(pts, pts[1:]):
+        if e1 <= e <= e0:
+            return b0 + (b1 - b0) * (e0 - e) / (e0 - e1 or 1.0)
+    return 0.0
+
+
+def options(costs, cost, bits, w8a8, layers, modes=()):
     """The per-unit options, cheapest first, each more accurate than the one before: ``bits``
-    plus ``"int8"`` when ``w8a8`` (without it: ``bits`` as given), ordered by the cost of
+    plus ``"int8"`` when ``w8a8`` plus the microscaling ``modes`` (without either: ``bits`` as
+    given), ordered by the cost of
     every Linear at that option (ties by stored bytes), then an option dropped when a cheaper
-    (or equally priced) one is more accurate (:func:`_rank`): it could only lose. Under ``latency-b32`` on this CPU 4 and 6
+    (or equally priced) one is more accurate (:func:`_rank`; a mode by :func:`mode_rank`): it
+    could only lose. Under ``latency-b32`` on this CPU 4 and 6
     bits run slower than 8 (their unpacking), so a latency search has int8 and 8 only.
     ``costs``: a :class:`~variants.search.costs.CostTable` (latency loaded when ``cost`` is a
     latency); ``layers``: the Linear units (the options are priced on them)."""
-    opts = [int(b) for b in bits] + ([INT8] if w8a8 else [])
-    if not w8a8 or not layers:  # the widths as given (a search without --w8a8 as before)
+    opts = [int(b) for b in bits] + ([INT8] if w8a8 else []) + list(modes)
+    if not (w8a8 or modes) or not layers:  # the widths as given (a search without --w8a8)
         return [int(b) for b in bits]
+    ranks = {o: (mode_rank(costs, o, layers) if o in modes else _rank(o)) for o in opts}
 
     def key(o):
         m = {p: o for p in layers}
-        return (costs.of(cost, m), costs.model_bytes(m), _rank(o))
+        return (costs.of(cost, m), costs.model_bytes(m), ranks[o])
     chain = []
     for o in sorted(opts, key=key):
-        if not chain or _rank(o) > max(_rank(c) for c in chain):
+        if chain and key(chain[-1])[:2] == key(o)[:2] and ranks[o] > ranks[chain[-1]]:
+            chain.pop()  # the same price, more accurate: it replaces the one before
+        if not chain or ranks[o] > max(ranks[c] for c in chain):
             chain.append(o)
     return chain
 

@@ -37,10 +37,14 @@ def spec_of(layer_bits, stop=True, method="rtn"):
 
     from variants.search.dims import int8_pattern
 
-    counts = Counter(b for b in layer_bits.values() if b != costs_mod.INT8)
+    counts = Counter(b for p, b in layer_bits.items()
+                     if isinstance(b, int) and "@" not in p)
     default = min(counts, key=lambda b: (-counts[b], b)) if counts else 8
+    # a table's @unseen rows: an entry (first) when they differ from the table's own
     entries = [f"^{re.escape(p)}$={b}" for p, b in layer_bits.items()
-               if b != default and b != costs_mod.INT8]
+               if "@" in p and b != layer_bits.get(p.split("@")[0])]
+    entries += [f"^{re.escape(p)}$={b}" for p, b in layer_bits.items()
+                if "@" not in p and b != default and b != costs_mod.INT8]
     spec = {"id": candidate_id(layer_bits, method), "default_bits": int(default),
             "bits_map": ",".join(entries), "stop": bool(stop)}
     int8 = int8_pattern([p for p, b in layer_bits.items() if b == costs_mod.INT8])
@@ -64,7 +68,7 @@ class Search:
                         "chunk_size": o.chunk_size, "group_size": o.group_size,
                         "search_margin": o.search_margin, "select": o.select,
                         "quantize_embeddings": o.quantize_embeddings,
-                        "quantize_head": o.quantize_head}
+                        "quantize_head": o.quantize_head, "scale_dtype": o.scale_dtype}
         self.state = worker.load(self.payload)
         cfg = self.state["cfg"]
         alpha = self.state["settings"]["alpha"]  # the search-calibration half gives the ε too
@@ -81,16 +85,24 @@ class Search:
                    o.select, self.state["contract"].settings.get("confidence", 0.95))
         model = self.state["source"].build(self.state["checkpoint"])
         module = model.module
+        self.used = None
+        if o.unseen_rows:  # the word-table rows the fit split's texts use
+            from variants.families.quant.build import used_rows
+
+            self.used = used_rows(model, self.state["tasksets"].get("fit"),
+                                  o.quant_config(8, ""))
         self.units = search_units(module, model, group_size=o.group_size,
                                   # composed (optuna) candidates quantize encoder Linears only
                                   embeddings=o.quantize_embeddings and o.strategy == "bisect"
                                   or o.quantize_embeddings and o.strategy == "greedy",
-                                  quantize_head=o.quantize_head)
+                                  quantize_head=o.quantize_head,
+                                  unseen_rows=self.used is not None)
         self.layers = self.units.paths
         from variants.search import dims
 
         self.costs = costs_mod.CostTable(module, self.layers, list(o.bits) +
-                                         ([costs_mod.INT8] if o.w8a8 else []), o.group_size)
+                                         ([costs_mod.INT8] if o.w8a8 else []) + list(o.modes),
+                                         o.group_size, o.scale_dtype, self.used)
         self.out = o.out_dir(cfg.model)
         self.store = Store(self.out)
         self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
@@ -114,7 +126,8 @@ class Search:
                 o.cost, list(o.bits) + ([costs_mod.INT8] if o.w8a8 else []),
                 Path(o.results_dir) / ".cache")
         self.options = dims.options(self.costs, o.cost, o.bits, o.w8a8,
-                                    [p for p in self.layers if p not in self.costs.lookup])
+                                    [p for p in self.layers if p not in self.costs.lookup],
+                                    o.modes)
         self.method = o.quant_methods[0]
         dropped = [b for b in o.bits if b not in self.options]
         if dropped:
@@ -156,12 +169,20 @@ class Search:
         remote = {"sweep": self.remote_payload()["sweep"], "n_search": o.n_search,
                   "n_rows": o.n_sensitivity}
         table = sens_cache.measure_cached(
-            self.state["reference"], sub, Path(o.results_dir) / ".cache", paths=self.layers,
+            self.state["reference"], sub, Path(o.results_dir) / ".cache",
+            paths=[p for p in self.layers if "@" not in p],
             bits=o.bits, group_size=o.group_size, executor=getattr(self, "executor", None),
             remote=remote, log=self.log)
         frame, self.sens_path = table.frame, table.folder
         self.sens_rows = {"read": table.cached, "measured": table.measured}
         sens = {(r.layer, int(r.bits)): float(r.kl_mean) for r in frame.itertuples()}
+        from variants.search import format_sens
+
+        pairs = format_sens.needed(self.layers, self.options)
+        if pairs:  # modes, and a table's @unseen rows (the width table has neither)
+            sens.update(format_sens.measure(self.state["reference"], sub, pairs, o.group_size,
+                                            self.used, Path(o.results_dir) / ".cache",
+                                            self.log))
         if self.opts.w8a8:
             from variants.search.dims import int8_sensitivity
 

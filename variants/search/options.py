@@ -19,6 +19,8 @@ N_FINALISTS = 3
 #: settings left out of search_settings.json at these values (a folder written before these
 #: dimensions resumes); what an absent one means when a resume is refused
 PLAIN = {"quant_methods": ["rtn"], "w8a8": False, "method_sensitivity": False,
+         # a search from before issue #42's dimensions (fp32 scales, widths only, whole tables)
+         "scale_dtype": "float32", "modes": [], "unseen_rows": False,
          # a search with --w8a8 before int8 candidates were judged on their native build
          "int8_judged": "simulated"}
 
@@ -45,6 +47,12 @@ class SearchOptions:
     method_sensitivity: bool = False
     #: Linears may also run as W8A8 on integer GEMMs (variants.search.dims)
     w8a8: bool = False
+    #: the precision every affine unit stores its scales and biases in (formats.py)
+    scale_dtype: str = "float16"
+    #: microscaling modes each unit may take beside the widths (--cost bytes / bits / flops)
+    modes: tuple = ("mxfp4", "mxfp8", "nvfp4")
+    #: the word table's rows unseen in the fit texts are a unit of their own (format_sens.py)
+    unseen_rows: bool = True
     #: the embedding tables are units of the search (quantized embeddings); the head only when
     #: asked (variants.search.units)
     quantize_embeddings: bool = True
@@ -133,6 +141,19 @@ class SearchOptions:
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
+        from variants.families.quant import formats
+
+        formats.check_scale_dtype(self.scale_dtype)
+        self.modes = tuple(dict.fromkeys(self.modes))
+        for m in self.modes:
+            if m not in formats.MX_SHAPE:
+                raise ValueError(f"--modes {m!r} is not a microscaling mode; choose from "
+                                 f"{' '.join(formats.MX_SHAPE)}, or pass --modes none")
+        if self.cost.startswith("latency") or self.strategy == "optuna" or self.w8a8 \
+                or self.quant_methods != ("rtn",):
+            self.modes = ()  # priced and learned for affine widths only
+        if not self.quantize_embeddings or self.strategy not in ("bisect", "greedy"):
+            self.unseen_rows = False
         from variants.families.quant.config import METHODS
 
         self.quant_methods = tuple(dict.fromkeys(self.quant_methods))
@@ -175,6 +196,7 @@ class SearchOptions:
             d.pop(k)
         d["families"], d["bits"] = list(self.families), list(self.bits)
         d["quant_methods"] = list(self.quant_methods)
+        d["modes"] = list(self.modes)
         for k, plain in PLAIN.items():
             if k in d and d[k] == plain:  # a search from before these dimensions resumes
                 del d[k]
@@ -201,7 +223,8 @@ class SearchOptions:
 
         return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
                            quantize_embeddings=self.quantize_embeddings,
-                           quantize_head=self.quantize_head, method=method, int8=int8)
+                           quantize_head=self.quantize_head, method=method, int8=int8,
+                           scale_dtype=self.scale_dtype)
 
     def out_dir(self, model):
         return Path(self.out) if self.out else \

@@ -133,7 +133,9 @@ def markdown(frame, result, png):
         flags = (" --quantize-embeddings" if s.get("quantize_embeddings") else "") + \
             (" --quantize-head" if s.get("quantize_head") else "") + \
             (f" --quant-method {w['method']}" if w.get("method", "rtn") != "rtn" else "") + \
-            (f" --int8-layers '{w['int8']}'" if w.get("int8") else "")
+            (f" --int8-layers '{w['int8']}'" if w.get("int8") else "") + \
+            (f" --scale-dtype {s['scale_dtype']}" if s.get("scale_dtype", "float32")
+             != "float32" else "")
         lines += ["## Winner's per-layer bits", "", "As a sweep variant: `variants sweep --bits "
                   f"{w['default_bits']}{flags}" + (f" --bits-map '{w['bits_map']}'`"
                                                    if w["bits_map"] else "`"),

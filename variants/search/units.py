@@ -3,7 +3,8 @@ width, whatever the model kind (``classifier``, ``linear-head``, ``cosine``, ``m
 factory's network).
 
 In forward order: the embedding tables (``nn.Embedding``, stored as ``nn.QuantizedEmbedding``:
-word, position and token-type tables are one unit each), the encoder's Linears
+word, position and token-type tables are one unit each; with ``unseen_rows`` the word table's
+rows unseen in the fit texts are one more, ``<table>@unseen``: :mod:`variants.search.format_sens`), the encoder's Linears
 (:func:`variants.arch.activations.target_linears`), any other Linear outside the head (as the quant
 builder quantizes it), then the decision head's Linears when the user allows it
 (``--quantize-head``; the head by role, :func:`variants.models.heads.head_paths`). A tensor whose input
@@ -32,7 +33,8 @@ class Units:
         return [p for p in self.paths if isinstance(mods[p], nn.Embedding)]
 
 
-def search_units(module, model=None, *, group_size=64, embeddings=True, quantize_head=False):
+def search_units(module, model=None, *, group_size=64, embeddings=True, quantize_head=False,
+                 unseen_rows=False):
     """The :class:`Units` of ``module`` (the reference's network; ``model`` its DecisionModel,
     for a declared head).
 
@@ -72,4 +74,11 @@ def search_units(module, model=None, *, group_size=64, embeddings=True, quantize
     if not paths:
         raise ValueError(f"--group-size {group_size} divides the input size of no tensor of this "
                          "model; pass --group-size 32")
+    if unseen_rows:  # the word table's rows unseen in the fit texts: a unit of their own
+        from variants.families.quant.build import word_tables
+        from variants.layer_maps.bits_map import UNSEEN
+
+        for t in word_tables(module):
+            if t in paths:
+                paths.insert(paths.index(t) + 1, t + UNSEEN)
     return Units(paths, heads, why, kept)

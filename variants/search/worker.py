@@ -74,7 +74,8 @@ def load(payload):
             "checkpoint": checkpoint, "tasksets": tasksets, "parts": parts,
             "group_size": payload["group_size"],
             "quantize_embeddings": payload.get("quantize_embeddings", False),
-            "quantize_head": payload.get("quantize_head", False)}
+            "quantize_head": payload.get("quantize_head", False),
+            "scale_dtype": payload.get("scale_dtype", "float32")}
 
 
 def prepare_reference(state, payload):
@@ -176,9 +177,14 @@ def build_variant(state, spec):
                        bits_map=spec["bits_map"],
                        quantize_embeddings=state.get("quantize_embeddings", False),
                        quantize_head=state.get("quantize_head", False),
-                       method=spec.get("method", "rtn"), int8=spec.get("int8", ""))
+                       method=spec.get("method", "rtn"), int8=spec.get("int8", ""),
+                       scale_dtype=state.get("scale_dtype", "float32"))
     if qcfg.method == "rtn" and not qcfg.int8:
-        return build(state["reference"], qcfg, mode="simulated")
+        from variants.families.family import BuildInputs
+
+        # the fit split's texts tell a word table's used rows (an @unseen entry)
+        return build(state["reference"], qcfg, BuildInputs(fit=state["tasksets"].get("fit")),
+                     mode="simulated")
     from pathlib import Path
 
     from variants.families.family import BuildInputs
