@@ -176,6 +176,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     from variants.arch.input_scaled import check_paths, place_input_scales
     from variants.arch.int8_place import check_layers, place_int8
     from variants.arch.lowrank import place_lowrank
+    from variants.families.quant.row_embedding import place_row_embeddings
     from variants.runtime import qlinear
 
     path = Path(path)
@@ -201,6 +202,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
             place_lowrank(module, factored, f"{name}.")
             place_input_scales(module, scaled, f"{name}.")
             place_int8(module, int8, f"{name}.")
+            place_row_embeddings(module, config[BLOCK].get("row_embedding"), f"{name}.")
             if "group_size" in q:
                 nn.quantize(module, group_size=q["group_size"], bits=q["bits"],
                             mode=q.get("mode", "affine"),

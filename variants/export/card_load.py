@@ -29,12 +29,20 @@ weights = {{k: v for k, v in mx.load("THIS_FOLDER/model.safetensors").items()
            if not k.endswith("position_ids")}}  # a buffer, not a parameter
 model = {port}(config)  # your MLX port: transformers' parameter paths
 {quantize}model.load_weights(list(weights.items()), strict=True)
-```'''
+{cast}```'''
 
 QUANTIZE = '''q = config["quantization"]  # mlx-lm's rule: a listed module takes its entry
 nn.quantize(model, q["group_size"], q["bits"], mode=q.get("mode", "affine"),
             class_predicate=lambda p, m: q[p] if p in q else
             hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+'''
+
+
+#: the recipe's lines after loading when scales are stored in half precision
+CAST = '''# the judged numbers: float32(scale) * q + float32(bias), as variants computes them
+for _, m in model.named_modules():
+    if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and m.mode == "affine":
+        m.scales, m.biases = m.scales.astype(mx.float32), m.biases.astype(mx.float32)
 '''
 
 
@@ -58,15 +66,29 @@ def _rule(w):
             f"{w['threshold']:.4g}{inside} (`config.json`'s `mlx_variants.wrapper`).")
 
 
+def _row_tables(facts):
+    """The lines (one paragraph) on the tables stored by use
+    (:mod:`variants.families.quant.row_embedding`): their names and how plain MLX reads them."""
+    from variants.checkpoints.hf_names import name_of
+    from variants.families.quant.row_embedding import CARD
+
+    names = facts.get("names") or {}
+    stored = [name_of(p, names) or p for p in facts["row_embedding"]]
+    return (f"Stored by use: {_codes(stored)}. " + " ".join(CARD)).replace("<name>",
+                                                                            "<table>")
+
+
 def section(facts):
     """The "Load it" lines (Markdown) of ``facts``: ``architecture`` (config.json's
     ``architectures[0]``, None when absent), ``model_type``, ``names`` (the names map,
     :mod:`variants.checkpoints.hf_names`), ``kept`` (the checkpoint's tensors copied unread),
     ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``,
-    ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`), ``wrapper`` (the token-pruning
-    or early-exit rule around the module, :mod:`variants.families.wrapper_place`; None when
-    there is none: then plain MLX can run the folder's model, else only this package's
-    ``load_variant`` runs the judged rule)."""
+    ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`), ``row_embedding`` (the
+    tables stored by use, :mod:`variants.families.quant.row_embedding`), ``half_scales``
+    (the half-precision dtypes of the stored ``scales``, [] when none), ``wrapper`` (the
+    token-pruning or early-exit rule around the module,
+    :mod:`variants.families.wrapper_place`; None when there is none: then plain MLX can run
+    the folder's model, else only this package's ``load_variant`` runs the judged rule)."""
     arch = facts.get("architecture") or f"the {facts.get('model_type')} checkpoint"
     names = facts.get("names") or {}
     own_names = all(k == v for k, v in names.items())
@@ -100,6 +122,8 @@ def section(facts):
                   "`<name>.linear.*` (`config.json`'s `mlx_variants.lowrank` / `input_scaled` "
                   "list them): no transformers layout has them, so only this package's loaders "
                   "read this folder.", ""]
+    if facts.get("row_embedding"):
+        lines += [_row_tables(facts), ""]
     if facts.get("w8a8"):
         lines += [f"The {len(facts['w8a8'])} W8A8 Linears (int8 weights, per-token int8 "
                   "activations on integer GEMMs) are stored as `<name>.wq` (int8 weight codes, "
@@ -134,13 +158,19 @@ def section(facts):
     if only_ours:
         lines += ["- no other loader: the names above are this package's.", ""]
         return lines
+    rows = facts.get("row_embedding")
     lines += [f"- plain MLX, with the recipe below, into an MLX port of `{arch}` whose "
               "parameter paths are transformers'"
+              + (" and whose word-embedding module reads the tables stored by use as above"
+                 if rows else "")
               + (" (the weights without the rule)" if facts.get("wrapper") else "") + ";"]
     mine = "; it gives the encoder's outputs, not the decision head" if \
         facts.get("decision_head") else ""
     mine += "; the weights without the rule" if wrapper else ""
-    if facts.get("architecture") in MLX_EMBEDDINGS:
+    if rows:
+        lines += ["- not mlx-embeddings 0.1.0: it reads one `weight` per embedding table, not "
+                  "tables stored by use."]
+    elif facts.get("architecture") in MLX_EMBEDDINGS:
         lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")`, as it reads the "
                   f"original checkpoint (checked with mlx-embeddings 0.1.0){mine}."]
     elif facts.get("model_type") not in MLX_EMBEDDINGS_TYPES:
@@ -153,6 +183,12 @@ def section(facts):
         lines += ["- mlx-embeddings: `mlx_embeddings.load(\"THIS_FOLDER\")` should read it as "
                   f"it reads the original checkpoint (not checked for `{arch}`){mine}."]
     port = "".join(c for c in str(facts.get("architecture") or "Model") if c.isalnum())
+    half = facts.get("quantization") and facts.get("half_scales")
+    if half:
+        lines += ["", f"The `scales` and `biases` are stored in {' and '.join(half)} (mlx-lm's "
+                  "layout); MLX computes such layers in half precision, so the recipe casts "
+                  "them to float32 after loading, to reproduce the judged numbers."]
     lines += ["", RECIPE.format(port=f"My{port}",
-                                quantize=QUANTIZE if facts.get("quantization") else ""), ""]
+                                quantize=QUANTIZE if facts.get("quantization") else "",
+                                cast=CAST if half else ""), ""]
     return lines

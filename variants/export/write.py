@@ -100,6 +100,16 @@ def versions():
     return {"mlx-variants": pkg, "mlx": mx.__version__, "numpy": np.__version__}
 
 
+def half_scales(path):
+    """The half-precision dtypes (``float16``, ``bfloat16``; sorted) of the ``*.scales`` arrays
+    in safetensors file ``path`` ([] when all are float32 or there are none)."""
+    import mlx.core as mx
+
+    found = {str(v.dtype).rpartition(".")[2] for k, v in mx.load(str(path)).items()
+             if k.endswith("scales")}
+    return sorted(found & {"float16", "bfloat16"})
+
+
 def _reference_fit(judged, reference, tmp):
     """Write the reference's head and temperatures the variant was built from into ``tmp``
     (``judged/reference_fitted.npz``); returns the manifest's ``reference_fit`` (``source``,
@@ -177,7 +187,9 @@ def export(judged, out, log=print, card=None):
                  "architecture": (config.get("architectures") or [None])[0],
                  "model_type": config.get("model_type"),
                  **{k: config[BLOCK][k] for k in ("names", "kept", "decision_head",
-                                                  "input_scaled", "w8a8", "wrapper")}}
+                                                  "input_scaled", "w8a8", "wrapper")},
+                 "row_embedding": config[BLOCK].get("row_embedding"),
+                 "half_scales": half_scales(tmp / "model.safetensors")}
         (tmp / "README.md").write_text((card or card_mod.markdown)(facts))
         # the model card as the run's self-contained HTML report for this one variant
         # (report.html, and the report.json it embeds); listed in the manifest like every file

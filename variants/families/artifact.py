@@ -164,6 +164,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     from variants.arch.lowrank import factor_shapes
     from variants.checkpoints import hf_names
     from variants.checkpoints.packed import OWN_FILE
+    from variants.families.quant.row_embedding import row_embedding_block
     from variants.families.wrapper_place import wrapper_block
 
     out = Path(out)
@@ -204,6 +205,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
         "reference_checkpoint": str(checkpoint.path), "batch_size": batch_size,
         "near_tie_margin": near_tie_margin, "lowrank": factor_shapes(module),
         "input_scaled": input_scaled_paths(module), "w8a8": int8_layers(module) or None,
+        "row_embedding": row_embedding_block(module),
         "wrapper": wrapper, "hf_head": head,
         "names": names, "kept": kept, "decision_head": OWN_FILE if own else None,
         "head_quantization": own_quant or None, "weights_sha256": sha,
@@ -254,6 +256,7 @@ def load_variant(path, max_length=None):
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
     from variants.checkpoints.packed import (OWN_FILE, is_export, module_weights, one_line,
                                              quant_predicate, skeleton)
+    from variants.families.quant.row_embedding import place_row_embeddings
     from variants.families.wrapper_place import check_block, place_wrapper, split_tensors
     from variants.models import resolve
     from variants.runtime import qlinear
@@ -274,6 +277,7 @@ def load_variant(path, max_length=None):
     try:
         place_input_scales(module, check_paths(block.get("input_scaled")))
         place_int8(module, check_layers(block.get("w8a8")))
+        place_row_embeddings(module, block.get("row_embedding"))
         wrapper = check_block(block.get("wrapper"))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{short_path(path / 'config.json')} does not match the model "

@@ -1,27 +1,36 @@
-"""A quantized embedding table whose half-precision scales are read in float32.
+"""Quantized embedding tables that read back in float32 by the one round trip every path follows
+(:func:`variants.families.quant.formats.dequantize`).
 
-``nn.QuantizedEmbedding`` gathers rows with ``mx.dequantize``, which on float16 / bfloat16
-scales computes ``scale * q + bias`` in that half precision and returns it (1e-4 relative away
-from the float32 product at fp16). The suite's definition of a stored tensor
-(:mod:`variants.families.quant.formats`) is ``float32(scale) * q + float32(bias)`` in float32,
-the weight the simulated build and the compiled kernels use; :class:`Fp32QuantizedEmbedding`
-(same parameters and names, so the stored bytes and the exported arrays do not change) gathers
-by that definition.
+``mlx.nn.QuantizedEmbedding`` calls ``mx.dequantize`` on the gathered rows, which computes in
+the scales' dtype: on float16 / bfloat16 scales (mlx-lm's layout, issue 42) its rows are half
+precision (~1e-3 away from the float32 round trip at 4 bits), and for the microscaling modes
+(``mxfp4``, ``mxfp8``, ``nvfp4``: uint8 scales) MLX 0.32 returns bfloat16.
+:class:`Fp32QuantizedEmbedding` has the same parameters and names; its rows are
+``float32(scale) * q + float32(bias)`` (affine) or ``mx.dequantize(..., dtype=float32)``
+(microscaling), float32 — bit-identical to ``nn.QuantizedEmbedding`` on float32 scales.
 """
 
-import mlx.core as mx
 import mlx.nn as nn
+
+from variants.families.quant import formats as F
 
 
 class Fp32QuantizedEmbedding(nn.QuantizedEmbedding):
-    """``nn.QuantizedEmbedding`` whose rows are ``float32(scale) * q + float32(bias)``;
-    ``x`` (...) int -> (..., dims) float32."""
+    """``nn.QuantizedEmbedding`` (same parameters) whose call gives float32 rows:
+    ``ids`` (...) int -> (..., dims) float32 (module docstring)."""
 
     def __call__(self, x):
-        if getattr(self, "mode", "affine") != "affine":
-            return mx.dequantize(self["weight"][x], self["scales"][x], None,
-                                 group_size=self.group_size, bits=self.bits, mode=self.mode,
-                                 dtype=mx.float32)
-        return mx.dequantize(self["weight"][x], self["scales"][x].astype(mx.float32),
-                             self["biases"][x].astype(mx.float32),
-                             group_size=self.group_size, bits=self.bits)
+        biases = self.get("biases")
+        fmt = F.Format(self.bits, self.group_size, getattr(self, "mode", "affine"))
+        return F.dequantize(self["weight"][x], self["scales"][x],
+                            None if biases is None else biases[x], fmt)
+
+
+def use_fp32_rows(module):
+    """Turn every ``nn.QuantizedEmbedding`` inside ``module`` into a
+    :class:`Fp32QuantizedEmbedding` in place (the same arrays: nothing copied). Returns
+    ``module``."""
+    for _, m in module.named_modules():
+        if type(m) is nn.QuantizedEmbedding:
+            m.__class__ = Fp32QuantizedEmbedding
+    return module

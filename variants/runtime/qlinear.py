@@ -133,19 +133,30 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
         if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
                 self.get("biases") is None:
             return NAMES["native"]
-        return NAMES[resolve(KERNELS.get(self.bits, "dequantize"))]
+        return NAMES[self._dequantizer()]
+
+    def _dequantizer(self):
+        """``cpp``, ``unpack`` or ``dequantize``: :data:`KERNELS`' choice, resolved; ``unpack``
+        on half-precision scales (the compiled kernel reads float32 scales only, and
+        ``mx.dequantize`` would compute in half precision; the unpacking chain computes
+        ``float32(scale) * q + float32(bias)``, :func:`variants.families.quant.formats.dequantize`,
+        bit for bit)."""
+        kernel = resolve(KERNELS.get(self.bits, "dequantize"))
+        if kernel != "unpack" and self["scales"].dtype != mx.float32:
+            return "unpack"
+        return kernel
 
     def _gemm(self, x, rows=None):
         """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
         pick = (lambda a: a) if rows is None else (lambda a: a[rows])
-        kernel = resolve(KERNELS.get(self.bits, "dequantize"))
+        kernel = self._dequantizer()
         if kernel == "cpp":
             return qkernel.load().qlinear(
                 x, pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
                 pick(self["bias"]) if "bias" in self else None, self.group_size, self.bits,
                 TILE)
         w = dequantize(pick(self["weight"]), pick(self["scales"]), pick(self["biases"]),
-                       self.group_size, self.bits, KERNELS.get(self.bits, "dequantize"))
+                       self.group_size, self.bits, kernel)
         if "bias" in self:
             return mx.addmm(pick(self["bias"]), x, w.T)
         return x @ w.T
@@ -181,14 +192,19 @@ def refuse_packed(module, family):
 
 def use_cpu_path(module):
     """Turn every ``nn.QuantizedLinear`` inside ``module`` into a :class:`CpuQuantizedLinear`
-    in place (the same parameter arrays: nothing is copied or added). Returns ``module``.
+    and every ``nn.QuantizedEmbedding`` into a
+    :class:`variants.runtime.qembedding.Fp32QuantizedEmbedding` (float32 rows whatever the
+    scales' dtype), in place (the same parameter arrays: nothing is copied or added). Returns
+    ``module``.
     On the CPU it loads (or first builds) the compiled kernel now, not inside a timed call."""
     if on_cpu() and "cpp" in KERNELS.values():
         qkernel.load()
     for _, m in module.named_modules():
         if type(m) is nn.QuantizedLinear:
             m.__class__ = CpuQuantizedLinear
-    return module
+    from variants.runtime.qembedding import use_fp32_rows
+
+    return use_fp32_rows(module)  # quantized tables: float32 rows (half-precision scales)
 
 
 def kernels(module):
