@@ -182,7 +182,10 @@ def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
             dict(module.named_modules())[p], row_format, fmts))
     q_bytes = q_params = 0
     for p, m in native.named_modules():
-        if p in chosen:
+        if p in rows:  # a table stored by use: all its arrays (the row index too)
+            q_params += int(dict(module.named_modules())[p].weight.size)
+            q_bytes += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
+        elif p in chosen:
             q_params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
             q_bytes += sum(v.nbytes for _, v in tree_flatten(m.parameters()) if v is not None)
             q_bytes -= m["bias"].nbytes if "bias" in m else 0
