@@ -128,7 +128,7 @@ def bisect(layers, widths, sens, batch=1):
         failed = [b for b, ok in zip(uniform, passed) if not ok]
     yield from _bisect_between(maps, batch, lo, hi)
     if failed:  # the widest failing uniform width: its threshold maps with the wider widths
-        above = [b for b in widths if b >= max(failed)]
+        above = widths[max(widths.index(b) for b in failed):]  # (options: cheapest first)
         sub = [m for _, m in threshold_maps(layers, above, sens)]
         if len(sub) > 2:
             yield from _bisect_between(sub, batch, 0, len(sub) - 1)
