@@ -168,9 +168,9 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     :func:`variants.runtime.qlinear.use_cpu_path`), word-embedding tables stored by use as
     :class:`variants.families.quant.row_embedding.RowWidthEmbedding`, factored (low-rank)
     layers as :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when
-    quantized), W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored int8 codes,
-    scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing re-quantized or
-    re-factored.
+    quantized), W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored
+    int8 codes, scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing
+    re-quantized or re-factored.
 
     Raises
     ------
