@@ -145,7 +145,7 @@ def test_both_loaders_give_the_judged_logits(written):
     from variants.families.artifact import load_variant
     from variants.families.quant.row_embedding import RowWidthEmbedding
     from variants.runtime.qembedding import Fp32QuantizedEmbedding
-    from variants.runtime.qlinear import CpuQuantizedLinear
+    from variants.runtime.qlinear import CpuQuantizedLinear, refuse_packed
 
     model, _ = load_variant(written["out"])
     np.testing.assert_array_equal(_forward(model), written["logits"])
@@ -161,6 +161,8 @@ def test_both_loaders_give_the_judged_logits(written):
     want = {"half": Fp32QuantizedEmbedding, "mx": Fp32QuantizedEmbedding,
             "rows": RowWidthEmbedding}[written["kind"]]
     assert type(emb) is want
+    with pytest.raises(ValueError, match="^the checkpoint's layer .* is already quantized"):
+        refuse_packed(ck.encoder, "quant")  # a family that builds from fp32 weights
     assert type(ck.encoder.layers[0].attention.query) is (
         nn.Linear if written["kind"] == "rows" else CpuQuantizedLinear)
 
