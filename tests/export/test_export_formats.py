@@ -136,6 +136,23 @@ def test_the_file_stores_what_was_judged(written):
         stored = sum(v.nbytes for k, v in got.items() if k.startswith(name + "."))
         assert stored == written["model"].module.encoder.embeddings.word_embeddings.nbytes
         assert q is None  # nothing else quantized
+        # the card's recipe in plain MLX: t, r = row_table[ids], row_index[ids], row r of
+        # table t through mx.dequantize with float32 scales
+        ids = [0, 5, 101, 102, 103, 2967]
+        table = written["model"].module.encoder.embeddings.word_embeddings
+        for i in ids:
+            t, r = int(got[f"{name}.row_table"][i]), int(got[f"{name}.row_index"][i])
+            e = spec["tables"][t]
+            pre = f"{name}.tables.{t}."
+            b = got.get(pre + "biases")
+            row = mx.dequantize(got[pre + "weight"][r:r + 1],
+                                got[pre + "scales"][r:r + 1].astype(mx.float32)
+                                if e["mode"] == "affine" else got[pre + "scales"][r:r + 1],
+                                None if b is None else b[r:r + 1].astype(mx.float32),
+                                group_size=e["group_size"], bits=e["bits"], mode=e["mode"],
+                                dtype=mx.float32)
+            assert mx.array_equal(row[0], table(mx.array([i]))[0]), i
+        assert {int(got[f"{name}.row_table"][i]) for i in ids} == {0, 1, 2, 3}
 
 
 def test_both_loaders_give_the_judged_logits(written):
