@@ -38,6 +38,8 @@ def test_each_row_is_its_format_s_round_trip_exactly(mixed):
     out = m(ids)
     assert out.dtype == mx.float32 and out.shape == (3, 11, 128)
     assert mx.array_equal(out, table[ids])
+    assert mx.array_equal(m(mx.array([5])), table[5:6])
+    assert m(mx.zeros((2, 0), mx.int32)).shape == (2, 0, 128)
 
 
 def test_unused_format_is_left_out_and_tables_follow_vocabulary_order(mixed):

@@ -162,11 +162,15 @@ def skeleton(path, config, kinds, max_length=None):
 
 def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     """The Checkpoint of exported folder ``path``: its encoder and classifier head as exported
-    (``kinds``: as :func:`skeleton`): quantized modules packed, factored (low-rank) layers as
-    :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when quantized),
-    W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored int8 codes,
-    scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing re-quantized or
-    re-factored.
+    (``kinds``: as :func:`skeleton`): quantized modules packed (their scales in the stored
+    dtype, read through the float32 round trip of
+    :func:`variants.families.quant.formats.dequantize`:
+    :func:`variants.runtime.qlinear.use_cpu_path`), word-embedding tables stored by use as
+    :class:`variants.families.quant.row_embedding.RowWidthEmbedding`, factored (low-rank)
+    layers as :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when
+    quantized), W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored
+    int8 codes, scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing
+    re-quantized or re-factored.
 
     Raises
     ------

@@ -233,11 +233,12 @@ def load_variant(path, max_length=None):
         Its module holds ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` layers where the
         variant is quantized (the CPU path of :mod:`variants.runtime.qlinear` on a CPU),
         :class:`variants.arch.lowrank.LowRankLinear` where it is factored,
-        :class:`variants.runtime.int8_linear.Int8Linear` where it runs W8A8 (the stored int8
-        codes, scales and SmoothQuant factors; :mod:`variants.arch.int8_place`), its
-        temperatures the judged ones; wrapped, as built, by the folder's token-pruning or
-        early-exit rule (``PrunedNet`` / ``ExitNet`` with the stored exit heads:
-        :func:`variants.families.wrapper_place.place_wrapper`).
+        :class:`variants.families.quant.row_embedding.RowWidthEmbedding` where a word table
+        is stored by use, :class:`variants.runtime.int8_linear.Int8Linear` where it runs W8A8
+        (the stored int8 codes, scales and SmoothQuant factors;
+        :mod:`variants.arch.int8_place`), its temperatures the judged ones; wrapped, as built,
+        by the folder's token-pruning or early-exit rule (``PrunedNet`` / ``ExitNet`` with the
+        stored exit heads: :func:`variants.families.wrapper_place.place_wrapper`).
     checkpoint : variants.checkpoints.load.Checkpoint
         Its encoder and classifier are the model's own (packed) modules (inside the wrapper).
 

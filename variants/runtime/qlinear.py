@@ -178,11 +178,14 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
 
 def refuse_packed(module, family):
     """Raise ValueError (one line naming the first such layer and the fix) when ``module``
-    holds a layer already quantized (``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding``, as
+    holds a layer already quantized (``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` /
+    a word table stored by use, as
     :func:`variants.checkpoints.load.load_checkpoint` gives for a folder written by ``variants
     export``): ``family`` (its name) builds from fp32 weights, not from packed ones."""
+    from variants.families.quant.row_embedding import RowWidthEmbedding
+
     done = [p for p, m in module.named_modules()
-            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, RowWidthEmbedding))]
     if done:
         raise ValueError(f"the checkpoint's layer {min(done)} is already quantized (a folder "
                          f"written by variants export?), and --family {family} builds from "
