@@ -67,10 +67,11 @@ def configure(sub):
                         "4.25, nvfp4 4.5, mxfp8 8.25 bits per weight); a mode less accurate "
                         "(in weight error) than a cheaper option is dropped; 'none' for widths "
                         "only; --cost bytes / bits / flops with rtn (default: "
-                        f"{' '.join(d.modes)})")
-    p.add_argument("--no-unseen-rows", dest="unseen_rows", action="store_false",
-                   help="keep the word table one unit (default: its rows unseen in the fit "
-                        "split's texts are a unit of their own, which may be stored narrower)")
+                        f"{' '.join(d.modes) or 'none'})")
+    p.add_argument("--unseen-rows", action="store_true",
+                   help="the word table's rows unseen in the fit split's texts are a unit of "
+                        "their own, which may be stored narrower (default: the table is one "
+                        "unit)")
     p.add_argument("--method-sensitivity", action="store_true",
                    help="awq and gptq walk on their own per-layer sensitivity (each encoder "
                         "Linear quantized alone by the method) instead of round-to-nearest's "
