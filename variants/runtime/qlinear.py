@@ -21,6 +21,14 @@ Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
   ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
   chunks (8 and 4 values), the others in single bytes, little-endian from the low bits.
 
+Scales and biases may be float32, float16 or bfloat16 (both the same dtype; mlx-lm stores half
+precision): every dequantizer widens them to float32 exactly and computes
+``float32(scale) * q + float32(bias)`` in float32, which is what ``mx.quantized_matmul`` computes
+for float32 ``x`` (checked bit for bit); ``mx.dequantize`` itself, given half-precision scales,
+returns the weight rounded to that dtype, so the ``dequantize`` kernel passes it float32 copies
+of them. The compiled loops read the half-precision scales directly, once per group (no slower
+path: bench/scale_dtype_speed.py, docs/speed.md).
+
 Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
 unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
 bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
@@ -51,6 +59,9 @@ _CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
 #: the dequantizer each bit width uses on the CPU ("cpp", "unpack" or "dequantize"; "cpp"
 #: falls back to "unpack" where :mod:`variants.runtime.qkernel` is not built)
 KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
+
+#: the dtypes scales and biases may have (both the same) on every dequantizer of this module
+SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 #: kernel names as timing records give them
 NAMES = {"cpp": "dequant-cpp+gemm", "unpack": "unpack+gemm", "dequantize": "dequant+gemm",
@@ -92,8 +103,9 @@ def unpack(w, scales, biases, group_size, bits):
     """``mx.dequantize`` (affine mode) by the compiled bit-unpacking chain.
 
     ``w`` (out, in * bits / 32) uint32 as ``mx.quantize`` packs it; ``scales``, ``biases``
-    (out, in / group_size) float32 -> (out, in) float32, equal to ``mx.dequantize``'s. Raises
-    KeyError for a bit width outside (2, 3, 4, 6, 8)."""
+    (out, in / group_size) float32, float16 or bfloat16 (widened exactly: MLX promotes the
+    product to float32) -> (out, in) float32, equal to ``mx.dequantize``'s on float32 scales.
+    Raises KeyError for a bit width outside (2, 3, 4, 6, 8)."""
     return _unpacker(bits, group_size)(w, scales, biases)
 
 
@@ -105,12 +117,16 @@ def resolve(kernel):
 
 
 def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
-    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize")."""
+    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize"):
+    ``float32(scale) * q + float32(bias)`` for scales and biases of any :data:`SCALE_DTYPES`
+    (module docstring)."""
     kernel = resolve(kernel)
     if kernel == "cpp":
         return qkernel.load().dequantize(w, scales, biases, group_size, bits)
     if kernel == "unpack":
         return unpack(w, scales, biases, group_size, bits)
+    if scales.dtype != mx.float32:  # mx.dequantize would round the weight to their dtype
+        scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
     return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
 
 

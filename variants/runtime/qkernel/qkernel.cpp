@@ -9,6 +9,11 @@
 // The packed layout is mx.quantize's (affine): each row a little-endian bit stream, value i at
 // bits [i*bits, (i+1)*bits); per group of `group_size` values: w = scale * q + bias (float32,
 // multiply then add, as MLX's CPU dequantize computes it: built with -ffp-contract=off).
+// Scales and biases are float32, float16 or bfloat16 (both the same dtype): a half-precision
+// scale is widened to float32 exactly (once per group, before the group's loop), so
+// w = float32(scale) * q + float32(bias) in float32, which is what mx.quantized_matmul computes
+// with float32 x and what mx.dequantize computes with float32 scales (mx.dequantize with
+// half-precision scales returns the weight rounded to that half-precision dtype instead).
 // Temporary buffers come from MLX's allocator, so they count in mx.get_peak_memory().
 // Vectorisation: an AVX2 loop (intrinsics in a target("avx2") function, taken only when the CPU
 // reports AVX2 at run time) and a portable loop for other CPUs; no -march=native.
@@ -44,11 +49,41 @@ namespace mlx::core {
 
 namespace {
 
+// Scale / bias storage (QProj::stype): float32, float16 (IEEE binary16), bfloat16.
+// Each tag's get(p, i) is element i widened to float32, exactly; branch-free, baseline ISA.
+struct ScaleF32 {
+  static float get(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
+};
+struct ScaleF16 {
+  static float get(const void* p, int64_t i) {
+    const uint32_t h = static_cast<const uint16_t*>(p)[i];
+    // exponent and mantissa moved to float32's places, then scaled by 2^112 (the exponent
+    // biases' difference): exact for normal and subnormal halves; inf / NaN get the top exponent
+    uint32_t m = (h & 0x7fffu) << 13;
+    float f;
+    std::memcpy(&f, &m, 4);
+    f *= 0x1p112f;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= ((h & 0x7c00u) == 0x7c00u) ? 0x7f800000u : 0u;
+    u |= (h & 0x8000u) << 16;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+struct ScaleBF16 {
+  static float get(const void* p, int64_t i) {
+    const uint32_t u = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
 
 // rows [r0, r1) of W into dst (row stride in): the portable loop (the compiler vectorises what
 // it can at the baseline ISA)
-template <int BITS>
-void dequant_rows(const uint8_t* w, const float* scales, const float* biases, float* dst,
+template <int BITS, class S>
+void dequant_rows(const uint8_t* w, const void* scales, const void* biases, float* dst,
                   int64_t r0, int64_t r1, int64_t in, int group_size) {
   constexpr int NB = (BITS == 3 || BITS == 6) ? 3 : 4;  // bytes per chunk
   constexpr int NV = NB * 8 / BITS;                      // values per chunk
@@ -60,7 +95,7 @@ void dequant_rows(const uint8_t* w, const float* scales, const float* biases, fl
     const uint8_t* p = w + r * row_bytes;
     float* o = dst + (r - r0) * in;
     for (int64_t g = 0; g < groups; ++g) {
-      const float s = scales[r * groups + g], b = biases[r * groups + g];
+      const float s = S::get(scales, r * groups + g), b = S::get(biases, r * groups + g);
       for (int c = 0; c < chunks; ++c) {
         uint32_t u;
         if constexpr (NB == 4) {
@@ -84,9 +119,9 @@ void dequant_rows(const uint8_t* w, const float* scales, const float* biases, fl
 // bytes holding value i into 32-bit lane i, a per-lane shift and mask give q, then
 // (float) q * scale + bias (multiply, then add: no FMA). ~0.1-0.3 ns per weight here against
 // ~0.35-0.45 for the portable loop. w_end: the end of the packed buffer (no read past it).
-template <int BITS>
+template <int BITS, class S>
 __attribute__((target("avx2"))) void dequant_rows_avx2(
-    const uint8_t* w, const uint8_t* w_end, const float* scales, const float* biases,
+    const uint8_t* w, const uint8_t* w_end, const void* scales, const void* biases,
     float* dst, int64_t r0, int64_t r1, int64_t in, int group_size) {
   alignas(32) int8_t shuf[32];
   alignas(32) int32_t shifts[8];
@@ -107,8 +142,8 @@ __attribute__((target("avx2"))) void dequant_rows_avx2(
     const uint8_t* p = w + r * row_bytes;
     float* o = dst + (r - r0) * in;
     for (int64_t g = 0; g < groups; ++g) {
-      const __m256 S = _mm256_set1_ps(scales[r * groups + g]);
-      const __m256 B = _mm256_set1_ps(biases[r * groups + g]);
+      const __m256 SC = _mm256_set1_ps(S::get(scales, r * groups + g));
+      const __m256 B = _mm256_set1_ps(S::get(biases, r * groups + g));
       for (int c = 0; c < blocks; ++c) {
         uint64_t u = 0;
         if (p + 8 <= w_end) {
@@ -119,7 +154,7 @@ __attribute__((target("avx2"))) void dequant_rows_avx2(
         p += BITS;
         __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(u)), SHUF);
         v = _mm256_and_si256(_mm256_srlv_epi32(v, SH), MASK);
-        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), S), B));
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), SC), B));
         o += 8;
       }
     }
@@ -139,27 +174,27 @@ bool cpu_has_avx2() {
 #endif
 }
 
-template <int BITS>
-void dequant_bits(const uint8_t* w, const uint8_t* w_end, const float* s, const float* b,
+template <int BITS, class S>
+void dequant_bits(const uint8_t* w, const uint8_t* w_end, const void* s, const void* b,
                   float* dst, int64_t r0, int64_t r1, int64_t in, int gs) {
 #ifdef QK_HAVE_AVX2_PATH
   if (g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2())
-    return dequant_rows_avx2<BITS>(w, w_end, s, b, dst, r0, r1, in, gs);
+    return dequant_rows_avx2<BITS, S>(w, w_end, s, b, dst, r0, r1, in, gs);
 #endif
-  dequant_rows<BITS>(w, s, b, dst, r0, r1, in, gs);
+  dequant_rows<BITS, S>(w, s, b, dst, r0, r1, in, gs);
 }
 
-// rows [r0, r1) of the packed array `wa` into dst
-void dequant(int bits, const array& wa, const float* s, const float* b, float* dst, int64_t r0,
-             int64_t r1, int64_t in, int gs) {
-  const uint8_t* w = wa.data<uint8_t>();
-  const uint8_t* e = w + wa.nbytes();
-  switch (bits) {
-    case 2: return dequant_bits<2>(w, e, s, b, dst, r0, r1, in, gs);
-    case 3: return dequant_bits<3>(w, e, s, b, dst, r0, r1, in, gs);
-    case 4: return dequant_bits<4>(w, e, s, b, dst, r0, r1, in, gs);
-    case 6: return dequant_bits<6>(w, e, s, b, dst, r0, r1, in, gs);
-    case 8: return dequant_bits<8>(w, e, s, b, dst, r0, r1, in, gs);
+template <class S>
+void dequant_typed(const QProj& q, float* dst, int64_t r0, int64_t r1) {
+  const void *s = q.scales, *b = q.biases;
+  const int64_t in = q.in;
+  const int gs = q.group_size;
+  switch (q.bits) {
+    case 2: return dequant_bits<2, S>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 3: return dequant_bits<3, S>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 4: return dequant_bits<4, S>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 6: return dequant_bits<6, S>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
+    case 8: return dequant_bits<8, S>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
     default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
   }
 }
@@ -167,17 +202,25 @@ void dequant(int bits, const array& wa, const float* s, const float* b, float* d
 }  // namespace
 
 void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1) {
-  const float *s = q.scales, *b = q.biases;
-  const int64_t in = q.in;
-  const int gs = q.group_size;
-  switch (q.bits) {
-    case 2: return dequant_bits<2>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 3: return dequant_bits<3>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 4: return dequant_bits<4>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 6: return dequant_bits<6>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 8: return dequant_bits<8>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+  switch (q.stype) {
+    case kScaleF32: return dequant_typed<ScaleF32>(q, dst, r0, r1);
+    case kScaleF16: return dequant_typed<ScaleF16>(q, dst, r0, r1);
+    case kScaleBF16: return dequant_typed<ScaleBF16>(q, dst, r0, r1);
+    default: throw std::invalid_argument("qkernel: scales must be float32, float16 or bfloat16");
   }
+}
+
+int qk_scale_type(const array& scales) {
+  if (scales.dtype() == float16) return kScaleF16;
+  if (scales.dtype() == bfloat16) return kScaleBF16;
+  return kScaleF32;
+}
+
+QProj qk_proj(const array& w, const array& scales, const array& biases, int group_size,
+              int bits) {
+  const uint8_t* p = w.data<uint8_t>();
+  return QProj{p, p + w.nbytes(), scales.data<void>(), biases.data<void>(),
+               int64_t(scales.shape(1)) * group_size, group_size, bits, qk_scale_type(scales)};
 }
 
 namespace {
@@ -186,8 +229,11 @@ void check_args(const array& w, const array& scales, const array& biases, int gr
                 int bits) {
   if (bits != 2 && bits != 3 && bits != 4 && bits != 6 && bits != 8)
     throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
-  if (w.dtype() != uint32 || scales.dtype() != float32 || biases.dtype() != float32)
-    throw std::invalid_argument("qkernel: w must be uint32, scales and biases float32");
+  if (w.dtype() != uint32 ||
+      (scales.dtype() != float32 && scales.dtype() != float16 && scales.dtype() != bfloat16) ||
+      biases.dtype() != scales.dtype())
+    throw std::invalid_argument("qkernel: w must be uint32, scales and biases float32, float16 "
+                                "or bfloat16 (both the same dtype)");
   if (w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape() ||
       scales.shape(0) != w.shape(0))
     throw std::invalid_argument("qkernel: w (out, packed), scales/biases (out, groups)");
@@ -218,8 +264,7 @@ class QDequantCpu : public UnaryPrimitive {
                   s = array::unsafe_weak_copy(inputs[1]),
                   b = array::unsafe_weak_copy(inputs[2]),
                   o = array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
-      dequant(bits, w, s.data<float>(), b.data<float>(), o.data<float>(), 0,
-              o.shape(0), o.shape(1), gs);
+      qk_dequant(qk_proj(w, s, b, gs, bits), o.data<float>(), 0, o.shape(0));
     });
   }
   void eval_gpu(const std::vector<array>&, array&) override {
@@ -262,9 +307,10 @@ class QLinearCpu : public UnaryPrimitive {
       const int64_t t = (tile <= 0 || tile >= n) ? n : tile;
       auto buf = allocator::allocator().malloc(size_t(t * k) * sizeof(float));
       float* wt = static_cast<float*>(buf.raw_ptr());
+      const QProj q = qk_proj(w, s, b, gs, bits);
       for (int64_t r0 = 0; r0 < n; r0 += t) {
         const int64_t r1 = std::min(n, r0 + t);
-        dequant(bits, w, s.data<float>(), b.data<float>(), wt, r0, r1, k, gs);
+        qk_dequant(q, wt, r0, r1);
         cblas_sgemm(kRowMajor, kNoTrans, kTrans, int(m), int(r1 - r0), int(k), 1.0f,
                     x.data<float>(), int(k), wt, int(k), has_bias ? 1.0f : 0.0f, y + r0,
                     int(n));
