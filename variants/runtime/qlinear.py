@@ -36,6 +36,25 @@ features are split over :func:`variants.runtime.parallel.streams` (both cores de
 default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
 (alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
 
+MLX's microscaling modes (``mxfp4``, ``mxfp8``, ``nvfp4``: ``mx.quantize(..., mode=...)``, no
+biases) run the same way on the CPU: the weight dequantized to fp32 by the compiled
+``dequantize_mode`` of :mod:`variants.runtime.qkernel` (``qmodes.cpp``, bit-identical to
+``mx.dequantize(..., mode=mode, dtype=mx.float32)``; without the extension ``mx.dequantize``
+itself), then the GEMM; the result equals the simulated path (dequantize once, ``nn.Linear``) to
+round-off. Measured (AMD EPYC Zen 3 KVM, 2 cores, 2026-05, 384 -> 1536, median of 30):
+
+======  ====================  ================================  =========================
+mode    ``quantized_matmul``  ``mx.dequantize`` + GEMM          compiled dequantize
+        1504 / 128 rows       1504 / 128 rows (dequantize)      (alone)
+======  ====================  ================================  =========================
+mxfp4   378 / 32 ms           14.5 / 5.6 ms (4.8 ms)            0.10-0.19 ms
+mxfp8   1600 / 135 ms         10.3 / 2.1 ms (1.2 ms)            0.24-0.33 ms
+nvfp4   383 / 31 ms           14.6 / 5.7 ms (5.0 ms)            0.11-0.12 ms
+======  ====================  ================================  =========================
+
+(the fp32 GEMM alone: 9.2 ms at 1504 rows; bench/scale_dtype_speed.py times them per layer
+against affine 4 and 8 bits).
+
 What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
 MiniLM's encoder). With the unpacking chain that is ~1-1.5 ns per weight, ~12-20 ms of one
 core, as long as the reference's whole B=1 forward (~12 ms); with the compiled kernel it is
@@ -60,12 +79,16 @@ _CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
 #: falls back to "unpack" where :mod:`variants.runtime.qkernel` is not built)
 KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
 
+#: MLX's microscaling modes, run on the CPU as dequantize + GEMM: (group size, bits) of each
+#: (the only ones MLX 0.32 accepts)
+MODES = {"mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
+
 #: the dtypes scales and biases may have (both the same) on every dequantizer of this module
 SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 #: kernel names as timing records give them
 NAMES = {"cpp": "dequant-cpp+gemm", "unpack": "unpack+gemm", "dequantize": "dequant+gemm",
-         "native": "quantized_matmul"}
+         "native": "quantized_matmul", "mode-cpp": "dequant-mode-cpp+gemm"}
 
 #: output rows the compiled kernel dequantizes per ``cblas_sgemm`` call (0: the whole weight
 #: into one buffer, one GEMM; measured faster than 32 or 128-row tiles at 24 rows: the small-N
@@ -130,6 +153,24 @@ def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
     return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
 
 
+def mode_kernel():
+    """The microscaling modes' dequantizer here: "mode-cpp" (the compiled one) or "dequantize"
+    (``mx.dequantize``, where the extension is not built)."""
+    mod = qkernel.load()
+    return "mode-cpp" if mod is not None and hasattr(mod, "dequantize_mode") else "dequantize"
+
+
+def dequantize_mode(w, scales, mode, kernel=None):
+    """The dense fp32 weight (out, in) of ``mode`` (a key of :data:`MODES`) from ``mx.quantize``'s
+    ``(w uint32, scales uint8)``, by ``kernel`` ("mode-cpp" or "dequantize"; None:
+    :func:`mode_kernel`); both equal ``mx.dequantize(w, scales, mode=mode, dtype=mx.float32)``
+    bit for bit. Raises KeyError for another mode."""
+    gs, bits = MODES[mode]
+    if (kernel or mode_kernel()) == "mode-cpp" and qkernel.load() is not None:
+        return qkernel.load().dequantize_mode(w, scales, mode)
+    return mx.dequantize(w, scales, group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
+
+
 def on_cpu():
     """Whether MLX's default device is the CPU (the dequantize + GEMM path is used only there)."""
     from variants.runtime import device
@@ -139,21 +180,37 @@ def on_cpu():
 
 class CpuQuantizedLinear(nn.QuantizedLinear):
     """``nn.QuantizedLinear`` (same parameters and names) that runs on the CPU as dequantize +
-    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). Elsewhere, and for
-    modes other than affine, it is ``mx.quantized_matmul``."""
+    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). The microscaling
+    modes of :data:`MODES` too (their default group size and bits). Elsewhere (Metal, CUDA)
+    it is ``mx.quantized_matmul``."""
+
+    def _mode(self):
+        """This layer's mode when it is one of :data:`MODES` at its group size and bits, else
+        None."""
+        mode = getattr(self, "mode", "affine")
+        return mode if MODES.get(mode) == (self.group_size, self.bits) else None
 
     @property
     def kernel(self):
-        """The kernel name a call uses now: ``unpack+gemm``, ``dequant+gemm`` or
+        """The kernel name a call uses now: ``dequant-cpp+gemm``, ``unpack+gemm``,
+        ``dequant+gemm``, ``dequant-mode-cpp+gemm`` (a microscaling mode) or
         ``quantized_matmul``."""
-        if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
-                self.get("biases") is None:
+        if not on_cpu():
+            return NAMES["native"]
+        if getattr(self, "mode", "affine") != "affine":
+            return NAMES[mode_kernel()] if self._mode() else NAMES["native"]
+        if self.get("biases") is None:
             return NAMES["native"]
         return NAMES[resolve(KERNELS.get(self.bits, "dequantize"))]
 
     def _gemm(self, x, rows=None):
         """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
         pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        if self._mode():
+            w = dequantize_mode(pick(self["weight"]), pick(self["scales"]), self.mode)
+            if "bias" in self:
+                return mx.addmm(pick(self["bias"]), x, w.T)
+            return x @ w.T
         kernel = resolve(KERNELS.get(self.bits, "dequantize"))
         if kernel == "cpp":
             return qkernel.load().qlinear(

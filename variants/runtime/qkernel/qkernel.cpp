@@ -260,6 +260,8 @@ int qk_scale_type(const array& scales) {
   return kScaleF32;
 }
 
+bool qk_use_avx2() { return use_avx2(); }
+
 QProj qk_proj(const array& w, const array& scales, const array& biases, int group_size,
               int bits) {
   const uint8_t* p = w.data<uint8_t>();
@@ -417,6 +419,7 @@ void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
 void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
 void register_fused_mbert_qlayer(nb::module_& m);  // fused_mbert_qlayer.cpp
 void register_int8_linear(nb::module_& m);  // int8_linear.cpp
+void register_qmodes(nb::module_& m);  // qmodes.cpp
 void register_fused_int8_layer(nb::module_& m);  // fused_int8_layer.cpp
 void register_fused_mbert_int8layer(nb::module_& m);  // fused_mbert_int8layer.cpp
 
@@ -439,6 +442,7 @@ NB_MODULE(_qkernel, m) {
   mlx::core::register_fused_mbert_layer(m);
   mlx::core::register_fused_mbert_qlayer(m);
   mlx::core::register_int8_linear(m);
+  mlx::core::register_qmodes(m);
   mlx::core::register_fused_int8_layer(m);
   mlx::core::register_fused_mbert_int8layer(m);
 }
