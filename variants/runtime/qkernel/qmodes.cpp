@@ -102,7 +102,8 @@ void dequant_portable(const uint8_t* w, const uint8_t* sc, float* dst, int64_t o
 #define QM_HAVE_AVX2 1
 // AVX2: FP4: 8 nibbles of one uint32 into 8 lanes (variable shifts), the magnitude by a
 // register table lookup (vpermps on the 8 non-negative values), the sign bit moved to bit 31;
-// FP8: 8 bytes zero-extended to lanes, the E4M3 value by a gather from the 256-entry table
+// FP8: 8 bytes zero-extended to lanes, the E4M3 value by bit arithmetic (a gather from the
+// 256-entry table measured ~5x slower)
 __attribute__((target("avx2"))) void dequant_avx2(const uint8_t* w, const uint8_t* sc,
                                                   float* dst, int64_t out, int64_t in, int gs,
                                                   int mode) {
@@ -112,6 +113,8 @@ __attribute__((target("avx2"))) void dequant_avx2(const uint8_t* w, const uint8_
   const __m256 MAG = _mm256_loadu_ps(kFp4);
   const __m256i SH = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i LOW = _mm256_set1_epi32(7), SIGN = _mm256_set1_epi32(8);
+  const __m256i E4M3_EM = _mm256_set1_epi32(0x7f), E4M3_SIGN = _mm256_set1_epi32(0x80);
+  const __m256 P120 = _mm256_set1_ps(0x1p120f), QNAN = _mm256_set1_ps(std::nanf(""));
   for (int64_t r = 0; r < out; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const __m256 S = _mm256_set1_ps(scale_of[sc[r * groups + g]]);
@@ -121,7 +124,14 @@ __attribute__((target("avx2"))) void dequant_avx2(const uint8_t* w, const uint8_
         for (int k = 0; k < gs; k += 8) {
           const __m256i c = _mm256_cvtepu8_epi32(
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + k)));
-          _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_i32gather_ps(t.e4m3, c, 4), S));
+          // exponent and mantissa to float32's places, times 2^120 (the biases' difference):
+          // exact for normal and subnormal E4M3; the sign to bit 31; S.1111.111 NaN
+          const __m256i em = _mm256_and_si256(c, E4M3_EM);
+          __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), P120);
+          v = _mm256_blendv_ps(v, QNAN, _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, E4M3_EM)));
+          v = _mm256_or_ps(v, _mm256_castsi256_ps(
+                                  _mm256_slli_epi32(_mm256_and_si256(c, E4M3_SIGN), 24)));
+          _mm256_storeu_ps(o + k, _mm256_mul_ps(v, S));
         }
       } else {
         const uint8_t* p = w + (r * in + g * gs) / 2;
