@@ -41,7 +41,7 @@ biases) run the same way on the CPU: the weight dequantized to fp32 by the compi
 ``dequantize_mode`` of :mod:`variants.runtime.qkernel` (``qmodes.cpp``, bit-identical to
 ``mx.dequantize(..., mode=mode, dtype=mx.float32)``; without the extension ``mx.dequantize``
 itself), then the GEMM; the result equals the simulated path (dequantize once, ``nn.Linear``) to
-round-off. Measured (AMD EPYC Zen 3 KVM, 2 cores, 2026-05, 384 -> 1536, median of 30):
+round-off. Measured (AMD EPYC Zen 3 KVM, 2 cores, 2026-12-07, 384 -> 1536, median of 30):
 
 ======  ====================  ================================  =========================
 mode    ``quantized_matmul``  ``mx.dequantize`` + GEMM          compiled dequantize

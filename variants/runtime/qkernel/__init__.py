@@ -48,7 +48,7 @@ SOURCES = ("qkernel.cpp", "fused_layer.cpp", "fused_qlayer.cpp", "fused_mbert_la
            "fused_mbert_qlayer.cpp", "fused_mbert.h", "fused_layer.h", "fused_common.h",
            "panel_gemm.h", "int8_linear.cpp", "int8_prepack.h", "int8_prepack.cpp",
            "fused_int8_layer.cpp", "fused_int8.h", "fused_mbert_int8layer.cpp",
-           "fused_mbert_ops.h", "qmodes.cpp", "CMakeLists.txt")
+           "fused_mbert_ops.h", "qmodes.cpp", "scale_widen.h", "CMakeLists.txt")
 #: oneDNN's header: whether it is installed is part of a build's key (installing libdnnl-dev
 #: later rebuilds the kernel with the W8A8 integer GEMMs)
 DNNL_HEADERS = ("/usr/include/oneapi/dnnl/dnnl.h", "/usr/local/include/oneapi/dnnl/dnnl.h")
