@@ -163,9 +163,10 @@ void dequant_bits(const uint8_t* w, const uint8_t* w_end, const float* s, const 
 }  // namespace
 
 // Half-precision scales and biases (QProj::stype kScaleF16 / kScaleBF16) are widened to float32,
-// exactly, for the rows one call dequantizes, in passes of kWidenRows rows (scale_widen.h) before
-// dequant_bits, whose loops then are the float32 ones. (Widening each group's scale and bias inside the group loop measured
-// 0.72-0.86x the float32 speed on MiniLM's 384-value rows: the group loops are that short.)
+// exactly, for the rows one call dequantizes, in passes of kWidenRows rows (scale_widen.h)
+// before dequant_bits, whose loops then are the float32 ones. (Widening each group's scale and
+// bias inside the group loop measured 0.72-0.86x the float32 speed on MiniLM's 384-value rows:
+// the group loops are that short.)
 
 // rows per widening pass (their widened scales and biases stay in L1: 64 rows
 // of 384 values at group size 32 are 6 KiB)
