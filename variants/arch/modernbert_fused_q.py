@@ -56,9 +56,11 @@ def _kernel():
 
 def _cpp_qlinear(m):
     """Whether ``m`` is a :class:`variants.runtime.qlinear.CpuQuantizedLinear` (bias or not) whose calls
-    run the compiled ``dequant-cpp+gemm`` kernel now, with float32 scales and bias."""
+    run the compiled ``dequant-cpp+gemm`` kernel now, with float32 bias and float32, float16 or
+    bfloat16 scales and biases (the same dtype)."""
     return (type(m) is qlinear.CpuQuantizedLinear and m.kernel == qlinear.NAMES["cpp"]
-            and m["weight"].dtype == mx.uint32 and m["scales"].dtype == mx.float32
+            and m["weight"].dtype == mx.uint32 and m["scales"].dtype in qlinear.SCALE_DTYPES
+            and m["biases"].dtype == m["scales"].dtype
             and ("bias" not in m or m["bias"].dtype == mx.float32))
 
 

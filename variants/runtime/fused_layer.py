@@ -132,14 +132,15 @@ def _cpp_qlinear(m):
     the compiled ``dequant-cpp+gemm`` kernel now."""
     return (type(m) is qlinear.CpuQuantizedLinear and "bias" in m
             and m.kernel == qlinear.NAMES["cpp"] and m["weight"].dtype == mx.uint32
-            and m["scales"].dtype == mx.float32 and m["bias"].dtype == mx.float32)
+            and m["scales"].dtype in qlinear.SCALE_DTYPES
+            and m["biases"].dtype == m["scales"].dtype and m["bias"].dtype == mx.float32)
 
 
 def qweights(layer):
     """The quantized layer's arrays for ``fused_bert_qlayer``: ``(proj, group_sizes, bits,
     norms)`` with ``proj`` the 24 arrays ``(w uint32 (N, K * bits / 32), scales (N, K /
-    group_size), biases (same), bias (N,))`` of query, key, value, out, intermediate, output
-    (``mx.quantize``'s affine packing; N, K = D, D for the attention and D, F / F, D for the
+    group_size) float32, float16 or bfloat16, biases (same), bias (N,))`` of query, key,
+    value, out, intermediate, output (``mx.quantize``'s affine packing; N, K = D, D for the attention and D, F / F, D for the
     MLP), ``group_sizes`` and ``bits`` 6 ints each, ``norms`` ``(g1, b1, g2, b2)`` (D,); or None
     unless every projection is a compiled-kernel :class:`variants.runtime.qlinear.CpuQuantizedLinear`
     (:func:`_cpp_qlinear`) and the layer is otherwise a reference layer (affine norms, an

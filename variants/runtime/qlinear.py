@@ -21,12 +21,39 @@ Three dequantizers (the result is bit-identical to ``mx.dequantize``, tested):
   ``scale * q + bias``) fused into one kernel; MLX packs 3 and 6 bits in 3-byte
   chunks (8 and 4 values), the others in single bytes, little-endian from the low bits.
 
+Scales and biases may be float32, float16 or bfloat16 (both the same dtype; mlx-lm stores half
+precision): every dequantizer widens them to float32 exactly and computes
+``float32(scale) * q + float32(bias)`` in float32, which is what ``mx.quantized_matmul`` computes
+for float32 ``x`` (checked bit for bit); ``mx.dequantize`` itself, given half-precision scales,
+returns the weight rounded to that dtype, so the ``dequantize`` kernel passes it float32 copies
+of them. The compiled loops read the half-precision scales directly, once per group (no slower
+path: bench/scale_dtype_speed.py, docs/speed.md).
+
 Which one each bit width uses is :data:`KERNELS` (measured in ``bench/quant_speed.py``: the
 unpacking chain is as fast as ``mx.dequantize`` at 4 and 8 bits and 3-6x faster at 3 and 6
 bits, where MLX's kernel is slowest). With fewer rows than :data:`SPLIT_ROWS` the output
 features are split over :func:`variants.runtime.parallel.streams` (both cores dequantize at B=1); off by
 default: on the shared 2-core machine the split ran 1.18-1.25x slower than one stream
 (alternated A/B, B=1 L=24, 8 and 4 bits, the second core busy with other work).
+
+MLX's microscaling modes (``mxfp4``, ``mxfp8``, ``nvfp4``: ``mx.quantize(..., mode=...)``, no
+biases) run the same way on the CPU: the weight dequantized to fp32 by the compiled
+``dequantize_mode`` of :mod:`variants.runtime.qkernel` (``qmodes.cpp``, bit-identical to
+``mx.dequantize(..., mode=mode, dtype=mx.float32)``; without the extension ``mx.dequantize``
+itself), then the GEMM; the result equals the simulated path (dequantize once, ``nn.Linear``) to
+round-off. Measured (AMD EPYC Zen 3 KVM, 2 cores, 2026-12-07, 384 -> 1536, median of 30):
+
+======  ====================  ================================  =========================
+mode    ``quantized_matmul``  ``mx.dequantize`` + GEMM          compiled dequantize
+        1504 / 128 rows       1504 / 128 rows (dequantize)      (alone)
+======  ====================  ================================  =========================
+mxfp4   378 / 32 ms           14.5 / 5.6 ms (4.8 ms)            0.10-0.19 ms
+mxfp8   1600 / 135 ms         10.3 / 2.1 ms (1.2 ms)            0.24-0.33 ms
+nvfp4   383 / 31 ms           14.6 / 5.7 ms (5.0 ms)            0.11-0.12 ms
+======  ====================  ================================  =========================
+
+(the fp32 GEMM alone: 9.2 ms at 1504 rows; bench/scale_dtype_speed.py times them per layer
+against affine 4 and 8 bits).
 
 What limits B=1: every call dequantizes all of the model's quantized weights (10.6 M for
 MiniLM's encoder). With the unpacking chain that is ~1-1.5 ns per weight, ~12-20 ms of one
@@ -52,9 +79,16 @@ _CHUNKS = {2: (1, 4), 3: (3, 8), 4: (1, 2), 6: (3, 4), 8: (1, 1)}
 #: falls back to "unpack" where :mod:`variants.runtime.qkernel` is not built)
 KERNELS = {2: "cpp", 3: "cpp", 4: "cpp", 6: "cpp", 8: "cpp"}
 
+#: MLX's microscaling modes, run on the CPU as dequantize + GEMM: (group size, bits) of each
+#: (the only ones MLX 0.32 accepts)
+MODES = {"mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
+
+#: the dtypes scales and biases may have (both the same) on every dequantizer of this module
+SCALE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
 #: kernel names as timing records give them
 NAMES = {"cpp": "dequant-cpp+gemm", "unpack": "unpack+gemm", "dequantize": "dequant+gemm",
-         "native": "quantized_matmul"}
+         "native": "quantized_matmul", "mode-cpp": "dequant-mode-cpp+gemm"}
 
 #: output rows the compiled kernel dequantizes per ``cblas_sgemm`` call (0: the whole weight
 #: into one buffer, one GEMM; measured faster than 32 or 128-row tiles at 24 rows: the small-N
@@ -92,8 +126,9 @@ def unpack(w, scales, biases, group_size, bits):
     """``mx.dequantize`` (affine mode) by the compiled bit-unpacking chain.
 
     ``w`` (out, in * bits / 32) uint32 as ``mx.quantize`` packs it; ``scales``, ``biases``
-    (out, in / group_size) float32 -> (out, in) float32, equal to ``mx.dequantize``'s. Raises
-    KeyError for a bit width outside (2, 3, 4, 6, 8)."""
+    (out, in / group_size) float32, float16 or bfloat16 (widened exactly: MLX promotes the
+    product to float32) -> (out, in) float32, equal to ``mx.dequantize``'s on float32 scales.
+    Raises KeyError for a bit width outside (2, 3, 4, 6, 8)."""
     return _unpacker(bits, group_size)(w, scales, biases)
 
 
@@ -105,13 +140,35 @@ def resolve(kernel):
 
 
 def dequantize(w, scales, biases, group_size, bits, kernel="unpack"):
-    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize")."""
+    """The dense fp32 weight (out, in) by ``kernel`` ("cpp", "unpack" or "dequantize"):
+    ``float32(scale) * q + float32(bias)`` for scales and biases of any :data:`SCALE_DTYPES`
+    (module docstring)."""
     kernel = resolve(kernel)
     if kernel == "cpp":
         return qkernel.load().dequantize(w, scales, biases, group_size, bits)
     if kernel == "unpack":
         return unpack(w, scales, biases, group_size, bits)
+    if scales.dtype != mx.float32:  # mx.dequantize would round the weight to their dtype
+        scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
     return mx.dequantize(w, scales, biases, group_size=group_size, bits=bits)
+
+
+def mode_kernel():
+    """The microscaling modes' dequantizer here: "mode-cpp" (the compiled one) or "dequantize"
+    (``mx.dequantize``, where the extension is not built)."""
+    mod = qkernel.load()
+    return "mode-cpp" if mod is not None and hasattr(mod, "dequantize_mode") else "dequantize"
+
+
+def dequantize_mode(w, scales, mode, kernel=None):
+    """The dense fp32 weight (out, in) of ``mode`` (a key of :data:`MODES`) from ``mx.quantize``'s
+    ``(w uint32, scales uint8)``, by ``kernel`` ("mode-cpp" or "dequantize"; None:
+    :func:`mode_kernel`); both equal ``mx.dequantize(w, scales, mode=mode, dtype=mx.float32)``
+    bit for bit. Raises KeyError for another mode."""
+    gs, bits = MODES[mode]
+    if (kernel or mode_kernel()) == "mode-cpp" and qkernel.load() is not None:
+        return qkernel.load().dequantize_mode(w, scales, mode)
+    return mx.dequantize(w, scales, group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
 
 
 def on_cpu():
@@ -123,32 +180,43 @@ def on_cpu():
 
 class CpuQuantizedLinear(nn.QuantizedLinear):
     """``nn.QuantizedLinear`` (same parameters and names) that runs on the CPU as dequantize +
-    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). Elsewhere, and for
-    modes other than affine, it is ``mx.quantized_matmul``."""
+    fp32 GEMM (module docstring); ``x`` (..., in) float32 -> (..., out). The microscaling
+    modes of :data:`MODES` too (their default group size and bits). Elsewhere (Metal, CUDA)
+    it is ``mx.quantized_matmul``."""
+
+    def _mode(self):
+        """This layer's mode when it is one of :data:`MODES` at its group size and bits, else
+        None."""
+        mode = getattr(self, "mode", "affine")
+        return mode if MODES.get(mode) == (self.group_size, self.bits) else None
 
     @property
     def kernel(self):
-        """The kernel name a call uses now: ``unpack+gemm``, ``dequant+gemm`` or
+        """The kernel name a call uses now: ``dequant-cpp+gemm``, ``unpack+gemm``,
+        ``dequant+gemm``, ``dequant-mode-cpp+gemm`` (a microscaling mode) or
         ``quantized_matmul``."""
-        if not on_cpu() or getattr(self, "mode", "affine") != "affine" or \
-                self.get("biases") is None:
+        if not on_cpu():
+            return NAMES["native"]
+        if getattr(self, "mode", "affine") != "affine":
+            return NAMES[mode_kernel()] if self._mode() else NAMES["native"]
+        if self.get("biases") is None:
             return NAMES["native"]
         return NAMES[self._dequantizer()]
 
     def _dequantizer(self):
-        """``cpp``, ``unpack`` or ``dequantize``: :data:`KERNELS`' choice, resolved; ``unpack``
-        on half-precision scales (the compiled kernel reads float32 scales only, and
-        ``mx.dequantize`` would compute in half precision; the unpacking chain computes
-        ``float32(scale) * q + float32(bias)``, :func:`variants.families.quant.formats.dequantize`,
-        bit for bit)."""
-        kernel = resolve(KERNELS.get(self.bits, "dequantize"))
-        if kernel != "unpack" and self["scales"].dtype != mx.float32:
-            return "unpack"
-        return kernel
+        """``cpp``, ``unpack`` or ``dequantize``: :data:`KERNELS`' choice, resolved (each reads
+        float32 and half-precision scales as ``float32(scale) * q + float32(bias)``,
+        :func:`variants.families.quant.formats.dequantize`)."""
+        return resolve(KERNELS.get(self.bits, "dequantize"))
 
     def _gemm(self, x, rows=None):
         """``x @ W[rows].T + bias[rows]``, W dequantized now (all output rows when None)."""
         pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+        if self._mode():
+            w = dequantize_mode(pick(self["weight"]), pick(self["scales"]), self.mode)
+            if "bias" in self:
+                return mx.addmm(pick(self["bias"]), x, w.T)
+            return x @ w.T
         kernel = self._dequantizer()
         if kernel == "cpp":
             return qkernel.load().qlinear(

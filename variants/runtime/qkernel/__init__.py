@@ -10,7 +10,11 @@ CMake config the ``mlx`` wheel ships):
 - ``qlinear(x, w, scales, biases, bias, group_size, bits, tile)``: ``x @ W.T + bias`` with W
   dequantized into one temporary fp32 buffer (``tile`` <= 0) or ``tile`` output rows at a time,
   each multiplied by ``cblas_sgemm`` (OpenBLAS when :mod:`variants.runtime.blas` loaded it). The buffer
-  comes from MLX's allocator: it counts in ``mx.get_peak_memory()``.
+  comes from MLX's allocator: it counts in ``mx.get_peak_memory()``. Scales and biases may be
+  float32, float16 or bfloat16 (widened exactly: ``float32(scale) * q + float32(bias)``);
+- ``dequantize_mode(w, scales, mode)``: the fp32 weight of MLX's microscaling modes ``mxfp4``,
+  ``mxfp8``, ``nvfp4`` (``qmodes.cpp``), equal to ``mx.dequantize(..., mode=mode,
+  dtype=mx.float32)``.
 
 :func:`load` returns the built module or None. The build (``cmake`` + a C++17 compiler +
 the ``nanobind`` package, ~30 s on 2 cores) runs at set-up (``scripts/setup.sh`` runs
@@ -44,7 +48,7 @@ SOURCES = ("qkernel.cpp", "fused_layer.cpp", "fused_qlayer.cpp", "fused_mbert_la
            "fused_mbert_qlayer.cpp", "fused_mbert.h", "fused_layer.h", "fused_common.h",
            "panel_gemm.h", "int8_linear.cpp", "int8_prepack.h", "int8_prepack.cpp",
            "fused_int8_layer.cpp", "fused_int8.h", "fused_mbert_int8layer.cpp",
-           "fused_mbert_ops.h", "CMakeLists.txt")
+           "fused_mbert_ops.h", "qmodes.cpp", "scale_widen.h", "CMakeLists.txt")
 #: oneDNN's header: whether it is installed is part of a build's key (installing libdnnl-dev
 #: later rebuilds the kernel with the W8A8 integer GEMMs)
 DNNL_HEADERS = ("/usr/include/oneapi/dnnl/dnnl.h", "/usr/local/include/oneapi/dnnl/dnnl.h")

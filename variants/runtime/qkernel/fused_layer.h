@@ -16,12 +16,15 @@ namespace mlx::core {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS enum values
 
 // One affine-quantized projection (mx.quantize's packing, see qkernel.cpp): rows of `in`
-// values, `bits` per value, one scale and bias per `group_size` values.
+// values, `bits` per value, one scale and bias per `group_size` values, both stored as
+// `stype` (kScaleF32 float32, kScaleF16 float16, kScaleBF16 bfloat16).
+constexpr int kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2;
 struct QProj {
   const uint8_t *w, *w_end;
-  const float *scales, *biases;
+  const void *scales, *biases;
   int64_t in;
   int group_size, bits;
+  int stype = kScaleF32;
 };
 
 // rows [r0, r1) of a quantized weight into dst (row stride in), bit-identical to

@@ -4,7 +4,8 @@
 //
 // Inputs: rows x (N, D) (sequences of `lens` rows end to end), an optional additive key bias
 // per row, the rotary tables (cos, sin), then for each of the four projections (Wqkv (3D, D),
-// Wo (D, D), Wi (2F, D), Wout (D, F)) mx.quantize's (w uint32, scales, biases) with its own
+// Wo (D, D), Wi (2F, D), Wout (D, F)) mx.quantize's (w uint32, scales, biases: float32, float16
+// or bfloat16, widened exactly per group as qkernel.cpp does) with its own
 // group size and bit width plus the Linear's fp32 bias or None, then the norms (g1, b1, g2,
 // b2; g1 None: layer 0's identity; b1, b2 None: no bias). The algebra is the plain MLX path's
 // for a quantized layer (variants/modernbert_layers.py; not the folded weights):
@@ -45,6 +46,9 @@ namespace mlx::core {
 
 void qk_check_args(const array& w, const array& scales, const array& biases, int group_size,
                    int bits);  // qkernel.cpp
+// the projection's QProj (its scales' dtype as stype; qkernel.cpp)
+QProj qk_proj(const array& w, const array& scales, const array& biases, int group_size,
+              int bits);
 
 namespace {
 
@@ -90,9 +94,7 @@ class FusedMbertQLayerCpu : public UnaryPrimitive {
       for (int j = 0; j < kProj; ++j) {
         const array& w = ins[i];
         if (j == 2) F = w.shape(0) / 2;  // Wi (2F, packed)
-        const uint8_t* p = w.data<uint8_t>();
-        q[j] = QProj{p, p + w.nbytes(), ins[i + 1].data<float>(), ins[i + 2].data<float>(),
-                     int64_t(ins[i + 1].shape(1)) * gs[j], gs[j], bits[j]};
+        q[j] = qk_proj(w, ins[i + 1], ins[i + 2], gs[j], bits[j]);
         i += 3;
         if ((present >> j) & 1u) bias[j] = ins[i++].data<float>();
       }

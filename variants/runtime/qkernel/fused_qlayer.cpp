@@ -3,7 +3,8 @@
 //
 // Inputs: rows x (N, D) (sequences of `lens` rows end to end, as fused_layer.cpp), an optional
 // additive key bias per row, and for each of the six projections (query, key, value, out,
-// intermediate, output) mx.quantize's (w uint32, scales, biases) with its own group size and
+// intermediate, output) mx.quantize's (w uint32, scales, biases: float32, float16 or bfloat16,
+// widened exactly per group as qkernel.cpp does) with its own group size and
 // bit width (mixed-precision layers) plus the Linear's fp32 bias; then the two layer norms'
 // (gamma, beta). The algebra is the MLX path's for a quantized layer (not the folded one):
 //   q = (x Wq^T + bq) * scale, k = x Wk^T + bk, v = x Wv^T + bv,
@@ -45,6 +46,9 @@ namespace mlx::core {
 
 void qk_check_args(const array& w, const array& scales, const array& biases, int group_size,
                    int bits);  // qkernel.cpp
+// the projection's QProj (its scales' dtype as stype; qkernel.cpp)
+QProj qk_proj(const array& w, const array& scales, const array& biases, int group_size,
+              int bits);
 
 namespace {
 
@@ -122,12 +126,8 @@ class FusedBertQLayerCpu : public UnaryPrimitive {
       auto f = [&](int j) { return ins[j].data<float>(); };
       const int F = ins[i + 4 * 4].shape(0);
       QProj q[kProj];
-      for (int j = 0; j < kProj; ++j) {
-        const array& w = ins[i + 4 * j];
-        const uint8_t* p = w.data<uint8_t>();
-        q[j] = QProj{p, p + w.nbytes(), f(i + 4 * j + 1), f(i + 4 * j + 2),
-                     int64_t(ins[i + 4 * j + 1].shape(1)) * gs[j], gs[j], bits[j]};
-      }
+      for (int j = 0; j < kProj; ++j)
+        q[j] = qk_proj(ins[i + 4 * j], ins[i + 4 * j + 1], ins[i + 4 * j + 2], gs[j], bits[j]);
       auto b = [&](int j) { return f(i + 4 * j + 3); };
       const int Lmax = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
       const int parts = threads >= 2 ? 2 : 1;

@@ -9,10 +9,16 @@
 // The packed layout is mx.quantize's (affine): each row a little-endian bit stream, value i at
 // bits [i*bits, (i+1)*bits); per group of `group_size` values: w = scale * q + bias (float32,
 // multiply then add, as MLX's CPU dequantize computes it: built with -ffp-contract=off).
+// Scales and biases are float32, float16 or bfloat16 (both the same dtype): half-precision ones
+// are widened to float32 exactly (one pass over a call's rows, before the loops), so
+// w = float32(scale) * q + float32(bias) in float32, which is what mx.quantized_matmul computes
+// with float32 x and what mx.dequantize computes with float32 scales (mx.dequantize with
+// half-precision scales returns the weight rounded to that half-precision dtype instead).
 // Temporary buffers come from MLX's allocator, so they count in mx.get_peak_memory().
 // Vectorisation: an AVX2 loop (intrinsics in a target("avx2") function, taken only when the CPU
 // reports AVX2 at run time) and a portable loop for other CPUs; no -march=native.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +42,7 @@
 #include "mlx/utils.h"
 
 #include "fused_layer.h"
+#include "scale_widen.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -44,9 +51,27 @@ namespace mlx::core {
 
 namespace {
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QK_HAVE_AVX2_PATH 1
+#endif
 
-// rows [r0, r1) of W into dst (row stride in): the portable loop (the compiler vectorises what
-// it can at the baseline ISA)
+// false: the portable loops even where AVX2 is there (tests compare both paths)
+std::atomic<bool> g_allow_avx2{true};
+
+bool cpu_has_avx2() {
+#ifdef QK_HAVE_AVX2_PATH
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+bool use_avx2() { return g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2(); }
+
+// rows [r0, r1) of W into dst (row stride in), scales / biases: row r0's first (float32, one
+// per group, row-major): the portable loop (the compiler vectorises what it can at the
+// baseline ISA)
 template <int BITS>
 void dequant_rows(const uint8_t* w, const float* scales, const float* biases, float* dst,
                   int64_t r0, int64_t r1, int64_t in, int group_size) {
@@ -60,7 +85,7 @@ void dequant_rows(const uint8_t* w, const float* scales, const float* biases, fl
     const uint8_t* p = w + r * row_bytes;
     float* o = dst + (r - r0) * in;
     for (int64_t g = 0; g < groups; ++g) {
-      const float s = scales[r * groups + g], b = biases[r * groups + g];
+      const float s = scales[(r - r0) * groups + g], b = biases[(r - r0) * groups + g];
       for (int c = 0; c < chunks; ++c) {
         uint32_t u;
         if constexpr (NB == 4) {
@@ -78,8 +103,7 @@ void dequant_rows(const uint8_t* w, const float* scales, const float* biases, fl
   }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define QK_HAVE_AVX2_PATH 1
+#ifdef QK_HAVE_AVX2_PATH
 // The AVX2 loop: 8 values take exactly BITS bytes; one 8-byte load, a byte shuffle puts the two
 // bytes holding value i into 32-bit lane i, a per-lane shift and mask give q, then
 // (float) q * scale + bias (multiply, then add: no FMA). ~0.1-0.3 ns per weight here against
@@ -107,8 +131,8 @@ __attribute__((target("avx2"))) void dequant_rows_avx2(
     const uint8_t* p = w + r * row_bytes;
     float* o = dst + (r - r0) * in;
     for (int64_t g = 0; g < groups; ++g) {
-      const __m256 S = _mm256_set1_ps(scales[r * groups + g]);
-      const __m256 B = _mm256_set1_ps(biases[r * groups + g]);
+      const __m256 S = _mm256_set1_ps(scales[(r - r0) * groups + g]);
+      const __m256 B = _mm256_set1_ps(biases[(r - r0) * groups + g]);
       for (int c = 0; c < blocks; ++c) {
         uint64_t u = 0;
         if (p + 8 <= w_end) {
@@ -127,57 +151,81 @@ __attribute__((target("avx2"))) void dequant_rows_avx2(
 }
 #endif
 
-// false: the portable loop even where AVX2 is there (tests compare both paths)
-std::atomic<bool> g_allow_avx2{true};
-
-bool cpu_has_avx2() {
-#ifdef QK_HAVE_AVX2_PATH
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-#else
-  return false;
-#endif
-}
-
 template <int BITS>
 void dequant_bits(const uint8_t* w, const uint8_t* w_end, const float* s, const float* b,
-                  float* dst, int64_t r0, int64_t r1, int64_t in, int gs) {
+                  float* dst, int64_t r0, int64_t r1, int64_t in, int gs, bool avx2) {
 #ifdef QK_HAVE_AVX2_PATH
-  if (g_allow_avx2.load(std::memory_order_relaxed) && cpu_has_avx2())
-    return dequant_rows_avx2<BITS>(w, w_end, s, b, dst, r0, r1, in, gs);
+  if (avx2) return dequant_rows_avx2<BITS>(w, w_end, s, b, dst, r0, r1, in, gs);
 #endif
   dequant_rows<BITS>(w, s, b, dst, r0, r1, in, gs);
 }
 
-// rows [r0, r1) of the packed array `wa` into dst
-void dequant(int bits, const array& wa, const float* s, const float* b, float* dst, int64_t r0,
-             int64_t r1, int64_t in, int gs) {
-  const uint8_t* w = wa.data<uint8_t>();
-  const uint8_t* e = w + wa.nbytes();
-  switch (bits) {
-    case 2: return dequant_bits<2>(w, e, s, b, dst, r0, r1, in, gs);
-    case 3: return dequant_bits<3>(w, e, s, b, dst, r0, r1, in, gs);
-    case 4: return dequant_bits<4>(w, e, s, b, dst, r0, r1, in, gs);
-    case 6: return dequant_bits<6>(w, e, s, b, dst, r0, r1, in, gs);
-    case 8: return dequant_bits<8>(w, e, s, b, dst, r0, r1, in, gs);
-    default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+}  // namespace
+
+// Half-precision scales and biases (QProj::stype kScaleF16 / kScaleBF16) are widened to float32,
+// exactly, for the rows one call dequantizes, in passes of kWidenRows rows (scale_widen.h)
+// before dequant_bits, whose loops then are the float32 ones. (Widening each group's scale and
+// bias inside the group loop measured 0.72-0.86x the float32 speed on MiniLM's 384-value rows:
+// the group loops are that short.)
+
+// rows per widening pass (their widened scales and biases stay in L1: 64 rows
+// of 384 values at group size 32 are 6 KiB)
+constexpr int64_t kWidenRows = 64;
+
+void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1) {
+  const int64_t in = q.in, groups = q.in / q.group_size;
+  const int gs = q.group_size;
+  const bool avx2 = use_avx2();
+  auto run = [&](const float* s, const float* b, float* out, int64_t a, int64_t z) {
+    switch (q.bits) {
+      case 2: return dequant_bits<2>(q.w, q.w_end, s, b, out, a, z, in, gs, avx2);
+      case 3: return dequant_bits<3>(q.w, q.w_end, s, b, out, a, z, in, gs, avx2);
+      case 4: return dequant_bits<4>(q.w, q.w_end, s, b, out, a, z, in, gs, avx2);
+      case 6: return dequant_bits<6>(q.w, q.w_end, s, b, out, a, z, in, gs, avx2);
+      case 8: return dequant_bits<8>(q.w, q.w_end, s, b, out, a, z, in, gs, avx2);
+      default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
+    }
+  };
+  if (q.stype == kScaleF32)
+    return run(static_cast<const float*>(q.scales) + r0 * groups,
+               static_cast<const float*>(q.biases) + r0 * groups, dst, r0, r1);
+  if (q.stype != kScaleF16 && q.stype != kScaleBF16)
+    throw std::invalid_argument("qkernel: scales must be float32, float16 or bfloat16");
+  const bool bf16 = q.stype == kScaleBF16;
+  // the widened copies of kWidenRows rows: one small buffer per thread, kept (not from MLX's
+  // allocator: the fused layers call this from their helper thread too)
+  thread_local std::vector<float> widened;
+  const size_t need = 2 * size_t(kWidenRows * groups);
+  if (widened.size() < need) widened.resize(need);
+  float* buf = widened.data();
+  auto widen = [&](const void* src, float* to, int64_t a, int64_t count) {
+    const uint16_t* h = static_cast<const uint16_t*>(src) + a * groups;
+#ifdef QK_HAVE_AVX2_PATH
+    if (avx2) return widen_avx2(h, to, count, bf16);
+#endif
+    widen_portable(h, to, count, bf16);
+  };
+  for (int64_t a = r0; a < r1; a += kWidenRows) {
+    const int64_t z = std::min(r1, a + kWidenRows), n = (z - a) * groups;
+    widen(q.scales, buf, a, n);
+    widen(q.biases, buf + n, a, n);
+    run(buf, buf + n, dst + (a - r0) * in, a, z);
   }
 }
 
-}  // namespace
+int qk_scale_type(const array& scales) {
+  if (scales.dtype() == float16) return kScaleF16;
+  if (scales.dtype() == bfloat16) return kScaleBF16;
+  return kScaleF32;
+}
 
-void qk_dequant(const QProj& q, float* dst, int64_t r0, int64_t r1) {
-  const float *s = q.scales, *b = q.biases;
-  const int64_t in = q.in;
-  const int gs = q.group_size;
-  switch (q.bits) {
-    case 2: return dequant_bits<2>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 3: return dequant_bits<3>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 4: return dequant_bits<4>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 6: return dequant_bits<6>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    case 8: return dequant_bits<8>(q.w, q.w_end, s, b, dst, r0, r1, in, gs);
-    default: throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
-  }
+bool qk_use_avx2() { return use_avx2(); }
+
+QProj qk_proj(const array& w, const array& scales, const array& biases, int group_size,
+              int bits) {
+  const uint8_t* p = w.data<uint8_t>();
+  return QProj{p, p + w.nbytes(), scales.data<void>(), biases.data<void>(),
+               int64_t(scales.shape(1)) * group_size, group_size, bits, qk_scale_type(scales)};
 }
 
 namespace {
@@ -186,8 +234,11 @@ void check_args(const array& w, const array& scales, const array& biases, int gr
                 int bits) {
   if (bits != 2 && bits != 3 && bits != 4 && bits != 6 && bits != 8)
     throw std::invalid_argument("qkernel: bits must be 2, 3, 4, 6 or 8");
-  if (w.dtype() != uint32 || scales.dtype() != float32 || biases.dtype() != float32)
-    throw std::invalid_argument("qkernel: w must be uint32, scales and biases float32");
+  if (w.dtype() != uint32 ||
+      (scales.dtype() != float32 && scales.dtype() != float16 && scales.dtype() != bfloat16) ||
+      biases.dtype() != scales.dtype())
+    throw std::invalid_argument("qkernel: w must be uint32, scales and biases float32, float16 "
+                                "or bfloat16 (both the same dtype)");
   if (w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape() ||
       scales.shape(0) != w.shape(0))
     throw std::invalid_argument("qkernel: w (out, packed), scales/biases (out, groups)");
@@ -218,8 +269,7 @@ class QDequantCpu : public UnaryPrimitive {
                   s = array::unsafe_weak_copy(inputs[1]),
                   b = array::unsafe_weak_copy(inputs[2]),
                   o = array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
-      dequant(bits, w, s.data<float>(), b.data<float>(), o.data<float>(), 0,
-              o.shape(0), o.shape(1), gs);
+      qk_dequant(qk_proj(w, s, b, gs, bits), o.data<float>(), 0, o.shape(0));
     });
   }
   void eval_gpu(const std::vector<array>&, array&) override {
@@ -262,9 +312,10 @@ class QLinearCpu : public UnaryPrimitive {
       const int64_t t = (tile <= 0 || tile >= n) ? n : tile;
       auto buf = allocator::allocator().malloc(size_t(t * k) * sizeof(float));
       float* wt = static_cast<float*>(buf.raw_ptr());
+      const QProj q = qk_proj(w, s, b, gs, bits);
       for (int64_t r0 = 0; r0 < n; r0 += t) {
         const int64_t r1 = std::min(n, r0 + t);
-        dequant(bits, w, s.data<float>(), b.data<float>(), wt, r0, r1, k, gs);
+        qk_dequant(q, wt, r0, r1);
         cblas_sgemm(kRowMajor, kNoTrans, kTrans, int(m), int(r1 - r0), int(k), 1.0f,
                     x.data<float>(), int(k), wt, int(k), has_bias ? 1.0f : 0.0f, y + r0,
                     int(n));
@@ -327,6 +378,7 @@ void register_fused_qlayer(nb::module_& m);  // fused_qlayer.cpp
 void register_fused_mbert_layer(nb::module_& m);  // fused_mbert_layer.cpp
 void register_fused_mbert_qlayer(nb::module_& m);  // fused_mbert_qlayer.cpp
 void register_int8_linear(nb::module_& m);  // int8_linear.cpp
+void register_qmodes(nb::module_& m);  // qmodes.cpp
 void register_fused_int8_layer(nb::module_& m);  // fused_int8_layer.cpp
 void register_fused_mbert_int8layer(nb::module_& m);  // fused_mbert_int8layer.cpp
 
@@ -349,6 +401,7 @@ NB_MODULE(_qkernel, m) {
   mlx::core::register_fused_mbert_layer(m);
   mlx::core::register_fused_mbert_qlayer(m);
   mlx::core::register_int8_linear(m);
+  mlx::core::register_qmodes(m);
   mlx::core::register_fused_int8_layer(m);
   mlx::core::register_fused_mbert_int8layer(m);
 }
