@@ -3,7 +3,7 @@ writes) and read back by both loaders (``load_variant``, ``load_checkpoint``) as
 judged: half-precision scales and biases (float16 / bfloat16 in the file, read through the
 float32 round trip of formats.dequantize), the microscaling modes (mlx-lm's ``mode`` key in
 the ``quantization`` block, one per module that differs), and a word-embedding table stored by
-use (:class:`variants.families.quant.row_embedding.RowWidthEmbedding`, the
+use (:class:`variants.runtime.row_embedding.RowWidthEmbedding`, the
 ``mlx_variants.row_embedding`` block). Each variant is built by hand from the fixture BERT
 (tests/fixtures/hf/bert, hidden 64, 4 layers); its logits are checked against the simulated
 model (every stored weight replaced by ``formats.round_trip`` of the fp32 one)."""
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_export_names import _forward, _reference, _write
 
-from variants.families.quant import formats as F
+from variants.layer_maps import formats as F
 
 F16 = F.Format(4, 32, "affine", "float16")
 BF16 = F.Format(8, 32, "affine", "bfloat16")
@@ -60,7 +60,7 @@ def _simulated(kind, tmp):
 def _variant(kind, tmp):
     """The packed variant: ``nn.quantize`` with per-module settings, scales then cast to the
     plan's dtype, or the word table replaced by a RowWidthEmbedding; on the CPU path."""
-    from variants.families.quant.row_embedding import RowWidthEmbedding
+    from variants.runtime.row_embedding import RowWidthEmbedding
     from variants.runtime import qlinear
 
     model, ck, source = _reference("bert", tmp)
@@ -160,7 +160,7 @@ def test_both_loaders_give_the_judged_logits(written):
 
     from variants.checkpoints.load import load_checkpoint
     from variants.families.artifact import load_variant
-    from variants.families.quant.row_embedding import RowWidthEmbedding
+    from variants.runtime.row_embedding import RowWidthEmbedding
     from variants.runtime.qembedding import Fp32QuantizedEmbedding
     from variants.runtime.qlinear import CpuQuantizedLinear, refuse_packed
 

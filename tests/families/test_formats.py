@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from variants.families.quant import formats as F
+from variants.layer_maps import formats as F
 from variants.families.quant.build import quantize_module
 from variants.families.quant.config import QuantConfig
 from variants.layer_maps import bits_map

@@ -7,8 +7,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants.families.quant import formats as F
-from variants.families.quant.row_embedding import (RowWidthEmbedding, place_row_embeddings,
+from variants.layer_maps import formats as F
+from variants.runtime.row_embedding import (RowWidthEmbedding, place_row_embeddings,
                                                    row_embedding_block)
 
 MIXED = [F.Format(8, 64, "affine", "float16"), F.Format(4, 64, "affine", "float16"),

@@ -164,9 +164,9 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     """The Checkpoint of exported folder ``path``: its encoder and classifier head as exported
     (``kinds``: as :func:`skeleton`): quantized modules packed (their scales in the stored
     dtype, read through the float32 round trip of
-    :func:`variants.families.quant.formats.dequantize`:
+    :func:`variants.layer_maps.formats.dequantize`:
     :func:`variants.runtime.qlinear.use_cpu_path`), word-embedding tables stored by use as
-    :class:`variants.families.quant.row_embedding.RowWidthEmbedding`, factored (low-rank)
+    :class:`variants.runtime.row_embedding.RowWidthEmbedding`, factored (low-rank)
     layers as :class:`variants.arch.lowrank.LowRankLinear` (two Linears, each packed when
     quantized), W8A8 Linears as :class:`variants.runtime.int8_linear.Int8Linear` (the stored
     int8 codes, scales and SmoothQuant factors, :mod:`variants.arch.int8_place`), nothing
@@ -180,7 +180,7 @@ def load_packed(path, kinds, dtype=mx.float32, max_length=None):
     from variants.arch.input_scaled import check_paths, place_input_scales
     from variants.arch.int8_place import check_layers, place_int8
     from variants.arch.lowrank import place_lowrank
-    from variants.families.quant.row_embedding import place_row_embeddings
+    from variants.runtime.row_embedding import place_row_embeddings
     from variants.runtime import qlinear
 
     path = Path(path)

@@ -16,7 +16,7 @@ a quantizable type left full precision) as mlx-lm writes it, plus an ``mlx_varia
 map; ``wrapper``: a token-pruning or early-exit rule's settings,
 :mod:`variants.families.wrapper_place`; ``row_embedding``: the formats and row counts of a
 word-embedding table stored by use, ``<name>.tables.<k>.*``, ``<name>.row_table``,
-``<name>.row_index``, :mod:`variants.families.quant.row_embedding`). A decision head fitted
+``<name>.row_index``, :mod:`variants.runtime.row_embedding`). A decision head fitted
 here and exit heads (no transformers name) are in ``decision_head.safetensors`` by module path.
 Next to them: the tokenizer files, ``model.toml``, ``contract.toml``, ``verdict.json``, the judged
 ``outputs.npz`` and the eval rows (``eval_rows.npz``) that ``variants verify`` recomputes,

@@ -68,9 +68,9 @@ def _rule(w):
 
 def _row_tables(facts):
     """The lines (one paragraph) on the tables stored by use
-    (:mod:`variants.families.quant.row_embedding`): their names and how plain MLX reads them."""
+    (:mod:`variants.runtime.row_embedding`): their names and how plain MLX reads them."""
     from variants.checkpoints.hf_names import name_of
-    from variants.families.quant.row_embedding import CARD
+    from variants.runtime.row_embedding import CARD
 
     names = facts.get("names") or {}
     stored = [name_of(p, names) or p for p in facts["row_embedding"]]
@@ -84,7 +84,7 @@ def section(facts):
     :mod:`variants.checkpoints.hf_names`), ``kept`` (the checkpoint's tensors copied unread),
     ``decision_head`` (its file or None), ``quantization``, ``lowrank``, ``input_scaled``,
     ``w8a8`` (the W8A8 Linears, :mod:`variants.arch.int8_place`), ``row_embedding`` (the
-    tables stored by use, :mod:`variants.families.quant.row_embedding`), ``half_scales``
+    tables stored by use, :mod:`variants.runtime.row_embedding`), ``half_scales``
     (the half-precision dtypes of the stored ``scales``, [] when none), ``wrapper`` (the
     token-pruning or early-exit rule around the module,
     :mod:`variants.families.wrapper_place`; None when there is none: then plain MLX can run

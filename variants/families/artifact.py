@@ -164,7 +164,7 @@ def write_weights(model, checkpoint, source, out, *, family, variant, variant_co
     from variants.arch.lowrank import factor_shapes
     from variants.checkpoints import hf_names
     from variants.checkpoints.packed import OWN_FILE
-    from variants.families.quant.row_embedding import row_embedding_block
+    from variants.runtime.row_embedding import row_embedding_block
     from variants.families.wrapper_place import wrapper_block
 
     out = Path(out)
@@ -233,7 +233,7 @@ def load_variant(path, max_length=None):
         Its module holds ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` layers where the
         variant is quantized (the CPU path of :mod:`variants.runtime.qlinear` on a CPU),
         :class:`variants.arch.lowrank.LowRankLinear` where it is factored,
-        :class:`variants.families.quant.row_embedding.RowWidthEmbedding` where a word table
+        :class:`variants.runtime.row_embedding.RowWidthEmbedding` where a word table
         is stored by use, :class:`variants.runtime.int8_linear.Int8Linear` where it runs W8A8
         (the stored int8 codes, scales and SmoothQuant factors;
         :mod:`variants.arch.int8_place`), its temperatures the judged ones; wrapped, as built,
@@ -257,7 +257,7 @@ def load_variant(path, max_length=None):
     from variants.checkpoints.load import Checkpoint, TextTokenizer, _build
     from variants.checkpoints.packed import (OWN_FILE, is_export, module_weights, one_line,
                                              quant_predicate, skeleton)
-    from variants.families.quant.row_embedding import place_row_embeddings
+    from variants.runtime.row_embedding import place_row_embeddings
     from variants.families.wrapper_place import check_block, place_wrapper, split_tensors
     from variants.models import resolve
     from variants.runtime import qlinear

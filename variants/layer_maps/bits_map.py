@@ -6,7 +6,7 @@ the first rule that matches a layer sets its bits (and group size; the variant's
 ``--group-size`` when omitted; and the precision of its scales and biases, ``f32``, ``f16`` or
 ``bf16``, the variant's ``--scale-dtype`` when omitted), layers no rule matches get the
 variant's ``--bits``. A value may instead name a microscaling mode (``mxfp4``, ``mxfp8``,
-``nvfp4``: :mod:`variants.families.quant.formats`; its width and group size are the mode's).
+``nvfp4``: :mod:`variants.layer_maps.formats`; its width and group size are the mode's).
 The word-embedding table's rows unseen in the fit texts are the layer ``<table path>@unseen``
 (:mod:`variants.families.quant.row_use`): only a pattern containing ``@`` is tried on it, and
 without one those rows follow the table's own entry. As ``llama-quantize
@@ -123,7 +123,7 @@ def parse(spec, bits_choices=(2, 3, 4, 6, 8), group_choices=(32, 64, 128)):
             if len(tokens) > 1:
                 raise _bad(f"entry {short_repr(entry)}: {tokens[0]} has its own width, group "
                            "size and scales", f"write it as PATTERN={tokens[0]}")
-            from variants.families.quant.formats import MX_SHAPE
+            from variants.layer_maps.formats import MX_SHAPE
 
             mode, (b, g) = tokens[0], MX_SHAPE[tokens[0]]
             fixed = True
@@ -210,13 +210,13 @@ def _match(rule, path):
 
 def resolve_formats(spec, paths, default_bits, default_group, default_scale="float32",
                     default_mode="affine"):
-    """``{path: Format}`` (:class:`variants.families.quant.formats.Format`) for every path in
+    """``{path: Format}`` (:class:`variants.layer_maps.formats.Format`) for every path in
     ``paths`` (the quantizable layers; ``<table>@unseen`` pseudo paths for a table's rows
     unseen in the fit texts: set by an ``@`` pattern, else the table's own format).
 
     Raises ValueError naming ``--bits-map`` when a pattern matches none of ``paths``, or a
     recipe raises no layer."""
-    from variants.families.quant.formats import Format
+    from variants.layer_maps.formats import Format
 
     recipe, rules = parse(spec)
     if recipe:

@@ -324,7 +324,7 @@ def parse_model_config(raw, path):
             _fail(path, "[quant] method", f"{short_repr(methods)} is not a list of quantizers "
                   f"from {' '.join(METHODS)}; e.g. method = [\"gptq\", \"rtn\"]")
         cfg.quant_method = tuple(dict.fromkeys(methods))
-    from variants.families.quant import formats
+    from variants.layer_maps import formats
 
     for key, attr, check in (("scale_dtype", "quant_scale_dtype", formats.check_scale_dtype),
                              ("mode", "quant_mode", formats.check_mode)):

@@ -1,5 +1,5 @@
 """Quantized embedding tables that read back in float32 by the one round trip every path follows
-(:func:`variants.families.quant.formats.dequantize`).
+(:func:`variants.layer_maps.formats.dequantize`).
 
 ``mlx.nn.QuantizedEmbedding`` calls ``mx.dequantize`` on the gathered rows, which computes in
 the scales' dtype: on float16 / bfloat16 scales (mlx-lm's layout, issue 42) its rows are half
@@ -12,7 +12,7 @@ precision (~1e-3 away from the float32 round trip at 4 bits), and for the micros
 
 import mlx.nn as nn
 
-from variants.families.quant import formats as F
+from variants.layer_maps import formats as F
 
 
 class Fp32QuantizedEmbedding(nn.QuantizedEmbedding):

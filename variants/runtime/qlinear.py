@@ -206,7 +206,7 @@ class CpuQuantizedLinear(nn.QuantizedLinear):
     def _dequantizer(self):
         """``cpp``, ``unpack`` or ``dequantize``: :data:`KERNELS`' choice, resolved (each reads
         float32 and half-precision scales as ``float32(scale) * q + float32(bias)``,
-        :func:`variants.families.quant.formats.dequantize`)."""
+        :func:`variants.layer_maps.formats.dequantize`)."""
         return resolve(KERNELS.get(self.bits, "dequantize"))
 
     def _gemm(self, x, rows=None):
@@ -250,7 +250,7 @@ def refuse_packed(module, family):
     a word table stored by use, as
     :func:`variants.checkpoints.load.load_checkpoint` gives for a folder written by ``variants
     export``): ``family`` (its name) builds from fp32 weights, not from packed ones."""
-    from variants.families.quant.row_embedding import RowWidthEmbedding
+    from variants.runtime.row_embedding import RowWidthEmbedding
 
     done = [p for p, m in module.named_modules()
             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, RowWidthEmbedding))]

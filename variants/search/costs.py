@@ -62,7 +62,7 @@ class CostTable:
         import mlx.nn as nn
         from mlx.utils import tree_flatten
 
-        from variants.families.quant import formats
+        from variants.layer_maps import formats
         from variants.layer_maps.bits_map import UNSEEN
 
         mods = dict(module.named_modules())
@@ -103,7 +103,7 @@ class CostTable:
         """Bytes stored by the native form with ``layer_bits`` ({path: bits}); a table whose
         ``@unseen`` rows take another option than its own adds its row index (a uint8 table
         number and an int32 row per token: 5 bytes a row,
-        :class:`variants.families.quant.row_embedding.RowWidthEmbedding`)."""
+        :class:`variants.runtime.row_embedding.RowWidthEmbedding`)."""
         index = sum(5 * self.vocab[t] for u, t in self.unseen.items()
                     if u in layer_bits and layer_bits[u] != layer_bits.get(t))
         return int(self.total_bytes + index + sum(self.q_bytes[p, b] - self.dense_bytes[p]

@@ -5,7 +5,7 @@ in the fit texts (the ``<table>@unseen`` unit).
 Measured as :mod:`variants.search.sensitivity` measures a width (the unit alone round-tripped,
 the rest fp32; mean KL of the reference's softmax to the variant's on the sensitivity rows),
 through :func:`variants.search.sensitivity.measure_unit` with the format's round trip
-(:func:`variants.families.quant.formats.round_trip`); for ``@unseen`` only the unseen rows of
+(:func:`variants.layer_maps.formats.round_trip`); for ``@unseen`` only the unseen rows of
 the table change. Cached as JSON under ``cache_dir/search/`` by the reference's weights, the
 rows, the units, the options, the group size and the used rows.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from variants.families.quant import formats
+from variants.layer_maps import formats
 from variants.layer_maps.bits_map import UNSEEN
 
 VERSION = 1

@@ -144,7 +144,7 @@ class SearchOptions:
             raise ValueError(f"--bits {' '.join(map(str, self.bits))}: give at least two widths "
                              f"to choose between, from {BITS}, e.g. --bits 4 6 8")
         self.bits = tuple(widths)
-        from variants.families.quant import formats
+        from variants.layer_maps import formats
 
         formats.check_scale_dtype(self.scale_dtype)
         self.modes = tuple(dict.fromkeys(self.modes))

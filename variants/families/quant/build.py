@@ -26,7 +26,7 @@ from variants.arch import activations
 from variants.models import heads as heads_mod
 from variants.runtime import qembedding, qlinear
 from variants.layer_maps import bits_map
-from variants.families.quant import formats
+from variants.layer_maps import formats
 from variants.families.quant.config import BITS, GROUP_SIZES, MODES, QuantConfig, check_bits
 
 
@@ -68,7 +68,7 @@ def make_predicate(cfg, skipped, settings=None, heads=("head",), head_reason=hea
 
 
 def default_format(cfg):
-    """The :class:`~variants.families.quant.formats.Format` of a layer no map entry names."""
+    """The :class:`~variants.layer_maps.formats.Format` of a layer no map entry names."""
     return formats.Format(cfg.bits, cfg.group_size, cfg.quant_mode,
                           cfg.scale_dtype if cfg.quant_mode == "affine" else "float32")
 
@@ -128,7 +128,7 @@ def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
     row_use : np.ndarray (vocab,) bool, optional
         The word-table rows the fit texts use (:mod:`variants.families.quant.row_use`);
         needed only when the map stores a table's ``@unseen`` rows apart (a
-        :class:`~variants.families.quant.row_embedding.RowWidthEmbedding`).
+        :class:`~variants.runtime.row_embedding.RowWidthEmbedding`).
 
     Returns
     -------
@@ -176,7 +176,7 @@ def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
             m.__class__ = qembedding.Fp32QuantizedEmbedding
     rows = row_map(module, settings, chosen, row_use)
     if rows:
-        from variants.families.quant.row_embedding import RowWidthEmbedding
+        from variants.runtime.row_embedding import RowWidthEmbedding
     for p, (row_format, fmts) in rows.items():
         activations.set_module(native, p, RowWidthEmbedding.from_embedding(
             dict(module.named_modules())[p], row_format, fmts))

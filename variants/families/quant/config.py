@@ -59,7 +59,7 @@ class QuantConfig:
                              f"{' '.join(METHODS)}")
         if self.bits is None:
             raise ValueError(f"bits=None is not supported; choose one of {BITS}")
-        from variants.families.quant import formats
+        from variants.layer_maps import formats
 
         formats.check_scale_dtype(self.scale_dtype)
         formats.check_mode(self.quant_mode)
@@ -101,7 +101,7 @@ class QuantConfig:
             import hashlib
 
             int8 = "-int8-" + hashlib.sha1(self.int8.encode()).hexdigest()[:6]
-        from variants.families.quant.formats import SCALE_SHORT
+        from variants.layer_maps.formats import SCALE_SHORT
 
         mode = "" if self.quant_mode == "affine" else f"-{self.quant_mode}"
         scale = "" if self.scale_dtype == "float32" else f"-s{SCALE_SHORT[self.scale_dtype]}"

@@ -13,7 +13,7 @@ from variants.families.family import BuildInputs, Family
 
 from variants.families.quant.config import (BITS, GROUP_SIZES, METHODS, MODES,  # noqa: F401
                                          QuantConfig, check_bits)
-from variants.families.quant.formats import MODES as MODES_MX, MX_SHAPE, SCALE_DTYPES
+from variants.layer_maps.formats import MODES as MODES_MX, MX_SHAPE, SCALE_DTYPES
 
 
 PARAMS = ("bits", "group_size", "quantize_embeddings", "quantize_head", "bits_map",
@@ -110,7 +110,7 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
 def run_name(*, group_size=64, bits_map="", quant_method=None, int8_layers="",
              scale_dtype="float32", quant_mode="affine", **_):
     """Default run-folder suffix for these parameters."""
-    from variants.families.quant.formats import SCALE_SHORT
+    from variants.layer_maps.formats import SCALE_SHORT
 
     mixed = bits_map_mod.tag(bits_map)
     methods = [m for m in dict.fromkeys(quant_method or []) if m != "rtn"]

@@ -1,6 +1,6 @@
 """How often each row of a model's word-embedding table is used: the token ids its tokenizer
 gives a set of texts (issue 42, item 3: the fit texts and a user's ``--embedding-texts FILE``
-decide which rows are stored wider, :mod:`variants.families.quant.row_embedding`).
+decide which rows are stored wider, :mod:`variants.runtime.row_embedding`).
 
 A row is *used* once per position of an encoded text that looks it up: every id the tokenizer
 gives, the special tokens it adds (``[CLS]``, ``[SEP]``) included; padding is not counted (a

@@ -2,7 +2,7 @@
 format with an index (issue 42, item 3: frequent rows wider, rows never seen narrowest).
 
 :class:`RowWidthEmbedding` holds, for each format ``k`` it uses (a
-:class:`variants.families.quant.formats.Format`), the rows stored in it as one quantized table
+:class:`variants.layer_maps.formats.Format`), the rows stored in it as one quantized table
 (``tables.<k>.weight`` packed uint32, ``tables.<k>.scales``, ``tables.<k>.biases`` for affine;
 exactly what ``formats.quantize`` returns for those rows, in vocabulary order), plus
 ``row_table`` (uint8, (vocab,): the table of each row) and ``row_index`` (int32, (vocab,): the
@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from variants.families.quant import formats as F
+from variants.layer_maps import formats as F
 
 #: the config.json block key (inside ``mlx_variants``)
 BLOCK_KEY = "row_embedding"
