@@ -230,6 +230,7 @@ def test_the_card_says_how_plain_mlx_reads_it(written):
         assert facts["half_scales"] == [] and "astype" not in text
 
 
+@pytest.mark.parametrize("written", ["rows"], indirect=True)
 def test_a_bad_row_embedding_block_is_one_line(written, tmp_path):
     import shutil
 
@@ -237,8 +238,6 @@ def test_a_bad_row_embedding_block_is_one_line(written, tmp_path):
     from variants.checkpoints.load import load_checkpoint
     from variants.families.artifact import load_variant
 
-    if written["kind"] != "rows":
-        pytest.skip("the rows variant's block")
     folder = tmp_path / "bad"
     shutil.copytree(written["out"], folder)
     cfg = json.loads((folder / "config.json").read_text())

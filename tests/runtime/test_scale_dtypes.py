@@ -10,17 +10,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from variants.runtime import fused_layer, qkernel, qlinear
+from variants.runtime import fused_layer, qlinear
 
 HALF = {"float16": mx.float16, "bfloat16": mx.bfloat16}
-
-
-@pytest.fixture(scope="module")
-def qk():
-    mod = qkernel.load()
-    if mod is None:
-        pytest.skip(f"compiled kernel unavailable here: {qkernel.why_unavailable()}")
-    return mod
 
 
 def _weights(out=96, inp=384, seed=0):
