@@ -132,3 +132,29 @@ def test_search_prices_formats_and_unseen_rows_as_the_builder_stores_them(sentim
     rows = info["row_map"][word]["rows"]
     assert rows == [int(used.sum()), int((~used).sum())]
     assert used_rows  # the build's helper the sweep uses (fit texts + --embedding-texts)
+
+
+def test_used_rows_are_the_fit_texts_and_the_users_own(sentiment_model, tmp_path):
+    """A row is used when a fit-split text or a line of --embedding-texts looks it up: the
+    union of the two counts (row_use.row_counts on each), None without any text; a sweep
+    build stores exactly the others at the @unseen width."""
+    from tests.sentiment_fit import sentiment_splits
+    from variants.families.family import BuildInputs
+    from variants.families.quant.build import used_rows
+    from variants.families.quant.family import build
+    from variants.families.quant.row_use import row_counts
+
+    fit = sentiment_splits(40, 2, 2)["fit"]
+    own = tmp_path / "own.txt"
+    own.write_text("zygote quixotic\n\nxylophone\n", encoding="utf-8")
+    cfg = QuantConfig(6, 64, quantize_embeddings=True, scale_dtype="float16",
+                      bits_map="word_embeddings@unseen=2", embedding_texts=str(own))
+    a = row_counts(sentiment_model, fit) > 0
+    b = row_counts(sentiment_model, ["zygote quixotic", "xylophone"]) > 0
+    got = used_rows(sentiment_model, fit, cfg)
+    assert np.array_equal(got, a | b) and (b & ~a).any()
+    assert used_rows(sentiment_model, None, QuantConfig(6, 64)) is None
+    _, info = build(sentiment_model, cfg, BuildInputs(fit=fit))
+    rows = info["row_map"]["encoder.embeddings.word_embeddings"]
+    assert rows["rows"] == [int(got.sum()), int((~got).sum())]
+    assert rows["formats"][1] == [2, 64, "affine", "float16"]

@@ -98,11 +98,12 @@ def layer_settings(module, cfg, heads=("head",)):
 
 
 def word_tables(module):
-    """Paths of the word-embedding tables (``word_embeddings`` / ``tok_embeddings`` /
-    ``embed_tokens``): the tables whose rows are tokens, stored by use with a ``@unseen``
-    map entry."""
+    """Paths of the word-embedding tables (:data:`variants.families.quant.row_use.WORD_TABLES`):
+    the tables whose rows are tokens, stored by use with a ``@unseen`` map entry."""
+    from variants.families.quant.row_use import WORD_TABLES
+
     return [p for p, m in module.named_modules() if isinstance(m, nn.Embedding)
-            and p.rsplit(".", 1)[-1] in ("word_embeddings", "tok_embeddings", "embed_tokens")]
+            and p.rpartition(".")[2] in WORD_TABLES]
 
 
 def check_model(module, cfgs, model=None):
@@ -277,13 +278,11 @@ def build(reference, cfg, mode="simulated", calibration=None, fit=None):
 
 def used_rows(reference, fit, cfg):
     """(vocab,) bool: the word-table rows the texts of ``fit`` (the fit split, a TaskSet, as
-    the model reads them) and ``cfg.embedding_texts`` (a file, one text per line) use; None
-    without any text."""
+    the model reads them, option texts included: :func:`row_use.row_counts`) and
+    ``cfg.embedding_texts`` (a file, one text per line) use; None without any text."""
     from variants.families.quant import row_use
 
-    texts = [] if fit is None else list(reference.model_inputs(fit)[0])
+    counts = [row_use.row_counts(reference, fit)] if fit is not None and len(fit) else []
     if cfg.embedding_texts:
-        texts += row_use.read_texts(cfg.embedding_texts)
-    if not texts:
-        return None
-    return row_use.row_counts(reference, texts) > 0
+        counts.append(row_use.row_counts(reference, row_use.read_texts(cfg.embedding_texts)))
+    return sum(counts) > 0 if counts else None

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 #: the module names of a word-embedding table in this package's encoders
-WORD_TABLES = ("word_embeddings", "tok_embeddings")
+WORD_TABLES = ("word_embeddings", "tok_embeddings", "embed_tokens")
 
 
 def word_table(module):
