@@ -52,12 +52,23 @@ class CostTable:
         The reference's module (not modified).
     layers : list of str
         The candidate layers (every Linear the quant builder quantizes).
-    bits : sequence of int
-        The candidate widths.
+    bits : sequence of int or str
+        The candidate options: widths, ``"int8"``, microscaling mode names.
     group_size : int
+    scale_dtype : str
+        The affine options' scale and bias precision (:mod:`variants.layer_maps.formats`).
+    used : np.ndarray (vocab,) bool, optional
+        The word-table rows the fit texts use: a ``<table>@unseen`` unit is the others, its
+        table the used ones.
+    unseen_extra : sequence of int
+        Widths priced for ``@unseen`` units only (:mod:`variants.search.row_lowering`).
+
+    ``error[(path, option)]``: relative squared weight error of each Linear's round trip
+    (:func:`variants.search.dims.mode_rank` ranks the modes by it).
     """
 
-    def __init__(self, module, layers, bits, group_size, scale_dtype="float32", used=None):
+    def __init__(self, module, layers, bits, group_size, scale_dtype="float32", used=None,
+                 unseen_extra=()):
         import mlx.core as mx
         import mlx.nn as nn
         from mlx.utils import tree_flatten
@@ -85,7 +96,8 @@ class CostTable:
         self.q_bytes, self.error = {}, {}
         for p in self.layers:
             w = mods[p].weight if p in mods else None
-            for b in bits:
+            extra = [b for b in unseen_extra if b not in bits] if p in self.unseen else []
+            for b in list(bits) + extra:
                 if b == INT8:
                     if p not in self.lookup:  # int8 weights + fp32 scale + int32 column sum
                         self.q_bytes[p, b] = w.shape[0] * (w.shape[1] + 8)

@@ -100,9 +100,12 @@ class Search:
         self.layers = self.units.paths
         from variants.search import dims
 
+        from variants.search.row_lowering import NARROW
+
         self.costs = costs_mod.CostTable(module, self.layers, list(o.bits) +
                                          ([costs_mod.INT8] if o.w8a8 else []) + list(o.modes),
-                                         o.group_size, o.scale_dtype, self.used)
+                                         o.group_size, o.scale_dtype, self.used,
+                                         unseen_extra=NARROW)
         self.out = o.out_dir(cfg.model)
         self.store = Store(self.out)
         self.settings = dict(o.settings(), model=cfg.model, inputs=cfg.inputs_identity,
@@ -313,7 +316,9 @@ class Search:
             if len(self.opts.quant_methods) > 1:
                 self.log(f"search: quantizer {method}")
             order += self.walk_one(getattr(self, "method_sens", {}).get(method, sens))
-        return order
+        from variants.search.row_lowering import lower_unseen
+
+        return order + lower_unseen(self, order)
 
     def walk_one(self, sens):
         """One strategy walk with ``self.method``."""
