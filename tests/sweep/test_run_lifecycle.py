@@ -212,8 +212,8 @@ def test_a_kill_at_any_step_never_leaves_a_complete_run_without_its_files(
 
 PHASES = {  # (module, attribute) raising in each phase after run.json first says "running"
     "save the reference": ("variants.sweep.run", "Sweep.save_reference"),
-    "quality pass": ("variants.sweep.run", "quality_outputs"),
-    "timing": ("variants.sweep.run", "time_pair"),
+    "quality pass": ("variants.sweep.variant_steps", "quality_outputs"),
+    "timing": ("variants.sweep.variant_steps", "time_pair"),
     "judging": ("variants.sweep.run", "judge_variant"),
     "summary": ("variants.sweep.run", "write_csv"),
     "report.html": ("runs.html.render", "write_beside_markdown"),

@@ -9,14 +9,10 @@ variant's missing timing (``sweep_resume``), timing (``sweep_timing``), its own 
 (``sweep_clock``), run.json (``sweep_meta``), all in :mod:`variants`; this module is the run loop.
 """
 
-import shutil
-import time
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
-
-import mlx.core as mx
 
 from runs import lock as runlock
 from variants.runtime import device
@@ -24,12 +20,9 @@ from runs.family_text import family_extras
 from runs.io import (RunIncomplete, WriteError, missing_folders, remove_empty_folders,
                      remove_temp_files, write_csv, write_json, write_npz, write_text)
 from runs.judge import judge_variant
-from variants.sweep import timed_check
 from runs.readers import CorruptFileError
 from runs.report import render_report
 from variants.families import get_family
-from variants.families.family import BuildInputs, judged_mode
-from variants.sweep.cold_variant import variant_cold_start
 from variants.sweep.coldstart import measure_cold_start
 from variants.sweep.ref_profile import reference_profile
 from variants.models import fitted_state
@@ -38,13 +31,14 @@ from variants.sweep.config import SweepConfig, SweepError, VariantsFailed
 from variants.sweep.meta import run_metadata
 from variants.sweep.reference import ReferenceNotFinite, prepare_reference
 from variants.sweep.resume import (check_reference_fit, check_run_folder, check_run_tokenizer,
-                                   complete_reused_timing, read_json)
+                                   read_json)
 from variants.sweep.inputs import load_inputs
-from variants.sweep.quality import premeasure, quality_outputs
-from variants.sweep.timing import cold_start_spec, time_pair, timing_batches
+from variants.sweep.variant_steps import VariantSteps
+from variants.sweep.quality import premeasure
+from variants.sweep.timing import cold_start_spec, timing_batches
 
 
-class Sweep:
+class Sweep(VariantSteps):
     """Runs a validated :class:`SweepConfig`. ``log`` receives one-line progress messages."""
 
     def __init__(self, cfg, log=print, executor=None):
@@ -132,83 +126,6 @@ class Sweep:
         if old and "error" not in old:
             return old
         return self._cold_start(cold_start_spec(self, timing_sets), "reference")
-
-    # -- variants ---------------------------------------------------------------------------
-    def _inputs(self, family):
-        """The :class:`BuildInputs` of ``family``'s build: the ones its ``inputs`` names."""
-        return BuildInputs(calibration=self.tasksets["calibration"], fit=self.tasksets["fit"],
-                           cache_dir=self.cache).only(family.inputs)
-
-    def _time_variant(self, family, vcfg, timing_sets, extra=True, keep_model=False):
-        """timing.json content for ``timing_sets`` ({B: (TaskSet, seq_len)}): the variant is
-        built in the speed mode, then per batch size one alternated measurement of end-to-end
-        calls gives both regions (``batches`` = forward, ``end_to_end``); with ``extra`` the
-        family's own ``time_extra`` fields join. ``keep_model``: return ``(timing, the
-        variant built)`` (its cold start writes that model's weights folder)."""
-        cfg = self.cfg
-        with self.clock("variant_build"):
-            var_model, info = family.build(self.ref_model, vcfg, self._inputs(family),
-                                           mode=cfg.speed_mode)
-            mx.eval(var_model.module.parameters())
-        with self.clock("timing"):
-            timed = (var_model if family.timed_variant is None
-                     else family.timed_variant(var_model, vcfg))
-            timing = time_pair(self.ref_model, timed, timing_sets, cfg,
-                               ideal_speedup=info.get("ideal_speedup"),
-                               max_speedup=info.get("max_speedup"))
-            if extra and family.time_extra is not None:
-                timing.update(family.time_extra(self.ref_model, var_model,
-                                                self.tasksets["eval"], cfg, vcfg))
-            return (timing, var_model) if keep_model else timing
-
-    def variant(self, family, vcfg, timing_sets):
-        """Build, run and time one variant unless its folder already holds the results."""
-        vdir = self.out / vcfg.name
-        files = {n: vdir / n for n in ("outputs.npz", "calibration_outputs.npz", "build.json",
-                                       "timing.json")}
-        reusable = all(f.exists() for f in files.values())  # validated in prepare()
-        if reusable:
-            why = timed_check.stale(read_json(files["build.json"]) or {},
-                                    judged_mode(family, self.cfg, vcfg))
-            if why:
-                self.log(f"{vcfg.name}: {why}; building, judging and timing it again")
-                reusable = False
-        if reusable:
-            self.log(f"{vcfg.name}: outputs and timing found, reusing them (resume)")
-            self.reused.append(vcfg.name)
-            self.clock.counts["variants_reused"] += 1
-            complete_reused_timing(self, family, vcfg, timing_sets, files["timing.json"])
-        else:
-            try:
-                return self._build_variant(family, vcfg, timing_sets, files)
-            except CorruptFileError:  # a corrupt cache file: exit 2 naming it, nothing removed
-                raise
-            except ValueError:
-                # nothing of a variant that failed stays behind (no half folder to resume)
-                shutil.rmtree(vdir, ignore_errors=True)
-                raise
-        with self.clock("metrics_contract_report"):
-            return self.judge(vcfg.name)
-
-    def _build_variant(self, family, vcfg, timing_sets, files):
-        """Build, run, time, save and judge one variant (no usable folder yet)."""
-        cfg = self.cfg
-        outs, info = quality_outputs(self, family, vcfg)  # here, or its executor's results
-        t1 = time.perf_counter()
-        timing, timed = self._time_variant(family, vcfg, timing_sets, keep_model=True)
-        timing["wall_s"] = time.perf_counter() - t1
-        # the judged model is the model that runs (or the variant is refused: ValueError)
-        info["timed_check"] = timed_check.check(self, vcfg.name, info, outs["eval"], timed)
-        if cfg.cold_start == "all":  # from its exported weights where the family exports
-            timing["cold_start"] = variant_cold_start(self, family, vcfg, timing_sets, timed)
-        del timed
-        with self.clock("metrics_contract_report"):
-            outs["eval"].save(files["outputs.npz"])
-            outs["calibration"].save(files["calibration_outputs.npz"])
-            write_json(files["build.json"], info)
-            write_json(files["timing.json"], timing)
-        with self.clock("metrics_contract_report"):
-            return self.judge(vcfg.name)
 
     def judge(self, name):
         """Recompute metrics, verdict and the variant's own report from its saved outputs."""
