@@ -264,6 +264,8 @@ def test_cli_bad_flags_exit_2_and_write_nothing(tmp_path, capsys, argv, message)
 # rows; the search stops before it begins, tests/search/test_search_rows.py)
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
          "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
+         # the widths alone, fp32 scales (issue #42's dimensions: tests/search/test_row_lowering.py)
+         "--scale-dtype", "float32", "--modes", "none", "--no-unseen-rows",
          "--strategy", "greedy", "--select", "value"]
 
 

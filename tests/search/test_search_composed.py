@@ -251,6 +251,8 @@ def test_cli_bad_family_strategy_exit_2(tmp_path, capsys, argv, message):
 # --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122)
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
          "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
+         # the widths alone, fp32 scales (issue #42's dimensions: tests/search/test_row_lowering.py)
+         "--scale-dtype", "float32", "--modes", "none", "--no-unseen-rows",
          "--select", "value"]
 
 

@@ -97,8 +97,9 @@ def test_spec_of_int8_and_method_rerun_as_the_sweep_variant(model, linears):
     # --int8-layers ...): same name, so the winner re-runs as that sweep variant
     cfg = SearchOptions().quant_config(4, spec["bits_map"], "gptq", spec["int8"])
     swept, = ladder(bits=[4], group_size=64, bits_map=spec["bits_map"], quant_method=["gptq"],
-                    int8_layers=spec["int8"], quantize_embeddings=True)
-    assert swept == cfg and cfg.name.startswith("q4-g64-emb-map-")
+                    int8_layers=spec["int8"], quantize_embeddings=True,
+                    scale_dtype="float16")  # the search's default --scale-dtype
+    assert swept == cfg and cfg.name.startswith("q4-g64-emb-sf16-map-")
     assert "-gptq-int8-" in cfg.name
     # the rtn + int8 build puts exactly those Linears in int8, the value ones at 8 bits
     variant, info = build(model, SearchOptions().quant_config(4, spec["bits_map"], "rtn",
@@ -164,6 +165,8 @@ def test_int8_sensitivity_equals_one_w8a8_linear_computed_apart(model, tmp_path)
 # --select value: on 20 search-eval rows no rate clause's bound can pass (agreement needs 122)
 SMALL = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
          "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
+         # the widths alone, fp32 scales (issue #42's dimensions: tests/search/test_row_lowering.py)
+         "--scale-dtype", "float32", "--modes", "none", "--no-unseen-rows",
          "--no-quantize-embeddings", "--select", "value"]
 
 

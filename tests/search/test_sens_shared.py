@@ -51,7 +51,8 @@ def test_the_search_reads_the_commands_rows_and_measures_nothing(first):
     lines = []
     opts = SearchOptions(n_fit=100, n_calibration=40, n_eval=40, n_search=40, n_sensitivity=10,
                          bits=(4, 8), results_dir=str(root / "r"), finalize=False,
-                         progress=False, select="value").validate()
+                         progress=False, select="value",
+                         modes=(), unseen_rows=False).validate()  # the widths' table alone
     s = Search(opts, log=lines.append)
     s.prepare()
     worker.prepare_reference(s.state, s.payload)

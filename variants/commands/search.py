@@ -68,10 +68,10 @@ def configure(sub):
                         "(in weight error) than a cheaper option is dropped; 'none' for widths "
                         "only; --cost bytes / bits / flops with rtn (default: "
                         f"{' '.join(d.modes) or 'none'})")
-    p.add_argument("--unseen-rows", action="store_true",
-                   help="the word table's rows unseen in the fit split's texts are a unit of "
-                        "their own, which may be stored narrower (default: the table is one "
-                        "unit)")
+    p.add_argument("--no-unseen-rows", dest="unseen_rows", action="store_false",
+                   help="keep the word table one unit (default: after the walk, the winner's "
+                        "word-table rows unseen in the fit split's texts are tried narrower "
+                        "alone, 2 bits up)")
     p.add_argument("--method-sensitivity", action="store_true",
                    help="awq and gptq walk on their own per-layer sensitivity (each encoder "
                         "Linear quantized alone by the method) instead of round-to-nearest's "

@@ -133,10 +133,10 @@ class Search:
                                     o.modes)
         self.method = o.quant_methods[0]
         dropped = [b for b in o.bits if b not in self.options]
-        if dropped:
-            self.log(f"search: --bits {' '.join(map(str, dropped))} dropped: under --cost "
-                     f"{o.cost} a more accurate option costs no more "
-                     f"(options {self.options}, cheapest first)")
+        # said with the walk's first line (run.py), after every check of the input
+        self.dropped_note = (f"search: --bits {' '.join(map(str, dropped))} dropped: under "
+                             f"--cost {o.cost} a more accurate option costs no more"
+                             if dropped else "")
         cheapest = min(self.costs.of(o.cost, dims.sanitise({p: opt for p in self.layers},
                                                            self.costs.lookup))
                        for opt in self.options)
@@ -182,10 +182,9 @@ class Search:
         from variants.search import format_sens
 
         pairs = format_sens.needed(self.layers, self.options)
-        if pairs:  # modes, and a table's @unseen rows (the width table has neither)
+        if pairs:  # the modes (the width table has none)
             sens.update(format_sens.measure(self.state["reference"], sub, pairs, o.group_size,
-                                            self.used, Path(o.results_dir) / ".cache",
-                                            self.log))
+                                            Path(o.results_dir) / ".cache", self.log))
         if self.opts.w8a8:
             from variants.search.dims import int8_sensitivity
 
@@ -328,10 +327,17 @@ class Search:
         options = getattr(self, "options", list(o.bits))
         lookup = getattr(getattr(self, "costs", None), "lookup", set())
         ident = lambda m: candidate_id(m, getattr(self, "method", "rtn"))  # noqa: E731
-        gen = getattr(strategies, o.strategy)(self.layers, options, sens, o.batch)
+        # a table's @unseen rows follow the table in the walk (lowered after it:
+        # variants.search.row_lowering)
+        walked = [p for p in self.layers if "@" not in p]
+        follow = {p: p.split("@")[0] for p in self.layers if "@" in p}
+
+        def full(m):
+            return sanitise(dict(m, **{u: m[t] for u, t in follow.items()}), lookup)
+        gen = getattr(strategies, o.strategy)(walked, options, sens, o.batch)
         seen, order, step = {}, [], 0
         try:
-            maps = [sanitise(m, lookup) for m in next(gen)]
+            maps = [full(m) for m in next(gen)]
             while True:
                 new = [m for m in maps if ident(m) not in seen]
                 room = o.max_candidates - len(order)
@@ -349,7 +355,7 @@ class Search:
                     break
                 passed = [seen[ident(m)]["passed"] if ident(m) in seen else False
                           for m in maps]
-                maps = [sanitise(m, lookup) for m in gen.send(passed)]
+                maps = [full(m) for m in gen.send(passed)]
         except StopIteration:
             pass
         return order

@@ -1,13 +1,12 @@
 """Sensitivity of the search's options beyond the affine widths: the microscaling modes
-(``mxfp4``, ``mxfp8``, ``nvfp4``) on every unit, and every option on a word table's rows unseen
-in the fit texts (the ``<table>@unseen`` unit).
+(``mxfp4``, ``mxfp8``, ``nvfp4``) on every unit the walk moves.
 
 Measured as :mod:`variants.search.sensitivity` measures a width (the unit alone round-tripped,
 the rest fp32; mean KL of the reference's softmax to the variant's on the sensitivity rows),
 through :func:`variants.search.sensitivity.measure_unit` with the format's round trip
-(:func:`variants.layer_maps.formats.round_trip`); for ``@unseen`` only the unseen rows of
-the table change. Cached as JSON under ``cache_dir/search/`` by the reference's weights, the
-rows, the units, the options, the group size and the used rows.
+(:func:`variants.layer_maps.formats.round_trip`). Cached as JSON under ``cache_dir/search/`` by
+the reference's weights, the rows, the units, the options and the group size. (A word table's
+``@unseen`` rows are not walked, so not measured: :mod:`variants.search.row_lowering`.)
 """
 
 import json
@@ -22,18 +21,14 @@ VERSION = 1
 
 
 def needed(units, options):
-    """The (unit, option) pairs the width table does not cover: a mode on any unit, every
-    option on an ``@unseen`` unit."""
-    return [(u, o) for u in units for o in options if o != "int8"
-            and (isinstance(o, str) and o in formats.MX_SHAPE or UNSEEN in u)]
+    """The (unit, option) pairs the width table does not cover: a mode on any walked unit
+    (not a table's ``@unseen`` rows)."""
+    return [(u, o) for u in units for o in options
+            if UNSEEN not in u and isinstance(o, str) and o in formats.MX_SHAPE]
 
 
-def measure(reference, taskset, pairs, group_size, used=None, cache_dir=None, log=None):
-    """``{(unit, option): kl_mean}`` of ``pairs`` (:func:`needed`) on ``taskset``.
-
-    ``used`` (vocab,) bool: the word-table rows the fit texts use (needed for ``@unseen``
-    units). Raises ValueError for an ``@unseen`` unit without ``used``."""
-    from runs.io import digest
+def measure(reference, taskset, pairs, group_size, cache_dir=None, log=None):
+    """``{(unit, option): kl_mean}`` of ``pairs`` (:func:`needed`) on ``taskset``."""
     from variants.arch import activations
     from variants.search import sensitivity
 
@@ -43,8 +38,7 @@ def measure(reference, taskset, pairs, group_size, used=None, cache_dir=None, lo
     if cache_dir is not None:
         key = reference.cache_key(activations.module_fingerprint(reference.module),
                                   taskset.fingerprint(), [list(map(str, p)) for p in pairs],
-                                  group_size, "format-sensitivity", VERSION,
-                                  None if used is None else digest(np.asarray(used).tolist()))
+                                  group_size, "format-sensitivity", VERSION)
         path = Path(cache_dir) / "search" / f"format-sensitivity-{key}.json"
         if path.exists():
             try:
@@ -58,28 +52,14 @@ def measure(reference, taskset, pairs, group_size, used=None, cache_dir=None, lo
 
     for unit, opt in tqdm(pairs, desc="format sensitivity", unit="pair", leave=False,
                           disable=None):
-        table = unit.split("@")[0]
-        m = state["mods"][table]
+        m = state["mods"][unit]
         fmt = formats.of(opt, group_size)
         if m.weight.shape[1] % fmt.group_size:
             continue
-        w = m.weight
-        if UNSEEN in unit:
-            if used is None:
-                raise ValueError(f"{unit}: the rows the fit texts use are unknown")
-            unseen = np.flatnonzero(~np.asarray(used, bool))
 
-            def trip(*_, w=w, fmt=fmt, unseen=unseen):
-                import mlx.core as mx
-
-                full = np.array(w, copy=True)
-                if unseen.size:
-                    full[unseen] = np.asarray(formats.round_trip(w[mx.array(unseen)], fmt))
-                return full
-        else:
-            def trip(*_, w=w, fmt=fmt):
-                return np.asarray(formats.round_trip(w, fmt))
-        rows = sensitivity.measure_unit(state, {"path": table, "bits": [fmt.bits],
+        def trip(*_, w=m.weight, fmt=fmt):
+            return np.asarray(formats.round_trip(w, fmt))
+        rows = sensitivity.measure_unit(state, {"path": unit, "bits": [fmt.bits],
                                                 "group_size": fmt.group_size}, round_trip=trip)
         if rows:
             out[unit, opt] = float(rows[0][4])

@@ -62,6 +62,8 @@ def run_search(opts, log=print):
                     f"exit), strategy latency, cost {opts.cost}, executor {opts.executor} x "
                     f"{executor.workers}")
             else:
+                if getattr(s, "dropped_note", ""):
+                    log(s.dropped_note)
                 log(f"search: {len(s.layers)} layers x options "
                     f"{list(getattr(s, 'options', opts.bits))} (cheapest first), quantizers "
                     f"{' '.join(opts.quant_methods)}, strategy "
