@@ -17,7 +17,7 @@ def table():
     model = sentiment.build(load_checkpoint())
     used = row_counts(model, ["a quiet, moving and gorgeous film"]) > 0
     units = search_units(model.module, model, unseen_rows=True).paths
-    return CostTable(model.module, units, (4, 6, 8, "mxfp4"), 64, "float16", used,
+    return CostTable(model.module, units, (4, 6, 8, "mxfp4", "nvfp4"), 64, "float16", used,
                      unseen_extra=NARROW), units, used
 
 
@@ -27,9 +27,12 @@ def test_unseen_rows_lowered_alone_cheapest_first(table):
     costs, units, used = table
     word = "encoder.embeddings.word_embeddings"
     best = {"layer_bits": {u: 6 for u in units}}
-    maps = candidates(costs, "bytes", units, best)
+    maps = candidates(costs, "bytes", units, best, ["mxfp4", 4, 6, 8])
     # 2, 3, mxfp4 (4.25), 4 (4.5): the options below 6, with the narrow widths priced for it
     assert [m[word + "@unseen"] for m in maps] == [2, 3, "mxfp4", 4]
+    # only the search's chain: an option it dropped (nvfp4, priced) is not tried
+    assert (word + "@unseen", "nvfp4") in costs.q_bytes
+    assert all(m[word + "@unseen"] != "nvfp4" for m in maps)
     for m in maps:  # every other unit as in the passing map
         assert all(m[u] == 6 for u in units if "@" not in u)
     # each step down saves exactly the unseen rows' bytes at the two formats
@@ -40,6 +43,6 @@ def test_unseen_rows_lowered_alone_cheapest_first(table):
     assert costs.shape[word] == (int(used.sum()), width)
     # the others' options are the search's: no 2 or 3 bits priced for them
     assert (word, 2) not in costs.q_bytes and (units[-1], 3) not in costs.q_bytes
-    assert candidates(costs, "bytes", units, {"layer_bits": dict(maps[0])}) == []
+    assert candidates(costs, "bytes", units, {"layer_bits": dict(maps[0])}, [4, 6, 8]) == []
     assert np.all([costs.model_bytes(a) <= costs.model_bytes(b)
                    for a, b in zip(maps, maps[1:])])
