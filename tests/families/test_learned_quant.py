@@ -440,3 +440,27 @@ def test_dwq_student_carries_a_table_the_bits_map_names(model, fit, monkeypatch)
     got = np.array(dict(seen["module"].named_modules())[emb].weight)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
     assert np.abs(got - np.array(w)).max() > 1e-3  # really quantized (3 bits)
+
+
+def test_gptq_keeps_the_scale_dtype_and_stores_the_unseen_rows_apart(model, fit, monkeypatch,
+                                                                       tmp_path):
+    """A learned build with --scale-dtype float16 stores the learned scales in float16 (the
+    simulated weight is their float32 round trip) and a map's word_embeddings@unseen entry: the
+    fit texts' rows at the table's width, the others at theirs (issue #42)."""
+    from variants.families.quant.row_use import row_counts
+
+    monkeypatch.setattr(activations, "target_linears", lambda module, **_: [Q])
+    cfg = QuantConfig(bits=6, group_size=64, method="gptq", scale_dtype="float16",
+                      bits_map="word_embeddings@unseen=3,word_embeddings=8")
+    native, info = quant_learned.build(model, cfg, "native", fit=fit, cache_dir=tmp_path)
+    sim, _ = quant_learned.build(model, cfg, "simulated", fit=fit, cache_dir=tmp_path)
+    nm, sm = dict(native.module.named_modules()), dict(sim.module.named_modules())
+    m = nm[Q]
+    assert m["scales"].dtype == mx.float16 and m["biases"].dtype == mx.float16
+    w = mx.dequantize(m["weight"], m["scales"].astype(mx.float32),
+                      m["biases"].astype(mx.float32), group_size=64, bits=6)
+    assert np.array_equal(np.array(w), np.array(sm[Q].weight))
+    used = row_counts(model, fit) > 0
+    rows = info["row_map"]["encoder.embeddings.word_embeddings"]
+    assert rows["rows"] == [int(used.sum()), int((~used).sum())]
+    assert [f[0] for f in rows["formats"]] == [8, 3]

@@ -270,10 +270,16 @@ def build(reference, cfg, mode="simulated", calibration=None, fit=None):
     ``fit`` (a TaskSet) tells the word-table rows in use when the map stores the ``@unseen``
     rows apart (:func:`used_rows`).
     """
-    row_use = used_rows(reference, fit, cfg) if bits_map.UNSEEN in cfg.bits_map else None
+    row_use = row_use_of(reference, fit, cfg)
     qmodule, info = quantize_module(reference.module, cfg, mode, model=reference,
                                     row_use=row_use)
     return reference.replace_module(qmodule), info
+
+
+def row_use_of(reference, fit, cfg):
+    """:func:`used_rows` when ``cfg``'s map stores a table's ``@unseen`` rows apart, else None
+    (every builder that calls :func:`quantize_module` with such a map passes it)."""
+    return used_rows(reference, fit, cfg) if bits_map.UNSEEN in cfg.bits_map else None
 
 
 def used_rows(reference, fit, cfg):

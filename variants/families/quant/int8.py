@@ -70,8 +70,8 @@ def build(reference, cfg, inputs, mode="simulated"):
     mods = dict(module.named_modules())
     # the packed size of each replaced layer: from the native form when the variant is dense
     packed = mods if mode == "native" else dict(quantize.quantize_module(
-        reference.module, replace(cfg, int8="", method="rtn"), "native",
-        model=reference)[0].named_modules())
+        reference.module, replace(cfg, int8="", method="rtn"), "native", model=reference,
+        row_use=quantize.row_use_of(reference, inputs.fit, cfg))[0].named_modules())
     delta = 0
     for p in paths:
         q = Int8Linear(ref_mods[p], native=mode == "native")

@@ -131,7 +131,8 @@ def _distill(reference, cfg, start, rows, stats, fit, log):
               for r in rows}
     student = None
     if cfg.quantize_embeddings or cfg.quantize_head or cfg.bits_map:  # (a map may name a table)
-        native = quantize.quantize_module(reference.module, cfg, "native")[0]
+        native = quantize.quantize_module(reference.module, cfg, "native",
+                                          row_use=quantize.row_use_of(reference, fit, cfg))[0]
         if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and p not in layers
                for p, m in native.named_modules()):
             student = _dense(native)
@@ -291,7 +292,8 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
     first build's when read from the cache) and the method's own facts. Raises ValueError on
     bad input (no fit rows, a singular GPTQ Hessian, a forward DWQ cannot differentiate)."""
     layers, norms, facts = learned_layers(reference, cfg, fit, cache_dir, log)
-    native, info = quantize.quantize_module(reference.module, cfg, "native")
+    native, info = quantize.quantize_module(reference.module, cfg, "native",
+                                            row_use=quantize.row_use_of(reference, fit, cfg))
     if norms:  # DWQ's trained LayerNorms (same shapes and bytes as the reference's)
         native.update(tree_unflatten([(k, mx.array(v)) for k, v in norms.items()]))
     extra_bytes = 0
