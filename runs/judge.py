@@ -253,12 +253,26 @@ def judge_variant(run_dir, name, contract, *, near_tie_margin=None, alpha=None, 
         if texts is None:
             texts = example_texts(ev.per_example["id"])
         odir = out_dir / name
+        ids = run.json(name, "build.json").get("unseen_eval_ids") \
+            if run.has(name, "build.json") else None
+        apart = ""
+        if ids:  # a table stored by use: its unseen rows' eval rows judged apart
+            from runs import judge_apart
+
+            n, sub = judge_apart.judge_apart(
+                judge_outputs, ref_cal, ref_eval, var_cal, var_eval, contract, ids, st,
+                run_outputs(run.meta) if outputs is None else outputs)
+            apart = judge_apart.section(n, len(ref_eval["ids"]), sub)
         write_json(odir / "metrics.json", _json_safe(ev.summary))
         write_json(odir / "verdict.json", verdict.to_dict())
         write_text(odir / "report.md", render_variant_report(name, ev, verdict, contract, epsilons,
-                                                             texts=texts, worst_n=worst_n))
+                                                             texts=texts, worst_n=worst_n)
+                   + apart)
         write_json(odir / "report.json", variant_report_json(name, ev, verdict, contract, epsilons,
                                                              texts=texts, worst_n=worst_n))
+        if ids:
+            write_json(odir / judge_apart.FILE, {"rows": n, "ids": len(ids),
+                                                 "verdict": sub and sub.to_dict()})
     return row, ev, verdict
 
 

@@ -107,7 +107,7 @@ def test_native_equals_simulated_for_each_format(sentiment_model, cfg):
 def test_search_prices_formats_and_unseen_rows_as_the_builder_stores_them(sentiment_model):
     """The cost table's bytes of a map with fp16 scales, modes and the word table's unseen rows
     at their own width equal quantize_module's native bytes (row index included)."""
-    from variants.families.quant.build import used_rows
+    from variants.families.quant.row_use import used_rows
     from variants.search.costs import CostTable
     from variants.search.driver import spec_of
     from variants.search.units import search_units
@@ -140,7 +140,7 @@ def test_used_rows_are_the_fit_texts_and_the_users_own(sentiment_model, tmp_path
     build stores exactly the others at the @unseen width."""
     from tests.sentiment_fit import sentiment_splits
     from variants.families.family import BuildInputs
-    from variants.families.quant.build import used_rows
+    from variants.families.quant.row_use import used_rows
     from variants.families.quant.family import build
     from variants.families.quant.row_use import row_counts
 
@@ -158,3 +158,23 @@ def test_used_rows_are_the_fit_texts_and_the_users_own(sentiment_model, tmp_path
     rows = info["row_map"]["encoder.embeddings.word_embeddings"]
     assert rows["rows"] == [int(got.sum()), int((~got).sum())]
     assert rows["formats"][1] == [2, 64, "affine", "float16"]
+
+
+def test_eval_rows_apart_are_those_reading_an_unseen_row(sentiment_model):
+    """rows_holding_unseen flags a row exactly when its own encoding looks up a row the fit
+    texts never use (row_counts on that text alone); eval_ids_apart gives their ids for a
+    variant with a row map, None without."""
+    from tests.sentiment_fit import sentiment_splits
+    from variants.families.quant.row_use import (eval_ids_apart, row_counts,
+                                                 rows_holding_unseen, used_rows)
+
+    splits = sentiment_splits(40, 2, 12)
+    cfg = QuantConfig(6, 64, quantize_embeddings=True, bits_map="word_embeddings@unseen=2")
+    used = used_rows(sentiment_model, splits["fit"], cfg)
+    got = rows_holding_unseen(sentiment_model, splits["eval"], used)
+    want = [bool(((row_counts(sentiment_model, [t]) > 0) & ~used).any())
+            for t in sentiment_model.model_inputs(splits["eval"])[0]]
+    assert got.tolist() == want and 0 < sum(want) < len(want) + 1
+    ids = eval_ids_apart(sentiment_model, splits, cfg, {"row_map": {"x": {}}})
+    assert ids == [str(i) for i, w in zip(splits["eval"].ids, want) if w]
+    assert eval_ids_apart(sentiment_model, splits, cfg, {}) is None

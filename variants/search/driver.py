@@ -87,7 +87,7 @@ class Search:
         module = model.module
         self.used = None
         if o.unseen_rows:  # the word-table rows the fit split's texts use
-            from variants.families.quant.build import used_rows
+            from variants.families.quant.row_use import used_rows
 
             self.used = used_rows(model, self.state["tasksets"].get("fit"),
                                   o.quant_config(8, ""))

@@ -80,6 +80,10 @@ class VariantSteps:
         """Build, run, time, save and judge one variant (no usable folder yet)."""
         cfg = self.cfg
         outs, info = quality_outputs(self, family, vcfg)  # here, or its executor's results
+        if info.get("row_map"):  # a table stored by use: its unseen rows' eval rows apart
+            from variants.families.quant.row_use import eval_ids_apart
+
+            info["unseen_eval_ids"] = eval_ids_apart(self.ref_model, self.tasksets, vcfg, info)
         t1 = time.perf_counter()
         timing, timed = self._time_variant(family, vcfg, timing_sets, keep_model=True)
         timing["wall_s"] = time.perf_counter() - t1

@@ -270,25 +270,9 @@ def build(reference, cfg, mode="simulated", calibration=None, fit=None):
     ``fit`` (a TaskSet) tells the word-table rows in use when the map stores the ``@unseen``
     rows apart (:func:`used_rows`).
     """
+    from variants.families.quant.row_use import row_use_of
+
     row_use = row_use_of(reference, fit, cfg)
     qmodule, info = quantize_module(reference.module, cfg, mode, model=reference,
                                     row_use=row_use)
     return reference.replace_module(qmodule), info
-
-
-def row_use_of(reference, fit, cfg):
-    """:func:`used_rows` when ``cfg``'s map stores a table's ``@unseen`` rows apart, else None
-    (every builder that calls :func:`quantize_module` with such a map passes it)."""
-    return used_rows(reference, fit, cfg) if bits_map.UNSEEN in cfg.bits_map else None
-
-
-def used_rows(reference, fit, cfg):
-    """(vocab,) bool: the word-table rows the texts of ``fit`` (the fit split, a TaskSet, as
-    the model reads them, option texts included: :func:`row_use.row_counts`) and
-    ``cfg.embedding_texts`` (a file, one text per line) use; None without any text."""
-    from variants.families.quant import row_use
-
-    counts = [row_use.row_counts(reference, fit)] if fit is not None and len(fit) else []
-    if cfg.embedding_texts:
-        counts.append(row_use.row_counts(reference, row_use.read_texts(cfg.embedding_texts)))
-    return sum(counts) > 0 if counts else None

@@ -47,6 +47,7 @@ def build(reference, cfg, inputs, mode="simulated"):
     that matches no Linear."""
     from variants.arch import activations
     from variants.families.quant import build as quantize
+    from variants.families.quant.row_use import row_use_of
     from variants.families.quant.dispatch import build_weights
     from variants.families.w8a8.build import kernel_name
     from variants.runtime.int8_linear import Int8Linear, int8_record
@@ -71,7 +72,7 @@ def build(reference, cfg, inputs, mode="simulated"):
     # the packed size of each replaced layer: from the native form when the variant is dense
     packed = mods if mode == "native" else dict(quantize.quantize_module(
         reference.module, replace(cfg, int8="", method="rtn"), "native", model=reference,
-        row_use=quantize.row_use_of(reference, inputs.fit, cfg))[0].named_modules())
+        row_use=row_use_of(reference, inputs.fit, cfg))[0].named_modules())
     delta = 0
     for p in paths:
         q = Int8Linear(ref_mods[p], native=mode == "native")

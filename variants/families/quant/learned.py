@@ -31,6 +31,7 @@ from variants.arch import activations
 from variants.arch.input_scaled import InputScaledLinear  # noqa: F401  (learned.InputScaledLinear)
 from variants.families.quant import affine_codes, awq, dwq, gptq, layer_cache
 from variants.families.quant import build as quantize
+from variants.families.quant.row_use import row_use_of
 
 VERSION = 5  # 5: a cosine readout's options embedded by DWQ's student itself
 
@@ -132,7 +133,7 @@ def _distill(reference, cfg, start, rows, stats, fit, log):
     student = None
     if cfg.quantize_embeddings or cfg.quantize_head or cfg.bits_map:  # (a map may name a table)
         native = quantize.quantize_module(reference.module, cfg, "native",
-                                          row_use=quantize.row_use_of(reference, fit, cfg))[0]
+                                          row_use=row_use_of(reference, fit, cfg))[0]
         if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and p not in layers
                for p, m in native.named_modules()):
             student = _dense(native)
@@ -293,7 +294,7 @@ def build(reference, cfg, mode="simulated", fit=None, cache_dir=None, log=None):
     bad input (no fit rows, a singular GPTQ Hessian, a forward DWQ cannot differentiate)."""
     layers, norms, facts = learned_layers(reference, cfg, fit, cache_dir, log)
     native, info = quantize.quantize_module(reference.module, cfg, "native",
-                                            row_use=quantize.row_use_of(reference, fit, cfg))
+                                            row_use=row_use_of(reference, fit, cfg))
     if norms:  # DWQ's trained LayerNorms (same shapes and bytes as the reference's)
         native.update(tree_unflatten([(k, mx.array(v)) for k, v in norms.items()]))
     extra_bytes = 0

@@ -104,3 +104,47 @@ def read_texts(path, flag="--embedding-texts"):
     if not texts:
         raise ValueError(f"{flag} {short_path(p)} holds no text; put one text per line")
     return texts
+
+
+def rows_holding_unseen(model, taskset, used, batch_size=64):
+    """(N,) bool: the rows of ``taskset`` whose text, as ``model`` reads it, looks up a
+    word-table row that ``used`` ((vocab,) bool, :func:`row_counts` > 0 on the fit texts)
+    marks unused: the eval rows a table stored by use judges apart."""
+    used = np.asarray(used, bool)
+    out = np.zeros(len(taskset), bool)
+    batches, _ = model.prepare(taskset, batch_size)
+    for b in batches:
+        ids = np.asarray(b.input_ids)
+        mask = np.asarray(b.attention_mask) > 0
+        out[np.asarray(b.index)] = (~used[ids] & mask).any(axis=1)
+    return out
+
+
+def eval_ids_apart(model, tasksets, cfg, info):
+    """The ids of the eval rows holding a token no fit text uses (build.json's
+    ``unseen_eval_ids``) for a variant whose ``info`` has a ``row_map``, else None."""
+    if not info.get("row_map"):
+        return None
+    used = used_rows(model, tasksets.get("fit"), cfg)
+    if used is None:
+        return None
+    ev = tasksets["eval"]
+    return [str(i) for i in np.asarray(ev.ids)[rows_holding_unseen(model, ev, used)]]
+
+
+def row_use_of(reference, fit, cfg):
+    """:func:`used_rows` when ``cfg``'s map stores a table's ``@unseen`` rows apart, else None
+    (every builder that calls :func:`quantize_module` with such a map passes it)."""
+    from variants.layer_maps.bits_map import UNSEEN
+
+    return used_rows(reference, fit, cfg) if UNSEEN in cfg.bits_map else None
+
+
+def used_rows(reference, fit, cfg):
+    """(vocab,) bool: the word-table rows the texts of ``fit`` (the fit split, a TaskSet, as
+    the model reads them, option texts included: :func:`row_counts`) and
+    ``cfg.embedding_texts`` (a file, one text per line) use; None without any text."""
+    counts = [row_counts(reference, fit)] if fit is not None and len(fit) else []
+    if cfg.embedding_texts:
+        counts.append(row_counts(reference, read_texts(cfg.embedding_texts)))
+    return sum(counts) > 0 if counts else None
