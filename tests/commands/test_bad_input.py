@@ -191,3 +191,23 @@ def test_a_path_with_a_newline_is_named_on_one_line(argv, tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("variants: error: ") and "\\n" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# -- issue #42's flags: one line naming the flag and the fix, nothing written -------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["search", "--embedding-texts", "missing.txt"], "--embedding-texts missing.txt is not a "
+                                                     "file; pass a UTF-8 text file"),
+    (["search", "--modes", "fp4"], "--modes 'fp4' is not a microscaling mode; choose from mxfp4"),
+    (["sweep", "--family", "quant", "--quant-mode", "mxfp4", "--bits", "8"],
+     "--quant-mode mxfp4 stores 4-bit values; drop --bits 8"),
+    (["sweep", "--family", "quant", "--bits-map", "value=mxfp4:32"],
+     "mxfp4 has its own width, group size and scales"),
+    (["sweep", "--family", "quant", "--embedding-texts", "missing.txt"],
+     "--embedding-texts missing.txt: no such file"),
+])
+def test_format_flags_are_refused_in_one_line(tmp_path, capsys, monkeypatch, argv, says):
+    monkeypatch.chdir(tmp_path)
+    err = _refused([*argv, "--results-dir", str(tmp_path / "r")], capsys)
+    assert says in err
+    assert not (tmp_path / "r").exists()

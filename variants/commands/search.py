@@ -72,6 +72,10 @@ def configure(sub):
                    help="keep the word table one unit (default: after the walk, the winner's "
                         "word-table rows unseen in the fit split's texts are tried narrower "
                         "alone, 2 bits up)")
+    p.add_argument("--embedding-texts", default="", metavar="FILE",
+                   help="your own unlabelled texts, one per line: their word-table rows count "
+                        "as used beside the fit split's (so they are not among the unseen rows "
+                        "stored narrower)")
     p.add_argument("--method-sensitivity", action="store_true",
                    help="awq and gptq walk on their own per-layer sensitivity (each encoder "
                         "Linear quantized alone by the method) instead of round-to-nearest's "
@@ -185,6 +189,7 @@ def run(args):
         quant_methods=tuple(args.quant_methods), w8a8=args.w8a8,
         method_sensitivity=args.method_sensitivity, scale_dtype=args.scale_dtype,
         modes=tuple(m for m in args.modes if m != "none"), unseen_rows=args.unseen_rows,
+        embedding_texts=args.embedding_texts,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,
         n_search=args.n_search,

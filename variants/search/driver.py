@@ -68,7 +68,8 @@ class Search:
                         "chunk_size": o.chunk_size, "group_size": o.group_size,
                         "search_margin": o.search_margin, "select": o.select,
                         "quantize_embeddings": o.quantize_embeddings,
-                        "quantize_head": o.quantize_head, "scale_dtype": o.scale_dtype}
+                        "quantize_head": o.quantize_head, "scale_dtype": o.scale_dtype,
+                        "embedding_texts": o.embedding_texts}
         self.state = worker.load(self.payload)
         cfg = self.state["cfg"]
         alpha = self.state["settings"]["alpha"]  # the search-calibration half gives the ε too

@@ -20,7 +20,7 @@ N_FINALISTS = 3
 #: dimensions resumes); what an absent one means when a resume is refused
 PLAIN = {"quant_methods": ["rtn"], "w8a8": False, "method_sensitivity": False,
          # a search from before issue #42's dimensions (fp32 scales, widths only, whole tables)
-         "scale_dtype": "float32", "modes": [], "unseen_rows": False,
+         "scale_dtype": "float32", "modes": [], "unseen_rows": False, "embedding_texts": "",
          # a search with --w8a8 before int8 candidates were judged on their native build
          "int8_judged": "simulated"}
 
@@ -55,6 +55,8 @@ class SearchOptions:
     #: the word table's rows unseen in the fit texts are a unit of their own, lowered alone
     #: after the walk (row_lowering.py)
     unseen_rows: bool = True
+    #: a file of the user's own texts whose word-table rows count as used (row_use.py)
+    embedding_texts: str = ""
     #: the embedding tables are units of the search (quantized embeddings); the head only when
     #: asked (variants.search.units)
     quantize_embeddings: bool = True
@@ -156,6 +158,11 @@ class SearchOptions:
             self.modes = ()  # priced and learned for affine widths only
         if not self.quantize_embeddings or self.strategy not in ("bisect", "greedy"):
             self.unseen_rows = False
+        if self.embedding_texts:
+            from variants.families.quant.row_use import read_texts
+
+            read_texts(self.embedding_texts)  # a bad file: one line, before anything runs
+            self.embedding_texts = str(Path(self.embedding_texts).resolve())  # (Ray workers)
         from variants.families.quant.config import METHODS
 
         self.quant_methods = tuple(dict.fromkeys(self.quant_methods))
@@ -226,7 +233,7 @@ class SearchOptions:
         return QuantConfig(bits=default_bits, group_size=self.group_size, bits_map=bits_map,
                            quantize_embeddings=self.quantize_embeddings,
                            quantize_head=self.quantize_head, method=method, int8=int8,
-                           scale_dtype=self.scale_dtype)
+                           scale_dtype=self.scale_dtype, embedding_texts=self.embedding_texts)
 
     def out_dir(self, model):
         return Path(self.out) if self.out else \

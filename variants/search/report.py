@@ -135,7 +135,8 @@ def markdown(frame, result, png):
             (f" --quant-method {w['method']}" if w.get("method", "rtn") != "rtn" else "") + \
             (f" --int8-layers '{w['int8']}'" if w.get("int8") else "") + \
             (f" --scale-dtype {s['scale_dtype']}" if s.get("scale_dtype", "float32")
-             != "float32" else "")
+             != "float32" else "") + \
+            (f" --embedding-texts '{s['embedding_texts']}'" if s.get("embedding_texts") else "")
         lines += ["## Winner's per-layer bits", "", "As a sweep variant: `variants sweep --bits "
                   f"{w['default_bits']}{flags}" + (f" --bits-map '{w['bits_map']}'`"
                                                    if w["bits_map"] else "`"),

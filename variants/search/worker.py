@@ -75,7 +75,8 @@ def load(payload):
             "group_size": payload["group_size"],
             "quantize_embeddings": payload.get("quantize_embeddings", False),
             "quantize_head": payload.get("quantize_head", False),
-            "scale_dtype": payload.get("scale_dtype", "float32")}
+            "scale_dtype": payload.get("scale_dtype", "float32"),
+            "embedding_texts": payload.get("embedding_texts", "")}
 
 
 def prepare_reference(state, payload):
@@ -178,7 +179,8 @@ def build_variant(state, spec):
                        quantize_embeddings=state.get("quantize_embeddings", False),
                        quantize_head=state.get("quantize_head", False),
                        method=spec.get("method", "rtn"), int8=spec.get("int8", ""),
-                       scale_dtype=state.get("scale_dtype", "float32"))
+                       scale_dtype=state.get("scale_dtype", "float32"),
+                       embedding_texts=state.get("embedding_texts", ""))
     if qcfg.method == "rtn" and not qcfg.int8:
         from variants.families.family import BuildInputs
 
