@@ -176,15 +176,16 @@ def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
         if isinstance(m, nn.QuantizedEmbedding) and fmt[2:] != ("affine", "float32"):
             m.__class__ = qembedding.Fp32QuantizedEmbedding
     rows = row_map(module, settings, chosen, row_use)
+    src = dict(module.named_modules())
     if rows:
         from variants.runtime.row_embedding import RowWidthEmbedding
     for p, (row_format, fmts) in rows.items():
         activations.set_module(native, p, RowWidthEmbedding.from_embedding(
-            dict(module.named_modules())[p], row_format, fmts))
+            src[p], row_format, fmts))
     q_bytes = q_params = 0
     for p, m in native.named_modules():
         if p in rows:  # a table stored by use: all its arrays (the row index too)
-            q_params += int(dict(module.named_modules())[p].weight.size)
+            q_params += int(src[p].weight.size)
             q_bytes += sum(v.nbytes for _, v in tree_flatten(m.parameters()))
         elif p in chosen:
             q_params += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
@@ -217,16 +218,21 @@ def quantize_module(module, cfg, mode="simulated", model=None, row_use=None):
         info["layer_bits"] = {p: [f.bits, f.group_size] for p, f in chosen.items()}
         info["layer_formats"] = {p: list(f) for p, f in chosen.items()}
     if rows:
-        info["row_map"] = {p: row_facts(rf, fm, dict(module.named_modules())[p].weight.shape)
+        info["row_map"] = {p: row_facts(rf, fm, src[p].weight.shape)
                            for p, (rf, fm) in rows.items()}
     if mode == "native":
         return qlinear.use_cpu_path(native), info
+    # the simulated weights: the native layers' own stored arrays read back in float32
+    # (formats.dequantize), so both forms hold one quantization, computed once
     sim = copy.deepcopy(module)
+    packed = dict(native.named_modules())
     for path, m in sim.named_modules():
         if path in rows:
-            m.weight = dict(native.named_modules())[path].dequantized().astype(m.weight.dtype)
+            m.weight = packed[path].dequantized().astype(m.weight.dtype)
         elif path in chosen:
-            m.weight = formats.round_trip(m.weight, chosen[path]).astype(m.weight.dtype)
+            q = packed[path]
+            m.weight = formats.dequantize(q["weight"], q["scales"], q.get("biases"),
+                                          chosen[path]).astype(m.weight.dtype)
     mx.eval(sim.parameters())
     return sim, info
 
