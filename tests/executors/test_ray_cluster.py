@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.multinode, pytest.mark.slow]
 
 SEARCH = ["--n-fit", "100", "--n-calibration", "40", "--n-eval", "40", "--n-search", "40",
           "--chunk-size", "10", "--bits", "4", "8", "--no-finalize", "--no-progress",
-          "--max-candidates", "4", "--batch", "2", "--strategy", "bisect", "--select", "value"]
+          "--max-candidates", "4", "--batch", "2", "--strategy", "bisect", "--select", "value",
+          # the widths alone, fp32 scales (the synthetic sensitivity has no modes)
+          "--scale-dtype", "float32", "--modes", "none", "--no-unseen-rows"]
 SWEEP = ["--n-fit", "60", "--n-calibration", "40", "--n-eval", "40", "--timing-batch-sizes", "1",
          "--timing-rounds", "2", "--timing-warmup", "0", "--cold-start", "none", "--no-progress",
          "--bits", "4", "8"]
