@@ -342,3 +342,35 @@ def test_suffix_skips_the_layers_before_its_start(fitted):
                                                 args[2][:1]).last_hidden)
     np.testing.assert_array_equal(other, full)  # not recorded: layer 1's change shows
     assert type(enc) is suffix.BertEncoder
+
+
+def test_toml_scale_dtype_and_mode_are_defaults_every_flag_value_overrides(tmp_path):
+    """[quant] scale_dtype / mode are the sweep's defaults; a flag given, even at the value
+    that is the flag's own default (float32, affine), wins (issue #42)."""
+    from variants.sweep.config import SweepConfig
+
+    f = tmp_path / "m.toml"
+    f.write_text(GOOD + '[quant]\nscale_dtype = "bfloat16"\nmode = "nvfp4"\n')
+    kw = dict(model_config=str(f), timing_batch_sizes=(1,), family="quant")
+    cfg = SweepConfig(params={"bits": None, "scale_dtype": None, "quant_mode": None},
+                      **kw)
+    with pytest.raises(Exception, match="stores its own 8-bit scales"):
+        cfg.validate()  # nvfp4 with bfloat16 scales from the TOML: refused in one line
+    cfg = SweepConfig(params={"bits": [4], "scale_dtype": None, "quant_mode": "affine"},
+                      **kw).validate()
+    assert [v.name for v in cfg.variants] == ["q4-g64-sbf16"]
+    cfg = SweepConfig(params={"bits": [4], "scale_dtype": "float32", "quant_mode": "affine"},
+                      **kw).validate()
+    assert [v.name for v in cfg.variants] == ["q4-g64"]
+
+
+def test_embedding_texts_name_the_variant_by_their_contents(tmp_path):
+    f = tmp_path / "own.txt"
+    f.write_text("one text\n", encoding="utf-8")
+    kw = dict(bits=6, group_size=64, quantize_embeddings=True,
+              bits_map="word_embeddings@unseen=2", embedding_texts=str(f))
+    a = QuantConfig(**kw).name
+    f.write_text("one text\nand another\n", encoding="utf-8")
+    assert QuantConfig(**kw).name != a and a.startswith("q6-g64-emb-map-")
+    # without an @unseen entry the texts change nothing, so the name carries no suffix
+    assert "-et" not in QuantConfig(bits=6, embedding_texts=str(f)).name

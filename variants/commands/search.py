@@ -188,7 +188,7 @@ def run(args):
         budget=args.budget, bits=tuple(args.bits), group_size=args.group_size, batch=args.batch,
         quant_methods=tuple(args.quant_methods), w8a8=args.w8a8,
         method_sensitivity=args.method_sensitivity, scale_dtype=args.scale_dtype,
-        modes=tuple(m for m in args.modes if m != "none"), unseen_rows=args.unseen_rows,
+        modes=tuple(args.modes), unseen_rows=args.unseen_rows,
         embedding_texts=args.embedding_texts,
         quantize_embeddings=args.quantize_embeddings, quantize_head=args.quantize_head,
         chunk_size=args.chunk_size, stop=args.stop, select=args.select, search_margin=args.search_margin,

@@ -133,9 +133,9 @@ class Search:
                                     [p for p in self.layers if p not in self.costs.lookup],
                                     o.modes)
         self.method = o.quant_methods[0]
-        dropped = [b for b in o.bits if b not in self.options]
+        dropped = [b for b in [*o.bits, *o.modes] if b not in self.options]
         # said with the walk's first line (run.py), after every check of the input
-        self.dropped_note = (f"search: --bits {' '.join(map(str, dropped))} dropped: under "
+        self.dropped_note = (f"search: {' '.join(map(str, dropped))} dropped: under "
                              f"--cost {o.cost} a more accurate option costs no more"
                              if dropped else "")
         cheapest = min(self.costs.of(o.cost, dims.sanitise({p: opt for p in self.layers},

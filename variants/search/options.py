@@ -149,6 +149,11 @@ class SearchOptions:
 
         formats.check_scale_dtype(self.scale_dtype)
         self.modes = tuple(dict.fromkeys(self.modes))
+        if "none" in self.modes:
+            if len(self.modes) > 1:
+                raise ValueError(f"--modes {' '.join(self.modes)}: 'none' means no mode; pass "
+                                 "either none or modes")
+            self.modes = ()
         for m in self.modes:
             if m not in formats.MX_SHAPE:
                 raise ValueError(f"--modes {m!r} is not a microscaling mode; choose from "
@@ -160,6 +165,12 @@ class SearchOptions:
             self.unseen_rows = False
         if self.embedding_texts:
             from variants.families.quant.row_use import read_texts
+
+            if not self.unseen_rows:
+                raise ValueError("--embedding-texts tells the word-table rows in use for the "
+                                 "unseen-rows step, which is off here (--no-unseen-rows, "
+                                 "--no-quantize-embeddings or this --strategy); drop "
+                                 "--embedding-texts")
 
             read_texts(self.embedding_texts)  # a bad file: one line, before anything runs
             self.embedding_texts = str(Path(self.embedding_texts).resolve())  # (Ray workers)

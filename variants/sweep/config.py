@@ -187,8 +187,7 @@ class SweepConfig:
         for key in ("scale_dtype", "mode"):  # the model TOML's [quant] scale_dtype / mode
             toml_v = getattr(self._source.config, f"quant_{key}", "")
             param = "quant_mode" if key == "mode" else key
-            if self.family == "quant" and toml_v and self.params.get(param) in (
-                    None, "float32", "affine"):
+            if self.family == "quant" and toml_v and self.params.get(param) is None:
                 self.params[param] = toml_v
         toml_rmap = getattr(self._source.config, "lowrank_ratio_map", "")
         if self.family == "lowrank" and toml_rmap and not self.params.get("ratio_map"):

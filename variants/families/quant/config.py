@@ -106,9 +106,14 @@ class QuantConfig:
         mode = "" if self.quant_mode == "affine" else f"-{self.quant_mode}"
         scale = "" if self.scale_dtype == "float32" else f"-s{SCALE_SHORT[self.scale_dtype]}"
         texts = ""
-        if self.embedding_texts:
+        if self.embedding_texts and bits_map_mod.UNSEEN in self.bits_map:
             import hashlib
+            from pathlib import Path
 
-            texts = "-et" + hashlib.sha1(self.embedding_texts.encode()).hexdigest()[:6]
+            try:  # the texts' contents name the variant (an edited file is another variant)
+                data = Path(self.embedding_texts).read_bytes()
+            except OSError:
+                data = self.embedding_texts.encode()
+            texts = "-et" + hashlib.sha1(data).hexdigest()[:6]
         return (f"q{self.bits}-g{self.group_size}{extra}" + mode + scale
                 + (f"-{mixed}" if mixed else "") + method + int8 + texts)

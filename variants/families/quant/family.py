@@ -43,12 +43,12 @@ def add_arguments(parser):
                         "clipping; gptq = Hessian error compensation; dwq = AWQ-scaled GPTQ "
                         "codes with scales, biases and LayerNorms distilled on the fit split (default: the model "
                         "TOML's [quant] method, else rtn)")
-    g.add_argument("--scale-dtype", default="float32", choices=SCALE_DTYPES,
+    g.add_argument("--scale-dtype", default=None, choices=SCALE_DTYPES,
                    help="precision the affine scales and biases are stored in: float16 or "
                         "bfloat16 halve their share (4-bit g64: 5.0 bits per weight at "
                         "float32, 4.5 at float16, mlx-lm's layout); the dequantized weight is "
                         "float32(scale) * q + float32(bias) (default: float32)")
-    g.add_argument("--quant-mode", default="affine", choices=MODES_MX,
+    g.add_argument("--quant-mode", default=None, choices=MODES_MX,
                    help="affine (scale and bias per group, --bits / --group-size) or one of "
                         "MLX's microscaling formats: mxfp4 (FP4 E2M1 values, a power-of-two "
                         "scale per 32: 4.25 bits per weight), mxfp8 (FP8 E4M3 per 32: 8.25), "
@@ -73,17 +73,29 @@ def ladder(*, bits=None, group_size=64, quantize_embeddings=False, quantize_head
     size (ValueError if bad)."""
     extra = {"scale_dtype": scale_dtype or "float32", "quant_mode": quant_mode or "affine",
              "embedding_texts": embedding_texts or ""}
+    if extra["embedding_texts"]:  # before anything is written: one line naming the flag
+        from variants.families.quant.row_use import read_texts
+
+        if bits_map_mod.UNSEEN not in (bits_map or ""):
+            raise ValueError("--embedding-texts tells the word-table rows in use for a "
+                             "--bits-map entry 'word_embeddings@unseen=B'; add one or drop "
+                             "--embedding-texts")
+        read_texts(extra["embedding_texts"])
     if extra["quant_mode"] in MX_SHAPE:
-        mb, mg = MX_SHAPE[extra["quant_mode"]]
+        mode = extra["quant_mode"]
+        mb, mg = MX_SHAPE[mode]
         if bits is not None and list(bits) != [mb]:
-            raise ValueError(f"--quant-mode {extra['quant_mode']} stores {mb}-bit values; drop "
+            raise ValueError(f"--quant-mode {mode} stores {mb}-bit values; drop "
                              f"--bits {' '.join(map(str, bits))}")
+        if group_size not in (mg, defaults.GROUP_SIZE):
+            raise ValueError(f"--quant-mode {mode} has groups of {mg}; drop --group-size "
+                             f"{group_size}")
+        if extra["scale_dtype"] != "float32":
+            raise ValueError(f"--quant-mode {mode} stores its own 8-bit scales; drop "
+                             f"--scale-dtype {extra['scale_dtype']} (or [quant] scale_dtype)")
         methods = list(dict.fromkeys(quant_method or ["rtn"]))
         return [QuantConfig(mb, mg, quantize_embeddings, quantize_head, bits_map, m,
                             int8_layers or "", **extra) for m in methods]
-    if extra["embedding_texts"] and not Path(extra["embedding_texts"]).is_file():
-        raise ValueError(f"--embedding-texts {extra['embedding_texts']}: no such file; pass a "
-                         "UTF-8 text file, one text per line")
     methods = list(dict.fromkeys(quant_method or ["rtn"]))
     bad = [m for m in methods if m not in METHODS]
     if bad:
