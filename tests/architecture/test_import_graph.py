@@ -138,7 +138,7 @@ FLOORS = (
     ("runs",),
     ("variants.runtime", "variants.datasets"),
     ("variants.arch", "variants.executors"),
-    ("variants.checkpoints", "variants.models"),
+    ("variants.checkpoints", "variants.models", "variants.onnx"),
     ("variants.families",),
     ("variants.sweep",),
     ("variants.search", "variants.export"),
