@@ -19,6 +19,7 @@ FAMILIES = {
     "exact": "exact.family",
     "w8a8": "w8a8.family",
     "composed": "composed.family",
+    "onnx": "onnx.family",
 }
 
 

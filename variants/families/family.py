@@ -96,6 +96,9 @@ class Family:
         some codes differently and their outputs differ by code steps, not round-off; the
         simulated model is not the model that runs. None: never (the sweep checks the timed
         model against the judged one instead, :mod:`variants.sweep.timed_check`).
+    check_decision : callable(decision, configs) -> None, or None
+        Like ``check_model`` with the whole reference DecisionModel (its tokenizer and head),
+        for checks that run it (an ONNX graph's inputs and outputs against the model's).
     extra_stale : callable(timing, cfg, vcfg) -> str or None, or None
         On resume: why a saved timing.json's ``time_extra`` part no longer fits the sweep's
         settings (e.g. the exact family's workloads timed with another --zipf-exponent), so
@@ -116,6 +119,7 @@ class Family:
     time_extra: Callable | None = None
     timed_variant: Callable | None = None
     extra_stale: Callable | None = None
+    check_decision: Callable | None = None
     judged_in_speed_mode: Callable | None = None
 
 

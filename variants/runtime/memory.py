@@ -56,6 +56,11 @@ def snapshot():
 def model_bytes(model):
     """Bytes of a DecisionModel's parameters as stored (quantized layers: packed weights +
     scales + biases; fp32 elsewhere). An array the module tree reaches twice is stored once and
-    counted once (the student family's student shares the teacher's embeddings and head)."""
+    counted once (the student family's student shares the teacher's embeddings and head). A
+    module holding its weights outside MLX says how many bytes in an int ``external_bytes``
+    attribute (an ONNX Runtime encoder: its graph file, :mod:`variants.onnx.session`); those
+    are added."""
     arrays = {id(v): v for _, v in tree_flatten(model.module.parameters())}
-    return int(sum(v.nbytes for v in arrays.values()))
+    external = sum(m.external_bytes for _, m in model.module.named_modules()
+                   if isinstance(getattr(m, "external_bytes", None), int))
+    return int(sum(v.nbytes for v in arrays.values())) + int(external)

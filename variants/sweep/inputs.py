@@ -36,6 +36,8 @@ def load_inputs(cfg):
     family = get_family(cfg.family)
     try:  # family checks that need the model's shapes and its readout (before any write)
         family.check_model(decision.module, cfg.variants, model=module)
+        if family.check_decision is not None:
+            family.check_decision(decision, cfg.variants)
     except ValueError as e:
         raise SweepError(str(e)) from None
     sizes = {"fit": cfg.n_fit, "calibration": cfg.n_calibration, "eval": cfg.n_eval}

@@ -22,6 +22,16 @@ def _versions():
             "mlx_variants": __version__, "platform": platform.platform()}
 
 
+def _ort_record(cfg):
+    """run.json's ``onnxruntime``: version, execution provider, graph optimisation level(s) and
+    intra-op threads of the onnx family's sessions (:mod:`variants.onnx.session`)."""
+    from variants.onnx.session import OPT_LEVELS, cores, ort
+
+    return {"version": ort().__version__, "providers": ["CPUExecutionProvider"],
+            "graph_optimization_level": sorted({OPT_LEVELS[v.opt_level] for v in cfg.variants}),
+            "intra_op_num_threads": cores(), "inter_op_num_threads": 1}
+
+
 def _reference_fit(model):
     from variants.models import fitted_state
 
@@ -47,6 +57,8 @@ def run_metadata(sweep):
         "config": d,
         "contract": sweep.contract.name,
         "versions": _versions(),
+        # --family onnx: the runtime that computes the variants (its version and settings)
+        **({"onnxruntime": _ort_record(cfg)} if cfg.family == "onnx" else {}),
         "blas": dict(BLAS_INFO),
         "device": cfg.device,  # what --device / $VARIANTS_DEVICE chose and variants.runtime.device.use set
         "dtype": cfg.dtype,
