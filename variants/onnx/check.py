@@ -5,8 +5,9 @@ FED_INPUTS`, integer typed, ``input_ids`` among them) and the output read is eit
 
 - a token output (B, L, D) with D the model's hidden size: it replaces the encoder and goes
   through the model's own readout (pooling and head), or
-- decision logits (B, K) with K the model's option count, for a model whose logits are its
-  checkpoint's own classification head (``logits = "classifier"``): it replaces the whole module.
+- what the model's whole decision module returns (B, K) — its decision logits, or a choice
+  model's text embedding (B, D) — with the same shape: it replaces the whole module (a graph
+  exported with the model's head, :func:`variants.onnx.graph.decision_graph`).
 
 Every mismatch is one ValueError line naming the input or output and the fix. The shapes are
 checked on a probe batch (two rows of the model's own tokens), since exported graphs mostly
@@ -68,8 +69,8 @@ def probe_batch(tokenizer):
 
 def check_graph(session, reference, output=None):
     """What ``session``'s graph stands in for in ``reference`` (a DecisionModel): ``("encoder",
-    name)`` for a token output (B, L, hidden) or ``("logits", name)`` for decision logits (B, K)
-    of a classifier-head model. Raises ValueError (one line, naming the input or output and the
+    name)`` for a token output (B, L, hidden) or ``("module", name)`` for an output shaped as the
+    decision module's (logits (B, K), or a choice model's embedding (B, D)). Raises ValueError (one line, naming the input or output and the
     fix) otherwise."""
     from variants.onnx.session import feeds
 
@@ -98,18 +99,16 @@ def check_graph(session, reference, output=None):
                              "run judges (its model TOML's checkpoint)")
         return "encoder", name
     if y.ndim == 2 and y.shape[0] == B:
-        if getattr(reference, "name", None) != "classifier":
-            raise ValueError(f"the ONNX graph's output {name!r} is (batch, {y.shape[1]}): decision "
-                             f"logits, but the model's logits are {reference.name!r}, not its "
-                             "checkpoint's classifier head; pass a graph whose output is the "
-                             "encoder's tokens (--onnx-output last_hidden_state)")
         import mlx.core as mx
 
-        k = module(mx.array(ids), mx.array(mask), mx.array(types)).shape[1]
-        if y.shape[1] != k:
-            raise ValueError(f"the ONNX graph's output {name!r} has {y.shape[1]} logits per row, "
-                             f"the model {k} options; export the model this run judges")
-        return "logits", name
+        want = tuple(module(mx.array(ids), mx.array(mask), mx.array(types)).shape)
+        if y.shape != want:
+            raise ValueError(f"the ONNX graph's output {name!r} is {tuple(y.shape)} on a probe "
+                             f"batch where the model's module returns {want} (its decision "
+                             "logits, or a choice model's text embedding); export the model this "
+                             "run judges, or pass a token output (--onnx-output "
+                             "last_hidden_state)")
+        return "module", name
     raise ValueError(f"the ONNX graph's output {name!r} has shape {tuple(y.shape)} on a (2, {L}) "
-                     f"batch: neither tokens (2, {L}, hidden) nor logits (2, options); pass "
+                     f"batch: neither tokens (2, {L}, hidden) nor the decision module's output (2, K); pass "
                      "--onnx-output naming one of those")

@@ -4,8 +4,9 @@
 attention_mask, token_type_ids)`` -> :class:`~variants.arch.encoder.EncoderOutput` — so a
 decision module whose ``encoder`` it replaces keeps its own pooling and head in MLX: the ONNX
 graph's token output (B, L, D) goes through the model's readout, exactly as the MLX encoder's
-would. :class:`OrtLogits` replaces the whole decision module when the graph's output is the
-decision logits (B, K) themselves (a classifier exported with its head).
+would. :class:`OrtModule` replaces the whole decision module when the graph's output is the
+decision module's own output (its logits, or a choice model's text embedding: a graph
+exported with the model's head).
 
 The session is ONNX Runtime's ``InferenceSession`` on the CPU execution provider, its
 intra-op threads set to the cores this process may use (the cores the reference's MLX forward
@@ -133,10 +134,10 @@ class OrtEncoder(nn.Module):
         return EncoderOutput(mx.array(self.run(input_ids, attention_mask, token_type_ids)))
 
 
-class OrtLogits(OrtEncoder):
+class OrtModule(OrtEncoder):
     """A whole decision module computed by ONNX Runtime: ``(input_ids, attention_mask,
-    token_type_ids)`` -> the graph's ``output`` (B, K) float32 logits, for a graph that ends in
-    the model's own classification head."""
+    token_type_ids)`` -> the graph's ``output`` (B, K) float32, for a graph that ends in the
+    model's own head (its logits, or a choice model's text embedding (B, D))."""
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
         return mx.array(self.run(input_ids, attention_mask, token_type_ids))

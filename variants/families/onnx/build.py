@@ -11,7 +11,7 @@ from pathlib import Path
 
 from variants.families.onnx import ort_quant
 from variants.onnx.check import check_graph
-from variants.onnx.session import OrtEncoder, OrtLogits, make_session, session_record
+from variants.onnx.session import OrtEncoder, OrtModule, make_session, session_record
 
 
 def _sha256(path):
@@ -58,9 +58,9 @@ def check_decision(decision, configs):
 
 def standing_in(reference, session, kind, output, nbytes, record):
     """A copy of ``reference.module`` whose encoder is the session (``kind`` "encoder"), or the
-    session as the whole module (``kind`` "logits")."""
-    if kind == "logits":
-        return OrtLogits(session, output, nbytes, record)
+    session as the whole module (``kind`` "module")."""
+    if kind == "module":
+        return OrtModule(session, output, nbytes, record)
     module = copy.copy(reference.module)  # the head's arrays shared, the encoder replaced
     module["encoder"] = OrtEncoder(session, output, nbytes, record)
     return module
@@ -69,7 +69,7 @@ def standing_in(reference, session, kind, output, nbytes, record):
 def build(reference, cfg, fit=None, cache_dir=None):
     """(variant DecisionModel, build.json dict) for one :class:`~variants.families.onnx.family.
     OnnxConfig`. The dict: ``graph`` (path), ``graph_sha256``, ``source_sha256``, ``output``,
-    ``stands_for`` ("encoder" / "logits"), ``ort`` (:func:`variants.onnx.session.
+    ``stands_for`` ("encoder" / "module"), ``ort`` (:func:`variants.onnx.session.
     session_record`), ``ort_quant`` (or None), ``kernel``, ``model_bytes`` (the graph file's
     bytes plus the MLX head's), ``build_seconds``. Raises ValueError (one line) for a graph
     that does not fit the model or a missing ONNX Runtime."""

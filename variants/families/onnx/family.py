@@ -8,8 +8,8 @@ or quantized by ONNX Runtime's own quantizers (``onnxruntime.quantization``): ``
 ``MatMulInteger`` / ``DynamicQuantizeLinear``) or ``static`` (``quantize_static``: QDQ, int8
 weights and activations with ranges from MinMax calibration on fit-split rows), per tensor or
 per channel (``--ort-per-channel``). A token output (B, L, D) replaces the encoder and goes
-through the model's own readout; decision logits (B, K) replace a classifier model's whole
-module (:mod:`variants.onnx.check`).
+through the model's own readout; an output shaped as the decision module's (its logits
+(B, K), or a choice model's text embedding) replaces the whole module (:mod:`variants.onnx.check`).
 """
 
 import hashlib
@@ -94,7 +94,7 @@ def add_arguments(parser):
                    help="the ONNX model to judge, run by ONNX Runtime on the reference's own "
                         "tokenized rows; inputs input_ids / attention_mask / token_type_ids, "
                         "output the encoder's tokens (batch, tokens, hidden: read through the "
-                        "model's pooling and head) or a classifier's logits (batch, options) "
+                        "model's pooling and head) or the decision module's output (the logits, or a choice model's embedding) "
                         "(default: the suite's own fp32 ONNX export of the reference)")
     g.add_argument("--ort-quant", nargs="+", choices=QUANTS, default=None, metavar="Q",
                    help="none (the graph as it is), dynamic (onnxruntime.quantization."
@@ -159,7 +159,7 @@ def describe(info, timing=None):
              f"- graph: {info.get('graph')} ({info.get('model_bytes', 0) / 1e6:.1f} MB, sha256 "
              f"{str(info.get('graph_sha256'))[:12]}); output {info.get('output')!r} stands for "
              + ("the encoder (the model's pooling and head run in MLX)"
-                if info.get("stands_for") == "encoder" else "the decision logits")]
+                if info.get("stands_for") == "encoder" else "the whole decision module (its head included)")]
     q = info.get("ort_quant")
     if q:
         lines.append(f"- quantized by onnxruntime.quantization.{q['function']} "
