@@ -178,19 +178,28 @@ def encoder_graph(encoder, *, int8="u8u8", name="bert-encoder"):
         ModernBERT ... are other classes), a layer or module kind with no ONNX form here,
         an unknown ``int8`` scheme; each names the module and the fix.
     """
-    _check(encoder)
     g = Graph(name)
+    x, _ = body(g, encoder, int8=int8)
+    g.output(x, OUTPUT, FLOAT, ["batch", "sequence", int(encoder.args.hidden_size)])
+    a = encoder.args
+    return g.model(doc="BERT-family encoder exported by mlx-variants (issue #43)", metadata={
+        "mlx_variants.graph": "bert-encoder", "model_type": a.model_type,
+        "hidden_act": a.hidden_act, "pad_token_id": a.pad_token_id})
+
+
+def body(g, encoder, *, int8="u8u8"):
+    """Declare :data:`INPUTS` (int64 (batch, sequence)) in ``g`` (a :class:`Graph`) and add
+    ``encoder``'s nodes; returns the names of (last hidden state (B, L, D) float32, the
+    attention mask input) for a caller that adds a head (:mod:`variants.onnx.graph`).
+    Raises ValueError as :func:`encoder_graph`."""
+    _check(encoder)
     axes = ["batch", "sequence"]
     ids, mask, types = (g.input(n, INT64, axes) for n in INPUTS)
     x = _embeddings(g, encoder, ids, types)
     bias = _key_bias(g, mask)
     for i, layer in enumerate(encoder.layers):
         x = _layer(g, x, bias, layer, f"encoder.layers.{i}", int8)
-    g.output(x, OUTPUT, FLOAT, axes + [int(encoder.args.hidden_size)])
-    a = encoder.args
-    return g.model(doc="BERT-family encoder exported by mlx-variants (issue #43)", metadata={
-        "mlx_variants.graph": "bert-encoder", "model_type": a.model_type,
-        "hidden_act": a.hidden_act, "pad_token_id": a.pad_token_id})
+    return x, mask
 
 
 def save(model, path):
