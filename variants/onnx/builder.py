@@ -61,7 +61,7 @@ class Graph:
         if key is not None and key in self._shared:
             return self._shared[key]
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(a), name))
+        self.initializers.append(numpy_helper.from_array(np.array(a, order="C", copy=True), name))
         if key is not None:
             self._shared[key] = name
         return name

@@ -16,6 +16,7 @@ verdict on this CPU, whose int8 ISA the record names.
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def quantized(src, cfg, reference, fit=None, cache_dir=None):
     if out.exists():
         return out
     tmp = out.with_suffix(f".tmp{os.getpid()}.onnx")
+    # its "consider pre-processing" advice goes to the root logger, multi-line: not ours to show
+    logging.disable(logging.WARNING)
     try:
         if cfg.quant == "dynamic":
             quantize_dynamic(str(src), str(tmp), per_channel=cfg.per_channel)
@@ -81,6 +84,7 @@ def quantized(src, cfg, reference, fit=None, cache_dir=None):
             quantize_static(str(src), str(tmp), reader, per_channel=cfg.per_channel)
         os.replace(tmp, out)
     finally:
+        logging.disable(logging.NOTSET)
         if tmp.exists():
             tmp.unlink()
         for extra in base.glob(tmp.stem + "*"):  # its augmented-model leftovers
