@@ -31,6 +31,14 @@ def configure(sub):
                    help="the folder to write (must not exist, or be empty)")
     p.add_argument("--allow-fail", action="store_true",
                    help="export a variant that FAILED its contract (the model card says so)")
+    p.add_argument("--format", choices=("mlx", "onnx"), default="mlx",
+                   help="mlx (default): the MLX checkpoint folder above; onnx: model.onnx, the "
+                        "whole decision module as one ONNX graph built from the judged MLX "
+                        "arrays (the reference with --variant reference, or a quant / w8a8 / "
+                        "lowrank variant), judged again as ONNX Runtime runs it on the run's "
+                        "calibration and eval rows (verdict.json; the run gains <variant>-onnx),"
+                        " next to the MLX verdict and the largest |Δlogit| between them; needs "
+                        "pip install 'mlx-variants[onnx]'")
     p.set_defaults(func=run)
     return p
 
@@ -66,6 +74,13 @@ def run(args):
     from variants.export.write import check_out, export
 
     check_out(args.out)
+    if args.format == "onnx":
+        from variants.export.onnx_export import export_onnx
+
+        export_onnx(args.source, args.variant, args.out, allow_fail=args.allow_fail,
+                    log=lambda m: print(m, file=sys.stderr))
+        print(args.out)
+        return EXIT_OK
     judged = locate(args.source, args.variant, allow_fail=args.allow_fail)
     export(judged, args.out, log=lambda m: print(m, file=sys.stderr))
     print(args.out)

@@ -1,0 +1,209 @@
+"""``variants export --format onnx``: a judged model as one ONNX graph, judged again as it runs in
+ONNX Runtime, so its verdict travels with the file.
+
+What is written (the folder must not exist or be empty; written beside it and renamed into
+place, nothing half-written):
+
+- ``model.onnx``: the whole decision module (:func:`variants.onnx.graph.decision_graph`: the
+  encoder, the model's pooling and head) built from the MLX arrays of the judged model — the
+  reference (``--variant reference``), or a quant / W8A8 / low-rank variant rebuilt from its
+  build.json (:func:`variants.export.source.rebuild`): fp32 Linears as MatMul, 2- and 4-bit
+  affine as ``MatMulNBits``, other formats dequantized in the graph bit for bit, W8A8 as
+  per-token uint8 codes and ``MatMulInteger`` u8 x u8 (:mod:`variants.onnx.linear_nodes`);
+- ``verdict.json``: the contract's verdict on **the graph's own logits**, computed by ONNX
+  Runtime on the run's calibration and eval rows and judged as every variant is
+  (:func:`runs.judge_file.judge_file`; the run gains the variant ``<name>-onnx``), and
+  ``judged/onnx_logits.npz`` (those logits, by row id);
+- ``mlx_verdict.json``: the MLX model's verdict as the sweep judged it, with the largest
+  |Δlogit| between the two on the eval rows (``onnx.json``);
+- the tokenizer files, ``contract.toml``, ``manifest.json`` (SHA-256 of every file), and a
+  ``README.md`` model card saying how to run it.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from metrics._checks import short_path
+from variants.export.source import ExportError, Judged, locate, rebuild, run_reference, \
+    sweep_config
+from variants.export.write import check_out, sha256, versions
+
+#: families whose modules the ONNX graph builders take (prune / exit move tokens or rows)
+ONNX_FAMILIES = ("quant", "w8a8", "lowrank")
+
+
+def _reference_judged(source):
+    src = Path(source)
+    if not (src / "run.json").exists():
+        raise ExportError(f"{short_path(src)} holds no run.json; pass a run folder written by "
+                          "variants sweep with --variant reference")
+    run = json.loads((src / "run.json").read_text())
+    family = (run.get("config") or {}).get("family", "quant")
+    return Judged(src, "reference", src / "reference", run, {"family": family, "config": {}},
+                  {"passed": True, "failed": []})
+
+
+def _rebuild_reference(judged, log):
+    from variants.models import fitted_reference
+    from variants.sweep.inputs import cache_parts, load_inputs
+
+    cfg = sweep_config(judged)
+    contract, checkpoint, tasksets = load_inputs(cfg)
+    reference = run_reference(judged, cfg.resolve_model(), checkpoint, log=log)
+    if reference is None:
+        reference, _ = fitted_reference(cfg.resolve_model(), checkpoint, tasksets,
+                                        Path(cfg.results_dir) / ".cache", log=log)
+    return cfg, contract, checkpoint, tasksets, reference, reference
+
+
+def _logits_file(model, reference, tasksets, path):
+    """Run ``model`` (the ONNX Runtime stand-in) on the calibration and eval rows; write them
+    as an npz of ``ids`` and ``logits`` (N, K) float32; returns the eval logits."""
+    ids, logits = [], []
+    for split in ("calibration", "eval"):
+        ts = tasksets[split]
+        ids += [str(i) for i in ts.ids]
+        logits.append(model.raw_logits(ts))
+    np.savez(path, ids=np.array(ids), logits=np.concatenate(logits).astype(np.float32))
+    return logits[-1]
+
+
+def export_onnx(source, variant, out, allow_fail=False, log=print):
+    """Write the judged ``variant`` of ``source`` (or ``"reference"``) as an ONNX folder ``out``
+    (module docstring); returns the ``onnx.json`` dict.
+
+    Raises
+    ------
+    ExportError
+        ``out`` not empty; a family other than :data:`ONNX_FAMILIES`; a model kind the graph
+        cannot end (a marker model); a FAILED variant without ``allow_fail``.
+    ValueError
+        ONNX Runtime or the onnx package missing (naming the extra).
+    """
+    from runs.judge_file import judge_file
+    from variants.families.artifact import TOKENIZER_FILES
+    from variants.onnx.check import check_graph
+    from variants.onnx.graph import decision_graph
+    from variants.onnx.graph_bert import save
+    from variants.onnx.session import OrtModule, make_session, ort, session_record
+
+    ort()
+    out = Path(out)
+    check_out(out)
+    if variant == "reference":
+        judged = _reference_judged(source)
+        cfg, contract, ck, tasksets, reference, model = _rebuild_reference(judged, log)
+    else:
+        judged = locate(source, variant, allow_fail=allow_fail)
+        if judged.build["family"] not in ONNX_FAMILIES:
+            raise ExportError(f"{judged.name}: --format onnx exports the reference and "
+                              f"{', '.join(ONNX_FAMILIES)} variants, not the "
+                              f"{judged.build['family']} family; export it as an MLX folder "
+                              "(drop --format)")
+        cfg, contract, ck, tasksets, reference, model, _ = rebuild(judged, log=log)
+    try:
+        graph = decision_graph(model.module)
+    except ValueError as e:
+        raise ExportError(f"{judged.name}: {e}") from None
+    tmp = out.with_name(f".{out.name}.export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "judged").mkdir(parents=True)
+    try:
+        save(graph, tmp / "model.onnx")
+        session = make_session(tmp / "model.onnx")
+        kind, output = check_graph(session, reference)
+        nbytes = (tmp / "model.onnx").stat().st_size
+        ort_model = reference.replace_module(
+            OrtModule(session, output, nbytes, session_record(session)))
+        log(f"{judged.name}: judging model.onnx as ONNX Runtime runs it (calibration and eval "
+            "rows)")
+        logits_path = tmp / "judged" / "onnx_logits.npz"
+        onnx_eval = _logits_file(ort_model, reference, tasksets, logits_path)
+        name = f"{judged.name}-onnx"
+        judge_file(judged.run_dir, logits_path, name=name, force=True, log=log)
+        onnx_verdict = json.loads((judged.run_dir / name / "verdict.json").read_text())
+        mlx_eval = np.load(judged.vdir / "outputs.npz")["logits"]
+        dmax = float(np.nanmax(np.abs(onnx_eval - mlx_eval))) if mlx_eval.shape == \
+            onnx_eval.shape else None
+        shutil.copyfile(judged.run_dir / name / "verdict.json", tmp / "verdict.json")
+        if (judged.vdir / "verdict.json").exists():
+            shutil.copyfile(judged.vdir / "verdict.json", tmp / "mlx_verdict.json")
+        for f in TOKENIZER_FILES:
+            if (Path(ck.path) / f).is_file():
+                shutil.copyfile(Path(ck.path) / f, tmp / f)
+        text = _contract_text(cfg)
+        (tmp / "contract.toml").write_text(text)
+        facts = {"variant": judged.name, "family": judged.build["family"],
+                 "graph_output": output, "stands_for": kind, "onnx_bytes": nbytes,
+                 "ort": session_record(session), "judged_as": name,
+                 "onnx_verdict": {"passed": bool(onnx_verdict.get("passed")),
+                                  "failed": onnx_verdict.get("failed", [])},
+                 "mlx_verdict": {"passed": bool(judged.verdict.get("passed")),
+                                 "failed": judged.verdict.get("failed", [])},
+                 "max_abs_dlogit_vs_mlx": dmax, "n_eval": len(tasksets["eval"]),
+                 "n_calibration": len(tasksets["calibration"])}
+        (tmp / "onnx.json").write_text(json.dumps(facts, indent=2) + "\n")
+        (tmp / "README.md").write_text(card(facts))
+        files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        manifest = {"format": "onnx", "variant": judged.name,
+                    "files": {f: sha256(tmp / f) for f in files},
+                    "reference_checkpoint_sha256": ck.sha256,
+                    "data_fingerprint": tasksets["eval"].fingerprint(),
+                    "run_identity": judged.run.get("identity"),
+                    "verdict": facts["onnx_verdict"],
+                    "versions": dict(versions(), onnxruntime=ort().__version__,
+                                     onnx=__import__("onnx").__version__)}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"exported {judged.name} to {out}/model.onnx ({nbytes / 1e6:.2f} MB): ONNX Runtime "
+        f"{'PASS' if facts['onnx_verdict']['passed'] else 'FAIL'}, MLX "
+        f"{'PASS' if facts['mlx_verdict']['passed'] else 'FAIL'}, max |Δlogit| "
+        f"{dmax if dmax is not None else float('nan'):.3g}")
+    return facts
+
+
+def _contract_text(cfg):
+    from contracts.contract import PACKAGED
+
+    if cfg.contract is None or cfg.contract in PACKAGED:
+        from importlib import resources
+
+        return resources.files("contracts").joinpath(f"{cfg.contract or 'default'}.toml") \
+            .read_text()
+    return Path(cfg.contract).read_text()
+
+
+def card(f):
+    """The folder's README.md (Markdown) from its ``onnx.json`` facts."""
+    v = lambda d: "PASS" if d["passed"] else "FAIL (" + ", ".join(d["failed"]) + ")"  # noqa: E731
+    d = f["max_abs_dlogit_vs_mlx"]
+    return (f"# {f['variant']} as ONNX ({f['family']})\n\n"
+            f"`model.onnx` ({f['onnx_bytes'] / 1e6:.2f} MB), built by mlx-variants from the "
+            "judged MLX model's own arrays. Inputs `input_ids`, `attention_mask`, "
+            "`token_type_ids` (int64, batch x tokens, from the tokenizer files here); output "
+            f"`{f['graph_output']}` (the decision module's output: "
+            + ("its logits" if f["graph_output"] == "logits" else "the text embedding")
+            + ").\n\n"
+            "## Verdicts\n\n"
+            f"- **As ONNX Runtime runs this file**: {v(f['onnx_verdict'])} — its logits on the "
+            f"run's {f['n_calibration']} calibration and {f['n_eval']} eval rows "
+            "(`judged/onnx_logits.npz`) judged by `contract.toml` "
+            f"(the run's variant `{f['judged_as']}`); ONNX Runtime {f['ort']['onnxruntime']}, "
+            f"{f['ort']['graph_optimization_level']}, "
+            f"{f['ort']['intra_op_num_threads']} threads.\n"
+            f"- The MLX model it was built from: {v(f['mlx_verdict'])}; max |Δlogit| between "
+            "the two on the eval rows: " + (f"{d:.3g}" if d is not None else "n/a") + ".\n\n"
+            "## Run it\n\n```python\nimport onnxruntime as ort\nfrom tokenizers import "
+            "Tokenizer\ntok = Tokenizer.from_file(\"tokenizer.json\")\ns = ort.InferenceSession("
+            "\"model.onnx\", providers=[\"CPUExecutionProvider\"])\n```\n\n"
+            "Re-judge it anywhere with `variants sweep --family onnx --onnx model.onnx` (the "
+            "same model TOML and data), or judge a file of its logits with `variants judge RUN "
+            "--outputs FILE`.\n")
