@@ -24,6 +24,7 @@ VERBS = {
     "selftest": "runs.commands.check:configure_selftest",
     "plot": "runs.commands.plot:configure_parser",
     "compare": "runs.commands.compare:configure",
+    "judge": "runs.commands.judge:configure",
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
     "search": "variants.commands.search:configure",
