@@ -24,12 +24,12 @@ VERBS = {
     "selftest": "runs.commands.check:configure_selftest",
     "plot": "runs.commands.plot:configure_parser",
     "compare": "runs.commands.compare:configure",
-    "judge": "runs.commands.judge:configure",
     "list": "variants.commands.listing:configure",
     "sensitivity": "variants.commands.sensitivity:configure",
     "search": "variants.commands.search:configure",
     "export": "variants.commands.export:configure",
     "verify": "variants.commands.export:configure_verify",
+    "judge": "runs.commands.judge:configure",
 }
 
 

@@ -302,3 +302,20 @@ def test_recover_action_map_by_hand():
                                     np.array([[[1, 0], [0, 1], [0, 1]]], float))
     with pytest.raises(ValueError, match=r"map of 1 rows \(ids c\) cannot be told"):
         recover_action_map(tie)
+
+
+def test_judge_imports_no_mlx(fresh, tmp_path):
+    """A fresh interpreter judges a file without importing MLX (as `variants check`)."""
+    import subprocess
+    import sys
+
+    f = write(tmp_path / "ref.npz", rows_of(fresh))
+    probe = ("import json, sys\nfrom variants.cli import main\n"
+             f"code = main(['judge', {str(fresh)!r}, '--outputs', {str(f)!r}])\n"
+             "print(json.dumps({'code': code, 'mlx': [m for m in sys.modules "
+             "if m == 'mlx' or m.startswith('mlx.')]}))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"code": 0, "mlx": []}
+    assert (fresh / "outputs-ref" / "verdict.json").is_file()
