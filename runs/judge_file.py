@@ -325,10 +325,19 @@ def write(prepared, log=None):
     from runs.folder import FAMILY_TEXT
     from runs.judge import check_run
 
+    import shutil
+
     run, name, lf = prepared["run"], prepared["name"], prepared["file"]
     vdir = run.path / name
+    # written into a hidden sibling, then renamed into place: a judge killed midway leaves no
+    # half-written variant folder (RunFolder.variants skips dot folders; the next judge of this
+    # name, holding the lock as we do, removes the leftovers)
+    tmp, old = run.path / f".{name}.judging", run.path / f".{name}.replaced"
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
     for split, file in (("calibration", "calibration_outputs.npz"), ("eval", "outputs.npz")):
-        prepared["outputs"][split].save(vdir / file)
+        prepared["outputs"][split].save(tmp / file)
     lat = latency_summary(lf)
     build = {"family": FAMILY, "config": {"outputs_file": lf.path.name},
              "quality_mode": QUALITY_MODE, "bits_per_weight": None, "model_bytes": None,
@@ -339,9 +348,13 @@ def write(prepared, log=None):
               "timed_region": ("as the runtime that wrote the file timed it (per row; not in "
                                "alternation with the reference)" if lat else "none"),
               "batches": {}, "measured_elsewhere": lat}
-    write_json(vdir / "build.json", build)
-    write_json(vdir / "timing.json", timing)
-    write_text(vdir / FAMILY_TEXT, describe(build, timing) + "\n")
+    write_json(tmp / "build.json", build)
+    write_json(tmp / "timing.json", timing)
+    write_text(tmp / FAMILY_TEXT, describe(build, timing) + "\n")
+    if vdir.exists():  # the same file judged again, or another one with force
+        vdir.rename(old)
+    tmp.rename(vdir)
+    shutil.rmtree(old, ignore_errors=True)
     return check_run(run.path, contract=prepared["contract"], log=log)
 
 

@@ -107,7 +107,7 @@ def _latency(path, where, value):
 
 def _read_jsonl(path):
     ids, logits, latency = [], [], []
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:  # a BOM is not a row
         try:
             for n, line in enumerate(handle, 1):
                 if not line.strip():
@@ -267,20 +267,20 @@ def read_logits_file(path):
     Raises
     ------
     OutputsFileError
-        An unknown suffix, a file that does not parse, a row without an id or logits, a
-        latency that is not a number >= 0, or no rows at all.
-    FileNotFoundError, PermissionError, IsADirectoryError
-        As the file system raises them (``variants`` reports them in one line).
+        A missing file or a folder, an unknown suffix, a file that does not parse, a row
+        without an id or logits, a latency that is not a number >= 0, or no rows at all.
+    PermissionError
+        As the file system raises it (``variants`` reports it in one line).
     """
     path = Path(path)
+    if path.is_dir():
+        _fail(path, "is a folder", "pass the logits file itself")
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         _fail(path, f"unknown format {short_repr(path.suffix or '(no suffix)')}",
               f"pass a {', '.join(sorted(set(FORMATS)))} file")
-    if path.is_dir():
-        _fail(path, "is a folder", "pass the logits file itself")
     if not path.exists():
-        raise FileNotFoundError(2, "No such file or directory", str(path))
+        _fail(path, "not found", "pass the path of the logits file")
     ids, logits, padding, latency = {"jsonl": _read_jsonl, "parquet": _read_parquet,
                                      "npz": _read_npz}[fmt](path)
     if not ids:

@@ -254,8 +254,11 @@ def test_judged_into_the_run_compared_and_rerun_idempotently(fresh, tmp_path, ca
     files = ("outputs-endpoint/verdict.json", "outputs-endpoint/report.md", "summary.csv",
              "report.md", "check.json")
     before = {n: (fresh / n).read_bytes() for n in files}
+    (fresh / ".outputs-endpoint.judging").mkdir()  # what a judge killed midway leaves
+    (fresh / ".outputs-endpoint.judging" / "outputs.npz").write_bytes(b"half")
     assert main(["judge", str(fresh), "--outputs", str(f)]) == 0  # the same file again
     assert {n: (fresh / n).read_bytes() for n in files} == before
+    assert not (fresh / ".outputs-endpoint.judging").exists()
 
     other = write(tmp_path / "x" / "endpoint.jsonl", rows_of(fresh))  # same stem, other logits
     err = _refused(fresh, other, capsys)
@@ -319,3 +322,24 @@ def test_judge_imports_no_mlx(fresh, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"code": 0, "mlx": []}
     assert (fresh / "outputs-ref" / "verdict.json").is_file()
+
+
+def test_parquet_and_npz_problems_are_refused_in_one_line(run, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "gap.parquet"
+    pq.write_table(pa.table({"id": ["a"], "logit_0": [1.0], "logit_2": [2.0]}), f)
+    assert "logit columns logit_0, logit_2 are not logit_0 … logit_1" in _refused(run, f, capsys)
+    f = tmp_path / "objects.npz"
+    np.savez(f, ids=np.array(["a", None], dtype=object), logits=np.zeros((2, 3)))
+    assert "an array of Python objects" in _refused(run, f, capsys)
+    assert "outputs file " in _refused(run, tmp_path / "absent.jsonl", capsys)
+    rows = rows_of(run)  # a null among a row's options (padding is allowed only past them)
+    f = write(tmp_path / "nulls.wide.parquet", [(i, v) for i, v in rows])
+    t = pq.read_table(f)
+    col = t.column("logit_1").to_pylist()
+    col[3] = None
+    pq.write_table(t.set_column(2, "logit_1", pa.array(col, pa.float32())), f)
+    assert f"1 ({rows[3][0]}) rows have a null logit among their options" in \
+        _refused(run, f, capsys)
