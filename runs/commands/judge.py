@@ -3,9 +3,42 @@ reference, as one more variant of the run (no MLX; :mod:`runs.judge_file`)."""
 
 import argparse
 import sys
+import textwrap
 
 from runs.commands import EXIT_OK, EXIT_VIOLATION
 from runs.commands.args import folder
+
+#: --help text: paragraphs wrapped to 88 columns, the format list kept as laid out
+DESCRIPTION = "\n\n".join(textwrap.fill(p, 88) if not p.startswith("Formats") else p for p in (
+    "Judge decision logits produced anywhere (a serving endpoint, Core ML, ONNX Runtime, a "
+    "batch job) against RUN's reference with the same contract, as one more variant of RUN: "
+    "RUN/<name>/ (family 'outputs') gets the files a sweep variant has, and RUN's summary.csv, "
+    "report.md, report.html and check.json are rewritten (as `variants check` does), so "
+    "`variants compare RUN:q8-g64 RUN:<name>` works.",
+    "FILE answers every row of RUN's calibration and eval splits once (ids as in "
+    "RUN/reference/*.npz); missing, extra or duplicated ids, or a row whose logit count is "
+    "neither its options nor RUN's width K, are refused in one line (exit 2) before anything "
+    "is written. The eval rows are judged; the calibration rows give ε, the logit drift the "
+    "margin certificate rests on (a file of eval rows alone is refused: ε from the judged rows "
+    "would certify in-sample). Temperatures, option masks, scores and the option -> action map "
+    "are RUN's reference's, as for every variant of a sweep. Logits are raw (before "
+    "temperature), in the reference's option order, stored as float32; a row with NaN or inf "
+    "among its options fails the finite-outputs clause (as in a sweep), it is not refused.",
+    "Formats, by suffix:\n"
+    "  .jsonl    one object per line:\n"
+    "            {\"id\": \"tweet:1\", \"logits\": [-0.4, 0.1, 1.3], \"latency_ms\": 3.2}\n"
+    "  .parquet  columns id, and logits (a list per row) or logit_0 .. logit_{K-1}\n"
+    "            (null = padding past a row's options); optional latency_ms\n"
+    "  .npz      arrays ids (N,), logits (N, K), optional latency_ms (N,) (NaN = not timed)",
+    "Speed: none is measured here. latency_ms (per row, as the runtime timed it) is summarised "
+    "(p50, p95, mean) in RUN/<name>/timing.json, summary.csv and report.md, marked 'measured "
+    "elsewhere'; the speed-up columns stay empty (no strict alternation with the reference).",
+    "Rerunning with the same file rewrites the same files; another file under the same name is "
+    "refused without --force; a sweep variant's name is always refused. Holds RUN's lock (a "
+    "running sweep or check refuses it, exit 2). Exit 0 = judged (whatever the verdict), 1 = "
+    "the file's variant fails or is undecided with --fail-on-violation, or an output could not "
+    "be written, 2 = bad input."))
+
 
 
 def _judge_command(args):
@@ -31,38 +64,7 @@ def configure(sub):
     p = sub.add_parser(
         "judge", help="judge logits made by any runtime against a sweep's reference",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Judge decision logits produced anywhere (a serving endpoint, Core ML, ONNX Runtime, "
-            "a batch job) against RUN's reference with the same contract, as one more variant "
-            "of RUN: RUN/<name>/ (family 'outputs') gets the files a sweep variant has, and "
-            "RUN's summary.csv, report.md, report.html and check.json are rewritten (as "
-            "`variants check` does), so `variants compare RUN:q8-g64 RUN:<name>` works.\n\n"
-            "FILE answers every row of RUN's calibration and eval splits once (ids as in "
-            "RUN/reference/*.npz); missing, extra or duplicated ids, or a row whose logit count "
-            "is neither its options nor RUN's width K, are refused in one line (exit 2) before "
-            "anything is written. The eval rows are judged; the calibration rows give ε, the "
-            "logit drift the margin certificate rests on (a file of eval rows alone is refused: "
-            "ε from the judged rows would certify in-sample). Temperatures, option masks, "
-            "scores and the option -> action map are RUN's reference's, as for every variant "
-            "of a sweep. Logits are raw (before temperature), in the reference's option order, "
-            "stored as float32; a row with NaN or inf among its options fails the "
-            "finite-outputs clause (as in a sweep), it is not refused.\n\n"
-            "Formats, by suffix:\n"
-            "  .jsonl   one object per line: {\"id\": \"tweet:1\", \"logits\": [..], "
-            "\"latency_ms\": 3.2}\n"
-            "  .parquet columns id, logits (a list per row) or logit_0..logit_{K-1} (null = "
-            "padding past a row's options), optional latency_ms\n"
-            "  .npz     arrays ids (N,), logits (N, K), optional latency_ms (N,) (NaN = not "
-            "timed)\n\n"
-            "Speed: none is measured here. latency_ms (per row, as the runtime timed it) is "
-            "summarised (p50, p95, mean) in RUN/<name>/timing.json and the report, marked "
-            "'measured elsewhere'; the speed-up columns stay empty (no strict alternation with "
-            "the reference).\n\n"
-            "Rerunning with the same file rewrites the same files; another file under the same "
-            "name is refused without --force; a sweep variant's name is always refused. Holds "
-            "RUN's lock (a running sweep or check refuses it, exit 2). Exit 0 = judged (whatever "
-            "the verdict), 1 = the file's variant fails or is undecided with "
-            "--fail-on-violation, or an output could not be written, 2 = bad input."))
+        description=DESCRIPTION)
     p.add_argument("run_dir", metavar="RUN", type=folder,
                    help="run folder written by `variants sweep`, e.g. results/minilm-sentiment-quant-g64")
     p.add_argument("--outputs", metavar="FILE", required=True,
