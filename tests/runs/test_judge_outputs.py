@@ -308,11 +308,12 @@ def test_recover_action_map_by_hand():
 
 
 def test_judge_imports_no_mlx(fresh, tmp_path):
-    """A fresh interpreter judges a file without importing MLX (as `variants check`)."""
+    """A fresh interpreter judges a file without importing MLX (as `variants check`); its
+    report.html (rendered for real there) shows the latency measured elsewhere."""
     import subprocess
     import sys
 
-    f = write(tmp_path / "ref.npz", rows_of(fresh))
+    f = write(tmp_path / "ref.npz", rows_of(fresh), latency=np.full(80, 2.5))
     probe = ("import json, sys\nfrom variants.cli import main\n"
              f"code = main(['judge', {str(fresh)!r}, '--outputs', {str(f)!r}])\n"
              "print(json.dumps({'code': code, 'mlx': [m for m in sys.modules "
@@ -322,6 +323,9 @@ def test_judge_imports_no_mlx(fresh, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"code": 0, "mlx": []}
     assert (fresh / "outputs-ref" / "verdict.json").is_file()
+    page = (fresh / "report.html").read_text()
+    assert "<h3>Latency measured elsewhere</h3>" in page and "p50 2.50 ms measured elsewhere" in page
+    assert '<tr><td class="mono">outputs-ref</td><td class="num">2.50</td>' in page
 
 
 def test_parquet_and_npz_problems_are_refused_in_one_line(run, tmp_path, capsys):
