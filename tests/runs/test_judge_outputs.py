@@ -347,3 +347,20 @@ def test_parquet_and_npz_problems_are_refused_in_one_line(run, tmp_path, capsys)
     pq.write_table(t.set_column(2, "logit_1", pa.array(col, pa.float32())), f)
     assert f"1 ({rows[3][0]}) rows have a null logit among their options" in \
         _refused(run, f, capsys)
+
+
+def test_the_contract_is_the_one_the_run_was_judged_with(fresh, tmp_path, capsys):
+    f = write(tmp_path / "ref.jsonl", rows_of(fresh))
+    meta = json.loads((fresh / "run.json").read_text())
+    (fresh / "run.json").write_text(json.dumps(dict(meta, contract="lenient")))
+    assert prepare(fresh, f)["verdict"].contract == "lenient"
+    assert prepare(fresh, f, contract="default")["verdict"].contract == "default"
+    mine = tmp_path / "mine.toml"
+    mine.write_text((Path(__file__).parents[2] / "contracts" / "lenient.toml").read_text()
+                    .replace('name = "lenient"', 'name = "mine"'))
+    (fresh / "run.json").write_text(json.dumps(dict(meta, contract="mine", config=dict(
+        meta["config"], contract=str(mine)))))
+    assert prepare(fresh, f)["verdict"].contract == "mine"
+    mine.unlink()
+    err = _refused(fresh, f, capsys)
+    assert "was judged with contract 'mine', whose file" in err and "--contract FILE" in err
