@@ -44,9 +44,10 @@ from runs.folder import REFERENCE, CheckError, RunFolder
 from runs.outputs_file import SHOWN, OutputsFileError, read_logits_file
 from runs.report_elsewhere import OUTPUTS_FAMILY as FAMILY
 
-#: timing.json ``mode`` of such a variant (summary.csv's ``speed_mode``)
+#: timing.json ``mode`` of a variant judged from a file with latencies (summary.csv's
+#: ``speed_mode``; "not measured" without)
 SPEED_MODE = "measured elsewhere"
-#: build.json ``quality_mode`` of such a variant
+#: build.json ``quality_mode`` of a variant judged from a file
 QUALITY_MODE = "outputs file"
 #: folder names a variant may not take
 RESERVED = (REFERENCE, "plots")
