@@ -14,6 +14,7 @@ import pandas as pd
 
 from contracts.report import INTERVAL_NOTE, _ci_text
 from metrics.head_view import QUALITY, figures_text, not_applicable, summary_outputs
+from runs.report_elsewhere import elsewhere_lines
 from runs.report_facts import (cpu_text, flagged, implausible_lines, judged_lines,
                                special_only_text, unquantized_text)
 from runs.report_memory import COLD_MEMORY, COLD_NOTE, NOTE, cold_columns, held_columns
@@ -285,6 +286,7 @@ def render_report(meta, summary, details, contract, extras=None):
         lines += ["====== Timing: forward vs end to end ======", "",
                   "Rounds run / requested (why timing stopped: `rounds` = all ran, `budget` = the "
                   "wall-clock budget ran out). " + NOTE, "", tt.to_markdown(index=False), ""]
+    lines += elsewhere_lines(summary)
     ct = cold_start_table(meta, summary)
     if not ct.empty:
         lines += ["====== Cold start (fresh process) ======", "",
@@ -315,7 +317,8 @@ def render_report(meta, summary, details, contract, extras=None):
         memory = "; ".join(
             f"B={b}: allocator peak {r[f'b{b}_var_peak_memory_bytes'] / 1e6:.1f} MB "
             f"(ref {r[f'b{b}_ref_peak_memory_bytes'] / 1e6:.1f} MB), {r[f'b{b}_rounds']:.0f} "
-            f"rounds at L={r[f'b{b}_seq_len']:.0f}" for b in _batch_sizes(summary))
+            f"rounds at L={r[f'b{b}_seq_len']:.0f}" for b in _batch_sizes(summary)
+            if _present(r, f"b{b}_var_p50_ms")) or "none measured here"
         lines += [
             f"====== {name}: {verdict.word} ======",
             "",

@@ -145,9 +145,15 @@ def judged_lines(summary):
     """The report line saying which model each verdict belongs to (variants.sweep.timed_check):
     variants judged on the timed model itself; those judged in another mode whose timed build
     was checked equal on every eval row (the largest |Δlogit| and the tolerance recorded); and
-    those judged in another mode without that check (folders of an earlier version)."""
+    those judged in another mode without that check (folders of an earlier version); and
+    those judged from an outputs file (:func:`runs.report_elsewhere.judged_part`)."""
+    from runs.report_elsewhere import OUTPUTS_FAMILY, judged_part
+
     if summary is None or "quality_mode" not in summary or "speed_mode" not in summary:
         return []
+    elsewhere = judged_part(summary)
+    if "family" in summary:  # outputs files: their own part, not "an earlier version"
+        summary = summary[summary["family"] != OUTPUTS_FAMILY]
     same = summary[summary["quality_mode"] == summary["speed_mode"]]
     other = summary[summary["quality_mode"] != summary["speed_mode"]]
     d = pd.to_numeric(other.get("timed_check_max_dlogit", pd.Series(index=other.index,
@@ -170,4 +176,6 @@ def judged_lines(summary):
         parts.append(f"{len(unchecked)} judged in {unchecked['quality_mode'].iloc[0]} mode "
                      f"without a check of their timed build ({', '.join(unchecked['variant'])}: "
                      "written by an earlier version; rerun the sweep to check them)")
+    if elsewhere:
+        parts.append(elsewhere)
     return [f"- judged model = timed model: {'; '.join(parts)}"] if parts else []

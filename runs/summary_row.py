@@ -2,6 +2,7 @@
 region, cold start, verdict), which pandas reads; :mod:`runs.report` renders the tables from
 these rows."""
 
+from runs.report_elsewhere import elsewhere_cells
 from runs.report_facts import plausibility_cells, unquantized_cells
 from runs.report_memory import COLD_MEMORY, held_cells
 from runs.report_warmth import cold_cells
@@ -45,6 +46,7 @@ def summary_row(name, build, summary, verdict, timing):
                         p + "var_peak_over_active_bytes": t.get("var_peak_over_active_bytes"),
                         p + "ref_peak_over_active_bytes": t.get("ref_peak_over_active_bytes"),
                         **held_cells(p, t), **cold_cells(p, t), **plausibility_cells(p, t)})
+    row.update(elsewhere_cells(timing))  # latency an outputs file reports (variants judge)
     mb = timing.get("model_bytes") or {}
     row["timed_model_bytes"] = mb.get("variant")
     row["timed_ref_model_bytes"] = mb.get("reference")

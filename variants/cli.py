@@ -29,6 +29,7 @@ VERBS = {
     "search": "variants.commands.search:configure",
     "export": "variants.commands.export:configure",
     "verify": "variants.commands.export:configure_verify",
+    "judge": "runs.commands.judge:configure",
 }
 
 

@@ -1,5 +1,5 @@
 """The commands that only read and write results folders: ``check``, ``selftest``, ``plot``,
-``compare``.
+``compare``, ``judge``.
 
 Each module adds its subcommand to an argparse subparsers object (``configure_*``) and holds its
 handler; none imports MLX. Exit codes (shared by every ``variants`` command): 0 done, 1 a

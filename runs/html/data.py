@@ -229,7 +229,11 @@ def _int8_text(rec):
 def judged_text(build, speed_mode):
     """Which model variant's verdict belongs to (build.json's ``quality_mode`` and
     ``timed_check``, variants/sweep/timed_check.py): one phrase for the report page."""
+    from runs.report_elsewhere import OUTPUTS_FAMILY
+
     mode, check = build.get("quality_mode"), build.get("timed_check") or {}
+    if build.get("family") == OUTPUTS_FAMILY:
+        return "logits from an outputs file (made by another runtime; not timed here)"
     if mode == speed_mode or check.get("same_model"):
         return f"the timed ({speed_mode}) model itself"
     if "max_abs_dlogit" in check:

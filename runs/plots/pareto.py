@@ -105,8 +105,9 @@ def pareto_view(run, batch_size):
     families = sorted(s["family"].astype(str).unique())
     colors = _palette(families)
     with _style():
+        timed = s.loc[s[col].notna()] if s[col].notna().any() else s  # not an outputs file's
         fig = _figure(run, f"Pareto view at batch size {batch_size} "
-                           f"({run.summary.get('speed_mode', pd.Series(['?'])).iloc[0]} speed)",
+                           f"({timed.get('speed_mode', pd.Series(['?'])).iloc[0]} speed)",
                       2, 2, width=5.0, height=3.4)
         axes = fig.subplots(2, 2).ravel()
         for ax, (metric, ylabel, higher, ref_value, threshold) in zip(axes, _panels(run)):
