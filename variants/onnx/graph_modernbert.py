@@ -108,41 +108,46 @@ def _embedding_table(emb, path):
 
 
 def _rope(g, length, theta, head_dim, hint):
-    """(cos, sin_signed), each (L, 1, head_dim): rotary tables of positions 0..L-1 with the sign
-    of rotate_half folded into sin (x·cos + swap_halves(x)·sin_signed = HF's rotary)."""
+    """(cos, sin), each (L, head_dim) float32: rotary tables of positions 0..L-1 at ``theta``
+    (angles in float32 as :func:`variants.arch.modernbert_layers.rope_tables`)."""
     freq = np.array(inv_freq(theta, head_dim))
     inv2 = np.concatenate([freq, freq])[None, :].astype(np.float32)  # (1, head_dim)
     pos = g.node("Cast", [g.node("Range", [g.const(np.array(0, np.int64)), length,
                                            g.const(np.array(1, np.int64))])], to=1)
     ang = g.node("Mul", [g.node("Unsqueeze", [pos, g.const(np.array([1], np.int64))]),
                          g.const(inv2, hint + ".inv_freq")])  # (L, head_dim)
-    ang = g.node("Unsqueeze", [ang, g.const(np.array([1], np.int64))])  # (L, 1, head_dim)
+    return g.node("Cos", [ang], hint), g.node("Sin", [ang], hint)
+
+
+def _rotate_half(head_dim):
+    """(head_dim, head_dim) float32 R with x @ R = rotate_half(x) = concat(-x2, x1): one ±1 a
+    column, so the product is exact (a MatMul by R runs faster in ONNX Runtime than a
+    ``Gather`` or ``Split`` + ``Concat`` on the last axis)."""
     h = head_dim // 2
-    sign = np.concatenate([-np.ones(h), np.ones(h)]).astype(np.float32)
-    return g.node("Cos", [ang], hint), g.node("Mul", [g.node("Sin", [ang]), g.const(sign)], hint)
+    r = np.zeros((head_dim, head_dim), np.float32)
+    r[np.arange(h, head_dim), np.arange(h)] = -1.0
+    r[np.arange(h), np.arange(h, head_dim)] = 1.0
+    return r
 
 
-def _rotary(g, x, cos, sin, swap):
-    """x (B, L, H, hd) -> x·cos + x[..., swap]·sin."""
-    xs = g.node("Gather", [x, swap], axis=3)
-    return g.node("Add", [g.node("Mul", [x, cos]), g.node("Mul", [xs, sin])])
-
-
-def _attention(g, x, attn, bias, rope, shapes, path):
+def _attention(g, x, attn, bias, rope, consts, path):
+    """Pre-normed ``x`` (B, L, D) -> attention output (B, L, D): q and k rotated together,
+    scores = q kᵀ · scale + bias, softmax over keys, ``Wo``."""
     qkv = linear_node(g, x, attn.Wqkv, path + ".Wqkv")
-    q, k, v = g.node("Split", [qkv], path + ".qkv", outputs=3, axis=-1, num_outputs=3)
-    q, k, v = (g.node("Reshape", [t, shapes["bl_h_hd"]]) for t in (q, k, v))  # (B, L, H, hd)
+    qkv = g.node("Reshape", [qkv, consts["qkv_shape"]])  # (B, L, 3, H, hd)
+    qkv = g.node("Transpose", [qkv], path + ".qkv", perm=[2, 0, 3, 1, 4])  # (3, B, H, L, hd)
+    qk, v = g.node("Split", [qkv, consts["split_qk_v"]], outputs=2, axis=0)
     cos, sin = rope
-    q = g.node("Mul", [_rotary(g, q, cos, sin, shapes["swap"]),
-                       g.const(np.array(attn.scale, np.float32))])
-    k = _rotary(g, k, cos, sin, shapes["swap"])
-    q = g.node("Transpose", [q], perm=[0, 2, 1, 3])  # (B, H, L, hd)
-    k = g.node("Transpose", [k], perm=[0, 2, 3, 1])  # (B, H, hd, L)
-    v = g.node("Transpose", [v], perm=[0, 2, 1, 3])
-    scores = g.node("Add", [g.node("MatMul", [q, k], path + ".scores"), bias])
-    probs = g.node("Softmax", [scores], path + ".probs", axis=-1)
-    out = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
-    out = g.node("Reshape", [out, shapes["bl_d"]])
+    rot = g.node("MatMul", [qk, consts["rotate_half"]])
+    qk = g.node("Add", [g.node("Mul", [qk, cos]), g.node("Mul", [rot, sin])], path + ".rope")
+    q, k = g.node("Split", [qk], outputs=2, axis=0, num_outputs=2)
+    q, k, v = (g.node("Squeeze", [t, consts["axis0"]]) for t in (q, k, v))  # (B, H, L, hd)
+    kt = g.node("Transpose", [k], perm=[0, 1, 3, 2])
+    scores = g.node("Mul", [g.node("MatMul", [q, kt]), g.const(np.array(attn.scale, np.float32))],
+                    path + ".scores")
+    probs = g.node("Softmax", [g.node("Add", [scores, bias])], path + ".probs", axis=-1)
+    out = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])  # (B, L, H, hd)
+    out = g.node("Reshape", [out, consts["bld_shape"]])
     return linear_node(g, out, attn.Wo, path + ".Wo")
 
 
@@ -204,10 +209,10 @@ def encoder_graph(encoder, token_type_ids=False):
     zero = g.const(np.array([0], np.int64))
     length = g.node("Squeeze", [g.node("Gather", [shape, g.const(np.array([1], np.int64))]),
                                 zero], "length")
-    shapes = {"bl_h_hd": g.const(np.array([0, 0, heads, hd], np.int64), "shape_blhd"),
-              "bl_d": g.const(np.array([0, 0, D], np.int64), "shape_bld"),
-              "swap": g.const(np.concatenate([np.arange(hd // 2, hd), np.arange(hd // 2)])
-                              .astype(np.int64), "rotate_half")}
+    consts = {"qkv_shape": g.const(np.array([0, 0, 3, heads, hd], np.int64), "qkv_shape"),
+              "bld_shape": g.const(np.array([0, 0, D], np.int64), "bld_shape"),
+              "split_qk_v": g.const(np.array([2, 1], np.int64), "split_qk_v"),
+              "axis0": zero, "rotate_half": g.const(_rotate_half(hd), "rotate_half")}
     table = _embedding_table(encoder.embeddings.tok_embeddings, "embeddings.tok_embeddings")
     x = g.node("Gather", [g.const(table, "embeddings.tok_embeddings.weight"), "input_ids"],
                "embeddings", axis=0)
@@ -219,7 +224,7 @@ def encoder_graph(encoder, token_type_ids=False):
         p = f"layers.{i}"
         h = _layer_norm(g, x, layer.attn_norm, p + ".attn_norm")
         a = _attention(g, h, layer.attn, glob if layer.is_global else local,
-                       ropes[bool(layer.is_global)], shapes, p + ".attn")
+                       ropes[bool(layer.is_global)], consts, p + ".attn")
         x = g.node("Add", [x, a], p + ".attn_out")
         h = _layer_norm(g, x, layer.mlp_norm, p + ".mlp_norm")
         x = g.node("Add", [x, _mlp(g, h, layer.mlp, p + ".mlp")], p + ".out")
