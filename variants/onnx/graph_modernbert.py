@@ -1,6 +1,7 @@
 """The ONNX graph of a ModernBERT encoder (Warner et al. 2024; the MLX module
 :class:`variants.arch.modernbert.ModernBertEncoder`), built from its weights with the ``onnx``
-package (no PyTorch), standard ONNX operators only (opset 21).
+package (no PyTorch): standard ONNX operators (opset 21), plus ONNX Runtime's
+``com.microsoft.MatMulNBits`` for 2- and 4-bit quantized Linears.
 
 What the graph computes, op for op as the MLX module (:mod:`variants.arch.modernbert_layers`):
 token embeddings (``Gather``) -> ``LayerNormalization``; per layer, pre-norm (layer 0's
@@ -20,91 +21,47 @@ graph the BERT inputs); Hugging Face / Optimum ModernBERT exports take the same 
 Output ``last_hidden_state`` float32 (batch, sequence, hidden_size): the MLX forward's
 ``last_hidden`` on the real positions (padded positions hold finite values of no meaning).
 
-Each Linear goes through :func:`linear_node`: an ``nn.Linear`` becomes ``MatMul`` (+ ``Add``).
+Every Linear goes through :func:`variants.onnx.linear_nodes.linear` and the token table through
+:func:`variants.onnx.embedding_nodes.embedding`, so the reference and its quant (``MatMulNBits``
+or in-graph dequantization), W8A8 (``MatMulInteger``), low-rank and AWQ variants export alike;
+a module kind they do not take raises ValueError naming its path.
 """
 
-import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from variants.arch.encoder import MASK_BIAS
 from variants.arch.modernbert import ModernBertEncoder
 from variants.arch.modernbert_layers import inv_freq
+from variants.onnx.builder import FLOAT, INT64, OPSET, Graph
+from variants.onnx.embedding_nodes import embedding
+from variants.onnx.linear_nodes import linear
 
-__all__ = ["OPSET", "encoder_graph"]
+__all__ = ["INPUTS", "OPSET", "OUTPUT", "encoder_graph"]
 
-#: ONNX opset of the graph (``Gelu`` needs 20; ``LayerNormalization`` 17).
-OPSET = 21
+#: the graph's inputs (int64, (batch, sequence)); ``token_type_ids`` only when asked
+INPUTS = ("input_ids", "attention_mask")
+OUTPUT = "last_hidden_state"
 #: the activation names of :data:`variants.arch.encoder.ACTIVATIONS` -> (op, attributes)
-_ACTIVATIONS = {"gelu": ("Gelu", {"approximate": "none"}),
-                "gelu_exact": ("Gelu", {"approximate": "none"}),
-                "gelu_new": ("Gelu", {"approximate": "tanh"}),
-                "gelu_pytorch_tanh": ("Gelu", {"approximate": "tanh"}),
-                "relu": ("Relu", {})}
+ACTIVATION_OPS = {"gelu": ("Gelu", {}), "gelu_exact": ("Gelu", {}),
+                  "gelu_new": ("Gelu", {"approximate": "tanh"}),
+                  "gelu_pytorch_tanh": ("Gelu", {"approximate": "tanh"}), "relu": ("Relu", {})}
 
 
-class _Graph:
-    """A minimal graph builder: ``node`` appends one node and returns its output name(s);
-    ``const`` adds an initializer."""
+def _layer_norm(g, x, norm, name):
+    """``LayerNormalization`` over the last axis with ``norm``'s weight and, where it has one,
+    bias (``norm_bias: false`` checkpoints have none); ``nn.Identity`` (layer 0's
+    ``attn_norm``) passes ``x`` through."""
+    import mlx.nn as nn
 
-    def __init__(self):
-        self.nodes, self.inits, self._n = [], [], 0
-
-    def fresh(self, hint):
-        self._n += 1
-        return f"{hint}_{self._n}"
-
-    def const(self, array, hint="c"):
-        import onnx.numpy_helper as nh
-
-        name = self.fresh(hint)
-        self.inits.append(nh.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def node(self, op, inputs, hint=None, outputs=1, **attrs):
-        from onnx import helper
-
-        outs = [self.fresh(hint or op.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op, list(inputs), outs, **attrs))
-        return outs[0] if outputs == 1 else outs
-
-
-def _weight(module, name):
-    w = getattr(module, name, None) if name in module else None
-    return None if w is None else np.array(w.astype(mx.float32))
-
-
-def linear_node(g, x, module, path):
-    """``module`` (an ``nn.Linear``, path ``path``) applied to ``x`` (..., in) -> (..., out).
-    Raises ValueError for another Linear type."""
-    if type(module) is not nn.Linear:
-        raise ValueError(f"{path} is a {type(module).__name__}: the ModernBERT ONNX graph takes "
-                         "nn.Linear layers; export the fp32 reference")
-    y = g.node("MatMul", [x, g.const(_weight(module, "weight").T, path + ".weight")], path)
-    b = _weight(module, "bias")
-    return y if b is None else g.node("Add", [y, g.const(b, path + ".bias")], path)
-
-
-def _layer_norm(g, x, norm, path):
     if isinstance(norm, nn.Identity):
         return x
-    d = norm.dims if hasattr(norm, "dims") else None
-    w = _weight(norm, "weight")
-    b = _weight(norm, "bias")
-    if w is None:
-        w = np.ones(d, np.float32)
-    ins = [x, g.const(w, path + ".weight")] + ([g.const(b, path + ".bias")] if b is not None else [])
-    return g.node("LayerNormalization", ins, path, axis=-1, epsilon=float(norm.eps))
-
-
-def _embedding_table(emb, path):
-    if type(emb) is nn.Embedding:
-        return np.array(emb.weight.astype(mx.float32))
-    if isinstance(emb, nn.QuantizedEmbedding):  # the table MLX gathers rows from, dequantized
-        ids = mx.arange(emb.num_embeddings)
-        return np.array(emb(ids).astype(mx.float32))
-    raise ValueError(f"{path} is a {type(emb).__name__}: the ModernBERT ONNX graph takes "
-                     "nn.Embedding or nn.QuantizedEmbedding")
+    if "weight" not in norm:
+        raise ValueError(f"{name}: a LayerNorm without weight; the ModernBERT graph needs "
+                         "nn.LayerNorm's default affine=True")
+    ins = [x, g.const(np.array(norm["weight"], np.float32), f"{name}.weight")]
+    if "bias" in norm:
+        ins.append(g.const(np.array(norm["bias"], np.float32), f"{name}.bias"))
+    return g.op("LayerNormalization", ins, f"{name}/out", axis=-1, epsilon=float(norm.eps))
 
 
 def _rope(g, length, theta, head_dim, hint):
@@ -112,11 +69,11 @@ def _rope(g, length, theta, head_dim, hint):
     (angles in float32 as :func:`variants.arch.modernbert_layers.rope_tables`)."""
     freq = np.array(inv_freq(theta, head_dim))
     inv2 = np.concatenate([freq, freq])[None, :].astype(np.float32)  # (1, head_dim)
-    pos = g.node("Cast", [g.node("Range", [g.const(np.array(0, np.int64)), length,
-                                           g.const(np.array(1, np.int64))])], to=1)
-    ang = g.node("Mul", [g.node("Unsqueeze", [pos, g.const(np.array([1], np.int64))]),
-                         g.const(inv2, hint + ".inv_freq")])  # (L, head_dim)
-    return g.node("Cos", [ang], hint), g.node("Sin", [ang], hint)
+    pos = g.op("Cast", [g.op("Range", [g.scalar(0, np.int64), length, g.scalar(1, np.int64)],
+                             f"{hint}/positions")], f"{hint}/positions_f32", to=FLOAT)
+    ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.ints([1])], f"{hint}/column"),
+                       g.const(inv2, f"{hint}.inv_freq")], f"{hint}/angles")  # (L, head_dim)
+    return g.op("Cos", [ang], f"{hint}/cos"), g.op("Sin", [ang], f"{hint}/sin")
 
 
 def _rotate_half(head_dim):
@@ -130,114 +87,132 @@ def _rotate_half(head_dim):
     return r
 
 
-def _attention(g, x, attn, bias, rope, consts, path):
-    """Pre-normed ``x`` (B, L, D) -> attention output (B, L, D): q and k rotated together,
-    scores = q kᵀ · scale + bias, softmax over keys, ``Wo``."""
-    qkv = linear_node(g, x, attn.Wqkv, path + ".Wqkv")
-    qkv = g.node("Reshape", [qkv, consts["qkv_shape"]])  # (B, L, 3, H, hd)
-    qkv = g.node("Transpose", [qkv], path + ".qkv", perm=[2, 0, 3, 1, 4])  # (3, B, H, L, hd)
-    qk, v = g.node("Split", [qkv, consts["split_qk_v"]], outputs=2, axis=0)
+def _attention(g, x, attn, bias, rope, name, int8):
+    """Pre-normed ``x`` (B, L, D) -> attention output (B, L, D): q and k rotated together
+    (x·cos + rotate_half(x)·sin), scores = q kᵀ · scale + bias, softmax over the keys,
+    ``Wo``."""
+    H, d = attn.n_heads, attn.head_dim
+    qkv = linear(g, x, attn.Wqkv, f"{name}.Wqkv", int8=int8)
+    qkv = g.op("Reshape", [qkv, g.ints([0, 0, 3, H, d])], f"{name}/qkv5")  # (B, L, 3, H, d)
+    qkv = g.op("Transpose", [qkv], f"{name}/qkv", perm=[2, 0, 3, 1, 4])  # (3, B, H, L, d)
+    qk, v = g.op("Split", [qkv, g.ints([2, 1])], f"{name}/split", outputs=2, axis=0)
     cos, sin = rope
-    rot = g.node("MatMul", [qk, consts["rotate_half"]])
-    qk = g.node("Add", [g.node("Mul", [qk, cos]), g.node("Mul", [rot, sin])], path + ".rope")
-    q, k = g.node("Split", [qk], outputs=2, axis=0, num_outputs=2)
-    q, k, v = (g.node("Squeeze", [t, consts["axis0"]]) for t in (q, k, v))  # (B, H, L, hd)
-    kt = g.node("Transpose", [k], perm=[0, 1, 3, 2])
-    scores = g.node("Mul", [g.node("MatMul", [q, kt]), g.const(np.array(attn.scale, np.float32))],
-                    path + ".scores")
-    probs = g.node("Softmax", [g.node("Add", [scores, bias])], path + ".probs", axis=-1)
-    out = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])  # (B, L, H, hd)
-    out = g.node("Reshape", [out, consts["bld_shape"]])
-    return linear_node(g, out, attn.Wo, path + ".Wo")
+    rot = g.op("MatMul", [qk, g.const(_rotate_half(d), "rotate_half", share=True)],
+               f"{name}/rotate_half")
+    qk = g.op("Add", [g.op("Mul", [qk, cos], f"{name}/qk_cos"),
+                      g.op("Mul", [rot, sin], f"{name}/qk_sin")], f"{name}/qk_rope")
+    q, k = g.op("Split", [qk], f"{name}/split_qk", outputs=2, axis=0, num_outputs=2)
+    q, k, v = (g.op("Squeeze", [t, g.ints([0])], f"{name}/{n}")  # (B, H, L, d)
+               for t, n in ((q, "q"), (k, "k"), (v, "v")))
+    kt = g.op("Transpose", [k], f"{name}/kt", perm=[0, 1, 3, 2])
+    scores = g.op("Mul", [g.op("MatMul", [q, kt], f"{name}/qk"),
+                          g.scalar(attn.scale)], f"{name}/scores0")
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], f"{name}/scores")], f"{name}/probs",
+                 axis=-1)
+    out = g.op("Transpose", [g.op("MatMul", [probs, v], f"{name}/ctx_h")], f"{name}/ctx_t",
+               perm=[0, 2, 1, 3])  # (B, L, H, d)
+    out = g.op("Reshape", [out, g.ints([0, 0, H * d])], f"{name}/ctx")
+    return linear(g, out, attn.Wo, f"{name}.Wo", int8=int8)
 
 
-def _mlp(g, x, mlp, path):
-    h = linear_node(g, x, mlp.Wi, path + ".Wi")
-    inp, gate = g.node("Split", [h], path + ".Wi_split", outputs=2, axis=-1, num_outputs=2)
-    op, attrs = _ACTIVATIONS[mlp.hidden_activation]
-    act = g.node(op, [inp], path + ".act", **attrs)
-    return linear_node(g, g.node("Mul", [act, gate]), mlp.Wo, path + ".Wo")
+def _mlp(g, x, mlp, name, int8):
+    """GeGLU: ``Wo``(act(input) · gate) with input | gate the two halves of ``Wi``(x)."""
+    if mlp.hidden_activation not in ACTIVATION_OPS:
+        raise ValueError(f"{name}: activation {mlp.hidden_activation!r} has no ONNX form here; "
+                         f"the activations are {sorted(ACTIVATION_OPS)}")
+    h = linear(g, x, mlp.Wi, f"{name}.Wi", int8=int8)
+    inp, gate = g.op("Split", [h], f"{name}/Wi_split", outputs=2, axis=-1, num_outputs=2)
+    op, attrs = ACTIVATION_OPS[mlp.hidden_activation]
+    act = g.op(op, [inp], f"{name}/act", **attrs)
+    return linear(g, g.op("Mul", [act, gate], f"{name}/glu"), mlp.Wo, f"{name}.Wo", int8=int8)
 
 
 def _masks(g, mask, length, half):
-    """(global (B, 1, 1, L), local (B, 1, L, L)) additive biases, MASK_BIAS where masked."""
-    m = g.node("Cast", [mask], to=1)
-    key = g.node("Mul", [g.node("Sub", [g.const(np.array(1.0, np.float32)), m]),
-                         g.const(np.array(MASK_BIAS, np.float32))])
-    glob = g.node("Unsqueeze", [key, g.const(np.array([1, 2], np.int64))], "global_bias")
-    pos = g.node("Range", [g.const(np.array(0, np.int64)), length,
-                           g.const(np.array(1, np.int64))])
-    rows = g.node("Unsqueeze", [pos, g.const(np.array([1], np.int64))])
-    dist = g.node("Abs", [g.node("Sub", [rows, pos])])  # (L, L)
-    far = g.node("Greater", [dist, g.const(np.array(half, np.int64))])
-    local = g.node("Where", [far, g.const(np.array(MASK_BIAS, np.float32)), glob], "local_bias")
-    return glob, local
+    """(global (B, 1, 1, L), local (B, 1, L, L)) additive biases, MASK_BIAS where masked: the
+    padded keys; locally also every key with |q - k| > ``half``."""
+    m = g.op("Cast", [mask], "mask/f32", to=FLOAT)
+    key = g.op("Mul", [g.op("Sub", [g.scalar(1.0), m], "mask/padding"), g.scalar(MASK_BIAS)],
+               "mask/bias")
+    glob = g.op("Unsqueeze", [key, g.ints([1, 2])], "global_bias")
+    pos = g.op("Range", [g.scalar(0, np.int64), length, g.scalar(1, np.int64)], "window/pos")
+    rows = g.op("Unsqueeze", [pos, g.ints([1])], "window/rows")
+    dist = g.op("Abs", [g.op("Sub", [rows, pos], "window/offset")], "window/distance")  # (L, L)
+    far = g.op("Greater", [dist, g.scalar(half, np.int64)], "window/far")
+    return glob, g.op("Where", [far, g.scalar(MASK_BIAS), glob], "local_bias")
 
 
-def encoder_graph(encoder, token_type_ids=False):
-    """The ONNX model of ``encoder`` (a :class:`variants.arch.modernbert.ModernBertEncoder`).
+def _check(encoder):
+    from variants.arch.modernbert_layers import ModernBertLayer
+
+    if not isinstance(encoder, ModernBertEncoder):
+        raise ValueError(f"this encoder_graph builds ModernBertEncoder, not "
+                         f"{type(encoder).__name__}; the BERT family has "
+                         "variants.onnx.graph_bert")
+    for i, layer in enumerate(encoder.layers):
+        if type(layer) is not ModernBertLayer:
+            raise ValueError(f"encoder.layers.{i} is a {type(layer).__name__}, not the "
+                             "ModernBertLayer the graph builds; export the variant's "
+                             "reference-shaped form or another family")
+
+
+def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernbert-encoder"):
+    """The ``onnx.ModelProto`` of ``encoder`` (module docstring).
 
     Parameters
     ----------
-    encoder : ModernBertEncoder
-        Its weights are copied into the graph (float32 initializers).
+    encoder : variants.arch.modernbert.ModernBertEncoder
+        The reference or a variant's encoder (its Linears and token table of any kind
+        :func:`variants.onnx.linear_nodes.linear` / :func:`variants.onnx.embedding_nodes.embedding`
+        handle); read, not changed.
     token_type_ids : bool, default False
-        Add an int64 (batch, sequence) ``token_type_ids`` input the graph ignores.
+        Add an int64 (batch, sequence) ``token_type_ids`` input the graph ignores (ModernBERT
+        has none; for a runner that feeds every graph BERT's three inputs).
+    int8 : {"u8u8", "u8s8"}
+        How W8A8 layers store their weight (:mod:`variants.onnx.linear_nodes`).
+    name : str
+        The graph's name.
 
     Returns
     -------
     onnx.ModelProto
-        Opset :data:`OPSET`; inputs ``input_ids``, ``attention_mask`` (int64, (batch,
-        sequence)); output ``last_hidden_state`` float32 (batch, sequence, hidden_size).
+        Opset :data:`OPSET` (plus ``com.microsoft`` when a MatMulNBits layer is in it), IR
+        version 10; inputs :data:`INPUTS` int64 (batch, sequence), output :data:`OUTPUT`
+        float32 (batch, sequence, hidden_size).
 
     Raises
     ------
     ValueError
-        ``encoder`` is not a ModernBERT encoder, or holds a layer type the graph does not take
-        (one line naming the layer).
+        Not a ModernBertEncoder, a layer, Linear, table or activation with no ONNX form here,
+        an unknown ``int8`` scheme: one line naming the module and the fix.
     """
-    from onnx import TensorProto, checker, helper
-
-    if not isinstance(encoder, ModernBertEncoder):
-        raise ValueError(f"encoder_graph takes a ModernBertEncoder, not a "
-                         f"{type(encoder).__name__}; pass the checkpoint's encoder")
+    _check(encoder)
     args = encoder.args
-    D, heads = args.hidden_size, args.num_attention_heads
-    hd = D // heads
-    g = _Graph()
-    shape = g.node("Shape", ["input_ids"])
-    zero = g.const(np.array([0], np.int64))
-    length = g.node("Squeeze", [g.node("Gather", [shape, g.const(np.array([1], np.int64))]),
-                                zero], "length")
-    consts = {"qkv_shape": g.const(np.array([0, 0, 3, heads, hd], np.int64), "qkv_shape"),
-              "bld_shape": g.const(np.array([0, 0, D], np.int64), "bld_shape"),
-              "split_qk_v": g.const(np.array([2, 1], np.int64), "split_qk_v"),
-              "axis0": zero, "rotate_half": g.const(_rotate_half(hd), "rotate_half")}
-    table = _embedding_table(encoder.embeddings.tok_embeddings, "embeddings.tok_embeddings")
-    x = g.node("Gather", [g.const(table, "embeddings.tok_embeddings.weight"), "input_ids"],
-               "embeddings", axis=0)
-    x = _layer_norm(g, x, encoder.embeddings.norm, "embeddings.norm")
-    glob, local = _masks(g, "attention_mask", length, args.local_attention // 2)
+    g = Graph(name)
+    axes = ["batch", "sequence"]
+    ids, mask = (g.input(n, INT64, axes) for n in INPUTS)
+    if token_type_ids:
+        g.input("token_type_ids", INT64, axes)
+    length = g.op("Gather", [g.op("Shape", [ids], "length/shape"), g.scalar(1, np.int64)],
+                  "length")
+    emb = "encoder.embeddings"
+    x = embedding(g, ids, encoder.embeddings.tok_embeddings, f"{emb}.tok_embeddings")
+    x = _layer_norm(g, x, encoder.embeddings.norm, f"{emb}.norm")
+    glob, local = _masks(g, mask, length, args.local_attention // 2)
+    hd = args.hidden_size // args.num_attention_heads
     ropes = {True: _rope(g, length, args.global_rope_theta, hd, "rope_global"),
              False: _rope(g, length, args.local_rope_theta, hd, "rope_local")}
     for i, layer in enumerate(encoder.layers):
-        p = f"layers.{i}"
-        h = _layer_norm(g, x, layer.attn_norm, p + ".attn_norm")
-        a = _attention(g, h, layer.attn, glob if layer.is_global else local,
-                       ropes[bool(layer.is_global)], consts, p + ".attn")
-        x = g.node("Add", [x, a], p + ".attn_out")
-        h = _layer_norm(g, x, layer.mlp_norm, p + ".mlp_norm")
-        x = g.node("Add", [x, _mlp(g, h, layer.mlp, p + ".mlp")], p + ".out")
-    y = _layer_norm(g, x, encoder.final_norm, "final_norm")
-    g.nodes.append(helper.make_node("Identity", [y], ["last_hidden_state"]))
-    dims = ["batch", "sequence"]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, dims)
-              for n in ("input_ids", "attention_mask")
-              + (("token_type_ids",) if token_type_ids else ())]
-    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, dims + [D])
-    graph = helper.make_graph(g.nodes, "modernbert_encoder", inputs, [out], g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="mlx-variants")
-    model.ir_version = 10
-    checker.check_model(model)
-    return model
+        p = f"encoder.layers.{i}"
+        kind = bool(layer.is_global)
+        h = _layer_norm(g, x, layer.attn_norm, f"{p}.attn_norm")
+        a = _attention(g, h, layer.attn, glob if kind else local, ropes[kind], f"{p}.attn", int8)
+        x = g.op("Add", [x, a], f"{p}/attn_res")
+        h = _layer_norm(g, x, layer.mlp_norm, f"{p}.mlp_norm")
+        x = g.op("Add", [x, _mlp(g, h, layer.mlp, f"{p}.mlp", int8)], f"{p}/mlp_res")
+    x = _layer_norm(g, x, encoder.final_norm, "encoder.final_norm")
+    g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
+    kinds = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
+    return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
+        "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
+        "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
+        "local_attention": args.local_attention, "layer_kinds": kinds})
