@@ -121,6 +121,8 @@ def test_graph_interface(built):
     assert out.name == "last_hidden_state" and out.type.tensor_type.elem_type == 1
     assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == \
         ["batch", "sequence", ck.args.hidden_size]
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["layer_kinds"] == "gllgll" and meta["local_attention"] == "128"
     with_types = encoder_graph(ck.encoder, token_type_ids=True)
     assert [i.name for i in with_types.graph.input] == ["input_ids", "attention_mask",
                                                         "token_type_ids"]

@@ -47,6 +47,13 @@ ACTIVATION_OPS = {"gelu": ("Gelu", {}), "gelu_exact": ("Gelu", {}),
                   "gelu_pytorch_tanh": ("Gelu", {"approximate": "tanh"}), "relu": ("Relu", {})}
 
 
+def _f32(a):
+    """An MLX array (any float dtype) as a float32 NumPy array."""
+    import mlx.core as mx
+
+    return np.array(a.astype(mx.float32))
+
+
 def _layer_norm(g, x, norm, name):
     """``LayerNormalization`` over the last axis with ``norm``'s weight and, where it has one,
     bias (``norm_bias: false`` checkpoints have none); ``nn.Identity`` (layer 0's
@@ -58,9 +65,9 @@ def _layer_norm(g, x, norm, name):
     if "weight" not in norm:
         raise ValueError(f"{name}: a LayerNorm without weight; the ModernBERT graph needs "
                          "nn.LayerNorm's default affine=True")
-    ins = [x, g.const(np.array(norm["weight"], np.float32), f"{name}.weight")]
+    ins = [x, g.const(_f32(norm["weight"]), f"{name}.weight")]
     if "bias" in norm:
-        ins.append(g.const(np.array(norm["bias"], np.float32), f"{name}.bias"))
+        ins.append(g.const(_f32(norm["bias"]), f"{name}.bias"))
     return g.op("LayerNormalization", ins, f"{name}/out", axis=-1, epsilon=float(norm.eps))
 
 
@@ -127,18 +134,22 @@ def _mlp(g, x, mlp, name, int8):
     return linear(g, g.op("Mul", [act, gate], f"{name}/glu"), mlp.Wo, f"{name}.Wo", int8=int8)
 
 
-def _masks(g, mask, length, half):
-    """(global (B, 1, 1, L), local (B, 1, L, L)) additive biases, MASK_BIAS where masked: the
-    padded keys; locally also every key with |q - k| > ``half``."""
+def _global_bias(g, mask):
+    """(B, 1, 1, L) additive key bias: MASK_BIAS on the padded keys, else 0."""
     m = g.op("Cast", [mask], "mask/f32", to=FLOAT)
     key = g.op("Mul", [g.op("Sub", [g.scalar(1.0), m], "mask/padding"), g.scalar(MASK_BIAS)],
                "mask/bias")
-    glob = g.op("Unsqueeze", [key, g.ints([1, 2])], "global_bias")
+    return g.op("Unsqueeze", [key, g.ints([1, 2])], "global_bias")
+
+
+def _local_bias(g, glob, length, half):
+    """(B, 1, L, L) additive bias of the local layers: ``glob`` plus MASK_BIAS on every key
+    with |q - k| > ``half`` (= where it is, MASK_BIAS, as the MLX module)."""
     pos = g.op("Range", [g.scalar(0, np.int64), length, g.scalar(1, np.int64)], "window/pos")
     rows = g.op("Unsqueeze", [pos, g.ints([1])], "window/rows")
     dist = g.op("Abs", [g.op("Sub", [rows, pos], "window/offset")], "window/distance")  # (L, L)
     far = g.op("Greater", [dist, g.scalar(half, np.int64)], "window/far")
-    return glob, g.op("Where", [far, g.scalar(MASK_BIAS), glob], "local_bias")
+    return g.op("Where", [far, g.scalar(MASK_BIAS), glob], "local_bias")
 
 
 def _check(encoder):
@@ -197,22 +208,25 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
     emb = "encoder.embeddings"
     x = embedding(g, ids, encoder.embeddings.tok_embeddings, f"{emb}.tok_embeddings")
     x = _layer_norm(g, x, encoder.embeddings.norm, f"{emb}.norm")
-    glob, local = _masks(g, mask, length, args.local_attention // 2)
+    kinds = {bool(layer.is_global) for layer in encoder.layers}  # the tables the layers read
+    bias = {True: _global_bias(g, mask)}
+    if False in kinds:
+        bias[False] = _local_bias(g, bias[True], length, args.local_attention // 2)
     hd = args.hidden_size // args.num_attention_heads
-    ropes = {True: _rope(g, length, args.global_rope_theta, hd, "rope_global"),
-             False: _rope(g, length, args.local_rope_theta, hd, "rope_local")}
+    ropes = {kind: _rope(g, length, args.global_rope_theta if kind else args.local_rope_theta,
+                         hd, "rope_global" if kind else "rope_local") for kind in kinds}
     for i, layer in enumerate(encoder.layers):
         p = f"encoder.layers.{i}"
         kind = bool(layer.is_global)
         h = _layer_norm(g, x, layer.attn_norm, f"{p}.attn_norm")
-        a = _attention(g, h, layer.attn, glob if kind else local, ropes[kind], f"{p}.attn", int8)
+        a = _attention(g, h, layer.attn, bias[kind], ropes[kind], f"{p}.attn", int8)
         x = g.op("Add", [x, a], f"{p}/attn_res")
         h = _layer_norm(g, x, layer.mlp_norm, f"{p}.mlp_norm")
         x = g.op("Add", [x, _mlp(g, h, layer.mlp, f"{p}.mlp", int8)], f"{p}/mlp_res")
     x = _layer_norm(g, x, encoder.final_norm, "encoder.final_norm")
     g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
-    kinds = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
+    pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
     return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
         "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
         "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
-        "local_attention": args.local_attention, "layer_kinds": kinds})
+        "local_attention": args.local_attention, "layer_kinds": pattern})
