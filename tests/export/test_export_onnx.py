@@ -1,4 +1,5 @@
-"""``variants export --format onnx`` on the tiny random-init BERT classifier (tests/fixtures/hf/)
+"""``variants export --format onnx`` on the tiny random-init BERT and ModernBERT classifiers
+(tests/fixtures/hf/, each with its own head)
 swept by the CLI as a user would: the reference and quant variants as ONNX graphs reproduce the
 judged MLX logits (<= 1e-4) and get the MLX verdict clause for clause; a W8A8 variant's graph
 (per-token uint8 codes, MatMulInteger u8 x u8) gets the same verdict as its MLX form; each
@@ -25,12 +26,14 @@ TINY = ["--n-fit", "40", "--n-calibration", "40", "--n-eval", "30", "--timing-ro
 DATA = ROOT / "examples" / "vader_raters.jsonl"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("onnx-export")
+@pytest.fixture(scope="module", params=["bert", "modernbert"])
+def runs(request, tmp_path_factory):
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"onnx-export-{arch}")
     toml = root / "model.toml"
-    toml.write_text(f'name = "tiny-bert"\nlogits = "classifier"\ncheckpoint = "{HF / "bert"}"\n'
-                    'options = ["negative", "neutral", "positive"]\n'
+    cap = "max_length = 128\n" if arch == "modernbert" else ""  # its 512 tokens: a 6x dearer run
+    toml.write_text(f'name = "tiny-{arch}"\nlogits = "classifier"\ncheckpoint = "{HF / arch}"\n'
+                    f'{cap}options = ["negative", "neutral", "positive"]\n'
                     'scores = [-1.0, 0.0, 1.0]\nactions = ["escalate", "review", "none"]\n')
     base = ["sweep", "--model-config", str(toml), "--data", str(DATA), "--results-dir",
             str(root / "r"), *TINY]

@@ -196,9 +196,25 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         Not a ModernBertEncoder, a layer, Linear, table or activation with no ONNX form here,
         an unknown ``int8`` scheme: one line naming the module and the fix.
     """
+    g = Graph(name)
+    x, _ = body(g, encoder, token_type_ids=token_type_ids, int8=int8)
+    args = encoder.args
+    axes = ["batch", "sequence"]
+    g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
+    pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
+    return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
+        "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
+        "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
+        "local_attention": args.local_attention, "layer_kinds": pattern})
+
+
+def body(g, encoder, *, token_type_ids=False, int8="u8u8"):
+    """Declare :data:`INPUTS` (int64 (batch, sequence); ``token_type_ids`` too when asked) in
+    ``g`` and add ``encoder``'s nodes through its final norm; returns the names of (last hidden
+    state (B, L, D) float32, the attention mask input), for a caller that adds a head
+    (:mod:`variants.onnx.graph`). Raises ValueError as :func:`encoder_graph`."""
     _check(encoder)
     args = encoder.args
-    g = Graph(name)
     axes = ["batch", "sequence"]
     ids, mask = (g.input(n, INT64, axes) for n in INPUTS)
     if token_type_ids:
@@ -224,9 +240,18 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         h = _layer_norm(g, x, layer.mlp_norm, f"{p}.mlp_norm")
         x = g.op("Add", [x, _mlp(g, h, layer.mlp, f"{p}.mlp", int8)], f"{p}/mlp_res")
     x = _layer_norm(g, x, encoder.final_norm, "encoder.final_norm")
-    g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
-    pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
-    return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
-        "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
-        "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
-        "local_attention": args.local_attention, "layer_kinds": pattern})
+    return x, mask
+
+
+def layer_norm(g, x, norm, name):
+    """Public name of the LayerNormalization nodes for ``norm`` (a head's norm)."""
+    return _layer_norm(g, x, norm, name)
+
+
+def activation(g, x, act, name):
+    """``x`` through activation ``act`` (a key of :data:`ACTIVATION_OPS`); ValueError else."""
+    if act not in ACTIVATION_OPS:
+        raise ValueError(f"{name}: activation {act!r} has no ONNX form here; use one of "
+                         f"{sorted(ACTIVATION_OPS)}")
+    op, attrs = ACTIVATION_OPS[act]
+    return g.op(op, [x], f"{name}/{op}", **attrs)
