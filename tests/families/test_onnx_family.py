@@ -68,6 +68,7 @@ def test_the_suites_fp32_graph_is_the_reference(run):
     assert b["ort"]["onnxruntime"] == ort.__version__
     assert b["ort"]["providers"] == ["CPUExecutionProvider"]
     assert b["ort"]["graph_optimization_level"] == "ORT_ENABLE_ALL"
+    assert b["per_row"] == []  # fp32: a row's logits do not depend on its batch-mates
 
 
 def test_ort_dynamic_quantization_is_judged_and_smaller(run):
@@ -76,6 +77,8 @@ def test_ort_dynamic_quantization_is_judged_and_smaller(run):
         b = _json(run / name / "build.json")
         assert b["ort_quant"]["function"] == "quantize_dynamic"
         assert b["ort_quant"]["per_channel"] is pc
+        # per-tensor activation ranges at run time: rows run alone (batch-mates would move them)
+        assert b["per_row"] == ["DynamicQuantizeLinear"]
         # int8 weights: a quarter of fp32, plus scales and the graph's small tensors
         assert 0.2 < b["model_bytes"] / fp32 < 0.4
         assert _json(run / name / "verdict.json")["outcome"] in ("pass", "fail")
@@ -156,3 +159,30 @@ def test_a_missing_file_is_refused(toml, tmp_path, capsys):
     assert _sweep(toml, tmp_path / "r", "x", "--onnx", str(tmp_path / "nope.onnx")) == 2
     assert "no such file" in capsys.readouterr().err
     assert not (tmp_path / "r" / "x").exists()
+
+
+def test_a_script_s_ort_logits_judged_from_a_file_get_the_family_s_verdict(run, tmp_path):
+    """A user's own script runs ONNX Runtime on the quantized graph (no suite code in the loop
+    but the tokenizer: one row per call, as a server would) and writes JSONL logits by row id:
+    ``variants judge`` gives the verdict ``--family onnx`` gave that graph."""
+    from variants.checkpoints.load import load_checkpoint
+
+    rows = {r["id"]: r for r in map(json.loads, (ROOT / "examples" / "vader_raters.jsonl")
+                                    .read_text().splitlines())}
+    graph = _json(run / "onnx-dyn-pc" / "build.json")["graph"]
+    sess = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    tok = load_checkpoint(HF / "bert").tokenizer
+    lines = []
+    for split in ("calibration_outputs.npz", "outputs.npz"):
+        for rid in np.load(run / "reference" / split)["ids"]:
+            (enc,), _ = tok.encode([rows[str(rid)]["text"]])
+            ids, mask, types = (np.asarray(a, np.int64) for a in tok.batch([enc]))
+            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            (logits,) = sess.run(["logits"], {i.name: feed[i.name] for i in sess.get_inputs()})
+            lines.append(json.dumps({"id": str(rid), "logits": logits[0].tolist()}))
+    path = tmp_path / "served.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["judge", str(run), "--outputs", str(path), "--name", "served"]) == 0
+    got, family = _json(run / "served" / "verdict.json"), _json(run / "onnx-dyn-pc" /
+                                                               "verdict.json")
+    assert (got["passed"], got["failed"]) == (family["passed"], family["failed"])

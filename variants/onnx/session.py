@@ -86,6 +86,25 @@ def session_record(session, opt_level="all"):
             "intra_op_num_threads": int(opts.intra_op_num_threads)}
 
 
+#: ONNX (and ONNX Runtime contrib) ops whose quantization range spans the whole input tensor,
+#: so each row's output depends on the rows batched with it
+BATCH_DEPENDENT_OPS = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul")
+
+
+def batch_dependent(path):
+    """The ops of :data:`BATCH_DEPENDENT_OPS` in the ONNX file at ``path`` (sorted; [] when
+    none): ONNX Runtime's dynamic quantization picks one activation scale per tensor at run
+    time, over every row and padded position of the batch, so a row's logits change with its
+    batch-mates and a verdict on batched rows would not hold for the same row served alone."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    for f in model.functions:
+        ops |= {n.op_type for n in f.node}
+    return sorted(ops & set(BATCH_DEPENDENT_OPS))
+
+
 def feeds(session, input_ids, attention_mask, token_type_ids=None):
     """{graph input name: NumPy array} for one batch, each in the integer type the graph
     declares. ``input_ids``, ``attention_mask``, ``token_type_ids``: (B, L) mx or NumPy arrays
@@ -115,10 +134,10 @@ class OrtEncoder(nn.Module):
         :func:`session_record` (for timing records).
     """
 
-    def __init__(self, session, output, external_bytes, record=None):
+    def __init__(self, session, output, external_bytes, record=None, per_row=False):
         super().__init__()
         self.__dict__.update(_session=session, _output=output, external_bytes=int(external_bytes),
-                             record=dict(record or {}))
+                             record=dict(record or {}), per_row=bool(per_row))
 
     @property
     def kernel(self):
@@ -126,9 +145,24 @@ class OrtEncoder(nn.Module):
         return f"onnxruntime-{self.record.get('onnxruntime', '?')}-cpu"
 
     def run(self, input_ids, attention_mask, token_type_ids=None):
-        """The graph's ``output`` for one batch, a NumPy float32 array."""
-        f = feeds(self._session, input_ids, attention_mask, token_type_ids)
-        return np.asarray(self._session.run([self._output], f)[0], np.float32)
+        """The graph's ``output`` for one batch, a NumPy float32 array. With ``per_row`` each row
+        runs alone, its padding cut off (a token output is padded back with zeros): for graphs
+        whose rows depend on their batch-mates (:func:`batch_dependent`)."""
+        if not self.per_row:
+            f = feeds(self._session, input_ids, attention_mask, token_type_ids)
+            return np.asarray(self._session.run([self._output], f)[0], np.float32)
+        ids, mask = np.asarray(input_ids), np.asarray(attention_mask)
+        types = None if token_type_ids is None else np.asarray(token_type_ids)
+        outs = []
+        for i in range(len(ids)):
+            n = max(int(mask[i].sum()), 1)  # right padding, as the suite's tokenizer pads
+            f = feeds(self._session, ids[i:i + 1, :n], mask[i:i + 1, :n],
+                      None if types is None else types[i:i + 1, :n])
+            y = np.asarray(self._session.run([self._output], f)[0], np.float32)
+            if y.ndim == 3:  # tokens: back to the batch's length
+                y = np.pad(y, ((0, 0), (0, ids.shape[1] - n), (0, 0)))
+            outs.append(y)
+        return np.concatenate(outs)
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
         return EncoderOutput(mx.array(self.run(input_ids, attention_mask, token_type_ids)))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from variants.families.onnx import ort_quant
 from variants.onnx.check import check_graph
-from variants.onnx.session import OrtEncoder, OrtModule, make_session, session_record
+from variants.onnx.session import (OrtEncoder, OrtModule, batch_dependent, make_session,
+                                    session_record)
 
 
 def _sha256(path):
@@ -56,20 +57,21 @@ def check_decision(decision, configs):
             check_graph(_session(cfg.source, cfg), decision, cfg.output)
 
 
-def standing_in(reference, session, kind, output, nbytes, record):
+def standing_in(reference, session, kind, output, nbytes, record, per_row=False):
     """A copy of ``reference.module`` whose encoder is the session (``kind`` "encoder"), or the
-    session as the whole module (``kind`` "module")."""
+    session as the whole module (``kind`` "module"); ``per_row``: one row per call."""
     if kind == "module":
-        return OrtModule(session, output, nbytes, record)
+        return OrtModule(session, output, nbytes, record, per_row)
     module = copy.copy(reference.module)  # the head's arrays shared, the encoder replaced
-    module["encoder"] = OrtEncoder(session, output, nbytes, record)
+    module["encoder"] = OrtEncoder(session, output, nbytes, record, per_row)
     return module
 
 
 def build(reference, cfg, fit=None, cache_dir=None):
     """(variant DecisionModel, build.json dict) for one :class:`~variants.families.onnx.family.
     OnnxConfig`. The dict: ``graph`` (path), ``graph_sha256``, ``source_sha256``, ``output``,
-    ``stands_for`` ("encoder" / "module"), ``ort`` (:func:`variants.onnx.session.
+    ``stands_for`` ("encoder" / "module"), ``per_row`` (the batch-dependent ops that make each
+    row run alone, :func:`variants.onnx.session.batch_dependent`; [] none), ``ort`` (:func:`variants.onnx.session.
     session_record`), ``ort_quant`` (or None), ``kernel``, ``model_bytes`` (the graph file's
     bytes plus the MLX head's), ``build_seconds``. Raises ValueError (one line) for a graph
     that does not fit the model or a missing ONNX Runtime."""
@@ -81,13 +83,14 @@ def build(reference, cfg, fit=None, cache_dir=None):
     kind, output = check_graph(session, reference, cfg.output)
     record = session_record(session, cfg.opt_level)
     nbytes = os.path.getsize(path)
+    per_row = batch_dependent(path)  # dynamic quantization: rows run alone (session.py)
     variant = reference.replace_module(
-        standing_in(reference, session, kind, output, nbytes, record))
+        standing_in(reference, session, kind, output, nbytes, record, bool(per_row)))
     src = source_graph(reference, cfg, cache_dir)
     info = {"graph": str(path), "graph_sha256": _sha256(path),
             "source": cfg.source or "the suite's fp32 export of the reference",
             "source_sha256": cfg.digest or _sha256(src), "output": output, "stands_for": kind,
-            "ort": record, "ort_quant": ort_quant.record(cfg, reference) if cfg.quant != "none"
+            "ort": record, "per_row": per_row, "ort_quant": ort_quant.record(cfg, reference) if cfg.quant != "none"
             else None, "kernel": f"onnxruntime-{record['onnxruntime']}-cpu",
             "graph_bytes": nbytes, "model_bytes": model_bytes(variant),
             # the plausibility alarm's ceiling (variants.sweep.plausible): int8 lanes do four

@@ -160,6 +160,10 @@ def describe(info, timing=None):
              f"{str(info.get('graph_sha256'))[:12]}); output {info.get('output')!r} stands for "
              + ("the encoder (the model's pooling and head run in MLX)"
                 if info.get("stands_for") == "encoder" else "the whole decision module (its head included)")]
+    if info.get("per_row"):
+        lines.append(f"- one row per call, padding cut ({', '.join(info['per_row'])} picks one "
+                     "activation scale per tensor, so batched rows would change each other's "
+                     "logits; judged and timed as a server running each request alone)")
     q = info.get("ort_quant")
     if q:
         lines.append(f"- quantized by onnxruntime.quantization.{q['function']} "
