@@ -17,7 +17,7 @@ from variants.arch.input_scaled import InputScaledLinear  # noqa: E402
 from variants.arch.lowrank import LowRankLinear  # noqa: E402
 from variants.layer_maps import formats as F  # noqa: E402
 from variants.onnx import dequant_nodes  # noqa: E402
-from variants.onnx.builder import FLOAT  # noqa: E402
+from variants.onnx.builder import FLOAT, UINT8  # noqa: E402
 from variants.onnx.linear_nodes import Graph, linear, quantize_rows  # noqa: E402
 from variants.runtime import qlinear  # noqa: E402
 from variants.runtime.int8_linear import Int8Linear, quantize_rows as mlx_quantize_rows  # noqa: E402
@@ -111,7 +111,7 @@ def test_activation_codes_hand_computed():
     g = Graph()
     xi = g.input("x", FLOAT, ["rows", 4])
     q, scale, zp = quantize_rows(g, xi, "act")
-    g.output(q, "q", 2, ["rows", 4])  # uint8
+    g.output(q, "q", UINT8, ["rows", 4])
     g.output(scale, "scale", FLOAT, ["rows", 1])
     g.output(zp, "zp", FLOAT, ["rows", 1])
     got_q, got_s, got_zp = _session(g).run(None, {"x": x})
@@ -126,7 +126,7 @@ def test_activation_codes_equal_mlx_on_real_rows(acts, which):
     g = Graph()
     xi = g.input("x", FLOAT, ["rows", x.shape[1]])
     q, scale, zp = quantize_rows(g, xi, "act")
-    g.output(q, "q", 2, ["rows", x.shape[1]])
+    g.output(q, "q", UINT8, ["rows", x.shape[1]])
     g.output(scale, "scale", FLOAT, ["rows", 1])
     g.output(zp, "zp", FLOAT, ["rows", 1])
     got = _session(g).run(None, {"x": x})
