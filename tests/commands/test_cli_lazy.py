@@ -75,7 +75,7 @@ print(json.dumps({"names": list(fams), "ladders": ladders, "quant": fams["quant"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["mlx"] is False
     assert res["names"] == ["quant", "lowrank", "prune", "exit", "student", "exact", "w8a8",
-                            "composed"]
+                            "composed", "onnx"]
     assert res["ladders"]["w8a8"] == ["w8a8", "w8a8-sq"]
     assert res["ladders"]["student"][0] == "student-l1-entropy-ag0.99"
     assert res["ladders"]["exact"] == ["dedup", "cache-4096"]

@@ -111,9 +111,9 @@ def test_a_users_encoder_graph_goes_through_the_models_head(run, toml, tmp_path)
     assert np.abs(_logits(var) - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
 
 
-def _graph(path, inputs, out_shape):
+def _graph(path, inputs, out_shape, dtype=TensorProto.FLOAT):
     """A graph of ``inputs`` (names) whose output ``y`` is zeros of ``out_shape`` (ints, or
-    "B"/"L" for the batch and sequence axes of input_ids)."""
+    "B"/"L" for the batch and sequence axes of input_ids) and ``dtype``."""
     nodes = [helper.make_node("Shape", [inputs[0]], ["s"]),
              helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
              helper.make_node("Gather", ["s", "i1"], ["l"], axis=0)]
@@ -124,27 +124,28 @@ def _graph(path, inputs, out_shape):
         else:
             nodes.append(helper.make_node("Constant", [], [f"d{i}"], value_ints=[d]))
             dims.append(f"d{i}")
-    nodes += [helper.make_node("Unsqueeze", [dims[0], "ax"], ["u0"])] + [
-        helper.make_node("Unsqueeze", [d, "ax"], [f"u{i}"]) if d in ("b", "l") else
-        helper.make_node("Identity", [d], [f"u{i}"]) for i, d in enumerate(dims) if i]
+    nodes += [helper.make_node("Unsqueeze", [d, "ax"], [f"u{i}"]) if d in ("b", "l") else
+              helper.make_node("Identity", [d], [f"u{i}"]) for i, d in enumerate(dims)]
     nodes += [helper.make_node("Concat", [f"u{i}" for i in range(len(dims))], ["shape"], axis=0),
-              helper.make_node("ConstantOfShape", ["shape"], ["y"])]
+              helper.make_node("ConstantOfShape", ["shape"], ["y"],
+                               value=helper.make_tensor("v", dtype, [1], [0]))]
     inits = [helper.make_tensor("i0", TensorProto.INT64, [], [0]),
              helper.make_tensor("i1", TensorProto.INT64, [], [1]),
              helper.make_tensor("ax", TensorProto.INT64, [1], [0])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.INT64,
                                                                      ["B", "L"]) for n in inputs],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                          [helper.make_tensor_value_info("y", dtype, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     path.write_bytes(m.SerializeToString())
     return path
 
 
 @pytest.mark.parametrize("inputs, shape, words", [
+    (["input_ids"], [3, 3], "does not follow the batch: (3, 3) for one row"),
     (["input_ids", "pixel_values"], ["B", "L", 64], "input 'pixel_values' is not one the suite"),
     (["input_ids", "attention_mask"], ["B", "L", 7], "has width 7, the model's encoder 64"),
-    (["input_ids", "attention_mask"], ["B", 5], "is (2, 5) on a probe batch where the model's "
-                                                "module returns (2, 3)"),
+    (["input_ids", "attention_mask"], ["B", 5], "is (3, 5) on a probe batch where the model's "
+                                                "module returns (3, 3)"),
 ])
 def test_a_graph_that_does_not_fit_is_refused_before_any_write(toml, tmp_path, capsys, inputs,
                                                                 shape, words):
@@ -153,6 +154,19 @@ def test_a_graph_that_does_not_fit_is_refused_before_any_write(toml, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
     assert not (tmp_path / "r" / "bad").exists()
+
+
+def test_an_integer_output_is_refused(toml, tmp_path, capsys):
+    path = _graph(tmp_path / "int.onnx", ["input_ids"], ["B", 3], TensorProto.INT64)
+    assert _sweep(toml, tmp_path / "r", "i", "--onnx", str(path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is tensor(int64), not float32" in err[0], err
+
+
+def test_more_calibration_rows_than_the_fit_split_are_refused(toml, tmp_path, capsys):
+    assert _sweep(toml, tmp_path / "r", "c", "--ort-quant", "static", "--ort-per-channel", "off",
+                  "--ort-calib-rows", "500") == 2
+    assert "--ort-calib-rows 500 exceeds the fit split's 40 rows" in capsys.readouterr().err
 
 
 def test_a_missing_file_is_refused(toml, tmp_path, capsys):
@@ -186,3 +200,20 @@ def test_a_script_s_ort_logits_judged_from_a_file_get_the_family_s_verdict(run, 
     got, family = _json(run / "served" / "verdict.json"), _json(run / "onnx-dyn-pc" /
                                                                "verdict.json")
     assert (got["passed"], got["failed"]) == (family["passed"], family["failed"])
+
+
+def test_a_second_family_swept_into_the_run_shares_its_table(toml, tmp_path):
+    """W8A8, then ONNX Runtime's dynamic int8 swept into the same run (W8A8 is judged in native
+    mode, so the onnx sweep passes --quality-mode native to match the run): the second sweep's
+    summary.csv and report.md list both families' variants side by side with their verdicts."""
+    import pandas as pd
+
+    assert _sweep(toml, tmp_path, "t", "--family", "w8a8", "--smooth", "off") == 0
+    assert _sweep(toml, tmp_path, "t", "--ort-quant", "dynamic", "--ort-per-channel", "on",
+                  "--quality-mode", "native") == 0
+    table = pd.read_csv(tmp_path / "t" / "summary.csv")
+    assert dict(zip(table["variant"], table["family"])) == {"w8a8": "w8a8",
+                                                            "onnx-dyn-pc": "onnx"}
+    assert set(table["verdict"]) <= {"PASS", "FAIL"}
+    report = (tmp_path / "t" / "report.md").read_text()
+    assert "| w8a8 " in report and "| onnx-dyn-pc " in report

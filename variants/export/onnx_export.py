@@ -35,6 +35,32 @@ from variants.export.write import check_out, sha256, versions
 ONNX_FAMILIES = ("quant", "w8a8", "lowrank")
 
 
+def _refuse_family(name, family):
+    from variants.families.artifact import EXPORTABLE
+
+    if family not in ONNX_FAMILIES:
+        raise ExportError(f"{name}: --format onnx exports the reference and "
+                          f"{', '.join(ONNX_FAMILIES)} variants, not the {family} family"
+                          + ("; export it as an MLX folder (drop --format)"
+                             if family in EXPORTABLE else ""))
+
+
+def _locate_onnx(source, variant):
+    """:func:`variants.export.source.locate` for ``--format onnx``: a family the graph builders
+    do not take is refused first (one line), before the verdict (the caller checks that)."""
+    build = Path(source) / str(variant) / "build.json"
+    if variant is not None and build.is_file():
+        try:
+            family = json.loads(build.read_text()).get("family")
+        except ValueError:
+            family = None
+        if isinstance(family, str):
+            _refuse_family(variant, family)
+    judged = locate(source, variant, allow_fail=True)
+    _refuse_family(judged.name, judged.build.get("family"))
+    return judged
+
+
 def _reference_judged(source):
     src = Path(source)
     if not (src / "run.json").exists():
@@ -97,12 +123,11 @@ def export_onnx(source, variant, out, allow_fail=False, log=print):
         judged = _reference_judged(source)
         cfg, contract, ck, tasksets, reference, model = _rebuild_reference(judged, log)
     else:
-        judged = locate(source, variant, allow_fail=allow_fail)
-        if judged.build["family"] not in ONNX_FAMILIES:
-            raise ExportError(f"{judged.name}: --format onnx exports the reference and "
-                              f"{', '.join(ONNX_FAMILIES)} variants, not the "
-                              f"{judged.build['family']} family; export it as an MLX folder "
-                              "(drop --format)")
+        judged = _locate_onnx(source, variant)
+        if not judged.verdict.get("passed") and not allow_fail:
+            raise ExportError(f"{judged.name} FAILED its contract ("
+                              f"{', '.join(judged.verdict.get('failed', []))}); pass "
+                              "--allow-fail to export it anyway (the model card says so)")
         cfg, contract, ck, tasksets, reference, model, _ = rebuild(judged, log=log)
     try:
         graph = decision_graph(model.module)
@@ -144,7 +169,8 @@ def export_onnx(source, variant, out, allow_fail=False, log=print):
                  "mlx_verdict": {"passed": bool(judged.verdict.get("passed")),
                                  "failed": judged.verdict.get("failed", [])},
                  "max_abs_dlogit_vs_mlx": dmax, "n_eval": len(tasksets["eval"]),
-                 "n_calibration": len(tasksets["calibration"])}
+                 "n_calibration": len(tasksets["calibration"]),
+                 "model": cfg.model_config or cfg.resolve_model().name}
         (tmp / "onnx.json").write_text(json.dumps(facts, indent=2) + "\n")
         (tmp / "README.md").write_text(card(facts))
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
@@ -204,6 +230,6 @@ def card(f):
             "## Run it\n\n```python\nimport onnxruntime as ort\nfrom tokenizers import "
             "Tokenizer\ntok = Tokenizer.from_file(\"tokenizer.json\")\ns = ort.InferenceSession("
             "\"model.onnx\", providers=[\"CPUExecutionProvider\"])\n```\n\n"
-            "Re-judge it anywhere with `variants sweep --family onnx --onnx model.onnx` (the "
-            "same model TOML and data), or judge a file of its logits with `variants judge RUN "
-            "--outputs FILE`.\n")
+            f"Re-judge it anywhere with `variants sweep --family onnx --onnx model.onnx` and the "
+            f"run's model ({f['model']}) and data, or judge a file of its logits with `variants "
+            "judge RUN --outputs FILE`.\n")

@@ -43,6 +43,8 @@ EXPORTABLE = ("quant", "lowrank", "w8a8", "prune", "exit", "composed")
 NOT_EXPORTABLE = {
     "student": "a student is a new network trained here; export its folder with its own code",
     "exact": "the exact family is a compute path, not weights (its weights are the reference's)",
+    "onnx": "its weights are the ONNX file it ran (build.json's graph); ship that file",
+    "outputs": "logits judged from a file; there is no model to export",
 }
 #: the config.json block that marks a variant's weights folder
 BLOCK = "mlx_variants"

@@ -59,10 +59,14 @@ def pick_output(session, output=None):
                      "(batch, tokens, hidden) or the decision logits (batch, options))")
 
 
-def probe_batch(tokenizer):
-    """Two rows the model's own tokenizer makes (one padded): ``(ids, mask, types)`` int64
-    (2, L) NumPy arrays."""
-    encs, _ = tokenizer.encode(["a probe", "a longer probe sentence for the graph check"])
+#: the probe's texts: three rows (two padded) the model's own tokenizer makes
+PROBE_TEXTS = ("a probe", "a longer probe sentence for the graph check", "a third one")
+
+
+def probe_batch(tokenizer, n=len(PROBE_TEXTS)):
+    """The first ``n`` probe rows the model's own tokenizer makes: ``(ids, mask, types)``
+    int64 (n, L) NumPy arrays."""
+    encs, _ = tokenizer.encode(list(PROBE_TEXTS[:n]))
     ids, mask, types = tokenizer.batch(encs)
     return (np.asarray(ids, np.int64), np.asarray(mask, np.int64), np.asarray(types, np.int64))
 
@@ -76,12 +80,18 @@ def check_graph(session, reference, output=None):
 
     check_inputs(session)
     name = pick_output(session, output)
+    otype = next(o.type for o in session.get_outputs() if o.name == name)
+    if otype != "tensor(float)":
+        raise ValueError(f"the ONNX graph's output {name!r} is {otype}, not float32; pass a "
+                         "graph whose output is the float logits or token states (--onnx-output "
+                         "NAME)")
     module = reference.module
     enc = getattr(module, "encoder", None)
     hidden = getattr(getattr(enc, "args", None), "hidden_size", None)
     ids, mask, types = probe_batch(reference.tokenizer)
     try:
         y = session.run([name], feeds(session, ids, mask, types))[0]
+        one = session.run([name], feeds(session, *probe_batch(reference.tokenizer, 1)))[0]
     except Exception as e:
         raise ValueError(f"ONNX Runtime failed on a probe batch of the model's own tokens "
                          f"(input_ids {ids.shape}): {' '.join(str(e).split())[:200]}; check that "
@@ -89,6 +99,10 @@ def check_graph(session, reference, output=None):
                          "axes") from None
     y = np.asarray(y)
     B, L = ids.shape
+    if np.ndim(one) < 1 or np.shape(one)[0] != 1 or y.ndim < 1 or y.shape[0] != B:
+        raise ValueError(f"the ONNX graph's output {name!r} does not follow the batch: "
+                         f"{tuple(np.shape(one))} for one row, {tuple(y.shape)} for {B}; "
+                         "re-export it with a dynamic batch axis")
     if y.ndim == 3 and y.shape[:2] == (B, L):
         if enc is None:
             raise ValueError(f"{type(module).__name__} has no encoder for the ONNX graph's token "
@@ -109,6 +123,6 @@ def check_graph(session, reference, output=None):
                              "run judges, or pass a token output (--onnx-output "
                              "last_hidden_state)")
         return "module", name
-    raise ValueError(f"the ONNX graph's output {name!r} has shape {tuple(y.shape)} on a (2, {L}) "
-                     f"batch: neither tokens (2, {L}, hidden) nor the decision module's output (2, K); pass "
+    raise ValueError(f"the ONNX graph's output {name!r} has shape {tuple(y.shape)} on a ({B}, {L}) "
+                     f"batch: neither tokens ({B}, {L}, hidden) nor the decision module's output ({B}, K); pass "
                      "--onnx-output naming one of those")

@@ -127,6 +127,15 @@ class Sweep(VariantSteps):
             return old
         return self._cold_start(cold_start_spec(self, timing_sets), "reference")
 
+    def _earlier_variants(self):
+        """Names of judged variant folders in the run that this sweep's variants are not
+        (build.json, timing.json, outputs.npz and calibration_outputs.npz present), sorted."""
+        mine = {v.name for v in self.cfg.variants} | {"reference"}
+        need = ("build.json", "timing.json", "outputs.npz", "calibration_outputs.npz")
+        return sorted(p.name for p in self.out.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and p.name not in mine
+                      and all((p / f).is_file() for f in need))
+
     def judge(self, name):
         """Recompute metrics, verdict and the variant's own report from its saved outputs."""
         return judge_variant(self.out, name, self.contract, near_tie_margin=self.cfg.near_tie_margin,
@@ -251,6 +260,14 @@ class Sweep(VariantSteps):
             meta = self.metadata()
             write_json(self.out / "run.json", meta)
             raise VariantsFailed(self.failed, None, self.out)
+        # judged variants that earlier sweeps left in this run folder (another family swept
+        # into the same --run, or variants this sweep did not ask for) join the run's table, as
+        # `variants check` shows them: one table for W8A8 beside ONNX Runtime's int8
+        for name in self._earlier_variants():
+            with self.clock("metrics_contract_report"):
+                row, ev, verdict = self.judge(name)
+            rows.append(row)
+            details[name] = (ev, verdict)
         with self.clock("metrics_contract_report"):
             summary = pd.DataFrame(rows)
             write_csv(self.out / "summary.csv", summary)

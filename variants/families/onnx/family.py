@@ -29,8 +29,11 @@ _SUFFIX = {"none": "fp32", "dynamic": "dyn", "static": "static"}
 def file_digest(path):
     """SHA-256 (hex) of the file at ``path``; ValueError naming ``--onnx`` when unreadable."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ValueError(f"--onnx {path}: no such file; pass the path of an .onnx model file")
+    if not p.is_file():
+        raise ValueError(f"--onnx {path} is not a file (a folder?); pass the path of the .onnx "
+                         "model file itself")
     h = hashlib.sha256()
     with open(p, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -46,7 +46,10 @@ def calibration_rows(fit, n):
     if fit is None or len(fit) == 0:
         raise ValueError("--ort-quant static needs fit-split rows to calibrate on; pass "
                          "--n-fit N (N >= 1)")
-    return fit.subset(np.arange(min(int(n), len(fit))))
+    if int(n) > len(fit):
+        raise ValueError(f"--ort-calib-rows {n} exceeds the fit split's {len(fit)} rows; pass "
+                         f"--ort-calib-rows {len(fit)} or fewer, or a larger --n-fit")
+    return fit.subset(np.arange(int(n)))
 
 
 class _Reader:
@@ -75,6 +78,8 @@ def quantized(src, cfg, reference, fit=None, cache_dir=None):
     tmp = out.with_suffix(f".tmp{os.getpid()}.onnx")
     # its "consider pre-processing" advice goes to the root logger, multi-line: not ours to show
     logging.disable(logging.WARNING)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # it may configure the root logger
     try:
         if cfg.quant == "dynamic":
             quantize_dynamic(str(src), str(tmp), per_channel=cfg.per_channel)
@@ -85,6 +90,7 @@ def quantized(src, cfg, reference, fit=None, cache_dir=None):
         os.replace(tmp, out)
     finally:
         logging.disable(logging.NOTSET)
+        root.handlers[:], root.level = handlers, level
         if tmp.exists():
             tmp.unlink()
         for extra in base.glob(tmp.stem + "*"):  # its augmented-model leftovers
