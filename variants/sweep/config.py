@@ -39,8 +39,8 @@ class VariantsFailed(SweepError):
         self.failed, self.summary, self.out = dict(failed), summary, out
         errors = "; ".join(f"{n}: {e}" for n, e in self.failed.items())
         if summary is None:
-            msg = (f"every variant failed to build ({errors}); nothing but run.json was written "
-                   f"to {out}")
+            msg = (f"every variant failed to build ({errors}); no variant was written (only "
+                   f"run.json and the reference's outputs, in {out})")
         else:
             msg = (f"{len(self.failed)} variant(s) failed to build and were left out ({errors}); "
                    f"summary.csv and report.md in {out} cover the other {len(summary)}")
