@@ -64,6 +64,7 @@ def test_fp32_and_quant_graphs_are_the_judged_model(runs, tmp_path, run, variant
     assert facts["onnx_verdict"] == facts["mlx_verdict"]
     v = json.loads((tmp_path / "o" / "verdict.json").read_text())
     assert v == json.loads((root / "r" / run / f"{variant}-onnx" / "verdict.json").read_text())
+    assert main(["verify", str(tmp_path / "o")]) == 0  # recomputed here: the judged logits
     man = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert {"model.onnx", "verdict.json", "judged/onnx_logits.npz", "README.md",
             "tokenizer.json"} <= set(man["files"])
@@ -73,6 +74,7 @@ def test_w8a8_graph_gets_its_mlx_verdict(runs, tmp_path):
     root, _ = runs
     facts = _export(root / "r" / "w", "w8a8", tmp_path / "o")
     assert facts["onnx_verdict"] == facts["mlx_verdict"]
+    assert main(["verify", str(tmp_path / "o")]) == 0
     # code steps, not round-off: the same per-token codes up to float32 ties (tests/onnx)
     assert facts["max_abs_dlogit_vs_mlx"] < 0.05
 
@@ -87,6 +89,15 @@ def test_the_exported_graph_rejudged_as_a_variant_gets_its_verdict(runs, tmp_pat
     got = json.loads((var / "verdict.json").read_text())
     exported = json.loads((tmp_path / "o" / "verdict.json").read_text())
     assert got["passed"] == exported["passed"] and got["failed"] == exported["failed"]
+
+
+def test_verify_refuses_a_changed_graph(runs, tmp_path, capsys):
+    root, _ = runs
+    _export(root / "r" / "q", "q8-g64", tmp_path / "o")
+    with open(tmp_path / "o" / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    assert main(["verify", str(tmp_path / "o")]) == 2
+    assert "model.onnx" in capsys.readouterr().err
 
 
 def test_a_family_without_a_graph_is_refused(runs, tmp_path, capsys):

@@ -53,6 +53,8 @@ def configure_verify(sub):
         description="Check every file of an exported folder against manifest.json (SHA-256), "
                     "load it packed, recompute its outputs on the judged eval rows and compare "
                     "them with the judged outputs.npz (max |Δlogit|) and the contract's verdicts. "
+                    "An ONNX folder (export --format onnx) runs model.onnx in ONNX Runtime on the "
+                    "judged eval batches instead. "
                     "Exit 0: all match; 1: outputs or a verdict differ; 2: bad input or a "
                     "changed file.")
     p.add_argument("folder", metavar="DIR", type=folder, help="a folder written by variants export")

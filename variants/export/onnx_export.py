@@ -13,7 +13,11 @@ place, nothing half-written):
 - ``verdict.json``: the contract's verdict on **the graph's own logits**, computed by ONNX
   Runtime on the run's calibration and eval rows and judged as every variant is
   (:func:`runs.judge_file.judge_file`; the run gains the variant ``<name>-onnx``), and
-  ``judged/onnx_logits.npz`` (those logits, by row id);
+  ``judged/onnx_logits.npz`` (those logits, by row id), ``judged/eval_inputs.npz`` (the eval
+  batches' token inputs), the graph's and the reference's decision outputs
+  (``judged/outputs.npz``, ``calibration_outputs.npz``, ``reference_outputs.npz``,
+  ``reference_calibration_outputs.npz``): what ``variants verify`` recomputes and judges again
+  (:mod:`variants.export.onnx_verify`);
 - ``mlx_verdict.json``: the MLX model's verdict as the sweep judged it, with the largest
   |Δlogit| between the two on the eval rows (``onnx.json``);
 - the tokenizer files, ``contract.toml``, ``manifest.json`` (SHA-256 of every file), and a
@@ -85,15 +89,24 @@ def _rebuild_reference(judged, log):
     return cfg, contract, checkpoint, tasksets, reference, reference
 
 
-def _logits_file(model, reference, tasksets, path):
+def _logits_file(model, reference, tasksets, path, inputs_path):
     """Run ``model`` (the ONNX Runtime stand-in) on the calibration and eval rows; write them
-    as an npz of ``ids`` and ``logits`` (N, K) float32; returns the eval logits."""
-    ids, logits = [], []
+    as an npz of ``ids`` and ``logits`` (N, K) float32, and the eval batches' token inputs as
+    ``inputs_path`` (``index_k``, ``input_ids_k``, ``attention_mask_k``, ``token_type_ids_k``
+    per batch k: what ``variants verify`` feeds again); returns the eval logits."""
+    ids, logits, inputs = [], [], {}
     for split in ("calibration", "eval"):
         ts = tasksets[split]
+        batches, _ = model.prepare(ts)
         ids += [str(i) for i in ts.ids]
-        logits.append(model.raw_logits(ts))
+        logits.append(model.raw_logits(ts, batches))
+    for k, b in enumerate(batches):  # the eval split's
+        inputs.update({f"index_{k}": np.asarray(b.index, np.int64),
+                       f"input_ids_{k}": np.array(b.input_ids, np.int64),
+                       f"attention_mask_{k}": np.array(b.attention_mask, np.int64),
+                       f"token_type_ids_{k}": np.array(b.token_type_ids, np.int64)})
     np.savez(path, ids=np.array(ids), logits=np.concatenate(logits).astype(np.float32))
+    np.savez(inputs_path, **inputs)
     return logits[-1]
 
 
@@ -146,7 +159,8 @@ def export_onnx(source, variant, out, allow_fail=False, log=print):
         log(f"{judged.name}: judging model.onnx as ONNX Runtime runs it (calibration and eval "
             "rows)")
         logits_path = tmp / "judged" / "onnx_logits.npz"
-        onnx_eval = _logits_file(ort_model, reference, tasksets, logits_path)
+        onnx_eval = _logits_file(ort_model, reference, tasksets, logits_path,
+                                 tmp / "judged" / "eval_inputs.npz")
         name = f"{judged.name}-onnx"
         judge_file(judged.run_dir, logits_path, name=name, force=True, log=log)
         onnx_verdict = json.loads((judged.run_dir / name / "verdict.json").read_text())
@@ -154,6 +168,14 @@ def export_onnx(source, variant, out, allow_fail=False, log=print):
         dmax = float(np.nanmax(np.abs(onnx_eval - mlx_eval))) if mlx_eval.shape == \
             onnx_eval.shape else None
         shutil.copyfile(judged.run_dir / name / "verdict.json", tmp / "verdict.json")
+        # what `variants verify` judges again: the graph's outputs, the reference's
+        for dest, src in (("outputs.npz", judged.run_dir / name / "outputs.npz"),
+                          ("calibration_outputs.npz",
+                           judged.run_dir / name / "calibration_outputs.npz"),
+                          ("reference_outputs.npz", judged.run_dir / "reference" / "outputs.npz"),
+                          ("reference_calibration_outputs.npz",
+                           judged.run_dir / "reference" / "calibration_outputs.npz")):
+            shutil.copyfile(src, tmp / "judged" / dest)
         if (judged.vdir / "verdict.json").exists():
             shutil.copyfile(judged.vdir / "verdict.json", tmp / "mlx_verdict.json")
         for f in TOKENIZER_FILES:
@@ -170,7 +192,8 @@ def export_onnx(source, variant, out, allow_fail=False, log=print):
                                  "failed": judged.verdict.get("failed", [])},
                  "max_abs_dlogit_vs_mlx": dmax, "n_eval": len(tasksets["eval"]),
                  "n_calibration": len(tasksets["calibration"]),
-                 "model": cfg.model_config or cfg.resolve_model().name}
+                 "model": cfg.model_config or cfg.resolve_model().name,
+                 "near_tie_margin": cfg.near_tie_margin}
         (tmp / "onnx.json").write_text(json.dumps(facts, indent=2) + "\n")
         (tmp / "README.md").write_text(card(facts))
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
