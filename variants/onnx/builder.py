@@ -7,8 +7,8 @@ Every node and tensor name is unique in the graph: :meth:`Graph.fresh` adds ``_1
 (scalars, shape vectors) are shared: :meth:`Graph.const` with ``share=True`` returns the name
 of an equal initializer made before.
 
-The model targets ONNX opset :data:`OPSET` with IR version :data:`IR_VERSION` (what ONNX
-Runtime 1.32 loads), plus the ``com.microsoft`` domain (version 1) when a node uses it
+The model targets ONNX opset :data:`OPSET` with IR version :data:`IR_VERSION` (ONNX Runtime
+1.32 loads it), plus the ``com.microsoft`` domain (version 1) when a node uses it
 (``MatMulNBits``).
 """
 
@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 #: the default ONNX opset of the graphs (Gelu needs 20, LayerNormalization 17)
 OPSET = 21
-#: the IR version written in the model (opset 21's; ONNX Runtime 1.32 reads up to 11)
+#: the IR version written in the model (the one opset 21 came with; ONNX Runtime 1.32 loads
+#: IR 10 to 13, checked)
 IR_VERSION = 10
 #: ONNX Runtime's contrib-op domain (MatMulNBits)
 MS_DOMAIN = "com.microsoft"
@@ -42,6 +43,9 @@ class Graph:
         self.domains = set()
         self._taken = set()
         self._shared = {}
+        #: tensors builders share by a key of their own (e.g. one input's W8A8 codes, read by
+        #: the query, key and value Linears alike)
+        self.memo = {}
 
     def fresh(self, hint):
         """A name not used yet in the graph: ``hint``, else ``hint_1``, ``hint_2``, ..."""

@@ -17,7 +17,8 @@ What each kind becomes (``x`` (..., in) float32 -> (..., out) float32):
   (:mod:`variants.onnx.dequant_nodes`), then ``MatMul``; ONNX Runtime folds the dequantization
   into a float32 constant when the session loads.
 - :class:`variants.runtime.int8_linear.Int8Linear` (W8A8): SmoothQuant's ``inv_smooth`` Mul,
-  then the per-token uint8 codes exactly as ``quantize_rows`` (:func:`quantize_rows`), then
+  then the per-token uint8 codes exactly as ``quantize_rows`` (:func:`quantize_rows`; made
+  once per input tensor and smoothing factors: the query, key and value share them), then
   ``MatMulInteger`` u8 x u8 on the weight stored as ``wq + 128`` with a scalar
   ``b_zero_point`` 128 (ONNX Runtime refuses a per-row ``a_zero_point``, and its u8 x s8
   kernels saturate 16-bit pair sums on AVX2 CPUs without VNNI; u8 x u8 does not), minus the
@@ -137,10 +138,13 @@ def _int8(g, x, module, name, scheme):
     if scheme not in INT8_SCHEMES:
         raise ValueError(f"int8 scheme {scheme!r} is not known; choose one of "
                          f"{', '.join(INT8_SCHEMES)}")
-    if "inv_smooth" in module:
-        x = g.op("Mul", [x, g.const(_np(module["inv_smooth"]).astype(np.float32),
-                                    f"{name}.inv_smooth")], f"{name}/smoothed")
-    q, a_scale, zp = quantize_rows(g, x, f"{name}/act")
+    inv = _np(module["inv_smooth"]).astype(np.float32) if "inv_smooth" in module else None
+    key = ("int8-codes", x, None if inv is None else inv.tobytes())
+    if key not in g.memo:  # q, k and v read one input (and share SmoothQuant's factors)
+        xs = x if inv is None else g.op("Mul", [x, g.const(inv, f"{name}.inv_smooth")],
+                                        f"{name}/smoothed")
+        g.memo[key] = quantize_rows(g, xs, f"{name}/act")
+    q, a_scale, zp = g.memo[key]
     wq = np.array(module["wq"]).astype(np.int16)  # (out, in)
     if scheme == "u8u8":
         w = g.const(np.ascontiguousarray((wq + 128).T.astype(np.uint8)), f"{name}.wq_u8_t")
