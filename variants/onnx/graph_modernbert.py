@@ -232,12 +232,28 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         Not a ModernBertEncoder, a layer, Linear, table or activation with no ONNX form here,
         an unknown ``int8`` scheme or ``local`` path: one line naming the module and the fix.
     """
+    g = Graph(name)
+    x, _ = body(g, encoder, token_type_ids=token_type_ids, int8=int8, local=local, block=block)
+    args = encoder.args
+    g.output(x, OUTPUT, FLOAT, ["batch", "sequence", int(args.hidden_size)])
+    pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
+    return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
+        "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
+        "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
+        "local_attention": args.local_attention, "layer_kinds": pattern})
+
+
+def body(g, encoder, *, token_type_ids=False, int8="u8u8", local="auto", block=None):
+    """Declare :data:`INPUTS` (int64 (batch, sequence); ``token_type_ids`` too when asked) in
+    ``g`` and add ``encoder``'s nodes through its final norm; returns the names of (last hidden
+    state (B, L, D) float32, the attention mask input), for a caller that adds a head
+    (:mod:`variants.onnx.graph`). ``int8``, ``local``, ``block`` as :func:`encoder_graph`;
+    raises ValueError as it does."""
     _check(encoder)
     if local not in LOCAL_MODES:
         raise ValueError(f"local={local!r} is not one of {', '.join(LOCAL_MODES)}; pass one of "
                          "them (auto: banded from L >= 2 windows on)")
     args = encoder.args
-    g = Graph(name)
     axes = ["batch", "sequence"]
     ids, mask = (g.input(n, INT64, axes) for n in INPUTS)
     if token_type_ids:
@@ -273,9 +289,18 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         h = _layer_norm(g, x, layer.mlp_norm, f"{p}.mlp_norm")
         x = g.op("Add", [x, _mlp(g, h, layer.mlp, f"{p}.mlp", int8)], f"{p}/mlp_res")
     x = _layer_norm(g, x, encoder.final_norm, "encoder.final_norm")
-    g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
-    pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
-    return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
-        "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
-        "hidden_activation": args.hidden_activation, "pad_token_id": args.pad_token_id,
-        "local_attention": args.local_attention, "layer_kinds": pattern})
+    return x, mask
+
+
+def layer_norm(g, x, norm, name):
+    """Public name of the LayerNormalization nodes for ``norm`` (a head's norm)."""
+    return _layer_norm(g, x, norm, name)
+
+
+def activation(g, x, act, name):
+    """``x`` through activation ``act`` (a key of :data:`ACTIVATION_OPS`); ValueError else."""
+    if act not in ACTIVATION_OPS:
+        raise ValueError(f"{name}: activation {act!r} has no ONNX form here; use one of "
+                         f"{sorted(ACTIVATION_OPS)}")
+    op, attrs = ACTIVATION_OPS[act]
+    return g.op(op, [x], f"{name}/{op}", **attrs)
