@@ -3,7 +3,9 @@ against the MLX encoder on the parity fixtures (tests/fixtures/hf/modernbert: wi
 global every 3rd layer, no biases, exact GELU; modernbert_g2: window 64, global every 2nd,
 every bias on, tanh GELU): rows of 300 tokens (past 2x the window, where the MLX module takes
 its windowed path) and 200 (its dense masked path) beside padded rows, every real position
-within 1e-4; the window is live (the same graph with every layer global differs by far more).
+within 1e-4 (the default ``local="auto"`` graph: banded local attention at 300, masked at 200
+and 24); each local path alone (``banded`` in blocks of 24, ``masked``) at 300 / 130 / 50 / 5
+tokens; the window is live (the same graph with every layer global differs by far more).
 
 Variants through :mod:`variants.onnx.linear_nodes`: the quant family's native 4-bit
 (``MatMulNBits``) and 8-bit (in-graph dequantization) encoders, token table quantized or not,
@@ -107,6 +109,41 @@ def test_the_local_window_is_live(built, name):
             layer.is_global = k
     real = mask.astype(bool)
     assert np.abs(y_glob[real] - y[real]).max() > 100 * TOL
+
+
+@pytest.fixture(scope="module")
+def local_paths(built):
+    """modernbert_g2 (window 64) with each local path; banded in blocks of 24 (several blocks,
+    lengths not a multiple of it)."""
+    ck = built["modernbert_g2"][0]
+    return {local: _session(encoder_graph(ck.encoder, local=local, block=24))
+            for local in ("banded", "masked")}
+
+
+@pytest.mark.parametrize("local", ["banded", "masked"])
+@pytest.mark.parametrize("length", [300, 130, 50, 5])
+def test_each_local_path_matches_the_mlx_encoder(built, local_paths, local, length):
+    ck = built["modernbert_g2"][0]
+    ids, mask = _batch(ck.args.vocab_size, length, seed=length + 1)
+    (y,) = local_paths[local].run(None, {"input_ids": ids, "attention_mask": mask})
+    real = mask.astype(bool)
+    assert np.abs(y[real] - _mlx(ck.encoder, ids, mask)[real]).max() <= TOL
+
+
+def test_auto_takes_the_band_from_two_windows(built):
+    """``auto``: one If per local layer (and one for the dense local bias) on L >= 2 windows."""
+    ck, model, _ = built["modernbert"]
+    ifs = [n for n in model.graph.node if n.op_type == "If"]
+    n_local = sum(not layer.is_global for layer in ck.encoder.layers)
+    assert len(ifs) == n_local + 1 == 5
+    (test,) = [n for n in model.graph.node if n.op_type == "GreaterOrEqual"]
+    limit = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}[test.input[1]]
+    assert limit.shape == () and int(limit) == 2 * ck.args.local_attention == 256
+    assert all(n.input[0] == test.output[0] for n in ifs)
+    with pytest.raises(ValueError, match="local='windowed' is not one of auto, banded, masked"):
+        encoder_graph(ck.encoder, local="windowed")
+    with pytest.raises(ValueError, match="block=0 is not a positive whole number"):
+        encoder_graph(ck.encoder, local="banded", block=0)
 
 
 def test_graph_interface(built):

@@ -9,9 +9,18 @@ token embeddings (``Gather``) -> ``LayerNormalization``; per layer, pre-norm (la
 ``global_rope_theta`` on the global layers and ``local_rope_theta`` on the local ones (angles
 computed in the graph from positions 0..L-1, so any L runs), scores masked by the padding bias
 (global) or the padding bias plus the sliding window |q - k| > ``local_attention // 2``
-(local, dense: all L x L scores, masked as the MLX module's ``masked`` path; the MLX windowed
-path equals it to float32 round-off), GeGLU MLP (``Gelu`` exact or tanh, or ``Relu``), then
-``final_norm``. Biases appear only where the checkpoint has them.
+(local), GeGLU MLP (``Gelu`` exact or tanh, or ``Relu``), then ``final_norm``. Biases appear
+only where the checkpoint has them.
+
+The local layers, as the MLX module's ``local_attention_impl`` (:mod:`variants.arch.modernbert_window`):
+``masked`` scores all L x L pairs and masks the window; ``banded`` scores only each query's
+window, block by block (:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear
+in L); ``auto`` (default) holds both behind one ``If`` per local layer and takes the banded
+path from L >= :data:`CROSSOVER` · local_attention on. The three agree to float32 round-off.
+Measured (ONNX Runtime 1.32, 2 threads, the 6-layer parity fixture, window 128, shared and
+loaded machine: ratios only), masked / banded time at B=1: 0.63 at L=128, ~1.0 at 256, 1.2-1.3
+at 384-512, 1.6 at 1024; at B=32: 0.81 at 128, 1.1 at 256 and 384; ``auto`` costs no more than
+``masked`` below the crossover (the ``If`` is one test a layer).
 
 Inputs ``input_ids`` and ``attention_mask``, int64 (batch, sequence), both axes dynamic; the
 padding must be at the end of each row (positions 0..L-1 per row, as the MLX forward without
@@ -35,12 +44,19 @@ from variants.arch.modernbert_layers import inv_freq
 from variants.onnx.builder import FLOAT, INT64, OPSET, Graph
 from variants.onnx.embedding_nodes import embedding
 from variants.onnx.linear_nodes import linear
+from variants.onnx.window_nodes import banded_attention, if_node, scalar0, window_plan
 
 __all__ = ["INPUTS", "OPSET", "OUTPUT", "encoder_graph"]
 
 #: the graph's inputs (int64, (batch, sequence)); ``token_type_ids`` only when asked
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "last_hidden_state"
+#: ``local="auto"``: the local layers score only each query's window (banded) from L >=
+#: CROSSOVER · local_attention tokens on, all L x L scores masked below (measured: see the
+#: module docstring)
+CROSSOVER = 2
+#: the local layers' attention paths (``encoder_graph(local=...)``)
+LOCAL_MODES = ("auto", "banded", "masked")
 #: the activation names of :data:`variants.arch.encoder.ACTIVATIONS` -> (op, attributes)
 ACTIVATION_OPS = {"gelu": ("Gelu", {}), "gelu_exact": ("Gelu", {}),
                   "gelu_new": ("Gelu", {"approximate": "tanh"}),
@@ -76,7 +92,7 @@ def _rope(g, length, theta, head_dim, hint):
     (angles in float32 as :func:`variants.arch.modernbert_layers.rope_tables`)."""
     freq = np.array(inv_freq(theta, head_dim))
     inv2 = np.concatenate([freq, freq])[None, :].astype(np.float32)  # (1, head_dim)
-    pos = g.op("Cast", [g.op("Range", [g.scalar(0, np.int64), length, g.scalar(1, np.int64)],
+    pos = g.op("Cast", [g.op("Range", [scalar0(g, 0), length, scalar0(g, 1)],
                              f"{hint}/positions")], f"{hint}/positions_f32", to=FLOAT)
     ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.ints([1])], f"{hint}/column"),
                        g.const(inv2, f"{hint}.inv_freq")], f"{hint}/angles")  # (L, head_dim)
@@ -94,10 +110,22 @@ def _rotate_half(head_dim):
     return r
 
 
-def _attention(g, x, attn, bias, rope, name, int8):
+def _dense_core(g, q, k, v, scale, bias, name):
+    """softmax(q kᵀ · scale + bias) v on (B, H, L, d) tensors, all L x L scores."""
+    kt = g.op("Transpose", [k], f"{name}/kt", perm=[0, 1, 3, 2])
+    scores = g.op("Mul", [g.op("MatMul", [q, kt], f"{name}/qk"), g.scalar(scale)],
+                  f"{name}/scores0")
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], f"{name}/scores")], f"{name}/probs",
+                 axis=-1)
+    return g.op("MatMul", [probs, v], f"{name}/ctx_h")
+
+
+def _attention(g, x, attn, bias, rope, name, int8, plan=None):
     """Pre-normed ``x`` (B, L, D) -> attention output (B, L, D): q and k rotated together
     (x·cos + rotate_half(x)·sin), scores = q kᵀ · scale + bias, softmax over the keys,
-    ``Wo``."""
+    ``Wo``; with a window ``plan`` (:func:`variants.onnx.window_nodes.window_plan`) only the
+    keys inside each query's window are scored, or (a plan with a ``cond``) only when its
+    length test holds, else the dense scores with ``bias``."""
     H, d = attn.n_heads, attn.head_dim
     qkv = linear(g, x, attn.Wqkv, f"{name}.Wqkv", int8=int8)
     qkv = g.op("Reshape", [qkv, g.ints([0, 0, 3, H, d])], f"{name}/qkv5")  # (B, L, 3, H, d)
@@ -111,13 +139,15 @@ def _attention(g, x, attn, bias, rope, name, int8):
     q, k = g.op("Split", [qk], f"{name}/split_qk", outputs=2, axis=0, num_outputs=2)
     q, k, v = (g.op("Squeeze", [t, g.ints([0])], f"{name}/{n}")  # (B, H, L, d)
                for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    kt = g.op("Transpose", [k], f"{name}/kt", perm=[0, 1, 3, 2])
-    scores = g.op("Mul", [g.op("MatMul", [q, kt], f"{name}/qk"),
-                          g.scalar(attn.scale)], f"{name}/scores0")
-    probs = g.op("Softmax", [g.op("Add", [scores, bias], f"{name}/scores")], f"{name}/probs",
-                 axis=-1)
-    out = g.op("Transpose", [g.op("MatMul", [probs, v], f"{name}/ctx_h")], f"{name}/ctx_t",
-               perm=[0, 2, 1, 3])  # (B, L, H, d)
+    dense = (lambda: _dense_core(g, q, k, v, attn.scale, bias, name))
+    banded = (lambda: banded_attention(g, q, k, v, d, attn.scale, plan, name))
+    if plan is None:
+        ctx = dense()
+    elif "cond" not in plan:
+        ctx = banded()
+    else:  # the window's length test: banded from plan["cond"] on, else the dense scores
+        ctx = if_node(g, plan["cond"], banded, dense, f"{name}/local")
+    out = g.op("Transpose", [ctx], f"{name}/ctx_t", perm=[0, 2, 1, 3])  # (B, L, H, d)
     out = g.op("Reshape", [out, g.ints([0, 0, H * d])], f"{name}/ctx")
     return linear(g, out, attn.Wo, f"{name}.Wo", int8=int8)
 
@@ -145,7 +175,7 @@ def _global_bias(g, mask):
 def _local_bias(g, glob, length, half):
     """(B, 1, L, L) additive bias of the local layers: ``glob`` plus MASK_BIAS on every key
     with |q - k| > ``half`` (= where it is, MASK_BIAS, as the MLX module)."""
-    pos = g.op("Range", [g.scalar(0, np.int64), length, g.scalar(1, np.int64)], "window/pos")
+    pos = g.op("Range", [scalar0(g, 0), length, scalar0(g, 1)], "window/pos")
     rows = g.op("Unsqueeze", [pos, g.ints([1])], "window/rows")
     dist = g.op("Abs", [g.op("Sub", [rows, pos], "window/offset")], "window/distance")  # (L, L)
     far = g.op("Greater", [dist, g.scalar(half, np.int64)], "window/far")
@@ -166,7 +196,8 @@ def _check(encoder):
                              "reference-shaped form or another family")
 
 
-def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernbert-encoder"):
+def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernbert-encoder",
+                  local="auto", block=None):
     """The ``onnx.ModelProto`` of ``encoder`` (module docstring).
 
     Parameters
@@ -182,6 +213,11 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         How W8A8 layers store their weight (:mod:`variants.onnx.linear_nodes`).
     name : str
         The graph's name.
+    local : {"auto", "banded", "masked"}
+        How the local layers attend (module docstring); "auto" picks per call by L.
+    block : int, optional
+        Query slots per block of the banded path (default
+        :func:`variants.onnx.window_nodes.default_block`).
 
     Returns
     -------
@@ -194,13 +230,12 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
     ------
     ValueError
         Not a ModernBertEncoder, a layer, Linear, table or activation with no ONNX form here,
-        an unknown ``int8`` scheme: one line naming the module and the fix.
+        an unknown ``int8`` scheme or ``local`` path: one line naming the module and the fix.
     """
     g = Graph(name)
-    x, _ = body(g, encoder, token_type_ids=token_type_ids, int8=int8)
+    x, _ = body(g, encoder, token_type_ids=token_type_ids, int8=int8, local=local, block=block)
     args = encoder.args
-    axes = ["batch", "sequence"]
-    g.output(x, OUTPUT, FLOAT, axes + [int(args.hidden_size)])
+    g.output(x, OUTPUT, FLOAT, ["batch", "sequence", int(args.hidden_size)])
     pattern = "".join("g" if layer.is_global else "l" for layer in encoder.layers)
     return g.model(doc="ModernBERT encoder exported by mlx-variants (issue #43)", metadata={
         "mlx_variants.graph": "modernbert-encoder", "model_type": args.model_type,
@@ -208,26 +243,39 @@ def encoder_graph(encoder, *, token_type_ids=False, int8="u8u8", name="modernber
         "local_attention": args.local_attention, "layer_kinds": pattern})
 
 
-def body(g, encoder, *, token_type_ids=False, int8="u8u8"):
+def body(g, encoder, *, token_type_ids=False, int8="u8u8", local="auto", block=None):
     """Declare :data:`INPUTS` (int64 (batch, sequence); ``token_type_ids`` too when asked) in
     ``g`` and add ``encoder``'s nodes through its final norm; returns the names of (last hidden
     state (B, L, D) float32, the attention mask input), for a caller that adds a head
-    (:mod:`variants.onnx.graph`). Raises ValueError as :func:`encoder_graph`."""
+    (:mod:`variants.onnx.graph`). ``int8``, ``local``, ``block`` as :func:`encoder_graph`;
+    raises ValueError as it does."""
     _check(encoder)
+    if local not in LOCAL_MODES:
+        raise ValueError(f"local={local!r} is not one of {', '.join(LOCAL_MODES)}; pass one of "
+                         "them (auto: banded from L >= 2 windows on)")
     args = encoder.args
     axes = ["batch", "sequence"]
     ids, mask = (g.input(n, INT64, axes) for n in INPUTS)
     if token_type_ids:
         g.input("token_type_ids", INT64, axes)
-    length = g.op("Gather", [g.op("Shape", [ids], "length/shape"), g.scalar(1, np.int64)],
-                  "length")
+    length = g.op("Gather", [g.op("Shape", [ids], "length/shape"), scalar0(g, 1)],
+                  "length")  # 0-d
     emb = "encoder.embeddings"
     x = embedding(g, ids, encoder.embeddings.tok_embeddings, f"{emb}.tok_embeddings")
     x = _layer_norm(g, x, encoder.embeddings.norm, f"{emb}.norm")
     kinds = {bool(layer.is_global) for layer in encoder.layers}  # the tables the layers read
     bias = {True: _global_bias(g, mask)}
-    if False in kinds:
-        bias[False] = _local_bias(g, bias[True], length, args.local_attention // 2)
+    plan, half = None, args.local_attention // 2
+    if False in kinds and local != "banded":
+        bias[False] = _local_bias(g, bias[True], length, half)
+    if False in kinds and local != "masked":
+        plan = window_plan(g, mask, length, half, block)
+    if False in kinds and local == "auto":
+        plan["cond"] = g.op("GreaterOrEqual", [length, scalar0(
+            g, int(CROSSOVER * args.local_attention))], "window/banded")
+        glob, dense = bias[True], (lambda: _local_bias(g, glob, length, half))
+        bias[False] = if_node(g, plan["cond"], lambda: g.const(
+            np.zeros((1, 1, 1, 1), np.float32), "window.unused_bias"), dense, "local_bias_if")
     hd = args.hidden_size // args.num_attention_heads
     ropes = {kind: _rope(g, length, args.global_rope_theta if kind else args.local_rope_theta,
                          hd, "rope_global" if kind else "rope_local") for kind in kinds}
@@ -235,7 +283,8 @@ def body(g, encoder, *, token_type_ids=False, int8="u8u8"):
         p = f"encoder.layers.{i}"
         kind = bool(layer.is_global)
         h = _layer_norm(g, x, layer.attn_norm, f"{p}.attn_norm")
-        a = _attention(g, h, layer.attn, bias[kind], ropes[kind], f"{p}.attn", int8)
+        a = _attention(g, h, layer.attn, bias.get(kind), ropes[kind], f"{p}.attn", int8,
+                       None if kind else plan)
         x = g.op("Add", [x, a], f"{p}/attn_res")
         h = _layer_norm(g, x, layer.mlp_norm, f"{p}.mlp_norm")
         x = g.op("Add", [x, _mlp(g, h, layer.mlp, f"{p}.mlp", int8)], f"{p}/mlp_res")
