@@ -98,13 +98,20 @@ def run_verify(args):
 
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise ValueError(f"--tolerance {args.tolerance} must be a finite number >= 0, e.g. 1e-5")
+    from variants.export.onnx_verify import is_onnx_folder, verify_onnx
+
+    onnx = is_onnx_folder(args.folder)
+    if onnx and args.cold_start:
+        raise ValueError("--cold-start times an MLX folder's load; an ONNX folder (export "
+                         "--format onnx) has none to time: drop --cold-start")
     if args.cold_start:  # a moved fp32 checkpoint is refused before anything runs
         from variants.export import coldstart
         from variants.export.verify import check_files
 
         check_files(args.folder)
         modes, note = coldstart.plan(args.folder)
-    res = verify(args.folder, tolerance=args.tolerance, log=print)
+    check = verify_onnx if onnx else verify  # export --format onnx
+    res = check(args.folder, tolerance=args.tolerance, log=print)
     if args.cold_start:
         if note:
             print(note)

@@ -128,10 +128,6 @@ def verify(folder, tolerance=TOLERANCE, log=print):
     from variants.sweep.timed_check import compare
 
     folder = Path(folder)
-    from variants.export.onnx_verify import is_onnx_folder, verify_onnx
-
-    if is_onnx_folder(folder):  # variants export --format onnx
-        return verify_onnx(folder, tolerance, log=log)
     manifest = check_files(folder)
     fit = check_reference_fit(folder, manifest)
     try:
