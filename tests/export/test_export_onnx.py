@@ -5,8 +5,9 @@ judged MLX logits (<= 1e-4) and get the MLX verdict clause for clause; a W8A8 va
 (per-token uint8 codes, MatMulInteger u8 x u8) gets the same verdict as its MLX form; each
 folder's verdict.json is the graph's own, judged from ONNX Runtime's logits as ``variants judge
 --outputs`` judges a file (the run gains ``<variant>-onnx``), and re-judging model.onnx with
-``--family onnx`` gives the same verdict; a family the graph builders cannot take is refused in
-one line with nothing written."""
+``--family onnx`` gives the same verdict; ``variants verify`` recomputes the judged logits and
+refuses a changed graph; a family the graph builders cannot take is refused in one line with
+nothing written."""
 
 import json
 from pathlib import Path
@@ -39,7 +40,6 @@ def runs(request, tmp_path_factory):
             str(root / "r"), *TINY]
     assert main([*base, "--run", "q", "--bits", "4", "8"]) == 0
     assert main([*base, "--run", "w", "--family", "w8a8", "--smooth", "off"]) == 0
-    assert main([*base, "--run", "p", "--family", "prune"]) == 0
     return root, toml
 
 
@@ -100,13 +100,15 @@ def test_verify_refuses_a_changed_graph(runs, tmp_path, capsys):
     assert "model.onnx" in capsys.readouterr().err
 
 
-def test_a_family_without_a_graph_is_refused(runs, tmp_path, capsys):
-    root, _ = runs
-    run = root / "r" / "p"
-    name = next(p.name for p in run.iterdir() if (p / "build.json").exists())
-    # refused for its family before its verdict is looked at (no --allow-fail)
-    assert main(["export", str(run), "--variant", name, "--format", "onnx", "--out",
+def test_a_family_without_a_graph_is_refused(tmp_path, capsys):
+    """A pruning variant (its build record is all the refusal reads) is refused for its family
+    in one line, before its verdict is looked at (no --allow-fail), nothing written."""
+    run = tmp_path / "run"
+    (run / "prune-l2-r0.5").mkdir(parents=True)
+    (run / "prune-l2-r0.5" / "build.json").write_text(json.dumps({"family": "prune"}))
+    assert main(["export", str(run), "--variant", "prune-l2-r0.5", "--format", "onnx", "--out",
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--format onnx exports the reference and quant" in err[0]
+    assert "not the prune family; export it as an MLX folder" in err[0]
     assert not (tmp_path / "o").exists()

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.onnxgraphs
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.onnxgraphs
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402

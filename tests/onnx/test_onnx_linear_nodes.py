@@ -8,6 +8,7 @@ Int8Linear; kinds without an ONNX form are refused by name."""
 import pytest
 
 ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.onnxgraphs
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
