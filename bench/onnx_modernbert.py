@@ -78,7 +78,8 @@ def main(argv=None):
                 for fn, sink in (order if r % 2 == 0 else order[::-1]):
                     sink.append(_block(fn, a.iters))
             s = paired_speedup(t_mlx, t_ort)
-            print(f"B={B:3d} L={L:4d}  MLX {np.median(t_mlx):8.2f} ms  ORT {np.median(t_ort):8.2f} ms"
+            print(f"B={B:3d} L={L:4d}  MLX {np.median(t_mlx):8.2f} ms  "
+                  f"ORT {np.median(t_ort):8.2f} ms"
                   f"  MLX/ORT median {s['speedup_median']:.2f} "
                   f"[{s['speedup_ci_low']:.2f}, {s['speedup_ci_high']:.2f}]  "
                   f"ORT faster in {s['variant_wins']}/{s['n_rounds']}")

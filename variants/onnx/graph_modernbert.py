@@ -12,8 +12,8 @@ computed in the graph from positions 0..L-1, so any L runs), scores masked by th
 (local), GeGLU MLP (``Gelu`` exact or tanh, or ``Relu``), then ``final_norm``. Biases appear
 only where the checkpoint has them.
 
-The local layers, as the MLX module's ``local_attention_impl`` (:mod:`variants.arch.modernbert_window`):
-``masked`` scores all L x L pairs and masks the window; ``banded`` scores only each query's
+The local layers, as the MLX module's ``local_attention_impl``
+(:mod:`variants.arch.modernbert_window`): ``masked`` scores all L x L pairs and masks the window; ``banded`` scores only each query's
 window, block by block (:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear
 in L); ``auto`` (default) holds both behind one ``If`` per local layer and takes the banded
 path from L >= :data:`CROSSOVER` · local_attention on. The three agree to float32 round-off.
