@@ -13,9 +13,9 @@ computed in the graph from positions 0..L-1, so any L runs), scores masked by th
 only where the checkpoint has them.
 
 The local layers, as the MLX module's ``local_attention_impl``
-(:mod:`variants.arch.modernbert_window`): ``masked`` scores all L x L pairs and masks the window; ``banded`` scores only each query's
-window, block by block (:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear
-in L); ``auto`` (default) holds both behind one ``If`` per local layer and takes the banded
+(:mod:`variants.arch.modernbert_window`): ``masked`` scores all L x L pairs and masks the
+window; ``banded`` scores only each query's window, block by block
+(:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear in L); ``auto`` (default) holds both behind one ``If`` per local layer and takes the banded
 path from L >= :data:`CROSSOVER` · local_attention on. The three agree to float32 round-off.
 Measured (ONNX Runtime 1.32, 2 threads, the 6-layer parity fixture, window 128, shared and
 loaded machine: ratios only), masked / banded time at B=1: 0.63 at L=128, ~1.0 at 256, 1.2-1.3
