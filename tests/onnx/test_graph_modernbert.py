@@ -181,7 +181,8 @@ def test_refuses_another_encoder_and_layer_type(built):
     orig = layer.Wo
     try:
         layer.Wo = nn.Sequential(nn.Linear(96, 8), nn.Linear(8, 64))
-        with pytest.raises(ValueError, match=r"encoder\.layers\.1\.mlp\.Wo: a Sequential has no ONNX form"):
+        with pytest.raises(ValueError,
+                           match=r"encoder\.layers\.1\.mlp\.Wo: a Sequential has no ONNX form"):
             encoder_graph(ck.encoder)
     finally:
         layer.Wo = orig

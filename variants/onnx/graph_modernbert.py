@@ -12,15 +12,16 @@ computed in the graph from positions 0..L-1, so any L runs), scores masked by th
 (local), GeGLU MLP (``Gelu`` exact or tanh, or ``Relu``), then ``final_norm``. Biases appear
 only where the checkpoint has them.
 
-The local layers, as the MLX module's ``local_attention_impl`` (:mod:`variants.arch.modernbert_window`):
-``masked`` scores all L x L pairs and masks the window; ``banded`` scores only each query's
-window, block by block (:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear
-in L); ``auto`` (default) holds both behind one ``If`` per local layer and takes the banded
-path from L >= :data:`CROSSOVER` · local_attention on. The three agree to float32 round-off.
-Measured (ONNX Runtime 1.32, 2 threads, the 6-layer parity fixture, window 128, shared and
-loaded machine: ratios only), masked / banded time at B=1: 0.63 at L=128, ~1.0 at 256, 1.2-1.3
-at 384-512, 1.6 at 1024; at B=32: 0.81 at 128, 1.1 at 256 and 384; ``auto`` costs no more than
-``masked`` below the crossover (the ``If`` is one test a layer).
+The local layers, as the MLX module's ``local_attention_impl``
+(:mod:`variants.arch.modernbert_window`): ``masked`` scores all L x L pairs and masks the
+window; ``banded`` scores only each query's window, block by block
+(:mod:`variants.onnx.window_nodes`: L · (block + 2·half) scores, linear in L); ``auto``
+(default) holds both behind one ``If`` per local layer and takes the banded path from L >=
+:data:`CROSSOVER` · local_attention on, as MLX does. The three agree to float32 round-off.
+Measured (ONNX Runtime 1.32, 2 threads, the 6-layer parity fixture, window 128; a shared,
+loaded machine, so ratios only), masked / banded time at B=1: 0.63 at L=128, ~1.0 at 256,
+1.2-1.3 at 384-512, 1.6 at 1024; at B=32: 0.81 at 128, 1.1 at 256 and 384. ``auto`` costs
+what ``masked`` costs below the crossover (one length test a layer).
 
 Inputs ``input_ids`` and ``attention_mask``, int64 (batch, sequence), both axes dynamic; the
 padding must be at the end of each row (positions 0..L-1 per row, as the MLX forward without

@@ -89,7 +89,8 @@ def banded_attention(g, q, k, v, head_dim, scale, plan, name):
     from :func:`window_plan`."""
     w = plan["block"]
     qb = g.op("Pad", [q, plan["q_pads"]], f"{name}/q_padded")
-    qb = g.op("Reshape", [qb, g.ints([0, 0, -1, w, head_dim])], f"{name}/q_blocks")  # (B, H, nb, w, d)
+    qb = g.op("Reshape", [qb, g.ints([0, 0, -1, w, head_dim])],
+              f"{name}/q_blocks")  # (B, H, nb, w, d)
     kb, vb = (g.op("Gather", [g.op("Pad", [t, plan["kv_pads"]], f"{name}/{n}_padded"),
                               plan["idx"]], f"{name}/{n}_blocks", axis=2)  # (B, H, nb, span, d)
               for t, n in ((k, "k"), (v, "v")))
