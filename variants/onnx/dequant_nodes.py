@@ -158,3 +158,16 @@ def stored_weight(g, codes, scales, biases, fmt, hint):
     s = g.const(stored(scales), f"{hint}.scales")
     b = None if biases is None else g.const(stored(biases), f"{hint}.biases")
     return dequantize(g, packed, s, b, fmt, hint)
+
+
+def format_of(module):
+    """The :class:`variants.layer_maps.formats.Format` a quantized module (a Linear or a table:
+    ``bits``, ``group_size``, ``mode``, ``scales``) stores: its scale dtype read from the
+    ``scales`` array (affine only; the microscaling modes' scales are their own codes)."""
+    import mlx.core as mx
+
+    mode = getattr(module, "mode", "affine")
+    scale_dtype = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(
+        module["scales"].dtype, "float32") if mode == "affine" else "float32"
+    return F.Format(module.bits, module.group_size, mode, scale_dtype)
+

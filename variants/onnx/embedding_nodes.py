@@ -44,13 +44,6 @@ def _table_rows(g, flat, codes, scales, biases, fmt, hint):
     return dequant_nodes.dequantize(g, take(packed, "codes"), take(s, "scales"), b, fmt, hint)
 
 
-def _fmt(m):
-    mode = getattr(m, "mode", "affine")
-    scale_dtype = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(
-        m["scales"].dtype, "float32") if mode == "affine" else "float32"
-    return F.Format(m.bits, m.group_size, mode, scale_dtype)
-
-
 def _row_width(g, flat, m, hint):
     rt = g.op("Gather", [g.const(np.array(m.row_table).astype(np.int64), f"{hint}.row_table"),
                          flat], f"{hint}/table")
@@ -89,7 +82,7 @@ def embedding(g, ids, module, name):
     if isinstance(module, nn.QuantizedEmbedding):
         flat = _flat_rows(g, ids, name)
         rows = _table_rows(g, flat, module["weight"], module["scales"], module.get("biases"),
-                           _fmt(module), name)
+                           dequant_nodes.format_of(module), name)
         dims = module["weight"].shape[1] * 32 // module.bits
         return _unflatten(g, rows, ids, dims, name)
     if isinstance(module, RowWidthEmbedding):

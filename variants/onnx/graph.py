@@ -139,17 +139,32 @@ def reference_graph(reference, cache_dir=None):
     ``cache_dir/onnx`` keyed by the module's weights (a temporary folder without a cache)."""
     from variants.onnx.graph_bert import save
 
+    name = f"ref-{type(reference.module).__name__}-{_weights_digest(reference.module)}.onnx"
+
+    def write(tmp):
+        try:
+            model = decision_graph(reference.module)
+        except ValueError:
+            model = encoder_graph(reference.module.encoder)
+        save(model, tmp)
+
+    return cached_graph(cache_dir, name, write)
+
+
+def cached_graph(cache_dir, name, write):
+    """Path of the ONNX file ``name`` under ``cache_dir/onnx`` (a fresh temporary folder when
+    ``cache_dir`` is None), made by ``write(tmp_path)`` when it is not there yet and renamed into
+    place (a killed writer leaves no half file under ``name``; its temporary file is removed)."""
     base = Path(cache_dir) / "onnx" if cache_dir is not None else Path(
         __import__("tempfile").mkdtemp(prefix="variants-onnx-"))
     base.mkdir(parents=True, exist_ok=True)
-    out = base / f"ref-{type(reference.module).__name__}-{_weights_digest(reference.module)}.onnx"
+    out = base / name
     if out.exists():
         return out
-    try:
-        model = decision_graph(reference.module)
-    except ValueError:
-        model = encoder_graph(reference.module.encoder)
     tmp = out.with_suffix(f".tmp{os.getpid()}.onnx")
-    save(model, tmp)
-    os.replace(tmp, out)
+    try:
+        write(tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out

@@ -64,13 +64,6 @@ def _dense(g, x, module, name):
     return _bias(g, y, module, name)
 
 
-def _format(module):
-    mode = getattr(module, "mode", "affine")
-    scale_dtype = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(
-        module["scales"].dtype, "float32") if mode == "affine" else "float32"
-    return F.Format(module.bits, module.group_size, mode, scale_dtype)
-
-
 def _nbits_ok(fmt, scales, biases, in_features):
     gs = fmt.group_size
     if fmt.mode != "affine" or fmt.bits not in NBITS or gs < 16 or gs & (gs - 1):
@@ -83,7 +76,7 @@ def _nbits_ok(fmt, scales, biases, in_features):
 
 
 def _quantized(g, x, module, name):
-    fmt = _format(module)
+    fmt = dequant_nodes.format_of(module)
     codes = module["weight"]
     n_out = codes.shape[0]
     k_in = codes.shape[1] * 32 // fmt.bits

@@ -4,23 +4,15 @@ session standing in for the encoder (or the whole classifier module), checked ag
 before it is used."""
 
 import copy
-import hashlib
 import os
 import time
 from pathlib import Path
 
+from runs.io import file_sha256
 from variants.families.onnx import ort_quant
 from variants.onnx.check import check_graph
 from variants.onnx.session import (OrtEncoder, OrtModule, batch_dependent, make_session,
                                     session_record)
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def source_graph(reference, cfg, cache_dir):
@@ -87,9 +79,9 @@ def build(reference, cfg, fit=None, cache_dir=None):
     variant = reference.replace_module(
         standing_in(reference, session, kind, output, nbytes, record, bool(per_row)))
     src = source_graph(reference, cfg, cache_dir)
-    info = {"graph": str(path), "graph_sha256": _sha256(path),
+    info = {"graph": str(path), "graph_sha256": file_sha256(path),
             "source": cfg.source or "the suite's fp32 export of the reference",
-            "source_sha256": cfg.digest or _sha256(src), "output": output, "stands_for": kind,
+            "source_sha256": cfg.digest or file_sha256(src), "output": output, "stands_for": kind,
             "ort": record, "per_row": per_row, "ort_quant": ort_quant.record(cfg, reference) if cfg.quant != "none"
             else None, "kernel": f"onnxruntime-{record['onnxruntime']}-cpu",
             "graph_bytes": nbytes, "model_bytes": model_bytes(variant),

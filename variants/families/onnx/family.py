@@ -12,7 +12,6 @@ through the model's own readout; an output shaped as the decision module's (its 
 (B, K), or a choice model's text embedding) replaces the whole module (:mod:`variants.onnx.check`).
 """
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -34,11 +33,9 @@ def file_digest(path):
     if not p.is_file():
         raise ValueError(f"--onnx {path} is not a file (a folder?); pass the path of the .onnx "
                          "model file itself")
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from runs.io import file_sha256
+
+    return file_sha256(p)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ verdict on this CPU, whose int8 ISA the record names.
 import hashlib
 import json
 import logging
-import os
-from pathlib import Path
 
 import numpy as np
 
+from runs.io import file_sha256
+from variants.onnx.graph import cached_graph
 from variants.onnx.session import feeds, make_session, ort
 
 #: rows per calibration batch of static quantization
@@ -29,10 +29,7 @@ CALIB_BATCH = 16
 
 
 def _key(src, cfg, fit):
-    h = hashlib.sha256()
-    with open(src, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    h = hashlib.sha256(file_sha256(src).encode())
     parts = {"quant": cfg.quant, "per_channel": cfg.per_channel, "ort": ort().__version__}
     if cfg.quant == "static":
         parts.update(calib_rows=cfg.calib_rows,
@@ -69,34 +66,26 @@ def quantized(src, cfg, reference, fit=None, cache_dir=None):
     under ``cache_dir/onnx`` when it is not there yet (a temporary folder without a cache)."""
     from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static
 
-    base = Path(cache_dir) / "onnx" if cache_dir is not None else Path(
-        __import__("tempfile").mkdtemp(prefix="variants-onnx-"))
-    base.mkdir(parents=True, exist_ok=True)
-    out = base / f"ortq-{_key(src, cfg, fit)}.onnx"
-    if out.exists():
-        return out
-    tmp = out.with_suffix(f".tmp{os.getpid()}.onnx")
-    # its "consider pre-processing" advice goes to the root logger, multi-line: not ours to show
-    logging.disable(logging.WARNING)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level  # it may configure the root logger
-    try:
-        if cfg.quant == "dynamic":
-            quantize_dynamic(str(src), str(tmp), per_channel=cfg.per_channel)
-        else:
-            reader = type("Reader", (_Reader, CalibrationDataReader), {})(
-                make_session(src), reference, calibration_rows(fit, cfg.calib_rows))
-            quantize_static(str(src), str(tmp), reader, per_channel=cfg.per_channel)
-        os.replace(tmp, out)
-    finally:
-        logging.disable(logging.NOTSET)
-        root.handlers[:], root.level = handlers, level
-        if tmp.exists():
-            tmp.unlink()
-        for extra in base.glob(tmp.stem + "*"):  # its augmented-model leftovers
-            extra.unlink(missing_ok=True)
-    return out
+    def write(tmp):
+        # its "consider pre-processing" advice goes to the root logger, multi-line: not ours
+        logging.disable(logging.WARNING)
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level  # it may configure the root logger
+        try:
+            if cfg.quant == "dynamic":
+                quantize_dynamic(str(src), str(tmp), per_channel=cfg.per_channel)
+            else:
+                reader = type("Reader", (_Reader, CalibrationDataReader), {})(
+                    make_session(src), reference, calibration_rows(fit, cfg.calib_rows))
+                quantize_static(str(src), str(tmp), reader, per_channel=cfg.per_channel)
+        finally:
+            logging.disable(logging.NOTSET)
+            root.handlers[:], root.level = handlers, level
+            for extra in tmp.parent.glob(tmp.stem + "*"):  # its augmented-model leftovers
+                if extra != tmp:
+                    extra.unlink(missing_ok=True)
 
+    return cached_graph(cache_dir, f"ortq-{_key(src, cfg, fit)}.onnx", write)
 
 def record(cfg, reference=None):
     """build.json's ``ort_quant``: the function, per-channel, weight / activation types, the
