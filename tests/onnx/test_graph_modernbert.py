@@ -277,7 +277,9 @@ def test_w8a8_variant_graph_matches_its_mlx_form(built, w8a8_built, name, smooth
     enc, model, sess = w8a8_built[name, smooth]
     assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == \
         4 * ck.args.num_hidden_layers
-    for length in (300, 200):
+    # 24 tokens too: few code flips there, but how many depends on the CPU's float path (one
+    # flip under ONEDNN_MAX_CPU_ISA=AVX2 moved the output 1.8e-3), so the same W8A8-sized bound
+    for length in (300, 200, 24):
         ids, mask, feed = _feed(ck, length)
         real = mask.astype(bool)
         (y,) = sess.run(None, feed)
@@ -287,10 +289,6 @@ def test_w8a8_variant_graph_matches_its_mlx_form(built, w8a8_built, name, smooth
         assert own.max() > 30 * TOL  # it is quantized
         assert gap.mean() <= 0.25 * own.mean(), (gap.mean(), own.mean())
         assert gap.max() <= own.max(), (gap.max(), own.max())
-    ids, mask, feed = _feed(ck, 24)
-    (y,) = sess.run(None, feed)
-    real = mask.astype(bool)
-    assert np.abs(y - _mlx(enc, ids, mask))[real].max() <= 5 * TOL
 
 
 @pytest.mark.parametrize("name", NAMES)
